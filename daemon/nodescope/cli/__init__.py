@@ -1,0 +1,1 @@
+"""The ``nodescope`` command line."""

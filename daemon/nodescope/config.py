@@ -1,0 +1,217 @@
+"""The TOML configuration file: schema, defaults and validation.
+
+The schema below is the single source of the README's configuration reference. Validation is
+strict: an unknown key or a bad value is a :class:`ConfigError` naming the file and the key,
+and the CLI exits with status 2 on it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from nodescope.errors import ConfigError
+from nodescope.roots import ROOT_NAMES, Roots
+from nodescope.sources.registry import SOURCE_TABLE, SOURCES
+
+DEFAULT_PORT = 9839
+DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    key: str
+    kind: type
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None
+
+
+def _positive(value: Any) -> str | None:
+    return None if value > 0 else "must be greater than 0"
+
+
+def _listen(value: Any) -> str | None:
+    try:
+        parse_listen(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _log_level(value: Any) -> str | None:
+    return None if value in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
+
+
+def _absolute(value: Any) -> str | None:
+    return None if str(value).startswith("/") else "must be an absolute path"
+
+
+DAEMON_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "listen",
+        str,
+        DEFAULT_LISTEN,
+        "HOST:PORT of the /metrics server; [::1]:PORT for IPv6",
+        _listen,
+    ),
+    Option(
+        "tick_seconds",
+        float,
+        1.0,
+        "how often the loop wakes to run the sources that are due; no source runs more often",
+        _positive,
+    ),
+    Option("log_level", str, "info", "one of debug, info, warning, error", _log_level),
+)
+
+ROOT_OPTIONS: tuple[Option, ...] = tuple(
+    Option(name, str, str(getattr(Roots(), name)), f"root of {name} for every source", _absolute)
+    for name in ROOT_NAMES
+)
+
+SOURCE_OPTIONS: tuple[Option, ...] = (
+    Option("enabled", bool, True, "run this source"),
+    Option("interval_seconds", float, 0.0, "seconds between reads (default per source)", _positive),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSettings:
+    enabled: bool
+    interval_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    listen: str = DEFAULT_LISTEN
+    tick_seconds: float = 1.0
+    log_level: str = "info"
+    roots: Roots = field(default_factory=Roots)
+    sources: Mapping[str, SourceSettings] = field(
+        default_factory=lambda: MappingProxyType(
+            {s.name: SourceSettings(True, s.default_interval) for s in SOURCE_TABLE}
+        )
+    )
+    path: str | None = None
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` to a (host, port) pair."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{value!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{value!r}: port out of range")
+    return host, port
+
+
+def _typed(path: str, key: str, option: Option, value: Any) -> Any:
+    if option.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, option.kind) or (option.kind is not bool and isinstance(value, bool)):
+        raise ConfigError(path, key, f"expected {option.kind.__name__}, got {type(value).__name__}")
+    if option.check is not None:
+        problem = option.check(value)
+        if problem:
+            raise ConfigError(path, key, problem)
+    return value
+
+
+def _section(path: str, prefix: str, table: Any, options: tuple[Option, ...]) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(path, prefix, "must be a table")
+    known = {o.key: o for o in options}
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        dotted = f"{prefix}.{key}"
+        option = known.get(key)
+        if option is None:
+            raise ConfigError(path, dotted, "unknown key")
+        out[key] = _typed(path, dotted, option, value)
+    return out
+
+
+def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
+    """Validate a parsed TOML document into a :class:`Config`."""
+    for key in data:
+        if key not in ("daemon", "roots", "sources"):
+            raise ConfigError(path, key, "unknown key")
+    daemon = _section(path, "daemon", data.get("daemon", {}), DAEMON_OPTIONS)
+    roots_table = _section(path, "roots", data.get("roots", {}), ROOT_OPTIONS)
+    sources_table = data.get("sources", {})
+    if not isinstance(sources_table, dict):
+        raise ConfigError(path, "sources", "must be a table")
+    sources: dict[str, SourceSettings] = {}
+    for info in SOURCE_TABLE:
+        settings = _section(
+            path, f"sources.{info.name}", sources_table.get(info.name, {}), SOURCE_OPTIONS
+        )
+        sources[info.name] = SourceSettings(
+            enabled=settings.get("enabled", True),
+            interval_seconds=settings.get("interval_seconds", info.default_interval),
+        )
+    for name in sources_table:
+        if name not in SOURCES:
+            raise ConfigError(path, f"sources.{name}", "unknown source")
+    return Config(
+        listen=daemon.get("listen", DEFAULT_LISTEN),
+        tick_seconds=daemon.get("tick_seconds", 1.0),
+        log_level=daemon.get("log_level", "info"),
+        roots=Roots().with_overrides(**roots_table),
+        sources=MappingProxyType(sources),
+        path=path,
+    )
+
+
+def load(path: str | Path) -> Config:
+    """Read and validate a config file; every problem is a :class:`ConfigError`."""
+    text_path = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(text_path, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(text_path, None, f"not valid TOML: {exc}") from None
+    return from_mapping(data, text_path)
+
+
+def reference_markdown() -> str:
+    """The configuration reference for the README, generated from the schema."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+
+    def row(key: str, option: Option, default: Any) -> None:
+        shown = (
+            repr(default).replace("'", '"')
+            if not isinstance(default, bool)
+            else str(default).lower()
+        )
+        lines.append(f"| `{key}` | {option.kind.__name__} | `{shown}` | {option.help} |")
+
+    for o in DAEMON_OPTIONS:
+        row(f"daemon.{o.key}", o, o.default)
+    for o in ROOT_OPTIONS:
+        row(f"roots.{o.key}", o, o.default)
+    for info in SOURCE_TABLE:
+        for o in SOURCE_OPTIONS:
+            default = info.default_interval if o.key == "interval_seconds" else o.default
+            help_text = o.help if o.key != "enabled" else f"run the source: {info.help}"
+            row(f"sources.{info.name}.{o.key}", Option(o.key, o.kind, default, help_text), default)
+    return "\n".join(lines) + "\n"

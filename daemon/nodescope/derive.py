@@ -1,0 +1,50 @@
+"""Figures derived from two samples of one source (rates, iostat columns).
+
+Each source that has rates names a pure function ``(previous, current, seconds) -> record``
+here; the snapshot JSON, the CLI views and the detectors all take their rates from this one
+place, so every consumer sees the same numbers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from nodescope.model.snapshot import Snapshot
+
+Deriver = Callable[[Any, Any, float], Any]
+
+#: source name -> "module:function"
+DERIVERS: dict[str, str] = {
+    "disks": "nodescope.sources.diskstats:iostat_figures",
+    "infiniband": "nodescope.sources.infiniband:port_rates",
+    "netdev": "nodescope.sources.netlink:link_rates",
+}
+
+_loaded: dict[str, Deriver] = {}
+
+
+def deriver(source: str) -> Deriver | None:
+    target = DERIVERS.get(source)
+    if target is None:
+        return None
+    if source not in _loaded:
+        module_name, _, function = target.partition(":")
+        _loaded[source] = getattr(importlib.import_module(module_name), function)
+    return _loaded[source]
+
+
+def derived(snapshot: Snapshot, source: str) -> Any | None:
+    """The derived record of ``source`` for this snapshot, or ``None`` before two good reads."""
+    fn = deriver(source)
+    if fn is None:
+        return None
+    cur = snapshot.current.get(source)
+    prev = snapshot.previous.get(source)
+    if cur is None or prev is None or cur.data is None or prev.data is None:
+        return None
+    seconds = cur.monotonic - prev.monotonic
+    if seconds <= 0:
+        return None
+    return fn(prev.data, cur.data, seconds)

@@ -1,0 +1,1 @@
+"""Typed, immutable records. This floor imports nothing else of nodescope."""

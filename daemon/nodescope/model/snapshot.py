@@ -1,0 +1,91 @@
+"""One immutable record of a collection cycle.
+
+Sources run on their own intervals, so a snapshot holds, per source, the latest sample and
+the sample before it: rates are always computed from a source's own two readings and its own
+measured time, never from the cycle clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSample:
+    """The outcome of one run of one source.
+
+    ``monotonic`` is CLOCK_MONOTONIC seconds at the read; ``data`` is the source's typed
+    record, or ``None`` when the run failed (then ``error`` says why).
+    """
+
+    source: str
+    monotonic: float
+    duration: float
+    data: Any | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """Health of one source over the daemon's life, for self-metrics."""
+
+    source: str
+    up: bool
+    runs_total: int
+    errors_total: int
+    interval: float
+
+
+def _frozen(m: Mapping[str, T]) -> Mapping[str, T]:
+    return MappingProxyType(dict(m))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the node looked like at the end of cycle ``cycle``.
+
+    ``current[name]`` is the latest sample of source ``name``; ``previous[name]`` the one
+    before it (absent until the source has run twice).
+    """
+
+    cycle: int
+    monotonic: float
+    wall_time: float
+    current: Mapping[str, SourceSample] = field(default_factory=dict)
+    previous: Mapping[str, SourceSample] = field(default_factory=dict)
+    cycle_duration: float = 0.0
+    status: Mapping[str, SourceStatus] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "current", _frozen(self.current))
+        object.__setattr__(self, "previous", _frozen(self.previous))
+        object.__setattr__(self, "status", _frozen(self.status))
+
+    def data(self, source: str, kind: type[T]) -> T | None:
+        """The latest good data of ``source`` if it is of type ``kind``."""
+        sample = self.current.get(source)
+        if sample is None or sample.data is None or not isinstance(sample.data, kind):
+            return None
+        return sample.data
+
+    def pair(self, source: str, kind: type[T]) -> tuple[T, T, float] | None:
+        """(previous, current, seconds between them) for rates, when both reads succeeded."""
+        cur = self.current.get(source)
+        prev = self.previous.get(source)
+        if cur is None or prev is None:
+            return None
+        if not isinstance(cur.data, kind) or not isinstance(prev.data, kind):
+            return None
+        seconds = cur.monotonic - prev.monotonic
+        if seconds <= 0:
+            return None
+        return prev.data, cur.data, seconds

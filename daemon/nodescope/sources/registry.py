@@ -1,0 +1,65 @@
+"""The table of sources: name, module, default interval, what it reads.
+
+Each module named here exposes ``make_source() -> Source`` whose ``name`` is the table's.
+The config file's ``[sources.<name>]`` sections are validated against this table.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from nodescope.sources.base import Source
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInfo:
+    name: str
+    module: str
+    default_interval: float
+    help: str
+
+    def make(self) -> Source:
+        module = importlib.import_module(self.module)
+        source: Source = module.make_source()
+        if source.name != self.name:
+            raise RuntimeError(
+                f"{self.module}.make_source() made {source.name!r}, not {self.name!r}"
+            )
+        return source
+
+
+SOURCE_TABLE: tuple[SourceInfo, ...] = (
+    SourceInfo(
+        "pci",
+        "nodescope.sources.pci",
+        10.0,
+        "PCIe tree, link speed/width, NUMA placement and AER counters from /sys/bus/pci",
+    ),
+    SourceInfo(
+        "disks",
+        "nodescope.sources.diskstats",
+        1.0,
+        "/proc/diskstats (iostat -dxm figures) and NVMe namespace to PCI mapping from /sys/block",
+    ),
+    SourceInfo(
+        "infiniband",
+        "nodescope.sources.infiniband",
+        1.0,
+        "InfiniBand/RoCE ports and counters from /sys/class/infiniband",
+    ),
+    SourceInfo(
+        "netdev",
+        "nodescope.sources.netlink",
+        1.0,
+        "network interface state and counters over rtnetlink (pyroute2)",
+    ),
+    SourceInfo(
+        "cgroups",
+        "nodescope.sources.cgroup",
+        5.0,
+        "cgroup v2 tree: memory, PSI, io.stat, cpu.stat, pids",
+    ),
+)
+
+SOURCES: dict[str, SourceInfo] = {info.name: info for info in SOURCE_TABLE}

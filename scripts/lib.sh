@@ -1,0 +1,35 @@
+# Shared by scripts/run.sh and scripts/test.sh.
+
+# Debian packages that the test suite runs for real: promtool (prometheus), iostat (sysstat),
+# lspci (pciutils), ip (iproute2).
+TEST_APT_PACKAGES=(prometheus sysstat pciutils iproute2 python3-venv)
+
+ensure_apt_packages() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "== installing Debian packages: ${missing[*]}"
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+        --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# ensure_venv DIR SPEC: create DIR if needed and (re)install SPEC into it when pyproject.toml
+# changed since the last install, so a second run starts in seconds.
+ensure_venv() {
+    local dir=$1 spec=$2 python=${PYTHON:-python3}
+    [ -x "$dir/bin/python" ] || "$python" -m venv "$dir"
+    local stamp="$dir/.nodescope-installed"
+    local want
+    want=$(sha256sum pyproject.toml | cut -d' ' -f1)-$spec
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        echo "== installing $spec into $dir"
+        "$dir/bin/python" -m pip install -q --upgrade pip >/dev/null
+        "$dir/bin/python" -m pip install -q -e "$spec"
+        echo "$want" > "$stamp"
+    fi
+}
