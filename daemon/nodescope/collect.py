@@ -23,6 +23,29 @@ log = logging.getLogger("nodescope.collect")
 
 
 @dataclass
+class UnavailableSource:
+    """Stands in for a source that could not even be built (a missing library, say): it is
+    reported down with that reason on every run instead of stopping the daemon."""
+
+    name: str
+    reason: str
+
+    def collect(self, roots: Roots) -> None:
+        raise RuntimeError(self.reason)
+
+    def close(self) -> None:
+        return None
+
+
+def _make(name: str) -> Source:
+    try:
+        return SOURCES[name].make()
+    except Exception as exc:
+        log.warning("source=%s state=unavailable error=%r", name, f"{type(exc).__name__}: {exc}")
+        return UnavailableSource(name, f"cannot start: {type(exc).__name__}: {exc}")
+
+
+@dataclass
 class ScheduledSource:
     source: Source
     interval: float
@@ -55,7 +78,7 @@ class Collector:
         if sources is None:
             for name, wanted in config.sources.items():
                 if wanted.enabled:
-                    scheduled.append(ScheduledSource(SOURCES[name].make(), wanted.interval_seconds))
+                    scheduled.append(ScheduledSource(_make(name), wanted.interval_seconds))
         else:
             for source in sources:
                 settings = config.sources.get(source.name)

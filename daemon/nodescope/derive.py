@@ -8,10 +8,13 @@ place, so every consumer sees the same numbers.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from nodescope.model.snapshot import Snapshot
+
+log = logging.getLogger("nodescope.derive")
 
 Deriver = Callable[[Any, Any, float], Any]
 
@@ -37,9 +40,6 @@ def deriver(source: str) -> Deriver | None:
 
 def derived(snapshot: Snapshot, source: str) -> Any | None:
     """The derived record of ``source`` for this snapshot, or ``None`` before two good reads."""
-    fn = deriver(source)
-    if fn is None:
-        return None
     cur = snapshot.current.get(source)
     prev = snapshot.previous.get(source)
     if cur is None or prev is None or cur.data is None or prev.data is None:
@@ -47,4 +47,11 @@ def derived(snapshot: Snapshot, source: str) -> Any | None:
     seconds = cur.monotonic - prev.monotonic
     if seconds <= 0:
         return None
-    return fn(prev.data, cur.data, seconds)
+    fn = deriver(source)
+    if fn is None:
+        return None
+    try:
+        return fn(prev.data, cur.data, seconds)
+    except Exception as exc:  # a bad pair of samples costs that source's rates, nothing more
+        log.warning("source=%s derive_error=%r", source, f"{type(exc).__name__}: {exc}")
+        return None

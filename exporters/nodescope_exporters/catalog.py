@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
 
 Kind = Literal["gauge", "counter", "info"]
 
@@ -24,7 +23,7 @@ class MetricSpec:
     labels: tuple[str, ...]
     area: str
 
-    def family(self) -> Metric:
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily:
         """An empty family to fill with ``add_metric(label_values, value)``.
 
         Info metrics are gauges of value 1 whose labels carry the information, the form that

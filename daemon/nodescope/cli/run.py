@@ -1,0 +1,49 @@
+"""``nodescope run``: the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from nodescope import logs
+from nodescope.errors import ConfigError
+from nodescope.roots import ROOT_NAMES
+from nodescope.service import Service, config_loader
+
+
+def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        parents=parents,
+        help="run the daemon: collect every tick and serve /metrics",
+        description="Run the daemon in the foreground (systemd Type=notify).",
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="override daemon.listen")
+    parser.set_defaults(func=run)
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, object]:
+    values: dict[str, object] = {name: getattr(args, name, None) for name in ROOT_NAMES}
+    values["listen"] = getattr(args, "listen", None)
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    loader = config_loader(args.config, overrides_from_args(args))
+    try:
+        config = loader()
+    except ConfigError as exc:
+        print(f"nodescope: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(config.log_level)
+    service = Service(loader)
+    service.install_signal_handlers()
+    try:
+        service.start_server()
+    except OSError as exc:
+        print(f"nodescope: cannot listen on {config.listen}: {exc}", file=sys.stderr)
+        service.shutdown()
+        return 1
+    return service.run()

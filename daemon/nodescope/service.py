@@ -1,0 +1,174 @@
+"""The composition root: config, sources, collector, exporter, HTTP server, signals, systemd.
+
+Signal handlers only set flags; the loop acts on them. SIGHUP reloads: the new config is read
+and validated first and swapped in only when valid — on error the old config stays and the
+reason is logged. SIGTERM/SIGINT stop the loop; the daemon exits within two seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from types import FrameType
+
+from nodescope import config as config_mod
+from nodescope import logs
+from nodescope.collect import Collector
+from nodescope.config import Config
+from nodescope.errors import ConfigError
+from nodescope.httpserver import MetricsHTTPServer
+from nodescope.sdnotify import Notifier
+from nodescope_exporters.prometheus import MetricsCache
+
+log = logging.getLogger("nodescope.service")
+
+ConfigLoader = Callable[[], Config]
+
+
+class Service:
+    """One daemon instance. ``load_config`` re-reads the file and applies the CLI overrides,
+    so a reload sees the same flags as the start."""
+
+    def __init__(self, load_config: ConfigLoader, notifier: Notifier | None = None) -> None:
+        self._load_config = load_config
+        self.config = load_config()
+        self.notifier = notifier or Notifier()
+        self.cache = MetricsCache()
+        self.collector = Collector.from_config(self.config)
+        self.server: MetricsHTTPServer | None = None
+        self._wake = threading.Event()
+        self._stop = False
+        self._reload = False
+
+    # -- signals: flags only -------------------------------------------------------------
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self._stop = True
+        self._wake.set()
+
+    def _on_reload(self, signum: int, frame: FrameType | None) -> None:
+        self._reload = True
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_reload)
+
+    def stop_requested(self) -> bool:
+        return self._stop
+
+    def request_stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start_server(self) -> None:
+        self.server = MetricsHTTPServer(self.config.listen_address, self.cache)
+        self.server.start()
+        log.info("event=listening address=%s", self.server.bound)
+
+    def reload(self) -> bool:
+        """Validate the new config, then swap. Returns whether the new config took effect."""
+        self.notifier.reloading()
+        try:
+            new = self._load_config()
+        except ConfigError as exc:
+            log.error("event=reload_failed reason=%r kept=previous_config", str(exc))
+            self.notifier.ready("reload failed; previous configuration kept")
+            return False
+        old = self.config
+        if new.listen != old.listen:
+            try:
+                server = MetricsHTTPServer(new.listen_address, self.cache)
+            except OSError as exc:
+                log.error("event=reload_failed reason=%r kept=previous_config", f"listen: {exc}")
+                self.notifier.ready("reload failed; previous configuration kept")
+                return False
+            server.start()
+            if self.server is not None:
+                self.server.stop()
+            self.server = server
+            log.info("event=listening address=%s", server.bound)
+        if new.sources != old.sources or new.roots != old.roots:
+            self.collector.close()
+            self.collector = Collector.from_config(new)
+        logs.set_level(new.log_level)
+        self.config = new
+        log.info("event=reloaded config=%s", new.path or "<defaults>")
+        self.notifier.ready("reloaded")
+        return True
+
+    def run_cycle(self) -> None:
+        snapshot = self.collector.run_cycle()
+        self.cache.update(snapshot)
+
+    def _sleep_seconds(self) -> float:
+        wait = self.config.tick_seconds
+        if self.notifier.watchdog_seconds:
+            wait = min(wait, self.notifier.watchdog_seconds / 2)
+        return wait
+
+    def run(self) -> int:
+        """The loop. Returns the exit status."""
+        if self.server is None:
+            self.start_server()
+        self.run_cycle()
+        self.notifier.ready("collecting")
+        self.notifier.detach_environment()
+        log.info(
+            "event=ready sources=%s", ",".join(s.source.name for s in self.collector.scheduled)
+        )
+        next_tick = time.monotonic() + self.config.tick_seconds
+        try:
+            while not self.stop_requested():
+                self._wake.wait(max(0.0, min(self._sleep_seconds(), next_tick - time.monotonic())))
+                self._wake.clear()
+                if self.stop_requested():
+                    break
+                if self._reload:
+                    self._reload = False
+                    self.reload()
+                self.notifier.watchdog()
+                now = time.monotonic()
+                if now >= next_tick:
+                    self.run_cycle()
+                    # Keep a fixed cadence on the monotonic clock; skip ticks we overran.
+                    next_tick += self.config.tick_seconds
+                    if next_tick <= time.monotonic():
+                        next_tick = time.monotonic() + self.config.tick_seconds
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        self.notifier.stopping()
+        log.info("event=stopping")
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        self.collector.close()
+        self.notifier.close()
+
+
+def config_loader(path: str | None, overrides: dict[str, object]) -> ConfigLoader:
+    """A loader that reads ``path`` (or the defaults) and applies CLI overrides each time."""
+
+    def load() -> Config:
+        cfg = config_mod.load(path) if path else Config()
+        roots = {k: v for k, v in overrides.items() if k != "listen" and v is not None}
+        if roots:
+            cfg = replace(cfg, roots=cfg.roots.with_overrides(**roots))  # type: ignore[arg-type]
+        listen = overrides.get("listen")
+        if isinstance(listen, str):
+            try:
+                config_mod.parse_listen(listen)
+            except ValueError as exc:
+                raise ConfigError("--listen", "listen", str(exc)) from None
+            cfg = replace(cfg, listen=listen)
+        return cfg
+
+    return load

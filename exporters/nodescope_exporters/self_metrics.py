@@ -1,0 +1,103 @@
+"""The daemon's own metrics: build, cycles, and the health of every source.
+
+Like node_exporter's ``*_scrape_collector_success``: a source that fails shows
+``nodescope_source_up{source} 0`` and counts an error, while the other sources' series go on.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterator
+
+from prometheus_client.metrics_core import Metric
+
+from nodescope import __version__
+from nodescope.model.snapshot import Snapshot
+from nodescope_exporters.catalog import metric
+
+AREA = "self"
+
+BUILD_INFO = metric(
+    "nodescope_build_info",
+    "info",
+    "nodescope version and the Python that runs it; value 1",
+    ("version", "python"),
+    area=AREA,
+)
+CYCLES = metric("nodescope_cycles_total", "counter", "collection cycles completed", area=AREA)
+CYCLE_DURATION = metric(
+    "nodescope_cycle_duration_seconds",
+    "gauge",
+    "wall time of the last collection cycle",
+    area=AREA,
+)
+LAST_CYCLE = metric(
+    "nodescope_last_cycle_timestamp_seconds",
+    "gauge",
+    "Unix time at the end of the last collection cycle",
+    area=AREA,
+)
+SOURCE_UP = metric(
+    "nodescope_source_up",
+    "gauge",
+    "1 if the source's last run succeeded, 0 if it failed",
+    ("source",),
+    area=AREA,
+)
+SOURCE_DURATION = metric(
+    "nodescope_source_duration_seconds",
+    "gauge",
+    "wall time of the source's last run",
+    ("source",),
+    area=AREA,
+)
+SOURCE_RUNS = metric(
+    "nodescope_source_runs_total", "counter", "runs of the source", ("source",), area=AREA
+)
+SOURCE_ERRORS = metric(
+    "nodescope_source_errors_total",
+    "counter",
+    "runs of the source that failed",
+    ("source",),
+    area=AREA,
+)
+SOURCE_INTERVAL = metric(
+    "nodescope_source_interval_seconds",
+    "gauge",
+    "configured seconds between runs of the source",
+    ("source",),
+    area=AREA,
+)
+
+
+def families(snapshot: Snapshot) -> Iterator[Metric]:
+    build = BUILD_INFO.family()
+    build.add_metric([__version__, platform.python_version()], 1)
+    yield build
+    cycles = CYCLES.family()
+    cycles.add_metric([], snapshot.cycle)
+    yield cycles
+    duration = CYCLE_DURATION.family()
+    duration.add_metric([], snapshot.cycle_duration)
+    yield duration
+    last = LAST_CYCLE.family()
+    last.add_metric([], snapshot.wall_time)
+    yield last
+
+    up, took, runs, errors, interval = (
+        SOURCE_UP.family(),
+        SOURCE_DURATION.family(),
+        SOURCE_RUNS.family(),
+        SOURCE_ERRORS.family(),
+        SOURCE_INTERVAL.family(),
+    )
+    for name in sorted(snapshot.status):
+        status = snapshot.status[name]
+        up.add_metric([name], 1 if status.up else 0)
+        runs.add_metric([name], status.runs_total)
+        errors.add_metric([name], status.errors_total)
+        interval.add_metric([name], status.interval)
+        sample = snapshot.current.get(name)
+        if sample is not None:
+            took.add_metric([name], sample.duration)
+    yield from (up, took, runs, errors, interval)
