@@ -107,7 +107,9 @@ class Collector:
         """Run every due source (every source with ``force``) and return the new snapshot."""
         cycle_start = self.clock()
         for item in self.scheduled:
-            if not force and cycle_start < item.next_due:
+            # A tenth of the interval of slack: the loop's wake-up jitter must not push a
+            # source that is due on this tick to the next one.
+            if not force and cycle_start < item.next_due - 0.1 * item.interval:
                 continue
             now = self.clock()
             sample = self._run_one(item, now)
@@ -115,8 +117,12 @@ class Collector:
             if name in self._current:
                 self._previous[name] = self._current[name]
             self._current[name] = sample
-            # Schedule from the planned time so the cadence does not drift with read cost.
-            item.next_due = max(item.next_due + item.interval, now + item.interval * 0.5)
+            # Schedule from the planned time so the cadence does not drift with read cost;
+            # after an overrun (or on the first run) start again from now.
+            planned = item.next_due + item.interval
+            if not item.next_due or planned <= now:
+                planned = cycle_start + item.interval
+            item.next_due = planned
         self.cycle += 1
         snapshot = Snapshot(
             cycle=self.cycle,

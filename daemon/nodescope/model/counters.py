@@ -16,6 +16,8 @@ from __future__ import annotations
 
 def counter_delta(prev: int, cur: int, bits: int | None = 64) -> int | None:
     """The increase of a monotonic counter from ``prev`` to ``cur``, or ``None`` on a reset."""
+    if prev < 0 or cur < 0:
+        return None
     if cur >= prev:
         return cur - prev
     if bits is None:

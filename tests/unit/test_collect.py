@@ -1,0 +1,134 @@
+"""The collector: intervals, per-source isolation, previous/current samples."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import pytest
+
+from nodescope.collect import Collector, ScheduledSource
+from nodescope.roots import Roots
+
+
+@dataclass
+class Counting:
+    name: str
+    fail: bool = False
+    calls: int = 0
+    closed: bool = False
+
+    def collect(self, roots: Roots) -> int:
+        self.calls += 1
+        if self.fail:
+            raise OSError(f"{self.name} input vanished")
+        return self.calls
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def collector(*items: tuple[Counting, float], clock: FakeClock) -> Collector:
+    return Collector(
+        roots=Roots(),
+        scheduled=[ScheduledSource(src, interval) for src, interval in items],
+        clock=clock,
+        wall_clock=lambda: 1.7e9,
+    )
+
+
+def test_sources_run_on_their_own_intervals() -> None:
+    clock = FakeClock()
+    fast, slow = Counting("fast"), Counting("slow")
+    c = collector((fast, 1.0), (slow, 5.0), clock=clock)
+    for _ in range(10):
+        c.run_cycle()
+        clock.now += 1.0
+    assert fast.calls == 10
+    assert slow.calls == 2
+
+
+def test_previous_and_current_samples_give_measured_time() -> None:
+    clock = FakeClock()
+    src = Counting("a")
+    c = collector((src, 1.0), clock=clock)
+    c.run_cycle()
+    clock.now += 2.5
+    snap = c.run_cycle()
+    pair = snap.pair("a", int)
+    assert pair == (1, 2, 2.5)
+
+
+def test_a_failing_source_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    good, bad = Counting("good"), Counting("bad", fail=True)
+    c = collector((bad, 1.0), (good, 1.0), clock=clock)
+    with caplog.at_level(logging.INFO, logger="nodescope.collect"):
+        for _ in range(3):
+            snap = c.run_cycle()
+            clock.now += 1.0
+    assert snap.current["good"].data == 3
+    assert snap.current["bad"].data is None
+    assert "input vanished" in (snap.current["bad"].error or "")
+    assert snap.status["bad"].up is False
+    assert snap.status["bad"].errors_total == 3
+    assert snap.status["good"].up is True
+    # One log line per state change, not per cycle.
+    downs = [r for r in caplog.records if "state=down" in r.getMessage()]
+    assert len(downs) == 1
+    bad.fail = False
+    with caplog.at_level(logging.INFO, logger="nodescope.collect"):
+        snap = c.run_cycle()
+    assert snap.status["bad"].up is True
+    assert any("source=bad state=up" in r.getMessage() for r in caplog.records)
+
+
+def test_snapshot_is_immutable() -> None:
+    clock = FakeClock()
+    c = collector((Counting("a"), 1.0), clock=clock)
+    snap = c.run_cycle()
+    with pytest.raises(TypeError):
+        snap.current["a"] = snap.current["a"]  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        snap.cycle = 5  # type: ignore[misc]
+
+
+def test_a_source_that_cannot_be_built_is_reported_down() -> None:
+    from nodescope.collect import UnavailableSource
+
+    clock = FakeClock()
+    c = Collector(
+        roots=Roots(),
+        scheduled=[ScheduledSource(UnavailableSource("nvml", "libnvidia-ml.so.1 not found"), 1)],
+        clock=clock,
+    )
+    snap = c.run_cycle()
+    assert snap.status["nvml"].up is False
+    assert "libnvidia-ml" in (snap.current["nvml"].error or "")
+
+
+def test_close_closes_every_source() -> None:
+    clock = FakeClock()
+    a, b = Counting("a"), Counting("b")
+    c = collector((a, 1.0), (b, 1.0), clock=clock)
+    c.close()
+    assert a.closed and b.closed
+
+
+def test_jitter_of_the_loop_does_not_skip_a_due_source() -> None:
+    clock = FakeClock()
+    src = Counting("a")
+    c = collector((src, 1.0), clock=clock)
+    for i in range(20):
+        # Ticks arrive up to 30 ms early or late.
+        clock.now = 100.0 + i + (0.03 if i % 2 else -0.03)
+        c.run_cycle()
+    assert src.calls == 20
