@@ -2,7 +2,7 @@
 
 # Debian packages that the test suite runs for real: promtool (prometheus), iostat (sysstat),
 # lspci (pciutils), ip (iproute2).
-TEST_APT_PACKAGES=(prometheus sysstat pciutils iproute2 python3-venv)
+TEST_APT_PACKAGES=(prometheus sysstat pciutils iproute2)
 
 ensure_apt_packages() {
     local missing=()
@@ -22,6 +22,8 @@ ensure_apt_packages() {
 # changed since the last install, so a second run starts in seconds.
 ensure_venv() {
     local dir=$1 spec=$2 python=${PYTHON:-python3}
+    # Debian's python3 needs python3-venv for `python3 -m venv`.
+    "$python" -c 'import ensurepip, venv' 2>/dev/null || ensure_apt_packages python3-venv
     [ -x "$dir/bin/python" ] || "$python" -m venv "$dir"
     local stamp="$dir/.nodescope-installed"
     local want

@@ -1,0 +1,40 @@
+"""The README's references are generated from the code and must not go stale; the shipped
+sample configuration must be valid."""
+
+from __future__ import annotations
+
+from nodescope import config, docgen
+from tests.conftest import REPO
+
+
+def test_readme_generated_sections_are_current() -> None:
+    text = (REPO / "README.md").read_text()
+    assert docgen.refresh(text) == text, (
+        "README.md is stale: run .venv/bin/python -m nodescope.docgen --write README.md"
+    )
+
+
+def test_readme_opens_with_the_two_setup_commands() -> None:
+    lines = (REPO / "README.md").read_text().splitlines()
+    fence = lines.index("```sh")
+    commands = lines[fence + 1 : lines.index("```", fence + 1)]
+    assert [c.split("#")[0].split() for c in commands] == [
+        ["sudo", "bash", "scripts/run.sh"],
+        ["sudo", "bash", "scripts/test.sh"],
+    ]
+    assert "scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+
+
+def test_every_metric_is_in_the_readme() -> None:
+    from nodescope_exporters.catalog import CATALOG
+    from nodescope_exporters.prometheus import load_areas
+
+    load_areas()
+    text = (REPO / "README.md").read_text()
+    missing = [name for name in CATALOG if f"`{name}`" not in text]
+    assert not missing
+
+
+def test_shipped_sample_config_is_valid() -> None:
+    cfg = config.load(REPO / "systemd" / "nodescope.toml")
+    assert cfg.listen == config.DEFAULT_LISTEN
