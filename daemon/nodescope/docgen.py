@@ -64,7 +64,11 @@ def refresh(text: str) -> str:
         if not pattern.search(text):
             raise ValueError(f"README has no {name} markers")
         body = make()
-        text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
+
+        def replace(match: re.Match[str], body: str = body) -> str:
+            return match.group(1) + body + match.group(2)
+
+        text = pattern.sub(replace, text)
     return text
 
 
