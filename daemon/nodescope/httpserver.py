@@ -12,11 +12,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
 from nodescope_exporters.prometheus import MetricsCache
 
 log = logging.getLogger("nodescope.http")
+
+# The classic text format: every name we export is a legal legacy name, and every Prometheus
+# release (Debian 12 ships 2.42) parses it.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 INDEX = b"""<html><head><title>nodescope</title></head><body>
 <h1>nodescope</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a></p>
@@ -35,7 +37,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not ready:
                 self._send(503, b"no collection cycle has completed yet\n", "text/plain")
                 return
-            self._send(200, body, CONTENT_TYPE_LATEST)
+            self._send(200, body, CONTENT_TYPE)
         elif path == "/healthz":
             ready, _ = self.server.cache.body()
             self._send(200 if ready else 503, b"ok\n" if ready else b"starting\n", "text/plain")
