@@ -22,9 +22,7 @@ def cli_reference() -> str:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for choice, sub in action.choices.items():
-                help_text = next(
-                    (a.help for a in action._choices_actions if a.dest == choice), ""
-                )
+                help_text = next((a.help for a in action._choices_actions if a.dest == choice), "")
                 out.append(f"### `nodescope {choice}`")
                 out.append("")
                 out.append(help_text or "")
@@ -58,9 +56,7 @@ SECTIONS = {
 
 def refresh(text: str) -> str:
     for name, make in SECTIONS.items():
-        pattern = re.compile(
-            rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", flags=re.DOTALL
-        )
+        pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", flags=re.DOTALL)
         if not pattern.search(text):
             raise ValueError(f"README has no {name} markers")
         body = make()
