@@ -1,13 +1,380 @@
-"""Metrics of the network sources."""
+"""Metrics of the network sources: InfiniBand/RoCE ports (``infiniband``) and network
+interfaces (``netdev``).
+
+Names follow node_exporter's infiniband and netdev collectors where they exist, under
+``nodescope_infiniband_`` and ``nodescope_network_``. Counters are the raw cumulative values
+(data in bytes, i.e. the kernel's 4-byte words × 4); Prometheus computes the rates. Error
+counters share one family with a ``counter`` label whose values are the kernel's fixed set
+of file names; driver ``hw_counters`` likewise under a ``stat`` label, bounded by the driver's
+table.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from nodescope.model.snapshot import Snapshot
+from nodescope.sources.infiniband import (
+    ERROR_COUNTERS,
+    PORT_STATES,
+    Counter,
+    IbPort,
+    InfinibandData,
+    hw_counter_is_gauge,
+)
+from nodescope.sources.netlink import NetdevData
+from nodescope_exporters.catalog import MetricSpec, metric
+
+AREA = "network"
+_DEV = ("device",)
+_PORT = ("device", "port")
+_PORT_COUNTER = ("device", "port", "counter")
+_PORT_STAT = ("device", "port", "stat")
+_IF = ("interface",)
+
+IB_INFO = metric(
+    "nodescope_infiniband_info",
+    "info",
+    "RDMA device identity: 1 per device, with firmware, HCA type, board id, node GUID and PCI "
+    "function as labels.",
+    ("device", "board_id", "firmware_version", "hca_type", "node_guid", "pci_address"),
+    area=AREA,
+)
+IB_NETDEV_INFO = metric(
+    "nodescope_infiniband_netdev_info",
+    "info",
+    "Network interfaces of the PCI function of an RDMA device (its device/net/ entries).",
+    ("device", "netdev"),
+    area=AREA,
+)
+IB_PORT_INFO = metric(
+    "nodescope_infiniband_port_info",
+    "info",
+    "RDMA port: link layer (InfiniBand or Ethernet for RoCE) and lane speed name (NDR, HDR…).",
+    ("device", "port", "link_layer", "speed"),
+    area=AREA,
+)
+IB_STATE = metric(
+    "nodescope_infiniband_port_state_id",
+    "gauge",
+    "Logical port state: "
+    + ", ".join(f"{code} {name}" for code, name in enumerate(PORT_STATES))
+    + " (ACTIVE carries traffic).",
+    _PORT,
+    area=AREA,
+)
+IB_PHYS_STATE = metric(
+    "nodescope_infiniband_port_physical_state_id",
+    "gauge",
+    "Physical port state: 1 Sleep, 2 Polling, 3 Disabled, 4 PortConfigurationTraining, "
+    "5 LinkUp, 6 LinkErrorRecovery, 7 Phy Test.",
+    _PORT,
+    area=AREA,
+)
+IB_RATE = metric(
+    "nodescope_infiniband_port_rate_bytes_per_second",
+    "gauge",
+    "Data rate of the port over all active lanes, per direction, in bytes per second.",
+    _PORT,
+    area=AREA,
+)
+IB_LANES = metric(
+    "nodescope_infiniband_port_lanes",
+    "gauge",
+    "Active lanes of the port (the link width, 4 for 4X); fewer than cabled means downtrained.",
+    _PORT,
+    area=AREA,
+)
+IB_RX_BYTES = metric(
+    "nodescope_infiniband_port_data_received_bytes_total",
+    "counter",
+    "Data received on the port in bytes (counters/port_rcv_data × 4).",
+    _PORT,
+    area=AREA,
+)
+IB_TX_BYTES = metric(
+    "nodescope_infiniband_port_data_transmitted_bytes_total",
+    "counter",
+    "Data transmitted on the port in bytes (counters/port_xmit_data × 4).",
+    _PORT,
+    area=AREA,
+)
+_PACKET_COUNTERS: tuple[tuple[str, MetricSpec], ...] = tuple(
+    (
+        counter,
+        metric(
+            f"nodescope_infiniband_port_{name}_total",
+            "counter",
+            f"Packets {direction} on the port (counters/{counter}).",
+            _PORT,
+            area=AREA,
+        ),
+    )
+    for counter, name, direction in (
+        ("port_rcv_packets", "packets_received", "received"),
+        ("port_xmit_packets", "packets_transmitted", "transmitted"),
+        ("unicast_rcv_packets", "unicast_packets_received", "received unicast"),
+        ("unicast_xmit_packets", "unicast_packets_transmitted", "transmitted unicast"),
+        ("multicast_rcv_packets", "multicast_packets_received", "received multicast"),
+        ("multicast_xmit_packets", "multicast_packets_transmitted", "transmitted multicast"),
+    )
+)
+IB_XMIT_WAIT = metric(
+    "nodescope_infiniband_port_transmit_wait_total",
+    "counter",
+    "Ticks during which the port had data to send but sent none (counters/port_xmit_wait): "
+    "congestion or lack of credits.",
+    _PORT,
+    area=AREA,
+)
+IB_ERRORS = metric(
+    "nodescope_infiniband_port_errors_total",
+    "counter",
+    "Port error counters by their counters/ file name ("
+    + ", ".join(ERROR_COUNTERS)
+    + "). They are 4 to 16 bits wide and stop at their maximum.",
+    _PORT_COUNTER,
+    area=AREA,
+)
+IB_PORT_HW = metric(
+    "nodescope_infiniband_port_hw_stats_total",
+    "counter",
+    "Driver counters of the port (ports/<n>/hw_counters/, e.g. mlx5 out_of_buffer, "
+    "np_cnp_sent, local_ack_timeout_err).",
+    _PORT_STAT,
+    area=AREA,
+)
+IB_PORT_HW_GAUGE = metric(
+    "nodescope_infiniband_port_hw_level",
+    "gauge",
+    "Driver values of ports/<n>/hw_counters/ that are levels, not counts (active_*, watermark_*).",
+    _PORT_STAT,
+    area=AREA,
+)
+IB_DEV_HW = metric(
+    "nodescope_infiniband_hw_stats_total",
+    "counter",
+    "Driver counters of the whole device (<dev>/hw_counters/).",
+    ("device", "stat"),
+    area=AREA,
+)
+IB_DEV_HW_GAUGE = metric(
+    "nodescope_infiniband_hw_level",
+    "gauge",
+    "Driver values of <dev>/hw_counters/ that are levels, not counts (active_*, watermark_*).",
+    ("device", "stat"),
+    area=AREA,
+)
+
+NET_INFO = metric(
+    "nodescope_network_info",
+    "info",
+    "Network interface: operational state (RFC 2863, lower case), link kind (veth, bond, "
+    "vlan…; empty for plain devices) and PCI function (empty for virtual interfaces).",
+    ("interface", "operstate", "kind", "pci_address"),
+    area=AREA,
+)
+NET_UP = metric(
+    "nodescope_network_up",
+    "gauge",
+    "1 when the interface's operational state is up.",
+    _IF,
+    area=AREA,
+)
+NET_ADMIN_UP = metric(
+    "nodescope_network_admin_up",
+    "gauge",
+    "1 when the interface is administratively up (IFF_UP).",
+    _IF,
+    area=AREA,
+)
+NET_CARRIER = metric(
+    "nodescope_network_carrier",
+    "gauge",
+    "1 when the interface has carrier.",
+    _IF,
+    area=AREA,
+)
+NET_MTU = metric(
+    "nodescope_network_mtu_bytes",
+    "gauge",
+    "MTU of the interface in bytes.",
+    _IF,
+    area=AREA,
+)
+_NET_COUNTERS: tuple[tuple[str, MetricSpec], ...] = tuple(
+    (
+        field,
+        metric(
+            f"nodescope_network_{name}_total",
+            "counter",
+            f"{text} (rtnetlink IFLA_STATS64 {field}).",
+            _IF,
+            area=AREA,
+        ),
+    )
+    for field, name, text in (
+        ("rx_bytes", "receive_bytes", "Bytes received"),
+        ("tx_bytes", "transmit_bytes", "Bytes transmitted"),
+        ("rx_packets", "receive_packets", "Packets received"),
+        ("tx_packets", "transmit_packets", "Packets transmitted"),
+        ("rx_errors", "receive_errors", "Receive errors"),
+        ("tx_errors", "transmit_errors", "Transmit errors"),
+        ("rx_dropped", "receive_drop", "Received packets dropped"),
+        ("tx_dropped", "transmit_drop", "Packets dropped on transmit"),
+    )
+)
+
+
+class _Families:
+    """The families of one area, filled by spec; only those with samples are yielded."""
+
+    def __init__(self, specs: Iterable[MetricSpec]) -> None:
+        self._families: dict[str, Metric] = {spec.name: spec.family() for spec in specs}
+
+    def add(self, spec: MetricSpec, labels: Sequence[str], value: float) -> None:
+        family = self._families[spec.name]
+        if not isinstance(family, GaugeMetricFamily | CounterMetricFamily):
+            raise TypeError(f"{spec.name}: cannot add samples to {type(family).__name__}")
+        family.add_metric(list(labels), value)
+
+    def non_empty(self) -> Iterator[Metric]:
+        return (family for family in self._families.values() if family.samples)
+
+
+def _hw(
+    counters: Iterable[Counter],
+    labels: tuple[str, ...],
+    families: _Families,
+    total: MetricSpec,
+    gauge: MetricSpec,
+) -> None:
+    for counter in counters:
+        target = gauge if hw_counter_is_gauge(counter.name) else total
+        families.add(target, [*labels, counter.name], counter.value)
+
+
+def _port(port: IbPort, families: _Families) -> None:
+    labels = [port.device, str(port.port)]
+    if port.link_layer is not None or port.rate is not None:
+        speed = port.rate.speed if port.rate is not None and port.rate.speed else ""
+        families.add(IB_PORT_INFO, [*labels, port.link_layer or "", speed], 1)
+    if port.state is not None:
+        families.add(IB_STATE, labels, port.state.code)
+    if port.phys_state is not None:
+        families.add(IB_PHYS_STATE, labels, port.phys_state.code)
+    if port.rate is not None:
+        families.add(IB_RATE, labels, port.rate.bytes_per_second)
+        families.add(IB_LANES, labels, port.rate.lanes)
+    if port.rcv_bytes is not None:
+        families.add(IB_RX_BYTES, labels, port.rcv_bytes)
+    if port.xmit_bytes is not None:
+        families.add(IB_TX_BYTES, labels, port.xmit_bytes)
+    for counter_name, spec in _PACKET_COUNTERS:
+        counter = port.counter(counter_name)
+        if counter is not None:
+            families.add(spec, labels, counter.value)
+    wait = port.counter("port_xmit_wait")
+    if wait is not None:
+        families.add(IB_XMIT_WAIT, labels, wait.value)
+    for name in ERROR_COUNTERS:
+        counter = port.counter(name)
+        if counter is not None:
+            families.add(IB_ERRORS, [*labels, name], counter.value)
+    _hw(
+        port.hw_counters,
+        (port.device, str(port.port)),
+        families,
+        IB_PORT_HW,
+        IB_PORT_HW_GAUGE,
+    )
+
+
+_IB_SPECS: tuple[MetricSpec, ...] = (
+    IB_INFO,
+    IB_NETDEV_INFO,
+    IB_PORT_INFO,
+    IB_STATE,
+    IB_PHYS_STATE,
+    IB_RATE,
+    IB_LANES,
+    IB_RX_BYTES,
+    IB_TX_BYTES,
+    *(spec for _, spec in _PACKET_COUNTERS),
+    IB_XMIT_WAIT,
+    IB_ERRORS,
+    IB_PORT_HW,
+    IB_PORT_HW_GAUGE,
+    IB_DEV_HW,
+    IB_DEV_HW_GAUGE,
+)
+_NET_SPECS: tuple[MetricSpec, ...] = (
+    NET_INFO,
+    NET_UP,
+    NET_ADMIN_UP,
+    NET_CARRIER,
+    NET_MTU,
+    *(spec for _, spec in _NET_COUNTERS),
+)
+
+
+def infiniband_families(data: InfinibandData) -> Iterator[Metric]:
+    families = _Families(_IB_SPECS)
+    for device in data.devices:
+        families.add(
+            IB_INFO,
+            [
+                device.name,
+                device.board_id or "",
+                device.fw_ver or "",
+                device.hca_type or "",
+                device.node_guid or "",
+                device.pci_address or "",
+            ],
+            1,
+        )
+        for netdev in device.netdevs:
+            families.add(IB_NETDEV_INFO, [device.name, netdev], 1)
+        _hw(
+            device.hw_counters,
+            (device.name,),
+            families,
+            IB_DEV_HW,
+            IB_DEV_HW_GAUGE,
+        )
+        for port in device.ports:
+            _port(port, families)
+    return families.non_empty()
+
+
+def netdev_families(data: NetdevData) -> Iterator[Metric]:
+    families = _Families(_NET_SPECS)
+    for link in data.links:
+        labels = [link.name]
+        families.add(
+            NET_INFO, [link.name, link.operstate or "", link.kind or "", link.pci_address or ""], 1
+        )
+        if link.operstate is not None:
+            families.add(NET_UP, labels, 1 if link.operstate == "up" else 0)
+        if link.admin_up is not None:
+            families.add(NET_ADMIN_UP, labels, 1 if link.admin_up else 0)
+        if link.carrier is not None:
+            families.add(NET_CARRIER, labels, 1 if link.carrier else 0)
+        if link.mtu is not None:
+            families.add(NET_MTU, labels, link.mtu)
+        if link.stats is not None:
+            for field, spec in _NET_COUNTERS:
+                families.add(spec, labels, getattr(link.stats, field))
+    return families.non_empty()
 
 
 def families(snapshot: Snapshot) -> Iterable[Metric]:
-    return ()
+    ib = snapshot.data("infiniband", InfinibandData)
+    if ib is not None:
+        yield from infiniband_families(ib)
+    net = snapshot.data("netdev", NetdevData)
+    if net is not None:
+        yield from netdev_families(net)

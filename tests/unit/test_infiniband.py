@@ -1,0 +1,561 @@
+"""The infiniband source: parsers on inline strings, the reader on a real H100 node's capture
+and on built trees, counter widths and wraps in port_rates, and the exported metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from nodescope.derive import deriver
+from nodescope.errors import ParseError
+from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.roots import Roots
+from nodescope.sources import infiniband as ib
+from nodescope.sources.registry import SOURCES
+from nodescope_exporters import network_metrics
+from nodescope_exporters.prometheus import render
+
+CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "h100-node-infiniband"
+CAPTURE_CLASS = CAPTURE / "sys" / "class" / "infiniband"
+HCAS = ("mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9")
+
+
+# ------------------------------------------------------------------------------------------
+# Parsers on inline strings
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "name"),
+    [
+        ("4: ACTIVE\n", 4, "ACTIVE"),
+        ("1: DOWN\n", 1, "DOWN"),
+        ("5: LinkUp\n", 5, "LinkUp"),
+        ("3: Disabled", 3, "Disabled"),
+        ("7: Phy Test\n", 7, "Phy Test"),
+        ("0: <unknown>\n", 0, "<unknown>"),
+    ],
+)
+def test_parse_state(text: str, code: int, name: str) -> None:
+    assert ib.parse_state(text, "state") == ib.PortState(code, name)
+
+
+@pytest.mark.parametrize(
+    "text", ["ACTIVE\n", "4:ACTIVE\n", "4: \n", "", "\n", "x: ACTIVE", "-1: X"]
+)
+def test_parse_state_rejects(text: str) -> None:
+    with pytest.raises(ParseError) as err:
+        ib.parse_state(text, "/sys/class/infiniband/mlx5_0/ports/1/state")
+    assert err.value.source == "/sys/class/infiniband/mlx5_0/ports/1/state"
+    assert err.value.line == 1
+
+
+def test_parse_state_two_lines_names_line_2() -> None:
+    with pytest.raises(ParseError) as err:
+        ib.parse_state("4: ACTIVE\n4: ACTIVE\n", "state")
+    assert err.value.line == 2
+    assert "state:2" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "gbps", "lanes", "speed"),
+    [
+        ("400 Gb/sec (4X NDR)\n", 400.0, 4, "NDR"),
+        ("200 Gb/sec (2X NDR)\n", 200.0, 2, "NDR"),
+        ("2.5 Gb/sec (1X SDR)\n", 2.5, 1, "SDR"),
+        ("56 Gb/sec (4X FDR)\n", 56.0, 4, "FDR"),
+        ("40 Gb/sec (4X FDR10)\n", 40.0, 4, "FDR10"),
+        ("800 Gb/sec (4X XDR)\n", 800.0, 4, "XDR"),
+        ("10 Gb/sec (4X)\n", 10.0, 4, None),
+        ("30 Gb/sec (12X)", 30.0, 12, None),
+    ],
+)
+def test_parse_rate(text: str, gbps: float, lanes: int, speed: str | None) -> None:
+    rate = ib.parse_rate(text, "rate")
+    assert rate == ib.LinkRate(gbps, lanes, speed)
+    assert rate.bytes_per_second == gbps * 1e9 / 8
+
+
+def test_rate_names_agree_with_lane_table() -> None:
+    # The kernel prints lanes × per-lane rate: check our table against real-world strings.
+    for text in ("400 Gb/sec (4X NDR)", "200 Gb/sec (4X HDR)", "100 Gb/sec (4X EDR)"):
+        rate = ib.parse_rate(text, "rate")
+        assert rate.speed is not None
+        assert ib.LANE_GBPS[rate.speed] * rate.lanes == rate.gbps
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["400 Gb/s (4X NDR)", "400 Gb/sec", "Gb/sec (4X NDR)", "400 Gb/sec (0X NDR)", "400 Gb/sec (X)"],
+)
+def test_parse_rate_rejects(text: str) -> None:
+    with pytest.raises(ParseError):
+        ib.parse_rate(text, "rate")
+
+
+def test_parse_counter() -> None:
+    assert ib.parse_counter("230539874932483\n", "c") == 230539874932483
+    assert ib.parse_counter("0", "c") == 0
+    assert ib.parse_counter(f"{2**64 - 1}\n", "c") == 2**64 - 1
+    # Old kernels print this when the HCA has no PerfMgmt agent: absent, not zero.
+    assert ib.parse_counter("N/A (no PMA)\n", "c") is None
+
+
+@pytest.mark.parametrize("text", ["-1\n", "1 2\n", "0x10\n", "\n", "12abc", "٣\n", "1\n2\n"])
+def test_parse_counter_rejects(text: str) -> None:
+    with pytest.raises(ParseError):
+        ib.parse_counter(text, "c")
+
+
+def test_parse_node_guid_and_attributes() -> None:
+    assert ib.parse_node_guid("0C42:A103:0012:3456\n", "g") == "0c42:a103:0012:3456"
+    with pytest.raises(ParseError):
+        ib.parse_node_guid("0c42a10300123456\n", "g")
+    assert ib.parse_attribute("28.41.1000\n", "fw_ver") == "28.41.1000"
+    assert ib.parse_link_layer("Ethernet\n", "link_layer") == "Ethernet"
+    with pytest.raises(ParseError):
+        ib.parse_link_layer("Infini Band\n", "link_layer")
+
+
+def test_counter_bits_follow_the_kernel_tables() -> None:
+    extended = {"port_xmit_data": 5, "unicast_xmit_packets": 1}
+    legacy = {"port_xmit_data": 5, "port_rcv_data": 7}
+    big = {"port_xmit_data": 1 << 33}
+    assert ib.counter_bits("port_xmit_data", extended) == 64
+    assert ib.counter_bits("port_rcv_packets", extended) == 64
+    assert ib.counter_bits("port_xmit_data", legacy) == 32
+    assert ib.counter_bits("port_rcv_packets", big) == 64
+    assert ib.counter_bits("port_xmit_wait", legacy) == 32
+    assert ib.counter_bits("symbol_error", legacy) == 16
+    assert ib.counter_bits("link_downed", legacy) == 8
+    assert ib.counter_bits("local_link_integrity_errors", legacy) == 4
+    assert ib.counter_bits("unicast_rcv_packets", extended) == 64
+    assert ib.counter_bits("some_vendor_counter", legacy) is None
+
+
+def test_pci_address_from_path() -> None:
+    assert (
+        ib.pci_address_from_path("/sys/devices/pci0000:00/0000:00:01.0/0000:17:00.1")
+        == "0000:17:00.1"
+    )
+    assert ib.pci_address_from_path("/sys/devices/pci0000:00/0000:00:03.0/virtio2") == (
+        "0000:00:03.0"
+    )
+    assert ib.pci_address_from_path("/sys/devices/virtual/net/lo") is None
+
+
+# ------------------------------------------------------------------------------------------
+# The real capture of an H100 node
+
+
+@pytest.fixture(scope="module")
+def capture() -> ib.InfinibandData:
+    return ib.read_infiniband(Roots.under(CAPTURE))
+
+
+def test_capture_devices(capture: ib.InfinibandData) -> None:
+    assert tuple(d.name for d in capture.devices) == (*HCAS, "mlx5_bond_0")
+    for device in capture.devices[:8]:
+        assert (device.hca_type, device.fw_ver, device.board_id) == (
+            "MT4129",
+            "28.41.1000",
+            "MT_0000000838",
+        )
+        # The capture has no node_guid file and no device link.
+        assert device.node_guid is None
+        assert device.pci_address is None
+        assert device.netdevs == ()
+        assert device.hw_counters == ()
+        assert [p.port for p in device.ports] == [1]
+    bond = capture.devices[-1]
+    assert (bond.hca_type, bond.fw_ver, bond.board_id) == ("MT41692", "32.38.3056", "MT_0000000884")
+
+
+def test_capture_port_state_and_rate(capture: ib.InfinibandData) -> None:
+    port = capture.devices[0].ports[0]
+    assert (port.device, port.port) == ("mlx5_0", 1)
+    assert port.state == ib.PortState(4, "ACTIVE")
+    assert port.phys_state == ib.PortState(5, "LinkUp")
+    assert port.rate == ib.LinkRate(400.0, 4, "NDR")
+    assert port.rate.bytes_per_second == 50e9
+    assert port.link_layer == "InfiniBand"
+    bond = capture.devices[-1].ports[0]
+    assert bond.rate == ib.LinkRate(200.0, 2, "NDR")
+    assert bond.link_layer == "Ethernet"
+
+
+def test_capture_counters(capture: ib.InfinibandData) -> None:
+    port = capture.devices[0].ports[0]
+    assert port.counter("port_rcv_data") == ib.Counter("port_rcv_data", 230539874932483, 64)
+    assert port.counter("port_xmit_data") == ib.Counter("port_xmit_data", 230442669431839, 64)
+    assert port.rcv_bytes == 230539874932483 * 4 == 922159499729932
+    assert port.xmit_bytes == 230442669431839 * 4
+    assert port.counter("port_rcv_packets") == ib.Counter("port_rcv_packets", 317548853677, 64)
+    assert port.counter("port_xmit_wait") == ib.Counter("port_xmit_wait", 2489603687, 32)
+    assert port.counter("port_rcv_errors") == ib.Counter("port_rcv_errors", 14, 16)
+    assert port.counter("port_rcv_switch_relay_errors") == ib.Counter(
+        "port_rcv_switch_relay_errors", 1, 16
+    )
+    # A 4-bit counter stuck at 15: saturated, its later increases unknown.
+    overrun = port.counter("excessive_buffer_overrun_errors")
+    assert overrun == ib.Counter("excessive_buffer_overrun_errors", 15, 4)
+    assert overrun is not None and overrun.saturated
+    assert not port.counter("port_rcv_errors").saturated  # type: ignore[union-attr]
+    assert port.hw_counter("rx_write_requests") == ib.Counter("rx_write_requests", 3809045607, 64)
+    assert port.hw_counter("roce_adp_retrans") == ib.Counter("roce_adp_retrans", 3, 64)
+    assert port.hw_counters_lifespan_ms == 12
+    assert port.hw_counter("lifespan") is None
+
+
+def test_capture_every_value_matches_its_file(capture: ib.InfinibandData) -> None:
+    for port in capture.ports():
+        port_dir = CAPTURE_CLASS / port.device / "ports" / str(port.port)
+        files = sorted(p.name for p in (port_dir / "counters").iterdir())
+        assert [c.name for c in port.counters] == files
+        for counter in port.counters:
+            assert counter.value == int((port_dir / "counters" / counter.name).read_text())
+        hw_files = sorted(p.name for p in (port_dir / "hw_counters").iterdir())
+        assert [c.name for c in port.hw_counters] == [n for n in hw_files if n != "lifespan"]
+        for counter in port.hw_counters:
+            assert counter.value == int((port_dir / "hw_counters" / counter.name).read_text())
+
+
+def test_capture_record_serialises_to_json(capture: ib.InfinibandData) -> None:
+    data = json.loads(json.dumps(dataclasses.asdict(capture)))
+    assert data["devices"][0]["ports"][0]["rate"] == {"gbps": 400.0, "lanes": 4, "speed": "NDR"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        capture.devices[0].name = "x"  # type: ignore[misc]
+
+
+def test_source_is_registered_and_reads_capture() -> None:
+    source = SOURCES["infiniband"].make()
+    try:
+        data = source.collect(Roots.under(CAPTURE))
+    finally:
+        source.close()
+    assert isinstance(data, ib.InfinibandData)
+    assert len(data.devices) == 9
+    assert deriver("infiniband") is ib.port_rates
+
+
+def test_missing_class_reads_as_no_devices(tmp_path: Path) -> None:
+    assert ib.read_infiniband(Roots.under(tmp_path)) == ib.InfinibandData(())
+
+
+# ------------------------------------------------------------------------------------------
+# Built trees: PCI link, netdevs, legacy 32-bit counters, device-level hw_counters
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _legacy_tree(root: Path, xmit_words: int, symbol_errors: int = 0) -> Roots:
+    """An HCA without extended counters, linked to a PCI function with one netdev."""
+    sysfs = root / "sys"
+    pci = sysfs / "devices" / "pci0000:00" / "0000:00:01.0" / "0000:17:00.0"
+    dev = pci / "infiniband" / "mlx4_0"
+    (pci / "net" / "ib0").mkdir(parents=True, exist_ok=True)
+    link = sysfs / "class" / "infiniband" / "mlx4_0"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to("../../devices/pci0000:00/0000:00:01.0/0000:17:00.0/infiniband/mlx4_0")
+    if not (dev / "device").is_symlink():
+        dev.mkdir(parents=True, exist_ok=True)
+        (dev / "device").symlink_to("../../../0000:17:00.0")
+    _write(dev / "node_guid", "0002:c903:0031:7f40\n")
+    _write(dev / "hw_counters" / "active_qps", "7\n")
+    _write(dev / "hw_counters" / "rx_pkts", "99\n")
+    _write(dev / "hw_counters" / "lifespan", "10\n")
+    for n in ("1", "2", "10"):
+        port = dev / "ports" / n
+        _write(port / "state", "4: ACTIVE\n" if n == "1" else "1: DOWN\n")
+        _write(port / "phys_state", "5: LinkUp\n" if n == "1" else "3: Disabled\n")
+        _write(port / "rate", "40 Gb/sec (4X QDR)\n" if n == "1" else "10 Gb/sec (4X)\n")
+        _write(port / "link_layer", "InfiniBand\n")
+        _write(port / "counters" / "port_xmit_data", f"{xmit_words}\n")
+        _write(port / "counters" / "port_rcv_data", "1000\n")
+        _write(port / "counters" / "symbol_error", f"{symbol_errors}\n")
+        _write(port / "counters" / "port_xmit_wait", "N/A (no PMA)\n")
+    return Roots.under(root)
+
+
+def test_built_tree_pci_netdevs_ports(tmp_path: Path) -> None:
+    data = ib.read_infiniband(_legacy_tree(tmp_path, 5))
+    (device,) = data.devices
+    assert device.pci_address == "0000:17:00.0"
+    assert device.netdevs == ("ib0",)
+    assert device.node_guid == "0002:c903:0031:7f40"
+    assert device.hw_counters == (
+        ib.Counter("active_qps", 7, 64),
+        ib.Counter("rx_pkts", 99, 64),
+    )
+    # Ports in numeric order, not string order.
+    assert [p.port for p in device.ports] == [1, 2, 10]
+    port = device.ports[0]
+    assert port.counter("port_xmit_data") == ib.Counter("port_xmit_data", 5, 32)
+    assert port.counter("port_xmit_wait") is None  # "N/A (no PMA)": absent
+    assert port.xmit_bytes == 20
+    assert device.ports[1].rate == ib.LinkRate(10.0, 4, None)
+    assert device.ports[1].state == ib.PortState(1, "DOWN")
+
+
+def test_built_tree_bad_file_names_its_path(tmp_path: Path) -> None:
+    roots = _legacy_tree(tmp_path, 5)
+    bad = tmp_path / "sys/devices/pci0000:00/0000:00:01.0/0000:17:00.0/infiniband/mlx4_0"
+    _write(bad / "ports" / "2" / "rate", "fast\n")
+    with pytest.raises(ParseError) as err:
+        ib.read_infiniband(roots)
+    assert err.value.source.endswith("mlx4_0/ports/2/rate")
+
+
+# ------------------------------------------------------------------------------------------
+# Rates
+
+
+def test_port_rates_on_capture_copy(tmp_path: Path) -> None:
+    shutil.copytree(CAPTURE / "sys", tmp_path / "sys")
+    roots = Roots.under(tmp_path)
+    prev = ib.read_infiniband(roots)
+    counters = tmp_path / "sys/class/infiniband/mlx5_0/ports/1/counters"
+    for name, add in (
+        ("port_xmit_data", 25_000_000_000),
+        ("port_rcv_data", 1_000),
+        ("port_xmit_wait", 500),
+        ("port_rcv_errors", 3),
+        ("symbol_error", 1),
+    ):
+        path = counters / name
+        path.write_text(str(int(path.read_text()) + add))
+    cur = ib.read_infiniband(roots)
+    rates = ib.port_rates(prev, cur, 2.0)
+    assert len(rates.ports) == 9
+    r = rates.port("mlx5_0", 1)
+    assert r is not None
+    assert r.xmit_bytes_per_second == 25_000_000_000 * 4 / 2
+    assert r.xmit_utilization == 1.0  # 50 GB/s on a 400 Gb/s port
+    assert r.rcv_bytes_per_second == 2_000.0
+    assert r.xmit_wait_per_second == 250.0
+    assert r.xmit_packets_per_second == 0.0
+    assert r.errors_per_second == 2.0
+    by_name = {c.name: c.per_second for c in r.counters}
+    assert by_name["port_rcv_errors"] == 1.5
+    # Saturated at 15 in both samples: unknown, not zero.
+    assert by_name["excessive_buffer_overrun_errors"] is None
+    other = rates.port("mlx5_1", 1)
+    assert other is not None and other.xmit_bytes_per_second == 0.0
+
+
+def test_port_rates_32bit_wrap(tmp_path: Path) -> None:
+    prev = ib.read_infiniband(_legacy_tree(tmp_path, 2**32 - 100, symbol_errors=65530))
+    cur = ib.read_infiniband(_legacy_tree(tmp_path, 50, symbol_errors=4))
+    r = ib.port_rates(prev, cur, 1.0).port("mlx4_0", 1)
+    assert r is not None
+    # 150 words across the 32-bit wrap, 4 bytes each.
+    assert r.xmit_bytes_per_second == 600.0
+    # 16-bit symbol_error wraps too: 65530 -> 4 is 10 errors.
+    assert r.errors_per_second == 10.0
+    # 40 Gb/s = 5e9 bytes/s.
+    assert r.xmit_utilization == 600.0 / 5e9
+
+
+def test_port_rates_64bit_drop_is_a_reset(capture: ib.InfinibandData) -> None:
+    port = capture.devices[0].ports[0]
+    lower = dataclasses.replace(
+        port,
+        counters=tuple(
+            dataclasses.replace(c, value=c.value // 2) if c.name == "port_xmit_data" else c
+            for c in port.counters
+        ),
+    )
+    dev = dataclasses.replace(capture.devices[0], ports=(lower,))
+    cur = ib.InfinibandData((dev,))
+    r = ib.port_rates(ib.InfinibandData((capture.devices[0],)), cur, 1.0).port("mlx5_0", 1)
+    assert r is not None
+    assert r.xmit_bytes_per_second is None
+    assert r.xmit_utilization is None
+    assert r.rcv_bytes_per_second == 0.0
+
+
+def test_port_rates_skip_new_ports_and_bad_intervals(capture: ib.InfinibandData) -> None:
+    prev = ib.InfinibandData(capture.devices[:2])
+    assert [p.device for p in ib.port_rates(prev, capture, 1.0).ports] == ["mlx5_0", "mlx5_1"]
+    assert ib.port_rates(capture, capture, 0.0).ports == ()
+
+
+@settings(max_examples=200, deadline=None)
+@example(prev=2**31, increase=2**31 - 1, seconds=1.0)
+@given(
+    prev=st.integers(min_value=2**31, max_value=2**32 - 1),
+    increase=st.integers(min_value=0, max_value=2**31 - 1),
+    seconds=st.floats(min_value=0.001, max_value=3600),
+)
+def test_32bit_data_counter_wraps_fuzz(prev: int, increase: int, seconds: float) -> None:
+    def data(words: int) -> ib.InfinibandData:
+        port = ib.IbPort(
+            "hca",
+            1,
+            None,
+            None,
+            ib.LinkRate(100.0, 4, "EDR"),
+            None,
+            (ib.Counter("port_xmit_data", words, 32),),
+            (),
+            None,
+            words * 4,
+            None,
+        )
+        return ib.InfinibandData(
+            (ib.IbDevice("hca", None, None, None, None, None, (), (), (port,)),)
+        )
+
+    cur = (prev + increase) % 2**32
+    r = ib.port_rates(data(prev), data(cur), seconds).port("hca", 1)
+    assert r is not None
+    if cur == 2**32 - 1:
+        # All ones: the counter has stopped, the increase is unknown.
+        assert r.xmit_bytes_per_second is None
+    else:
+        assert r.xmit_bytes_per_second == pytest.approx(increase * 4 / seconds)
+
+
+# ------------------------------------------------------------------------------------------
+# Fuzz: malformed input raises ParseError and nothing else
+
+
+PARSERS = (
+    ib.parse_state,
+    ib.parse_rate,
+    ib.parse_link_layer,
+    ib.parse_counter,
+    ib.parse_node_guid,
+    ib.parse_attribute,
+)
+
+_near = st.one_of(
+    st.text(),
+    st.text(alphabet="0123456789: .()XGb/secNDRSHFQ\n\t -", max_size=40),
+    st.builds(
+        lambda a, b, c: f"{a} Gb/sec ({b}X {c})",
+        st.text(max_size=6),
+        st.text(max_size=4),
+        st.text(max_size=6),
+    ),
+    st.builds(lambda a, b: f"{a}: {b}", st.text(max_size=5), st.text(max_size=10)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_near)
+@pytest.mark.parametrize("parse", PARSERS, ids=lambda f: f.__name__)
+def test_parsers_raise_only_parse_error(parse: object, text: str) -> None:
+    assert callable(parse)
+    try:
+        parse(text, "fuzz")
+    except ParseError as err:
+        assert err.source == "fuzz"
+
+
+@settings(max_examples=200, deadline=None)
+@given(code=st.integers(0, 10**9 - 1), name=st.sampled_from(["ACTIVE", "Phy Test", "<unknown>"]))
+def test_parse_state_round_trip(code: int, name: str) -> None:
+    assert ib.parse_state(f"{code}: {name}\n", "s") == ib.PortState(code, name)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate10=st.integers(1, 10**6),
+    lanes=st.sampled_from([1, 2, 4, 8, 12]),
+    speed=st.one_of(st.none(), st.sampled_from(sorted(ib.LANE_GBPS))),
+)
+def test_parse_rate_round_trip(rate10: int, lanes: int, speed: str | None) -> None:
+    # Formatted as rate_show() does: whole Gb/s and ".5" for the half.
+    name = f" {speed}" if speed else ""
+    text = f"{rate10 // 10}{'.5' if rate10 % 10 else ''} Gb/sec ({lanes}X{name})\n"
+    rate = ib.parse_rate(text, "rate")
+    assert rate.lanes == lanes and rate.speed == speed
+    assert rate.gbps == rate10 // 10 + (0.5 if rate10 % 10 else 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.integers(0, 2**64 - 1))
+def test_parse_counter_round_trip(value: int) -> None:
+    assert ib.parse_counter(f"{value}\n", "c") == value
+
+
+# ------------------------------------------------------------------------------------------
+# Metrics
+
+
+def _metrics(data: ib.InfinibandData) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    snap = Snapshot(1, 1.0, 1.0, current={"infiniband": SourceSample("infiniband", 1.0, 0.0, data)})
+    text = render(snap, [network_metrics.families]).decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_metrics_from_capture(capture: ib.InfinibandData) -> None:
+    m = _metrics(capture)
+    port = (("device", "mlx5_0"), ("port", "1"))
+    assert m["nodescope_infiniband_port_state_id"][port] == 4
+    assert m["nodescope_infiniband_port_physical_state_id"][port] == 5
+    assert m["nodescope_infiniband_port_rate_bytes_per_second"][port] == 50e9
+    assert m["nodescope_infiniband_port_lanes"][port] == 4
+    assert m["nodescope_infiniband_port_data_received_bytes_total"][port] == 922159499729932
+    assert m["nodescope_infiniband_port_data_transmitted_bytes_total"][port] == 230442669431839 * 4
+    assert m["nodescope_infiniband_port_packets_received_total"][port] == 317548853677
+    assert m["nodescope_infiniband_port_transmit_wait_total"][port] == 2489603687
+    errors = m["nodescope_infiniband_port_errors_total"]
+    assert errors[(("counter", "port_rcv_errors"), *port)] == 14
+    assert errors[(("counter", "excessive_buffer_overrun_errors"), *port)] == 15
+    assert {dict(k)["counter"] for k in errors} == set(ib.ERROR_COUNTERS)
+    hw = m["nodescope_infiniband_port_hw_stats_total"]
+    assert hw[(*port, ("stat", "rx_write_requests"))] == 3809045607
+    assert not any(dict(k)["stat"] == "lifespan" for k in hw)
+    info = m["nodescope_infiniband_port_info"]
+    assert info[(*port[:1], ("link_layer", "InfiniBand"), port[1], ("speed", "NDR"))] == 1
+    bond = (("device", "mlx5_bond_0"), ("link_layer", "Ethernet"), ("port", "1"), ("speed", "NDR"))
+    assert info[bond] == 1
+    dev_info = m["nodescope_infiniband_info"]
+    assert (
+        dev_info[
+            (
+                ("board_id", "MT_0000000838"),
+                ("device", "mlx5_0"),
+                ("firmware_version", "28.41.1000"),
+                ("hca_type", "MT4129"),
+                ("node_guid", ""),
+                ("pci_address", ""),
+            )
+        ]
+        == 1
+    )
+    # No netdevs and no device-level hw_counters in the capture: no series at all.
+    assert "nodescope_infiniband_netdev_info" not in m
+    assert "nodescope_infiniband_hw_stats_total" not in m
+
+
+def test_metrics_from_built_tree(tmp_path: Path) -> None:
+    m = _metrics(ib.read_infiniband(_legacy_tree(tmp_path, 5)))
+    assert m["nodescope_infiniband_netdev_info"] == {(("device", "mlx4_0"), ("netdev", "ib0")): 1}
+    assert m["nodescope_infiniband_hw_level"] == {(("device", "mlx4_0"), ("stat", "active_qps")): 7}
+    assert m["nodescope_infiniband_hw_stats_total"] == {
+        (("device", "mlx4_0"), ("stat", "rx_pkts")): 99
+    }
+    # port_xmit_wait read "N/A (no PMA)": absent, so no series rather than 0.
+    assert "nodescope_infiniband_port_transmit_wait_total" not in m
+    info = m["nodescope_infiniband_port_info"]
+    assert (
+        info[(("device", "mlx4_0"), ("link_layer", "InfiniBand"), ("port", "2"), ("speed", ""))]
+        == 1
+    )
