@@ -8,6 +8,7 @@ own ``CollectorRegistry``, never the global one.
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
@@ -19,6 +20,8 @@ from prometheus_client.registry import Collector
 
 from nodescope.model.snapshot import Snapshot
 
+log = logging.getLogger("nodescope.exporter")
+
 #: Area modules, each exposing ``families(snapshot) -> Iterable[Metric]``. Order is the order
 #: of families in /metrics.
 AREAS: tuple[str, ...] = (
@@ -27,6 +30,7 @@ AREAS: tuple[str, ...] = (
     "nodescope_exporters.disk_metrics",
     "nodescope_exporters.network_metrics",
     "nodescope_exporters.cgroup_metrics",
+    "nodescope_exporters.gpu_metrics",
 )
 
 FamilyBuilder = Callable[[Snapshot], Iterable[Metric]]
@@ -47,6 +51,7 @@ class SnapshotCollector(Collector):
     def __init__(self, builders: list[FamilyBuilder] | None = None) -> None:
         self._builders = builders if builders is not None else load_areas()
         self._snapshot: Snapshot | None = None
+        self._failing: set[str] = set()
 
     def set_snapshot(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
@@ -56,7 +61,20 @@ class SnapshotCollector(Collector):
         if snapshot is None:
             return
         for build in self._builders:
-            yield from build(snapshot)
+            # An area that fails on odd data loses its own families for this cycle; the
+            # others are still exported. Built whole first, so no half area is yielded.
+            try:
+                built = list(build(snapshot))
+            except Exception as exc:
+                area = getattr(build, "__module__", repr(build))
+                if area not in self._failing:
+                    log.error(
+                        "area=%s state=failing error=%r", area, f"{type(exc).__name__}: {exc}"
+                    )
+                    self._failing.add(area)
+                continue
+            self._failing.discard(getattr(build, "__module__", repr(build)))
+            yield from built
 
 
 class MetricsCache:

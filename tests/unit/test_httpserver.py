@@ -87,3 +87,12 @@ def test_scrapes_never_collect() -> None:
         assert calls == 1
     finally:
         srv.stop()
+
+
+def test_a_failing_area_does_not_take_the_others_down() -> None:
+    def broken(snap: Snapshot) -> list[object]:
+        raise KeyError("odd data")
+
+    cache = MetricsCache(SnapshotCollector([broken, families]))  # type: ignore[list-item]
+    body = cache.update(snapshot()).decode()
+    assert 'nodescope_source_up{source="disks"} 1.0' in body
