@@ -23,6 +23,7 @@ DERIVERS: dict[str, str] = {
     "disks": "nodescope.sources.diskstats:iostat_figures",
     "infiniband": "nodescope.sources.infiniband:port_rates",
     "netdev": "nodescope.sources.netlink:link_rates",
+    "nvml": "nodescope.sources.nvml:gpu_rates",
 }
 
 _loaded: dict[str, Deriver] = {}

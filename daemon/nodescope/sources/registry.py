@@ -60,6 +60,12 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         5.0,
         "cgroup v2 tree: memory, PSI, io.stat, cpu.stat, pids",
     ),
+    SourceInfo(
+        "nvml",
+        "nodescope.sources.nvml",
+        1.0,
+        "GPUs through NVML: PCIe and NVLink counters, link state, Xids, processes, utilisation",
+    ),
 )
 
 SOURCES: dict[str, SourceInfo] = {info.name: info for info in SOURCE_TABLE}

@@ -1,0 +1,490 @@
+"""A fake NVML with the call surface of ``pynvml`` (nvidia-ml-py), for the simulated node.
+
+The NVML source takes an adapter object with pynvml's function names and argument order; the
+real ``pynvml`` module is one such object and :class:`FakeNvml` is another. The fake is driven
+by a plain description of GPUs (:class:`FakeGpu`, :class:`FakeLink`) whose counters a
+simulator advances by assigning to their fields.
+
+It behaves like the real binding where the source depends on it:
+
+* errors are pynvml's own classes, made the way pynvml makes them (``pynvml.NVMLError(code)``
+  returns the ``NVMLError_<Name>`` subclass), so ``except pynvml.NVMLError_NotSupported``
+  works the same against both;
+* every call before ``nvmlInit`` raises ``NVMLError_Uninitialized``; ``init_error`` makes
+  ``nvmlInit`` fail (``NVML_ERROR_LIBRARY_NOT_FOUND`` is what pynvml raises on a machine with
+  no driver);
+* handles and event sets are pynvml's opaque pointer types (``c_nvmlDevice_t``,
+  ``c_nvmlEventSet_t``) and results are pynvml's structs (``nvmlPciInfo_t``,
+  ``c_nvmlUtilization_t``, ``c_nvmlFieldValue_t``, ``c_nvmlEventData_t``); processes are the
+  binding's friendly objects with ``usedGpuMemory`` ``None`` when not available;
+* ``nvmlDeviceGetFieldValues`` fills each ``c_nvmlFieldValue_t`` with its own
+  ``nvmlReturn``, ``valueType``, ``value`` and ``timestamp`` (µs since the epoch) and
+  succeeds as a call, as NVML does when any value was filled (nvml.h,
+  ``nvmlDeviceGetFieldValues``);
+* a link index past the GPU's links raises ``NVMLError_InvalidArgument``; a lost GPU raises
+  ``NVMLError_GpuIsLost`` from every call on its handle; ``nvmlEventSetWait`` raises
+  ``NVMLError_Timeout`` when nothing arrived in time.
+
+``calls`` counts every call by function name, so tests can prove what the source asks for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+#: Field ids the fake serves (pynvml's ``NVML_FI_DEV_*``).
+FI_NVLINK_DATA_TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+FI_NVLINK_DATA_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+FI_NVLINK_RAW_TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX
+FI_NVLINK_RAW_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX
+FI_PCIE_TX_BYTES = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+FI_PCIE_RX_BYTES = pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+
+_HANDLE_BASE = 0x7E5700000000
+_EVENT_SET_BASE = 0x7E5800000000
+
+
+@dataclass
+class FakeLink:
+    """One NVLink of a fake GPU. Throughput counters are in KiB, as NVML reports them."""
+
+    remote_pci_bus_id: str
+    remote_type: int = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+    active: bool = True
+    data_tx_kib: int = 0
+    data_rx_kib: int = 0
+    raw_tx_kib: int = 0
+    raw_rx_kib: int = 0
+    #: ``NVML_NVLINK_ERROR_DL_*`` -> value
+    errors: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    used_memory_bytes: int | None = None
+
+
+@dataclass
+class FakeGpu:
+    """A GPU as the fake NVML shows it.
+
+    ``pci_bus_id`` is in NVML's form (``"00000000:18:00.0"``). ``unsupported`` holds field ids
+    (ints) and pynvml function names (strs) that answer ``NOT_SUPPORTED`` on this GPU.
+    ``pcie_counter_bits`` is the width of fields 197/198: 32 makes them ``unsigned int``
+    values that wrap at 2^32, 64 ``unsigned long long``.
+    """
+
+    uuid: str
+    name: str
+    pci_bus_id: str
+    pci_device_id: int = 0x233010DE
+    curr_gen: int = 5
+    curr_width: int = 16
+    max_gen: int = 5
+    max_width: int = 16
+    pcie_tx_bytes: int = 0
+    pcie_rx_bytes: int = 0
+    pcie_counter_bits: int = 64
+    pcie_throughput_tx_kbps: int = 0
+    pcie_throughput_rx_kbps: int = 0
+    replay_counter: int = 0
+    links: list[FakeLink] = field(default_factory=list)
+    processes: list[FakeProcess] = field(default_factory=list)
+    gpu_util: int = 0
+    memory_util: int = 0
+    decoder_util: int = 0
+    encoder_util: int = 0
+    jpeg_util: int = 0
+    sampling_period_us: int = 167000
+    unsupported: set[int | str] = field(default_factory=set)
+    supported_events: int = (
+        pynvml.nvmlEventTypeXidCriticalError
+        | pynvml.nvmlEventTypeSingleBitEccError
+        | pynvml.nvmlEventTypeDoubleBitEccError
+    )
+    lost: bool = False
+
+
+def _raise(code: int) -> None:
+    # pynvml.NVMLError.__new__ maps the code to its NVMLError_<Name> subclass.
+    raise pynvml.NVMLError(code)
+
+
+def _pointer_address(pointer: Any) -> int | None:
+    try:
+        value = ctypes.cast(pointer, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
+    return None if value is None else int(value)
+
+
+def _pci_info(bus_id: str, device_id: int) -> Any:
+    domain_s, bus_s, devfn = bus_id.split(":")
+    device_s, _, _function = devfn.partition(".")
+    info = pynvml.nvmlPciInfo_t()
+    info.busId = bus_id.encode()
+    info.busIdLegacy = f"{int(domain_s, 16) & 0xFFFF:04X}:{bus_s.upper()}:{device_s.upper()}.0"
+    info.domain = int(domain_s, 16)
+    info.bus = int(bus_s, 16)
+    info.device = int(device_s, 16)
+    info.pciDeviceId = device_id
+    info.pciSubSystemId = 0
+    return info
+
+
+@dataclass
+class _EventSet:
+    masks: dict[int, int] = field(default_factory=dict)
+    queue: deque[tuple[int, int, int]] = field(default_factory=deque)
+    freed: bool = False
+
+
+class FakeNvml:
+    """NVML with pynvml's function names and argument order, over :class:`FakeGpu` records."""
+
+    def __init__(
+        self,
+        gpus: Sequence[FakeGpu],
+        *,
+        init_error: int | None = None,
+        clock_us: Callable[[], int] | None = None,
+    ) -> None:
+        self.gpus = list(gpus)
+        self.init_error = init_error
+        self.calls: Counter[str] = Counter()
+        #: the (fieldId, scopeId) lists of every nvmlDeviceGetFieldValues call, in order
+        self.field_requests: list[tuple[int, list[tuple[int, int]]]] = []
+        self._clock_us = clock_us or (lambda: int(time.time() * 1_000_000))
+        self._refcount = 0
+        self._event_sets: dict[int, _EventSet] = {}
+        self._event_ids = itertools.count(1)
+        self._cond = threading.Condition()
+
+    @classmethod
+    def no_driver(cls) -> FakeNvml:
+        """A node without the NVIDIA driver: ``nvmlInit`` fails like pynvml's does."""
+        return cls([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    # ---- simulator side ---------------------------------------------------------------
+
+    def handle(self, index: int) -> Any:
+        return ctypes.cast(ctypes.c_void_p(_HANDLE_BASE + 0x100 * index), pynvml.c_nvmlDevice_t)
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        """Deliver an Xid critical error event of GPU ``index`` to every set registered for it."""
+        with self._cond:
+            for event_set in self._event_sets.values():
+                mask = event_set.masks.get(index, 0)
+                if not event_set.freed and mask & pynvml.nvmlEventTypeXidCriticalError:
+                    event_set.queue.append((index, pynvml.nvmlEventTypeXidCriticalError, xid))
+            self._cond.notify_all()
+
+    def registered_event_sets(self) -> int:
+        with self._cond:
+            return sum(1 for s in self._event_sets.values() if not s.freed and s.masks)
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _enter(self, name: str) -> None:
+        self.calls[name] += 1
+        if self._refcount <= 0:
+            _raise(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _gpu(self, handle: Any, name: str) -> tuple[int, FakeGpu]:
+        self._enter(name)
+        address = _pointer_address(handle)
+        if address is None or address < _HANDLE_BASE or (address - _HANDLE_BASE) % 0x100:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        assert address is not None
+        index = (address - _HANDLE_BASE) // 0x100
+        if index >= len(self.gpus):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[index]
+        if gpu.lost:
+            _raise(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if name in gpu.unsupported:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return index, gpu
+
+    def _link(self, gpu: FakeGpu, link: int) -> FakeLink:
+        if not gpu.links:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(gpu.links):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.links[link]
+
+    def _event_set(self, event_set: Any) -> _EventSet:
+        state = self._event_sets.get(_pointer_address(event_set) or -1)
+        if state is None or state.freed:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        assert state is not None
+        return state
+
+    # ---- library ------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls["nvmlInit"] += 1
+        if self.init_error is not None:
+            _raise(self.init_error)
+        self._refcount += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self._refcount -= 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if self.gpus[index].lost:
+            _raise(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return self.handle(index)
+
+    # ---- identity and PCIe --------------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self._gpu(handle, "nvmlDeviceGetUUID")[1].uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName")[1].name
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")[1]
+        return _pci_info(gpu.pci_bus_id, gpu.pci_device_id)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkGeneration")[1].curr_gen
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkWidth")[1].curr_width
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkGeneration")[1].max_gen
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkWidth")[1].max_width
+
+    def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetPcieThroughput")[1]
+        if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES:
+            return gpu.pcie_throughput_tx_kbps
+        if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES:
+            return gpu.pcie_throughput_rx_kbps
+        _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 0
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPcieReplayCounter")[1].replay_counter
+
+    # ---- field values -------------------------------------------------------------------
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
+        index, gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        requested: list[tuple[int, int]] = []
+        now = self._clock_us()
+        for i, wanted in enumerate(fieldIds):
+            field_id, scope_id = wanted if isinstance(wanted, tuple) else (wanted, 0)
+            requested.append((field_id, scope_id))
+            value = values[i]
+            value.fieldId = field_id
+            value.scopeId = scope_id
+            value.latencyUsec = 0
+            self._fill(gpu, value, field_id, scope_id, now)
+        self.field_requests.append((index, requested))
+        return values
+
+    def _fill(self, gpu: FakeGpu, out: Any, field_id: int, scope_id: int, now: int) -> None:
+        if field_id in gpu.unsupported:
+            out.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            return
+        number: int
+        if field_id in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
+            raw = gpu.pcie_tx_bytes if field_id == FI_PCIE_TX_BYTES else gpu.pcie_rx_bytes
+            number = raw & ((1 << gpu.pcie_counter_bits) - 1)
+            if gpu.pcie_counter_bits <= 32:
+                out.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                out.value.uiVal = number
+            else:
+                out.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                out.value.ullVal = number
+        elif field_id in (FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX, FI_NVLINK_RAW_TX, FI_NVLINK_RAW_RX):
+            if not gpu.links:
+                out.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                return
+            if scope_id == 0xFFFFFFFF:
+                links: Iterable[FakeLink] = gpu.links
+            elif scope_id < len(gpu.links):
+                links = (gpu.links[scope_id],)
+            else:
+                out.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+                return
+            attr = {
+                FI_NVLINK_DATA_TX: "data_tx_kib",
+                FI_NVLINK_DATA_RX: "data_rx_kib",
+                FI_NVLINK_RAW_TX: "raw_tx_kib",
+                FI_NVLINK_RAW_RX: "raw_rx_kib",
+            }[field_id]
+            number = sum(getattr(link, attr) for link in links) & ((1 << 64) - 1)
+            out.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            out.value.ullVal = number
+        else:
+            out.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            return
+        out.nvmlReturn = pynvml.NVML_SUCCESS
+        out.timestamp = now
+
+    # ---- NVLink -------------------------------------------------------------------------
+
+    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetNvLinkState")[1]
+        return pynvml.NVML_FEATURE_ENABLED if self._link(gpu, link).active else 0
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> Any:
+        gpu = self._gpu(device, "nvmlDeviceGetNvLinkRemotePciInfo")[1]
+        remote = self._link(gpu, link).remote_pci_bus_id
+        return _pci_info(remote, 0)
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetNvLinkRemoteDeviceType")[1]
+        return self._link(gpu, link).remote_type
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetNvLinkErrorCounter")[1]
+        fake_link = self._link(gpu, link)
+        if not 0 <= counter <= pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if f"nvmlDeviceGetNvLinkErrorCounter:{counter}" in gpu.unsupported:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return fake_link.errors.get(counter, 0)
+
+    # ---- processes and utilisation ------------------------------------------------------
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")[1]
+        result = []
+        for proc in gpu.processes:
+            info = pynvml.c_nvmlProcessInfo_t()
+            info.pid = proc.pid
+            info.usedGpuMemory = (
+                pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+                if proc.used_memory_bytes is None
+                else proc.used_memory_bytes
+            )
+            info.gpuInstanceId = 0xFFFFFFFF
+            info.computeInstanceId = 0xFFFFFFFF
+            obj = pynvml.nvmlStructToFriendlyObject(info)
+            if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                obj.usedGpuMemory = None
+            result.append(obj)
+        return result
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")[1]
+        util = pynvml.c_nvmlUtilization_t()
+        util.gpu = gpu.gpu_util
+        util.memory = gpu.memory_util
+        return util
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
+        gpu = self._gpu(handle, "nvmlDeviceGetDecoderUtilization")[1]
+        return [gpu.decoder_util, gpu.sampling_period_us]
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
+        gpu = self._gpu(handle, "nvmlDeviceGetEncoderUtilization")[1]
+        return [gpu.encoder_util, gpu.sampling_period_us]
+
+    def nvmlDeviceGetJpgUtilization(self, handle: Any) -> list[int]:
+        gpu = self._gpu(handle, "nvmlDeviceGetJpgUtilization")[1]
+        return [gpu.jpeg_util, gpu.sampling_period_us]
+
+    # ---- events -------------------------------------------------------------------------
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetSupportedEventTypes")[1].supported_events
+
+    def nvmlEventSetCreate(self) -> Any:
+        self._enter("nvmlEventSetCreate")
+        with self._cond:
+            address = _EVENT_SET_BASE + 0x100 * next(self._event_ids)
+            self._event_sets[address] = _EventSet()
+        return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlEventSet_t)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        index, gpu = self._gpu(handle, "nvmlDeviceRegisterEvents")
+        with self._cond:
+            state = self._event_set(eventSet)
+            if eventTypes & ~gpu.supported_events:
+                _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            state.masks[index] = state.masks.get(index, 0) | eventTypes
+
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
+        self._enter("nvmlEventSetWait")
+        deadline = time.monotonic() + timeoutms / 1000.0
+        with self._cond:
+            state = self._event_set(eventSet)
+            while not state.queue:
+                left = deadline - time.monotonic()
+                if left <= 0 or state.freed:
+                    _raise(pynvml.NVML_ERROR_TIMEOUT)
+                self._cond.wait(left)
+            index, event_type, data = state.queue.popleft()
+        event = pynvml.c_nvmlEventData_t()
+        event.device = self.handle(index)
+        event.eventType = event_type
+        event.eventData = data
+        event.gpuInstanceId = 0xFFFFFFFF
+        event.computeInstanceId = 0xFFFFFFFF
+        return event
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        self._enter("nvmlEventSetFree")
+        with self._cond:
+            state = self._event_set(eventSet)
+            state.freed = True
+            self._cond.notify_all()
+
+
+#: PCI buses of the H100s and NVSwitches of the HGX H100 server whose ``lspci -vvv`` is in
+#: ``tests/fixtures/captures/hgx-h100`` (devices 10de:2330 and the 10de:22a3 bridges).
+HGX_H100_GPU_BUSES = (0x19, 0x3B, 0x4C, 0x5D, 0x9B, 0xBB, 0xCB, 0xDB)
+HGX_H100_NVSWITCH_BUSES = (0x83, 0x84, 0x85, 0x86)
+
+
+def hgx_h100(gpus: int = 8, links: int = 18) -> list[FakeGpu]:
+    """An HGX H100-like node: H100 SXM GPUs with 18 NVLinks each, all to the 4 NVSwitches.
+
+    Bus numbers are those of a real HGX H100 server (see the constants above); links are
+    spread over the switches 5/4/4/5, as on the HGX H100 8-GPU baseboard.
+    """
+    switches = [f"00000000:{bus:02X}:00.0" for bus in HGX_H100_NVSWITCH_BUSES]
+    per_switch = (5, 4, 4, 5)
+    switch_of_link = [s for s, n in enumerate(per_switch) for _ in range(n)]
+    result = []
+    for i in range(gpus):
+        result.append(
+            FakeGpu(
+                uuid=f"GPU-{i:08x}-5e1f-4a0b-9c3d-{0x1000 + i:012x}",
+                name="NVIDIA H100 80GB HBM3",
+                pci_bus_id=f"00000000:{HGX_H100_GPU_BUSES[i % 8]:02X}:00.0",
+                links=[
+                    FakeLink(remote_pci_bus_id=switches[switch_of_link[n % len(switch_of_link)]])
+                    for n in range(links)
+                ],
+            )
+        )
+    return result

@@ -1,0 +1,1135 @@
+"""The GPU side of the node through NVML (nvidia-ml-py, ``import pynvml``).
+
+Reads, per GPU: identity (index, UUID, name, PCI address), PCIe byte counters (fields 197/198),
+current and maximum link generation and width, the PCIe replay counter; per NVLink: state,
+remote device type and PCI address, throughput fields 138-141 and the DL error counters;
+compute processes; GPU, memory, decoder, encoder and JPEG utilisation; Xid critical errors
+from an NVML event set, or from the kernel log (``/dev/kmsg``) where event sets are not
+supported.
+
+The call surface and the formats are those of ``pynvml.py`` (nvidia-ml-py 13.615) and NVIDIA's
+``nvml.h``; docs/datasources.md §1 names the lines. What the code relies on:
+
+* ``nvmlDeviceGetFieldValues(h, [(fieldId, scopeId), ...])`` succeeds when *any* value was
+  filled: every ``c_nvmlFieldValue_t.nvmlReturn`` is checked on its own, and the value is
+  read from the union member that ``valueType`` names. NVLink fields take the link index as
+  ``scopeId``; 138-141 are cumulative KiB (stored here as bytes), 197/198 cumulative bytes
+  that "can be wrapped" (nvml.h). Their width is taken from ``valueType`` (``unsigned int``
+  32 bits, ``unsigned long long`` 64 bits); nvml.h states no width, so a driver that reports
+  them as 64-bit values is taken to wrap at 2^64. All fields of one GPU are read in ONE call
+  per cycle; each value carries its own timestamp (µs since the epoch), which the rates use.
+* ``nvmlDeviceGetPcieThroughput`` is "a byte counter over a 20ms interval" in KB/s: a 20 ms
+  snapshot, not an average over the poll interval. It is read only where fields 197/198 are
+  not supported, and the record says so (``pcie_bytes_source = "throughput-20ms"``). KB is
+  taken as 1024 bytes (the header's "1KB granularity" does not say).
+* ``nvmlDeviceGetPciInfo(h).busId`` is ``"%08X:%02X:%02X.0"``; sysfs names devices
+  ``"%04x:%02x:%02x.%d"`` (drivers/pci/probe.c). Addresses are converted by parsing the
+  integers, because VMD domains start at 0x10000 and do not fit four digits.
+* Errors are pynvml's ``NVMLError_<Name>`` classes. ``NotSupported`` (and
+  ``FunctionNotFound`` from an older driver) is remembered per (GPU, call or field) and not
+  asked again; ``GpuIsLost`` records an event and drops that GPU from later records;
+  ``Uninitialized``/``DriverNotLoaded``/``LibraryNotFound`` mean NVML itself is gone:
+  ``collect`` raises and initialisation is retried at ``retry_seconds`` pace.
+* Xid events: ``nvmlEventSetCreate`` + ``nvmlDeviceRegisterEvents(h,
+  nvmlEventTypeXidCriticalError, set)`` for GPUs whose ``nvmlDeviceGetSupportedEventTypes``
+  has the bit, then ``nvmlEventSetWait`` (raises ``NVMLError_Timeout``) in a thread the source
+  owns, so ``collect`` never waits. ``eventData`` is the Xid number.
+* The kernel-log line is printed by ``kernel_rc.c`` (open-gpu-kernel-modules
+  ``src/nvidia/src/kernel/gpu/rc/kernel_rc.c``): ``NVRM: Xid (PCI:0000:9b:00): 119,
+  pid=2024380, name=nvidia-smi, <message>``. Older drivers print no ``PCI:``, MIG adds
+  ``GPU-I:``/``GPU-C:`` after the address. ``/dev/kmsg`` records are
+  ``prio,seq,usec,flags;text`` (Documentation/ABI/testing/dev-kmsg).
+
+NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors) gives the meanings in
+:data:`XID_MEANINGS`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import re
+import threading
+import time
+from collections import Counter as _Counter
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, Protocol
+
+import pynvml
+
+from nodescope.errors import ParseError
+from nodescope.model.counters import counter_rate
+from nodescope.roots import Roots
+
+NAME = "nvml"
+
+log = logging.getLogger("nodescope.sources.nvml")
+
+FI_NVLINK_DATA_TX = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, KiB, payload
+FI_NVLINK_DATA_RX = 139
+FI_NVLINK_RAW_TX = 140  # _RAW_: payload plus protocol overhead, KiB
+FI_NVLINK_RAW_RX = 141
+FI_PCIE_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES, bytes, "can be wrapped"
+FI_PCIE_RX_BYTES = 198
+NVLINK_FIELDS = (FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX, FI_NVLINK_RAW_TX, FI_NVLINK_RAW_RX)
+
+#: NVML_NVLINK_ERROR_DL_* counters read per link, by the name the record gives them.
+NVLINK_ERROR_COUNTERS: tuple[tuple[str, int], ...] = (
+    ("replay", 0),  # NVML_NVLINK_ERROR_DL_REPLAY: data link transmit replays
+    ("recovery", 1),  # NVML_NVLINK_ERROR_DL_RECOVERY: link recoveries
+    ("crc_flit", 2),  # NVML_NVLINK_ERROR_DL_CRC_FLIT: flow-control digit CRC errors
+    ("crc_data", 3),  # NVML_NVLINK_ERROR_DL_CRC_DATA: data CRC errors
+)
+
+#: nvmlDeviceGetNvLinkRemoteDeviceType values (nvml.h nvmlIntNvLinkDeviceType_t).
+REMOTE_TYPES = {0: "gpu", 1: "ibmnpu", 2: "switch", 0xFF: "unknown"}
+
+#: Seconds a ``nvmlDeviceGetPcieThroughput`` reading covers (nvml.h: "over a 20ms interval").
+PCIE_THROUGHPUT_WINDOW_SECONDS = 0.02
+
+XID_SOURCE_EVENTS = "nvml-events"
+XID_SOURCE_KMSG = "kmsg"
+
+#: Meanings of common Xids. Source of every entry: NVIDIA, "Xid Errors" catalogue,
+#: docs.nvidia.com/deploy/xid-errors (the table of Xid numbers and their descriptions).
+XID_MEANINGS: dict[int, str] = {
+    8: "GPU stopped processing",
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    32: "Invalid or corrupted push buffer stream",
+    38: "Driver firmware error",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "NVDEC0 Exception",
+    69: "Graphics Engine class error",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+    140: "Unrecovered ECC Error",
+}
+
+# Errors after which NVML as a whole is unusable until it is initialised again.
+_LIBRARY_GONE: tuple[type[BaseException], ...] = (
+    pynvml.NVMLError_Uninitialized,
+    pynvml.NVMLError_DriverNotLoaded,
+    pynvml.NVMLError_LibraryNotFound,
+    pynvml.NVMLError_LibRmVersionMismatch,
+)
+# Errors that say a call or field will never answer on this GPU and driver.
+_NEVER: tuple[type[BaseException], ...] = (
+    pynvml.NVMLError_NotSupported,
+    pynvml.NVMLError_FunctionNotFound,
+)
+
+# valueType -> (union member, width in bits; None for a double).
+_VALUE_MEMBERS: dict[int, tuple[str, int | None]] = {
+    0: ("dVal", None),
+    1: ("uiVal", 32),
+    2: ("ulVal", ctypes.sizeof(ctypes.c_ulong) * 8),
+    3: ("ullVal", 64),
+    4: ("sllVal", 63),
+    5: ("siVal", 31),
+    6: ("usVal", 16),
+}
+
+
+class NvmlAdapter(Protocol):
+    """The pynvml functions this source calls, with pynvml's names and argument order.
+
+    The ``pynvml`` module satisfies it; the simulated node hands in
+    :class:`nodescope.sim.fake_nvml.FakeNvml`. ``nvmlDeviceGetJpgUtilization`` is looked up
+    with ``getattr``: older bindings lack it, and the JPEG figure is then absent.
+    """
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> Any: ...
+    def nvmlDeviceGetUUID(self, handle: Any, /) -> str: ...
+    def nvmlDeviceGetName(self, handle: Any, /) -> str: ...
+    def nvmlDeviceGetPciInfo(self, handle: Any, /) -> Any: ...
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any], /) -> Any: ...
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int, /) -> int: ...
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetNvLinkState(self, device: Any, link: int, /) -> int: ...
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int, /) -> Any: ...
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int, /) -> int: ...
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int, /) -> int: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any, /) -> list[Any]: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, /) -> Any: ...
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any, /) -> list[int]: ...
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any, /) -> list[int]: ...
+    def nvmlDeviceGetJpgUtilization(self, handle: Any, /) -> list[int]: ...
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any, /) -> int: ...
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any, /) -> None: ...
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int, /) -> Any: ...
+    def nvmlEventSetFree(self, eventSet: Any, /) -> None: ...
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used (no driver, no library, driver unloaded): the source is down."""
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+
+
+@dataclass(frozen=True, slots=True)
+class CounterValue:
+    """A cumulative counter read from a field: ``value`` in bytes, the field's own timestamp
+    (µs since the epoch, ``None`` when the driver gave none) and the width at which the
+    count wraps (``None``: unknown, a decrease is then a reset)."""
+
+    value: int
+    timestamp_us: int | None
+    bits: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PcieSnapshot:
+    """``nvmlDeviceGetPcieThroughput``: bytes/s over a ``window_seconds`` window, not an
+    average over the poll interval."""
+
+    tx_bytes_per_second: int | None
+    rx_bytes_per_second: int | None
+    window_seconds: float = PCIE_THROUGHPUT_WINDOW_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkSample:
+    link: int
+    active: bool | None
+    remote_type: str | None
+    remote_pci_address: str | None
+    data_tx: CounterValue | None
+    data_rx: CounterValue | None
+    raw_tx: CounterValue | None
+    raw_rx: CounterValue | None
+    #: NVLINK_ERROR_COUNTERS name -> value, only the counters the GPU answers
+    errors: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    index: int
+    uuid: str
+    name: str
+    pci_address: str
+    pcie_tx: CounterValue | None
+    pcie_rx: CounterValue | None
+    pcie_snapshot: PcieSnapshot | None
+    #: "fields" (197/198), "throughput-20ms" (the fallback) or None
+    pcie_bytes_source: str | None
+    pcie_gen_current: int | None
+    pcie_width_current: int | None
+    pcie_gen_max: int | None
+    pcie_width_max: int | None
+    pcie_replays: int | None
+    gpu_util_percent: int | None
+    memory_util_percent: int | None
+    decoder_util_percent: int | None
+    encoder_util_percent: int | None
+    jpeg_util_percent: int | None
+    processes: tuple[GpuProcess, ...]
+    nvlinks: tuple[NvLinkSample, ...]
+    #: calls and fields this GPU answered NOT_SUPPORTED to (not asked again)
+    unsupported: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class XidCount:
+    """Xid critical errors of one GPU and code since the source started. ``gpu`` is ``None``
+    for a device that NVML does not list (seen only in the kernel log)."""
+
+    gpu: int | None
+    pci_address: str
+    xid: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlEvent:
+    """Something that happened to a GPU (``kind`` ``"gpu_lost"``), with Unix time."""
+
+    kind: str
+    gpu: int
+    uuid: str
+    pci_address: str
+    wall_time: float
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class LostGpu:
+    gpu: int
+    uuid: str
+    pci_address: str
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlData:
+    device_count: int
+    gpus: tuple[GpuSample, ...]
+    lost: tuple[LostGpu, ...]
+    xids: tuple[XidCount, ...]
+    #: XID_SOURCE_EVENTS, XID_SOURCE_KMSG, or None while neither is available
+    xid_source: str | None
+    events: tuple[NvmlEvent, ...]
+    #: which source served the NVLink figures of this record
+    nvlink_data_source: str = "nvml"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelXid:
+    """One ``NVRM: Xid`` line of the kernel log."""
+
+    line: int
+    pci_address: str
+    xid: int
+    pid: int | None
+    process: str | None
+    message: str
+    #: /dev/kmsg sequence number and µs since boot, when the text was /dev/kmsg records
+    sequence: int | None
+    kernel_usec: int | None
+
+
+# --------------------------------------------------------------------------------------------
+# Pure parsers
+
+_NVML_BUS_ID_RE = re.compile(
+    r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.([0-7]))?"
+)
+_KMSG_PREFIX_RE = re.compile(r"([0-9]{1,3}),([0-9]{1,20}),([0-9]{1,20}),[^;]*;")
+_XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})"
+    r"(?:\.([0-7]))?[^)]*\): ([0-9]{1,6})(?:,\s*(.*))?$"
+)
+_PID_RE = re.compile(r"pid=(?:([0-9]{1,10})|'?<unknown>'?|[^,]*),\s*")
+_NAME_RE = re.compile(r"name=([^,]*),\s*")
+
+
+def sysfs_pci_address(domain: int, bus: int, device: int, function: int = 0) -> str:
+    """The sysfs form ``%04x:%02x:%02x.%d``; wider domains keep all their digits."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
+
+
+def parse_bus_id(text: str, source: str = "nvml busId") -> str:
+    """An NVML ``busId`` (``"00000000:9B:00.0"``) or a kernel-log address (``0000:9b:00``) in
+    the sysfs form (``"0000:9b:00.0"``)."""
+    match = _NVML_BUS_ID_RE.fullmatch(text.strip())
+    if match is None:
+        raise ParseError(source, f"not a PCI bus id: {text[:40]!r}")
+    domain, bus, device, function = match.groups()
+    if int(device, 16) > 0x1F:
+        raise ParseError(source, f"PCI device number out of range: {text[:40]!r}")
+    return sysfs_pci_address(int(domain, 16), int(bus, 16), int(device, 16), int(function or 0))
+
+
+def parse_kmsg_xid(text: str, source: str = "/dev/kmsg") -> tuple[KernelXid, ...]:
+    """The ``NVRM: Xid`` records of a kernel log: ``/dev/kmsg`` records, ``dmesg`` output
+    (with or without ``[timestamp]``) or journal lines. Other lines are skipped; a line that
+    starts an Xid record but does not have its form raises :class:`ParseError`."""
+    found: list[KernelXid] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        at = line.find("NVRM: Xid")
+        if at < 0:
+            continue
+        sequence = usec = None
+        prefix = _KMSG_PREFIX_RE.match(line)
+        if prefix is not None and prefix.end() <= at:
+            sequence, usec = int(prefix.group(2)), int(prefix.group(3))
+        match = _XID_RE.match(line, at)
+        if match is None:
+            raise ParseError(
+                source, f"Xid line not in the form 'NVRM: Xid (PCI:D:B:D): N, …': {line!r}", number
+            )
+        domain, bus, device, function, xid, rest = match.groups()
+        if int(device, 16) > 0x1F:
+            raise ParseError(source, f"PCI device number out of range in {line!r}", number)
+        message = (rest or "").strip()
+        pid: int | None = None
+        process: str | None = None
+        pid_match = _PID_RE.match(message)
+        if pid_match is not None:
+            pid = int(pid_match.group(1)) if pid_match.group(1) else None
+            message = message[pid_match.end() :]
+            name_match = _NAME_RE.match(message)
+            if name_match is not None:
+                name = name_match.group(1).strip()
+                process = None if name in ("", "<unknown>") else name
+                message = message[name_match.end() :]
+        found.append(
+            KernelXid(
+                line=number,
+                pci_address=sysfs_pci_address(
+                    int(domain, 16), int(bus, 16), int(device, 16), int(function or 0)
+                ),
+                xid=int(xid),
+                pid=pid,
+                process=process,
+                message=message.strip(),
+                sequence=sequence,
+                kernel_usec=usec,
+            )
+        )
+    return tuple(found)
+
+
+def field_value(value: Any) -> tuple[int | float, int | None]:
+    """The number in a ``c_nvmlFieldValue_t`` and its width in bits, by ``valueType``."""
+    member = _VALUE_MEMBERS.get(int(value.valueType))
+    if member is None:
+        raise ValueError(f"unknown NVML valueType {value.valueType}")
+    name, bits = member
+    number = getattr(value.value, name)
+    return number, bits
+
+
+# --------------------------------------------------------------------------------------------
+# The source
+
+
+@dataclass
+class _Link:
+    index: int
+    active: bool | None = None
+    remote_type: str | None = None
+    remote_pci_address: str | None = None
+
+
+@dataclass
+class _Gpu:
+    index: int
+    handle: Any
+    address: int | None
+    uuid: str
+    name: str
+    pci_address: str
+    links: list[_Link]
+    unsupported_calls: set[str] = field(default_factory=set)
+    unsupported_fields: set[tuple[int, int]] = field(default_factory=set)
+    lost: bool = False
+
+
+class _GpuLost(Exception):
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
+
+
+def _handle_address(handle: Any) -> int | None:
+    """The address behind an NVML handle: the driver hands out the same pointer for the same
+    device, so it identifies the device of an event."""
+    try:
+        value = ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
+    return None if value is None else int(value)
+
+
+def _error_name(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class KmsgReader:
+    """Reads the records appended to ``/dev/kmsg`` since the last call, without blocking.
+
+    ``/dev/kmsg`` returns one record per ``read`` and ``EAGAIN`` when none is left (so
+    :func:`sources.base.read_text` does not fit); ``EPIPE`` means records were overwritten
+    before we read them, and reading goes on. The first call returns what the ring buffer
+    still holds, so Xids from before the daemon started are counted once. A regular file
+    (the simulated node's) is read to its end and then followed.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._tail = b""
+
+    def read_new(self) -> str:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        chunks: list[bytes] = [self._tail]
+        for _ in range(100_000):
+            try:
+                chunk = os.read(self._fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue
+                raise
+            if not chunk:
+                break
+            chunks.append(chunk)
+        # Keep a partial last line (a file still being written) for the next call.
+        complete, _, self._tail = b"".join(chunks).rpartition(b"\n")
+        return complete.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class NvmlSource:
+    """The ``nvml`` source: one adapter object with the pynvml surface, initialised lazily.
+
+    ``clock`` paces initialisation retries; ``wall_clock`` stamps events.
+    ``event_wait_ms`` bounds one ``nvmlEventSetWait`` of the Xid thread, and so how long
+    :meth:`close` waits for it.
+    """
+
+    name = NAME
+
+    def __init__(
+        self,
+        nvml: NvmlAdapter,
+        *,
+        retry_seconds: float = 60.0,
+        event_wait_ms: int = 200,
+        watch_xids: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.nvml = nvml
+        self.retry_seconds = retry_seconds
+        self.event_wait_ms = event_wait_ms
+        self.watch_xids = watch_xids
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self._initialized = False
+        self._next_init = 0.0
+        self._last_error = ""
+        self._device_count = 0
+        self._gpus: list[_Gpu] = []
+        self._lost: list[LostGpu] = []
+        self._events: deque[NvmlEvent] = deque(maxlen=64)
+        self._lock = threading.Lock()
+        self._xid_counts: _Counter[tuple[int | None, str, int]] = _Counter()
+        self._xid_source: str | None = None
+        self._watcher: _XidWatcher | None = None
+        self._kmsg: KmsgReader | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def _ensure_init(self) -> None:
+        if self._initialized:
+            return
+        now = self.clock()
+        if now < self._next_init:
+            raise NvmlUnavailable(
+                f"NVML unavailable ({self._last_error}); "
+                f"next attempt in {self._next_init - now:.0f} s"
+            )
+        try:
+            self.nvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            self._fail_init(_error_name(exc))
+        try:
+            self._enumerate()
+        except pynvml.NVMLError as exc:
+            self._shutdown_quietly()
+            self._fail_init(_error_name(exc))
+        self._initialized = True
+        log.info("source=nvml state=initialized gpus=%d", len(self._gpus))
+
+    def _fail_init(self, reason: str) -> NoReturn:
+        self._last_error = reason
+        self._next_init = self.clock() + self.retry_seconds
+        raise NvmlUnavailable(
+            f"NVML unavailable ({reason}); retrying every {self.retry_seconds:g} s"
+        )
+
+    def _enumerate(self) -> None:
+        nvml = self.nvml
+        count = nvml.nvmlDeviceGetCount()
+        gpus: list[_Gpu] = []
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = nvml.nvmlDeviceGetUUID(handle)
+                name = nvml.nvmlDeviceGetName(handle)
+                pci = nvml.nvmlDeviceGetPciInfo(handle)
+            except pynvml.NVMLError_GpuIsLost as exc:
+                self._record_lost(index, "", "", f"at enumeration: {_error_name(exc)}")
+                continue
+            gpus.append(
+                _Gpu(
+                    index=index,
+                    handle=handle,
+                    address=_handle_address(handle),
+                    uuid=str(uuid),
+                    name=str(name),
+                    pci_address=_pci_address_of(pci),
+                    links=self._discover_links(handle),
+                )
+            )
+        self._device_count = count
+        self._gpus = gpus
+
+    def _discover_links(self, handle: Any) -> list[_Link]:
+        """Links are probed once: NVML answers INVALID_ARGUMENT past the GPU's last link
+        and NOT_SUPPORTED on a GPU without NVLink."""
+        links: list[_Link] = []
+        for link in range(int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 36))):
+            try:
+                state = self.nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except (pynvml.NVMLError_InvalidArgument, *_NEVER):
+                break
+            except pynvml.NVMLError_GpuIsLost:
+                raise
+            except pynvml.NVMLError:
+                state = None
+            links.append(_Link(link, None if state is None else bool(state)))
+        return links
+
+    def _shutdown_quietly(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except pynvml.NVMLError as exc:
+            log.debug("source=nvml shutdown_error=%r", _error_name(exc))
+
+    def _teardown(self, reason: str) -> None:
+        self._stop_watcher()
+        if self._initialized:
+            self._shutdown_quietly()
+        self._initialized = False
+        self._gpus = []
+        self._last_error = reason
+        self._next_init = self.clock() + self.retry_seconds
+        with self._lock:
+            if self._xid_source == XID_SOURCE_EVENTS:
+                self._xid_source = None
+
+    def close(self) -> None:
+        self._stop_watcher()
+        if self._initialized:
+            self._shutdown_quietly()
+            self._initialized = False
+        if self._kmsg is not None:
+            self._kmsg.close()
+            self._kmsg = None
+
+    # ---- Xids ---------------------------------------------------------------------------
+
+    def _start_watcher(self) -> None:
+        if not self.watch_xids or self._watcher is not None:
+            return
+        targets = [(g.index, g.handle, g.address, g.pci_address) for g in self._gpus]
+        self._watcher = _XidWatcher(self, targets)
+        self._watcher.start()
+
+    def _stop_watcher(self) -> None:
+        watcher = self._watcher
+        if watcher is None:
+            return
+        watcher.stop.set()
+        watcher.join(timeout=self.event_wait_ms / 1000.0 + 0.5)
+        if watcher.is_alive():
+            log.warning("source=nvml xid_thread=still_running")
+        self._watcher = None
+
+    def count_xid(self, gpu: int | None, pci_address: str, xid: int) -> None:
+        with self._lock:
+            self._xid_counts[(gpu, pci_address, xid)] += 1
+
+    def set_xid_source(self, source: str | None) -> None:
+        with self._lock:
+            self._xid_source = source
+
+    def _read_kmsg(self, roots: Roots) -> bool:
+        """Count the Xids of the kernel-log records that arrived since the last call."""
+        if self._kmsg is None:
+            self._kmsg = KmsgReader(roots.dev / "kmsg")
+        try:
+            text = self._kmsg.read_new()
+        except OSError as exc:
+            log.debug("source=nvml kmsg_error=%r", _error_name(exc))
+            self._kmsg.close()
+            self._kmsg = None
+            return False
+        by_address = {g.pci_address: g.index for g in self._gpus}
+        by_address.update({lost.pci_address: lost.gpu for lost in self._lost})
+        path = str(self._kmsg.path)
+        for line in text.splitlines():
+            if "NVRM: Xid" not in line:
+                continue
+            try:
+                records = parse_kmsg_xid(line, source=path)
+            except ParseError as exc:
+                log.warning("source=nvml kmsg_parse_error=%r", str(exc))
+                continue
+            for record in records:
+                self.count_xid(by_address.get(record.pci_address), record.pci_address, record.xid)
+        return True
+
+    # ---- collection ---------------------------------------------------------------------
+
+    def collect(self, roots: Roots) -> NvmlData:
+        self._ensure_init()
+        self._start_watcher()
+        samples: list[GpuSample] = []
+        for gpu in self._gpus:
+            if gpu.lost:
+                continue
+            try:
+                samples.append(self._read_gpu(gpu))
+            except _GpuLost as lost:
+                gpu.lost = True
+                self._record_lost(gpu.index, gpu.uuid, gpu.pci_address, lost.where)
+            except _LIBRARY_GONE as exc:
+                self._teardown(_error_name(exc))
+                raise NvmlUnavailable(f"NVML went away: {_error_name(exc)}") from exc
+        watcher = self._watcher
+        if watcher is None or watcher.unsupported.is_set():
+            # No NVML event set delivers Xids: the kernel log does, where it can be read.
+            self.set_xid_source(XID_SOURCE_KMSG if self._read_kmsg(roots) else None)
+        with self._lock:
+            xid_source = self._xid_source
+            xids = tuple(
+                XidCount(gpu, pci, xid, count)
+                for (gpu, pci, xid), count in sorted(
+                    self._xid_counts.items(), key=lambda kv: (kv[0][1], kv[0][2])
+                )
+            )
+        return NvmlData(
+            device_count=self._device_count,
+            gpus=tuple(samples),
+            lost=tuple(self._lost),
+            xids=xids,
+            xid_source=xid_source,
+            events=tuple(self._events),
+        )
+
+    def _record_lost(self, index: int, uuid: str, pci_address: str, where: str) -> None:
+        log.warning("source=nvml gpu=%d uuid=%s event=gpu_lost where=%r", index, uuid, where)
+        self._lost.append(LostGpu(index, uuid, pci_address))
+        self._events.append(
+            NvmlEvent("gpu_lost", index, uuid, pci_address, self.wall_clock(), where)
+        )
+
+    def _call(self, gpu: _Gpu, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+        """One NVML call for ``gpu``; ``None`` when it has no answer this time.
+
+        NOT_SUPPORTED is remembered under ``key``; GPU_IS_LOST ends the GPU's read; errors
+        that mean NVML is gone propagate; anything else costs this value, this cycle.
+        """
+        if key in gpu.unsupported_calls:
+            return None
+        if fn is None:
+            gpu.unsupported_calls.add(key)
+            return None
+        try:
+            return fn(*args)
+        except _NEVER:
+            gpu.unsupported_calls.add(key)
+            return None
+        except pynvml.NVMLError_GpuIsLost as exc:
+            raise _GpuLost(f"{key}: {_error_name(exc)}") from exc
+        except _LIBRARY_GONE:
+            raise
+        except pynvml.NVMLError as exc:
+            log.debug("source=nvml gpu=%d call=%s error=%r", gpu.index, key, _error_name(exc))
+            return None
+
+    def _read_fields(self, gpu: _Gpu) -> dict[tuple[int, int], CounterValue]:
+        wanted: list[tuple[int, int]] = [(fid, 0) for fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)]
+        for link in gpu.links:
+            wanted.extend((fid, link.index) for fid in NVLINK_FIELDS)
+        wanted = [w for w in wanted if w not in gpu.unsupported_fields]
+        if not wanted:
+            return {}
+        values = self._call(
+            gpu, "nvmlDeviceGetFieldValues", self.nvml.nvmlDeviceGetFieldValues, gpu.handle, wanted
+        )
+        if values is None:
+            if "nvmlDeviceGetFieldValues" in gpu.unsupported_calls:
+                gpu.unsupported_fields.update(wanted)
+            return {}
+        result: dict[tuple[int, int], CounterValue] = {}
+        for key, value in zip(wanted, values, strict=False):
+            ret = int(value.nvmlReturn)
+            if ret == pynvml.NVML_SUCCESS:
+                try:
+                    number, bits = field_value(value)
+                except ValueError as exc:
+                    log.debug("source=nvml gpu=%d field=%s error=%r", gpu.index, key, str(exc))
+                    continue
+                kib = key[0] in NVLINK_FIELDS
+                if isinstance(number, float):
+                    count, width = int(number), None
+                else:
+                    count, width = number, bits
+                if count < 0:
+                    continue
+                if kib:
+                    count *= 1024
+                    width = None if width is None else width + 10
+                stamp = int(value.timestamp)
+                result[key] = CounterValue(count, stamp if stamp > 0 else None, width)
+            elif ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                gpu.unsupported_fields.add(key)
+            elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise _GpuLost(f"nvmlDeviceGetFieldValues field {key[0]}: GPU is lost")
+        return result
+
+    def _read_gpu(self, gpu: _Gpu) -> GpuSample:
+        h = gpu.handle
+        fields = self._read_fields(gpu)
+        pcie_tx = fields.get((FI_PCIE_TX_BYTES, 0))
+        pcie_rx = fields.get((FI_PCIE_RX_BYTES, 0))
+        snapshot: PcieSnapshot | None = None
+        pcie_source: str | None = "fields" if pcie_tx is not None and pcie_rx is not None else None
+        if {(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0)} & gpu.unsupported_fields:
+            call, fn = "nvmlDeviceGetPcieThroughput", self.nvml.nvmlDeviceGetPcieThroughput
+            tx = self._call(gpu, call, fn, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+            rx = self._call(gpu, call, fn, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+            if tx is not None or rx is not None:
+                snapshot = PcieSnapshot(
+                    None if tx is None else int(tx) * 1024,
+                    None if rx is None else int(rx) * 1024,
+                )
+                pcie_source = "throughput-20ms"
+
+        nvml = self.nvml
+
+        def simple(fn: Callable[[Any], int]) -> int | None:
+            value = self._call(gpu, fn.__name__, fn, h)
+            return None if value is None else int(value)
+
+        util = self._call(
+            gpu, "nvmlDeviceGetUtilizationRates", nvml.nvmlDeviceGetUtilizationRates, h
+        )
+        media: dict[str, int | None] = {}
+        for engine, key in (
+            ("decoder", "nvmlDeviceGetDecoderUtilization"),
+            ("encoder", "nvmlDeviceGetEncoderUtilization"),
+            ("jpeg", "nvmlDeviceGetJpgUtilization"),
+        ):
+            answer = self._call(gpu, key, getattr(nvml, key, None), h)
+            media[engine] = None if answer is None else int(answer[0])
+        procs = self._call(
+            gpu,
+            "nvmlDeviceGetComputeRunningProcesses",
+            nvml.nvmlDeviceGetComputeRunningProcesses,
+            h,
+        )
+        processes = tuple(
+            sorted(
+                (
+                    GpuProcess(
+                        int(p.pid),
+                        None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                    )
+                    for p in (procs or ())
+                ),
+                key=lambda p: p.pid,
+            )
+        )
+        return GpuSample(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            pci_address=gpu.pci_address,
+            pcie_tx=pcie_tx,
+            pcie_rx=pcie_rx,
+            pcie_snapshot=snapshot,
+            pcie_bytes_source=pcie_source,
+            pcie_gen_current=simple(nvml.nvmlDeviceGetCurrPcieLinkGeneration),
+            pcie_width_current=simple(nvml.nvmlDeviceGetCurrPcieLinkWidth),
+            pcie_gen_max=simple(nvml.nvmlDeviceGetMaxPcieLinkGeneration),
+            pcie_width_max=simple(nvml.nvmlDeviceGetMaxPcieLinkWidth),
+            pcie_replays=simple(nvml.nvmlDeviceGetPcieReplayCounter),
+            gpu_util_percent=None if util is None else int(util.gpu),
+            memory_util_percent=None if util is None else int(util.memory),
+            decoder_util_percent=media["decoder"],
+            encoder_util_percent=media["encoder"],
+            jpeg_util_percent=media["jpeg"],
+            processes=processes,
+            nvlinks=tuple(self._read_link(gpu, link, fields) for link in gpu.links),
+            unsupported=tuple(
+                sorted(gpu.unsupported_calls)
+                + [f"field:{fid}:{scope}" for fid, scope in sorted(gpu.unsupported_fields)]
+            ),
+        )
+
+    def _read_link(
+        self, gpu: _Gpu, link: _Link, fields: dict[tuple[int, int], CounterValue]
+    ) -> NvLinkSample:
+        h, n, nvml = gpu.handle, link.index, self.nvml
+        state = self._call(
+            gpu, f"nvmlDeviceGetNvLinkState:{n}", nvml.nvmlDeviceGetNvLinkState, h, n
+        )
+        active = None if state is None else bool(state)
+        if active and (not link.active or link.remote_type is None):
+            # The peer of a link changes only when the link retrains: read it when the link
+            # comes up, not every cycle.
+            kind = self._call(
+                gpu,
+                f"nvmlDeviceGetNvLinkRemoteDeviceType:{n}",
+                nvml.nvmlDeviceGetNvLinkRemoteDeviceType,
+                h,
+                n,
+            )
+            remote = self._call(
+                gpu,
+                f"nvmlDeviceGetNvLinkRemotePciInfo:{n}",
+                nvml.nvmlDeviceGetNvLinkRemotePciInfo,
+                h,
+                n,
+            )
+            link.remote_type = None if kind is None else REMOTE_TYPES.get(int(kind), "unknown")
+            link.remote_pci_address = None if remote is None else _pci_address_of(remote)
+        link.active = active
+        errors: list[tuple[str, int]] = []
+        for name, counter in NVLINK_ERROR_COUNTERS:
+            # NOT_SUPPORTED for one counter is a property of the GPU, not of one link.
+            value = self._call(
+                gpu,
+                f"nvmlDeviceGetNvLinkErrorCounter:{name}",
+                nvml.nvmlDeviceGetNvLinkErrorCounter,
+                h,
+                n,
+                counter,
+            )
+            if value is not None:
+                errors.append((name, int(value)))
+        return NvLinkSample(
+            link=n,
+            active=active,
+            remote_type=link.remote_type,
+            remote_pci_address=link.remote_pci_address,
+            data_tx=fields.get((FI_NVLINK_DATA_TX, n)),
+            data_rx=fields.get((FI_NVLINK_DATA_RX, n)),
+            raw_tx=fields.get((FI_NVLINK_RAW_TX, n)),
+            raw_rx=fields.get((FI_NVLINK_RAW_RX, n)),
+            errors=tuple(errors),
+        )
+
+
+def _pci_address_of(info: Any) -> str:
+    """The sysfs address of an ``nvmlPciInfo_t``: from ``busId``, else its integer fields."""
+    bus_id = info.busId
+    if isinstance(bus_id, bytes):
+        bus_id = bus_id.decode("ascii", errors="replace")
+    try:
+        return parse_bus_id(str(bus_id))
+    except ParseError:
+        return sysfs_pci_address(int(info.domain), int(info.bus), int(info.device), 0)
+
+
+class _XidWatcher(threading.Thread):
+    """Waits on an NVML event set and counts Xid critical errors into the source.
+
+    ``unsupported`` is set when no GPU can deliver Xid events (the source then reads the
+    kernel log). The set is created, used and freed in this thread.
+    """
+
+    def __init__(
+        self, source: NvmlSource, targets: Iterable[tuple[int, Any, int | None, str]]
+    ) -> None:
+        super().__init__(name="nodescope-nvml-xid", daemon=True)
+        self.source = source
+        self.targets = list(targets)
+        self.stop = threading.Event()
+        self.unsupported = threading.Event()
+
+    def run(self) -> None:
+        nvml = self.source.nvml
+        xid_bit = int(pynvml.nvmlEventTypeXidCriticalError)
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            log.info("source=nvml xid_events=unavailable error=%r", _error_name(exc))
+            self.unsupported.set()
+            return
+        try:
+            by_address: dict[int, tuple[int, str]] = {}
+            for index, handle, address, pci in self.targets:
+                try:
+                    if not int(nvml.nvmlDeviceGetSupportedEventTypes(handle)) & xid_bit:
+                        continue
+                    nvml.nvmlDeviceRegisterEvents(handle, xid_bit, event_set)
+                except pynvml.NVMLError as exc:
+                    log.info("source=nvml gpu=%d xid_events=unavailable error=%r", index, exc)
+                    continue
+                if address is not None:
+                    by_address[address] = (index, pci)
+            if not by_address:
+                self.unsupported.set()
+                return
+            self.source.set_xid_source(XID_SOURCE_EVENTS)
+            while not self.stop.is_set():
+                try:
+                    data = nvml.nvmlEventSetWait(event_set, self.source.event_wait_ms)
+                except pynvml.NVMLError_Timeout:
+                    continue
+                except pynvml.NVMLError as exc:
+                    # Wait can fail transiently (a GPU lost, an interrupted wait): pause
+                    # rather than spin, and stop promptly on close.
+                    log.debug("source=nvml xid_wait_error=%r", _error_name(exc))
+                    self.stop.wait(0.5)
+                    continue
+                if not int(data.eventType) & xid_bit:
+                    continue
+                target = by_address.get(_handle_address(data.device) or -1)
+                if target is None:
+                    continue
+                self.source.count_xid(target[0], target[1], int(data.eventData))
+        finally:
+            try:
+                nvml.nvmlEventSetFree(event_set)
+            except pynvml.NVMLError as exc:
+                log.debug("source=nvml event_set_free_error=%r", _error_name(exc))
+
+
+def make_source() -> NvmlSource:
+    return NvmlSource(pynvml)
+
+
+# --------------------------------------------------------------------------------------------
+# NV# link counting (docs/datasources.md §9)
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkPair:
+    """``nvidia-smi topo -m``'s ``NV#`` for one GPU pair: ``links`` active NVLinks between
+    them, ``via`` ``"direct"`` (links whose peer is the other GPU) or ``"nvswitch"``."""
+
+    gpu_a: int
+    gpu_b: int
+    links: int
+    via: str
+
+
+def nvlink_pairs(gpus: Sequence[GpuSample]) -> tuple[NvLinkPair, ...]:
+    """NV# per GPU pair: direct links counted by peer address; through NVSwitches every pair
+    gets the smaller of the two GPUs' active switch-link counts (an HGX H100 shows NV18)."""
+    pairs: list[NvLinkPair] = []
+    ordered = sorted(gpus, key=lambda g: g.index)
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1 :]:
+            direct = sum(
+                1
+                for link in a.nvlinks
+                if link.active
+                and link.remote_type == "gpu"
+                and link.remote_pci_address == b.pci_address
+            )
+            if direct:
+                pairs.append(NvLinkPair(a.index, b.index, direct, "direct"))
+                continue
+            a_sw = sum(1 for link in a.nvlinks if link.active and link.remote_type == "switch")
+            b_sw = sum(1 for link in b.nvlinks if link.active and link.remote_type == "switch")
+            if a_sw and b_sw:
+                pairs.append(NvLinkPair(a.index, b.index, min(a_sw, b_sw), "nvswitch"))
+    return tuple(pairs)
+
+
+# --------------------------------------------------------------------------------------------
+# Rates
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkRates:
+    link: int
+    data_tx_bytes_per_second: float | None
+    data_rx_bytes_per_second: float | None
+    raw_tx_bytes_per_second: float | None
+    raw_rx_bytes_per_second: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRates:
+    index: int
+    uuid: str
+    pcie_tx_bytes_per_second: float | None
+    pcie_rx_bytes_per_second: float | None
+    #: "counter" (fields 197/198 over the interval) or "throughput-20ms" (a snapshot)
+    pcie_rate_basis: str | None
+    nvlinks: tuple[NvLinkRates, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlRates:
+    gpus: tuple[GpuRates, ...]
+
+
+def _rate(prev: CounterValue | None, cur: CounterValue | None, seconds: float) -> float | None:
+    """Bytes/s between two readings, over the fields' own timestamps when both have one
+    (they say when the driver sampled, which the poll clock does not)."""
+    if prev is None or cur is None:
+        return None
+    if prev.timestamp_us is not None and cur.timestamp_us is not None:
+        if cur.timestamp_us <= prev.timestamp_us:
+            return None
+        seconds = (cur.timestamp_us - prev.timestamp_us) / 1e6
+    bits = cur.bits if cur.bits == prev.bits else None
+    return counter_rate(prev.value, cur.value, seconds, bits)
+
+
+def gpu_rates(previous: NvmlData, current: NvmlData, seconds: float) -> NvmlRates:
+    """PCIe and per-link NVLink bytes/s of every GPU present in both records (by UUID).
+
+    Fields 197/198 are taken to wrap at the width their ``valueType`` reports (see the
+    module docstring); a decrease that is not one wrap is a reset and gives no rate.
+    """
+    before = {g.uuid: g for g in previous.gpus}
+    result: list[GpuRates] = []
+    for gpu in current.gpus:
+        old = before.get(gpu.uuid)
+        if old is None:
+            continue
+        tx = _rate(old.pcie_tx, gpu.pcie_tx, seconds)
+        rx = _rate(old.pcie_rx, gpu.pcie_rx, seconds)
+        basis: str | None = "counter" if tx is not None or rx is not None else None
+        if basis is None and gpu.pcie_snapshot is not None:
+            snap = gpu.pcie_snapshot
+            tx = None if snap.tx_bytes_per_second is None else float(snap.tx_bytes_per_second)
+            rx = None if snap.rx_bytes_per_second is None else float(snap.rx_bytes_per_second)
+            basis = "throughput-20ms"
+        old_links = {link.link: link for link in old.nvlinks}
+        links = []
+        for link in gpu.nvlinks:
+            prev_link = old_links.get(link.link)
+            if prev_link is None:
+                continue
+            links.append(
+                NvLinkRates(
+                    link.link,
+                    _rate(prev_link.data_tx, link.data_tx, seconds),
+                    _rate(prev_link.data_rx, link.data_rx, seconds),
+                    _rate(prev_link.raw_tx, link.raw_tx, seconds),
+                    _rate(prev_link.raw_rx, link.raw_rx, seconds),
+                )
+            )
+        result.append(GpuRates(gpu.index, gpu.uuid, tx, rx, basis, tuple(links)))
+    return NvmlRates(tuple(result))
