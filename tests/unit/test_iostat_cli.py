@@ -25,9 +25,9 @@ SYSSTAT_HEADER = (
 # machine's capture (tests/integration/test_iostat_oracle.py recomputes it against iostat when the
 # capture is redone).
 SYSSTAT_VDA_ROW = (
-    "vda            157.61      2.79    52.53  25.00    0.24    18.15   15.29      1.52    52.84"
-    "  77.56    0.70   101.45    7.88      0.08     0.19   2.35    0.17    10.87    1.01    0.05"
-    "    0.05   2.40"
+    "vda             99.71      1.44    25.83  20.57    0.26    14.79   29.56      1.81   253.55  "
+    "89.56    1.48    62.64  141.07      0.60     0.08   0.06    0.09     4.36    1.23    0.05    "
+    "0.08   2.88"
 )
 
 
