@@ -81,7 +81,8 @@ DEVICE_INFO = metric(
 AER_ERRORS = metric(
     "nodescope_pcie_aer_errors_total",
     "counter",
-    "AER errors the function reported, by severity and error type (aer_dev_* files).",
+    "AER errors the function reported, by severity and error type (aer_dev_* files); a type"
+    " appears once its count is non-zero, the per-severity totals are always exported.",
     ("bdf", "severity", "type"),
     area=AREA,
 )
@@ -159,7 +160,10 @@ def families(snapshot: Snapshot) -> Iterable[Metric]:
                 max_capacity.add_metric(labels, maximum)
         for record in dev.aer:
             for counter in record.counters:
-                aer.add_metric([dev.bdf, record.severity, counter.name], float(counter.value))
+                # Some 20 types x 3 severities x every bridge would be thousands of zero series
+                # on an HGX node; the always-present totals carry the first increment.
+                if counter.value:
+                    aer.add_metric([dev.bdf, record.severity, counter.name], float(counter.value))
             if record.total is not None:
                 reported.add_metric([dev.bdf, record.severity], float(record.total))
     return [info, speed, max_speed, width, max_width, capacity, max_capacity, aer, reported]

@@ -21,7 +21,7 @@ from nodescope.collect import Collector, ScheduledSource
 from nodescope.roots import Roots
 from nodescope.sources.registry import SOURCES
 from nodescope_exporters.prometheus import render
-from tests.conftest import HOST_FIXTURE
+from tests.conftest import FIXTURES, HOST_FIXTURE
 
 GOLDEN = Path(__file__).parent
 
@@ -38,11 +38,11 @@ class SteppingClock:
         return self.now
 
 
-def exposition_for(roots: Roots) -> str:
+def exposition_for(roots: Roots, sources: tuple[str, ...]) -> str:
     clock = SteppingClock()
     collector = Collector(
         roots=roots,
-        scheduled=[ScheduledSource(SOURCES[name].make(), 1.0) for name in TREE_SOURCES],
+        scheduled=[ScheduledSource(SOURCES[name].make(), 1.0) for name in sources],
         clock=clock,
         wall_clock=lambda: 1_796_000_000.0 + clock.now,
     )
@@ -76,23 +76,31 @@ def host_roots() -> Roots:
 
 
 def hgx_roots(tmp: Path) -> Roots:
-    from nodescope.sim.sysfs_tree import build_hgx_h100_tree
+    from nodescope.sim.sysfs_tree import cached_hgx_h100_tree
 
-    build_hgx_h100_tree(tmp)
-    return Roots.under(tmp)
+    return Roots.under(cached_hgx_h100_tree(tmp / "hgx-h100"))
 
 
-CASES: dict[str, Callable[[Path], Roots]] = {
-    "kvm-epyc-debian12": lambda tmp: host_roots(),
-    "hgx-h100": hgx_roots,
+def h100_infiniband_roots(tmp: Path) -> Roots:
+    return Roots.under(FIXTURES / "captures" / "h100-node-infiniband")
+
+
+#: name -> (roots of the fixture, the sources that read it)
+CASES: dict[str, tuple[Callable[[Path], Roots], tuple[str, ...]]] = {
+    # This machine, every tree source.
+    "kvm-epyc-debian12": (lambda tmp: host_roots(), TREE_SOURCES),
+    # The sysfs tree built from the real 8x H100 server's lspci -vvv.
+    "hgx-h100-pci": (hgx_roots, ("pci",)),
+    # The real /sys/class/infiniband of an H100 node.
+    "h100-node-infiniband": (h100_infiniband_roots, ("infiniband",)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_golden_metrics(name: str, tmp_path: Path) -> None:
-    roots = CASES[name](tmp_path)
-    text = exposition_for(roots)
-    # Every tree source must have worked on its fixture: a golden of failures proves nothing.
-    for source in TREE_SOURCES:
+def test_golden_metrics(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    make_roots, sources = CASES[name]
+    text = exposition_for(make_roots(tmp_path_factory.getbasetemp()), sources)
+    # Every source must have worked on its fixture: a golden of failures proves nothing.
+    for source in sources:
         assert f'nodescope_source_up{{source="{source}"}} 1.0' in text, source
     check_golden(name, text)

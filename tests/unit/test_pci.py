@@ -362,7 +362,9 @@ def _snapshot(topo: Topology) -> Snapshot:
 
 def test_metrics_of_the_switch_tree(mini: Path) -> None:
     gpu_dir = _dir(mini, "0000:18:00.0")
-    (gpu_dir / "aer_dev_correctable").write_text("RxErr 3\nBadTLP 1\nTOTAL_ERR_COR 5\n")
+    (gpu_dir / "aer_dev_correctable").write_text(
+        "RxErr 3\nBadTLP 1\nBadDLLP 0\nTOTAL_ERR_COR 5\n"
+    )
     text = render(_snapshot(read_topology(Roots.under(mini))), [pci_metrics.families]).decode()
     assert 'nodescope_pcie_link_speed_gts{bdf="0000:18:00.0"} 32.0' in text
     assert 'nodescope_pcie_link_width_lanes{bdf="0000:16:00.0"} 16.0' in text
@@ -376,6 +378,8 @@ def test_metrics_of_the_switch_tree(mini: Path) -> None:
         'nodescope_pcie_aer_reported_errors_total{bdf="0000:18:00.0",severity="correctable"} 5.0'
         in text
     )
+    # Zero-count types are left out (thousands of zero series on an HGX node); totals stay.
+    assert 'type="BadDLLP"' not in text
     assert (
         'nodescope_pcie_device_info{bdf="0000:19:00.0",class="ethernet",device_id="0x1021",'
         'names="mlx5_0,enp25s0np0",numa_node="0",parent="0000:17:01.0",role="endpoint",'
