@@ -36,10 +36,15 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
 def snapshot_document(snapshot: Snapshot) -> dict[str, Any]:
     sources: dict[str, Any] = {}
     for name, sample in snapshot.current.items():
+        previous = snapshot.previous.get(name)
         sources[name] = {
             "ok": sample.ok,
             "error": sample.error,
             "duration_seconds": sample.duration,
+            # The measured time the derived rates are computed over.
+            "seconds_between_samples": (
+                sample.monotonic - previous.monotonic if previous is not None else None
+            ),
             "data": jsonout.plain(sample.data),
             "derived": jsonout.plain(derive.derived(snapshot, name)),
         }
