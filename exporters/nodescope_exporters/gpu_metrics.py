@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
 
+from nodescope.model.nvlink_graph import NvLinkGraph
 from nodescope.model.snapshot import Snapshot
 from nodescope.sources.nvml import XID_MEANINGS, NvmlData
 from nodescope_exporters.catalog import metric
@@ -163,6 +164,14 @@ NVLINK_ERRORS = metric(
     ("gpu", "link", "counter"),
     area=AREA,
 )
+NVLINK_BONDED = metric(
+    "nodescope_gpu_nvlink_bonded_links",
+    "gauge",
+    "active NVLinks joining the GPU to the peer GPU, directly or through NVSwitches: the NV# "
+    "of nvidia-smi topo -m; 0 where the pair talks over PCIe only. Only GPUs with NVLinks",
+    ("gpu", "peer_gpu"),
+    area=AREA,
+)
 XID_ERRORS = metric(
     "nodescope_gpu_xid_errors_total",
     "counter",
@@ -192,6 +201,18 @@ NVLINK_SOURCE = metric(
     ("source",),
     area=AREA,
 )
+
+
+def _bonded(data: NvmlData) -> Metric:
+    # At most (GPUs with NVLinks)^2 - that many series: 56 on an 8-GPU node.
+    family = NVLINK_BONDED.family()
+    graph = NvLinkGraph.from_gpus(g for g in data.gpus if g.nvlinks)
+    for a in graph.gpus:
+        for b in graph.gpus:
+            if a.index != b.index:
+                pair = graph.bonded(a.index, b.index)
+                family.add_metric([str(a.index), str(b.index)], 0 if pair is None else pair.links)
+    return family
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -270,6 +291,7 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     yield from (info, lost, tx, rx, snap, gen, gen_max, width, width_max, replays, util)
     yield from (procs, proc_mem, link_info, link_up, data_tx, data_rx, raw_tx, raw_rx)
     yield link_errors
+    yield _bonded(data)
 
     xids, meanings = XID_ERRORS.family(), XID_INFO.family()
     seen: set[int] = set()

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from nodescope import derive
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.errors import ParseError
+from nodescope.model.nvlink_graph import BondedPair
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sim.fake_nvml import FakeGpu, FakeLink, FakeNvml, FakeProcess, hgx_h100
@@ -547,7 +548,7 @@ def test_nvlink_pairs_through_nvswitches_is_nv18(node: FakeNvml) -> None:
     data = nv.NvmlSource(node, watch_xids=False).collect(NO_FILES)
     pairs = {(p.gpu_a, p.gpu_b): p for p in nv.nvlink_pairs(data.gpus)}
     assert len(pairs) == 28
-    assert pairs[(0, 7)] == nv.NvLinkPair(0, 7, 18, "nvswitch")
+    assert pairs[(0, 7)] == BondedPair(0, 7, 18, "nvswitch")
     assert pairs[(0, 1)].links == 17  # one of GPU 1's links is down
 
 
@@ -561,8 +562,8 @@ def test_nvlink_pairs_counts_direct_links_by_peer_address() -> None:
     ]
     data = nv.NvmlSource(FakeNvml(gpus), watch_xids=False).collect(NO_FILES)
     assert nv.nvlink_pairs(data.gpus) == (
-        nv.NvLinkPair(0, 1, 4, "direct"),
-        nv.NvLinkPair(0, 2, 2, "direct"),
+        BondedPair(0, 1, 4, "direct"),
+        BondedPair(0, 2, 2, "direct"),
     )
 
 

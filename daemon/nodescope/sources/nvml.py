@@ -64,6 +64,7 @@ import pynvml
 
 from nodescope.errors import ParseError
 from nodescope.model.counters import counter_rate
+from nodescope.model.nvlink_graph import BondedPair, NvLinkGraph
 from nodescope.roots import Roots
 
 NAME = "nvml"
@@ -1019,39 +1020,9 @@ def make_source() -> NvmlSource:
 # NV# link counting (docs/datasources.md §9)
 
 
-@dataclass(frozen=True, slots=True)
-class NvLinkPair:
-    """``nvidia-smi topo -m``'s ``NV#`` for one GPU pair: ``links`` active NVLinks between
-    them, ``via`` ``"direct"`` (links whose peer is the other GPU) or ``"nvswitch"``."""
-
-    gpu_a: int
-    gpu_b: int
-    links: int
-    via: str
-
-
-def nvlink_pairs(gpus: Sequence[GpuSample]) -> tuple[NvLinkPair, ...]:
-    """NV# per GPU pair: direct links counted by peer address; through NVSwitches every pair
-    gets the smaller of the two GPUs' active switch-link counts (an HGX H100 shows NV18)."""
-    pairs: list[NvLinkPair] = []
-    ordered = sorted(gpus, key=lambda g: g.index)
-    for i, a in enumerate(ordered):
-        for b in ordered[i + 1 :]:
-            direct = sum(
-                1
-                for link in a.nvlinks
-                if link.active
-                and link.remote_type == "gpu"
-                and link.remote_pci_address == b.pci_address
-            )
-            if direct:
-                pairs.append(NvLinkPair(a.index, b.index, direct, "direct"))
-                continue
-            a_sw = sum(1 for link in a.nvlinks if link.active and link.remote_type == "switch")
-            b_sw = sum(1 for link in b.nvlinks if link.active and link.remote_type == "switch")
-            if a_sw and b_sw:
-                pairs.append(NvLinkPair(a.index, b.index, min(a_sw, b_sw), "nvswitch"))
-    return tuple(pairs)
+def nvlink_pairs(gpus: Sequence[GpuSample]) -> tuple[BondedPair, ...]:
+    """NV# per GPU pair (``nvidia-smi topo -m``), counted by the NVLink graph model."""
+    return NvLinkGraph.from_gpus(gpus).bonded_pairs()
 
 
 # --------------------------------------------------------------------------------------------
