@@ -1,0 +1,1349 @@
+"""The simulated node: a scenario materialised as sysfs / procfs / cgroupfs trees under a
+directory, with a fake NVML, advanced tick by tick.
+
+The daemon's own sources read it through their real read paths (``Roots.under(root)``), so
+every file here is written in the format the kernel uses and the sources parse:
+
+* ``sys/``: the PCIe tree (:mod:`nodescope.sim.sysfs_tree`, from the scenario's lspci
+  capture), ``current_link_{speed,width}`` as the timeline changes them; ``class/nvme`` and
+  ``block/nvme*`` (``device`` -> controller -> PCI function, drivers/nvme/host/core.c);
+  ``class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer,counters/*,
+  hw_counters/*}`` (drivers/infiniband/core/sysfs.c; data counters in 4-byte words);
+* ``sys/fs/cgroup``: a pure cgroup v2 hierarchy (Documentation/admin-guide/cgroup-v2.rst) with
+  systemd's slices and Slurm's cgroup/v2 job layout
+  (``system.slice/slurmstepd.scope/job_<id>/step_<s>/{slurm,user/task_<n>}``,
+  docs/datasources.md §5): ``cgroup.{controllers,subtree_control,type,events,procs,threads}``,
+  ``memory.{current,peak,max,high,events,events.local,stat}``, ``cpu.stat``, ``io.stat``,
+  ``pids.{current,max}``, ``{cpu,memory,io}.pressure``;
+* ``proc/``: ``diskstats`` (block/genhd.c, 20 fields), ``uptime``, ``<pid>/{stat,comm,cmdline,
+  wchan,cgroup,environ}`` and ``<pid>/task/<tid>/{stat,comm,wchan}`` (fs/proc/array.c, 52
+  stat fields), ``locks`` (fs/locks.c), ``self`` -> the daemon's pid with ``mountstats``
+  (fs/nfs/super.c, net/sunrpc/stats.c) and ``mounts``, ``net/snmp`` (net/ipv4/proc.c);
+* the fake NVML (:class:`nodescope.sim.fake_nvml.FakeNvml`) whose counters and field
+  timestamps follow simulated time.
+
+Counters advance by rate × overlap of each timeline activity with the tick, so a rate read
+back over any interval is the configured one. Only files whose content changed are written,
+each through a temporary file in a staging directory beside the trees and a rename, so a
+concurrent reader sees either the old or the new content, never a torn one, and never a
+temporary name in a directory it lists.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from nodescope.roots import Roots
+from nodescope.sim.fake_nvml import FakeGpu, FakeLink, FakeNvml, FakeProcess
+from nodescope.sim.lspci import ExpressType, LspciDevice, bridge_chains
+from nodescope.sim.scenario import (
+    NFS4_OPS,
+    Activity,
+    Hardware,
+    Job,
+    Mount,
+    ProcessSpec,
+    Scenario,
+    load_ib_capture_device,
+)
+from nodescope.sim.sysfs_tree import cpus_of_sockets, materialise, speed_string
+from nodescope.sources.base import Source
+
+#: Unix time of simulated t = 0 (NVML field timestamps, process start times).
+EPOCH = 1_750_000_000.0
+CLK_TCK = 100
+PAGE = 4096
+SECTOR = 512
+IB_PACKET_BYTES = 4096
+#: NVLink raw throughput counts protocol overhead on top of the payload.
+NVLINK_RAW_OVERHEAD = 1.0625
+#: Request size assumed when a disk activity gives bytes but no IOPS.
+DEFAULT_REQUEST_BYTES = 131072
+#: Controllers of the root cgroup of a typical systemd host.
+ROOT_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"
+CHILD_CONTROLLERS = "cpuset cpu io memory pids"
+
+_PF_KTHREAD = 0x00200000
+_PF_USER = 0x00400100
+_ZERO_PSI = "".join(
+    f"{kind} avg10=0.00 avg60=0.00 avg300=0.00 total=0\n" for kind in ("some", "full")
+)
+
+
+def preferred_temp_dir() -> str | None:
+    """A tmpfs to build simulated nodes on when there is one (``/dev/shm``): tens of
+    thousands of small files are written, which a disk-backed /tmp can make slow."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+def make_temp_root(prefix: str = "nodescope-sim-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=preferred_temp_dir()))
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+class _Files:
+    """Writes files once per content: a cache of what each path holds, and atomic replaces."""
+
+    def __init__(self, root: Path) -> None:
+        self.staging = root / ".sim-staging"
+        self.cache: dict[Path, bytes] = {}
+        self.made: set[Path] = set()
+        self.atomic = False
+        self.writes = 0
+        self._serial = 0
+
+    def mkdir(self, path: Path) -> None:
+        if path not in self.made:
+            path.mkdir(parents=True, exist_ok=True)
+            self.made.add(path)
+
+    def write(self, path: Path, content: str | bytes) -> bool:
+        data = content.encode() if isinstance(content, str) else content
+        if self.cache.get(path) == data:
+            return False
+        self.mkdir(path.parent)
+        if self.atomic:
+            self._serial += 1
+            tmp = self.staging / f"{self._serial}"
+            _write_bytes(tmp, data)
+            os.replace(tmp, path)
+        else:
+            _write_bytes(path, data)
+        self.cache[path] = data
+        self.writes += 1
+        return True
+
+    def assume(self, path: Path, content: str) -> None:
+        """Record what another writer put at ``path``."""
+        self.cache[path] = content.encode()
+
+    def symlink(self, link: Path, target: Path) -> None:
+        self.mkdir(link.parent)
+        link.symlink_to(os.path.relpath(target, link.parent))
+
+    def remove_tree(self, path: Path) -> None:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+        prefix = f"{path}{os.sep}"
+        for cached in [p for p in self.cache if p == path or str(p).startswith(prefix)]:
+            del self.cache[cached]
+        self.made = {p for p in self.made if p != path and not str(p).startswith(prefix)}
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------
+# Processes and cgroups
+
+
+@dataclass
+class _Task:
+    tid: int
+    comm: str
+    state: str
+    wchan: str
+    #: seconds of CPU per second of this thread
+    cpu_share: float = 0.0
+    utime: float = 0.0  # ticks
+    stime: float = 0.0
+
+
+@dataclass
+class _Proc:
+    pid: int
+    ppid: int
+    comm: str
+    cmdline: str
+    cgroup: str
+    environ: bytes
+    tasks: list[_Task]
+    rss_bytes: int
+    kernel: bool = False
+    job: Job | None = None
+    spec: ProcessSpec | None = None
+    replica: int = 0
+    gpu: int | None = None
+    starttime: int = 0
+    cpu_percent: float = 0.0
+
+
+@dataclass
+class _Cgroup:
+    path: str
+    children: list[str] = field(default_factory=list)
+    procs: list[int] = field(default_factory=list)
+    memory_max: int | None = None
+    events: dict[str, float] = field(default_factory=dict)
+
+
+#: systemd units of a GPU training node: (unit, comm, processes, threads per process)
+_SERVICES: tuple[tuple[str, str, int, int], ...] = (
+    ("systemd-journald.service", "systemd-journal", 1, 1),
+    ("systemd-udevd.service", "systemd-udevd", 1, 1),
+    ("systemd-logind.service", "systemd-logind", 1, 1),
+    ("dbus.service", "dbus-daemon", 1, 1),
+    ("ssh.service", "sshd", 1, 1),
+    ("cron.service", "cron", 1, 1),
+    ("rsyslog.service", "rsyslogd", 1, 4),
+    ("chrony.service", "chronyd", 1, 1),
+    ("munge.service", "munged", 1, 4),
+    ("slurmd.service", "slurmd", 1, 3),
+    ("nvidia-persistenced.service", "nvidia-persiste", 1, 1),
+    ("nvidia-fabricmanager.service", "nv-fabricmanage", 1, 12),
+    ("nvidia-dcgm.service", "nv-hostengine", 1, 24),
+    ("containerd.service", "containerd", 1, 40),
+    ("irqbalance.service", "irqbalance", 1, 2),
+    ("lldpd.service", "lldpd", 2, 1),
+    ("rpcbind.service", "rpcbind", 1, 1),
+    ("rpc-gssd.service", "rpc.gssd", 1, 2),
+    ("nfs-idmapd.service", "rpc.idmapd", 1, 1),
+    ("node-exporter.service", "node_exporter", 1, 8),
+    ("nodescope.service", "nodescope", 1, 3),
+    ("opensm.service", "opensm", 1, 6),
+    ("getty@tty1.service", "agetty", 1, 1),
+    ("polkit.service", "polkitd", 1, 3),
+    ("systemd-networkd.service", "systemd-network", 1, 1),
+)
+_KTHREAD_NAMES = (
+    "kworker/{c}:0",
+    "kworker/{c}:1H",
+    "ksoftirqd/{c}",
+    "migration/{c}",
+    "cpuhp/{c}",
+    "rcu_preempt",
+    "kcompactd{n}",
+    "nvme-wq",
+    "ib-comp-wq",
+    "irq/{i}-mlx5_comp{c}",
+    "nv_queue",
+    "kswapd{n}",
+)
+_SLURM_SCOPE = "/system.slice/slurmstepd.scope"
+
+
+def _proc_stat(proc: _Proc, task: _Task | None, threads: int, utime: float, stime: float) -> str:
+    """One ``/proc/<pid>/stat`` or ``task/<tid>/stat`` line: 52 fields (fs/proc/array.c
+    ``do_task_stat``); the comm is in parentheses and may hold spaces."""
+    pid = proc.pid if task is None else task.tid
+    head = proc.tasks[0]
+    state = head.state if task is None else task.state
+    comm = proc.comm if task is None else task.comm
+    rss_pages = proc.rss_bytes // PAGE
+    flags = _PF_KTHREAD if proc.kernel else _PF_USER
+    vsize = 0 if proc.kernel else proc.rss_bytes * 4 + 200 * 2**20
+    processor = pid % 224
+    fields: list[int | str] = [
+        pid, f"({comm})", state, proc.ppid, proc.pid, proc.pid if proc.kernel else 1, 0, -1,
+        flags, 1000 + proc.pid % 997, 0, proc.pid % 7, 0, int(utime), int(stime), 0, 0,
+        20, 0, threads, 0, proc.starttime, vsize, rss_pages, 18446744073709551615,
+        1 if not proc.kernel else 0, 1 if not proc.kernel else 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0, 17, processor, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]  # fmt: skip
+    return " ".join(str(f) for f in fields) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# The node
+
+
+def _nvml_bus_id(bdf: str) -> str:
+    domain, bus, devfn = bdf.split(":")
+    device, _, function = devfn.partition(".")
+    return f"{int(domain, 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{function}"
+
+
+_GENERATIONS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+#: Express functions without a link of their own (sysfs shows ``Unknown``/0 for them).
+_NO_LINK = (ExpressType.RC_INTEGRATED_ENDPOINT, ExpressType.RC_EVENT_COLLECTOR)
+
+
+class SimulatedNode:
+    """A scenario's node under ``root``; see the module docstring for what it writes.
+
+    ``roots`` are the filesystem roots to hand the daemon, ``nvml`` the fake NVML.
+    :meth:`materialise` writes the trees as they are at t = 0; :meth:`advance_to` moves the
+    node to simulated second ``t`` (never backwards).
+    """
+
+    def __init__(self, scenario: Scenario, root: str | os.PathLike[str]) -> None:
+        self.scenario = scenario
+        self.hardware: Hardware = scenario.hardware
+        self.root = Path(root)
+        self.roots = Roots.under(self.root)
+        self.t = 0.0
+        self._started = False
+        self._files = _Files(self.root)
+        self._fired: set[int] = set()
+        self._removed: set[str] = set()
+        self._dump = self.hardware.pcie
+        self._functions: dict[str, LspciDevice] = {d.bdf: d for d in self._dump.devices}
+        self._dirs: dict[str, Path] = {}
+        #: float accumulators of every counter, by key
+        self._acc: dict[tuple[Any, ...], float] = {}
+        self._procs: dict[int, _Proc] = {}
+        self._cgroups: dict[str, _Cgroup] = {}
+        self._by_key: dict[str, list[_Proc]] = {}
+        self._daemon_pid = 0
+        self._overridden: set[int] = set()
+        self._dirty_pids: set[int] = set()
+        self._links: dict[str, tuple[float | None, int | None]] = {}
+        self._parent_of: dict[str, str] = {
+            bdf: chain[-2] for bdf, chain in bridge_chains(self._dump).items() if len(chain) > 1
+        }
+        self.nvlink_stall_ratio: dict[tuple[int, int], float] = {}
+        self.nvml = FakeNvml(self._fake_gpus(), clock_us=self._clock_us)
+        #: Seam: where the nvlink_counter module's snapshot (``/dev/nvlink_stats``) would be.
+        #: The module's ABI comes with the kernel-module issue; nothing is written here yet.
+        self.nvlink_snapshot_path = self.roots.dev / "nvlink_stats"
+        self._build_processes()
+
+    # ---- public -------------------------------------------------------------------------
+
+    @property
+    def writes(self) -> int:
+        """Files written so far (materialise and ticks): tests use it to prove that a tick
+        rewrites only what changed."""
+        return self._files.writes
+
+    def pid_of(self, key: str, replica: int = 0) -> int:
+        """The pid of replica ``replica`` of the scenario's process ``key``."""
+        return self._by_key[key][replica].pid
+
+    def materialise(self) -> None:
+        """Write every tree as it is at t = 0 (``root`` must be empty or absent)."""
+        if self.root.exists() and any(self.root.iterdir()):
+            raise FileExistsError(f"{self.root} is not empty")
+        self._files.mkdir(self._files.staging)
+        for path in (self.roots.sysfs, self.roots.procfs, self.roots.dev, self.roots.run):
+            self._files.mkdir(path)
+        self._files.atomic = False
+        self._write_pci()
+        self._write_block()
+        self._write_infiniband()
+        self._write_cgroups(initial=True)
+        self._write_processes(initial=True)
+        self._write_proc_files()
+        self._files.atomic = True
+
+    def advance_to(self, t: float) -> None:
+        """Move to simulated second ``t``: counters advance by rate × time for every activity
+        overlapping (previous t, t], events due by ``t`` happen, and the files change."""
+        if not math.isfinite(t) or t < self.t:
+            raise ValueError(f"cannot go from t={self.t:g} to t={t:g}")
+        t0, self.t = self.t, t
+        self._dirty_pids = set()
+        self._integrate(t0, t)
+        self._fire_events(t0, t)
+        self._apply_states(t)
+        self._render()
+        self._started = True
+
+    def sources(self) -> list[Source]:
+        """The daemon's sources for this node: the tree sources of the registry and the NVML
+        source over the fake NVML (no netlink: the simulated node has no network namespace)."""
+        from nodescope.sources.nvml import NvmlSource
+        from nodescope.sources.registry import SOURCES
+
+        tree = [SOURCES[name].make() for name in ("pci", "disks", "infiniband", "cgroups")]
+        return [*tree, NvmlSource(self.nvml, event_wait_ms=50, wall_clock=self.wall_clock)]
+
+    def wall_clock(self) -> float:
+        return EPOCH + self.t
+
+    def write_nvlink_snapshot(self) -> None:
+        """Seam for the ``nvlink_counter`` snapshot file: the ABI comes with the kernel-module
+        issue, so this writes nothing yet. :attr:`nvlink_stall_ratio` holds what it would
+        carry beyond NVML's counters."""
+        return None
+
+    # ---- construction -------------------------------------------------------------------
+
+    def _clock_us(self) -> int:
+        return round((EPOCH + self.t) * 1_000_000)
+
+    def _fake_gpus(self) -> list[FakeGpu]:
+        gpus = []
+        gpu_addresses = {g.pci for g in self.hardware.gpus}
+        uptime = self.hardware.os.uptime_seconds
+        for gpu in self.hardware.gpus:
+            dev = self._functions[gpu.pci]
+            links = [
+                FakeLink(
+                    remote_pci_bus_id=_nvml_bus_id(peer),
+                    remote_type=(
+                        pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+                        if peer in gpu_addresses
+                        else pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+                    ),
+                )
+                for peer in gpu.link_peers()
+            ]
+            fake = FakeGpu(
+                uuid=gpu.uuid,
+                name=gpu.name,
+                pci_bus_id=_nvml_bus_id(gpu.pci),
+                pci_device_id=((dev.device_id or 0) << 16) | (dev.vendor_id or 0x10DE),
+                curr_gen=_GENERATIONS.get(dev.link_sta_speed_gts or 0.0, 0),
+                curr_width=dev.link_sta_width or 0,
+                max_gen=_GENERATIONS.get(dev.link_cap_speed_gts or 0.0, 0),
+                max_width=dev.link_cap_width or 0,
+                links=links,
+            )
+            # Counters since the driver loaded: a steady trickle over the uptime.
+            self._acc[("gpu", gpu.index, "tx")] = uptime * 2.0e8
+            self._acc[("gpu", gpu.index, "rx")] = uptime * 3.0e8
+            fake.pcie_tx_bytes = int(self._acc[("gpu", gpu.index, "tx")])
+            fake.pcie_rx_bytes = int(self._acc[("gpu", gpu.index, "rx")])
+            gpus.append(fake)
+        return gpus
+
+    def _build_processes(self) -> None:
+        hw = self.hardware
+        next_pid = 1
+        boot_ticks = 0
+
+        def cgroup(path: str) -> _Cgroup:
+            found = self._cgroups.get(path)
+            if found is None:
+                found = _Cgroup(path)
+                self._cgroups[path] = found
+                if path != "/":
+                    parent = path.rsplit("/", 1)[0] or "/"
+                    cgroup(parent).children.append(path)
+            return found
+
+        cgroup("/")
+
+        def add(
+            comm: str,
+            cg: str,
+            *,
+            threads: Sequence[tuple[str, int]] = (),
+            kernel: bool = False,
+            ppid: int = 1,
+            cmdline: str | None = None,
+            environ: Mapping[str, str] | None = None,
+            rss: int = 12 * 2**20,
+            state: str = "S",
+            wchan: str = "do_epoll_wait",
+        ) -> _Proc:
+            nonlocal next_pid
+            pid = next_pid
+            next_pid += 1
+            tasks = [_Task(pid, comm, state, wchan)]
+            for name, n in threads:
+                for _ in range(n):
+                    tasks.append(_Task(next_pid, name, "S", "futex_wait_queue"))
+                    next_pid += 1
+            env = b"".join(f"{k}={v}\0".encode() for k, v in (environ or {}).items())
+            proc = _Proc(
+                pid=pid,
+                ppid=ppid,
+                comm=comm,
+                cmdline="" if kernel else (cmdline or comm),
+                cgroup=cg,
+                environ=env,
+                tasks=tasks,
+                rss_bytes=0 if kernel else rss,
+                kernel=kernel,
+                starttime=boot_ticks + pid,
+            )
+            self._procs[pid] = proc
+            cgroup(cg).procs.append(pid)
+            return proc
+
+        budget = hw.os.background_processes
+        base_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        if budget > 0:
+            add("systemd", "/init.scope", cmdline="/sbin/init", environ=base_env, rss=14 * 2**20)
+        if budget > 1:
+            add("kthreadd", "/", kernel=True, ppid=0, state="S", wchan="kthreadd")
+        made = min(budget, 2)
+        for unit, comm, count, nthreads in _SERVICES:
+            for _ in range(count):
+                if made >= budget:
+                    break
+                extra = [(comm, nthreads - 1)] if nthreads > 1 else []
+                proc = add(comm, f"/system.slice/{unit}", threads=extra, environ=base_env)
+                if unit == "nodescope.service":
+                    self._daemon_pid = proc.pid
+                made += 1
+        sessions = 0
+        while made < budget and sessions < 4:
+            uid = 1001 + sessions
+            scope = f"/user.slice/user-{uid}.slice/session-{sessions + 3}.scope"
+            for comm in ("sshd", "bash", "tmux: server", "top"):
+                if made >= budget:
+                    break
+                add(comm, scope, environ={**base_env, "USER": f"user{uid}"}, rss=6 * 2**20)
+                made += 1
+            sessions += 1
+        cpus = hw.cpu.cpu_count
+        i = 0
+        while made < budget:
+            pattern = _KTHREAD_NAMES[i % len(_KTHREAD_NAMES)]
+            name = pattern.format(c=(i // len(_KTHREAD_NAMES)) % cpus, n=i % 2, i=100 + i)[:15]
+            add(name, "/", kernel=True, ppid=2, state="I" if "kworker" in name else "S", wchan="0")
+            made += 1
+            i += 1
+
+        for job in self.scenario.jobs:
+            next_pid = (next_pid // 1000 + 1) * 1000
+            self._add_job(job, add, cgroup)
+        for job in self.scenario.jobs:
+            self._cgroups[f"{_SLURM_SCOPE}/job_{job.id}"].memory_max = job.memory_max_job
+            self._cgroups[
+                f"{_SLURM_SCOPE}/job_{job.id}/step_{job.step}"
+            ].memory_max = job.memory_max_step
+        if not self._daemon_pid:
+            self._daemon_pid = (
+                1 if self._procs else add("nodescope", "/system.slice/nodescope.service").pid
+            )
+
+    def _add_job(self, job: Job, add: Any, cgroup: Any) -> None:
+        job_cg = f"{_SLURM_SCOPE}/job_{job.id}"
+        if self.scenario.jobs and f"{_SLURM_SCOPE}/system" not in self._cgroups:
+            add("slurmstepd", f"{_SLURM_SCOPE}/system", cmdline="slurmstepd: [infinity]")
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "USER": job.user,
+            "HOME": f"/home/{job.user}",
+            "SLURM_JOB_ID": str(job.id),
+            "SLURM_JOB_USER": job.user,
+            "SLURM_JOB_UID": str(job.uid),
+        }
+        for step in ("extern", "batch", job.step):
+            add(
+                "slurmstepd",
+                f"{job_cg}/step_{step}/slurm",
+                threads=[("slurmstepd", 4)],
+                cmdline=f"slurmstepd: [{job.id}.{step}]",
+                rss=24 * 2**20,
+            )
+        add(
+            "sleep",
+            f"{job_cg}/step_extern/user/task_special",
+            cmdline="sleep 100000000",
+            environ=env,
+            rss=2**20,
+            wchan="hrtimer_nanosleep",
+        )
+        add(
+            "bash",
+            f"{job_cg}/step_batch/user/task_0",
+            cmdline=f"/bin/bash /var/spool/slurmd/job{job.id}/slurm_script",
+            environ=env,
+            rss=4 * 2**20,
+            wchan="do_wait",
+        )
+        # Processes without their own rss share what the job's memory.current leaves.
+        fixed = sum(p.count * p.rss_bytes for p in job.processes if p.rss_bytes is not None)
+        weight = sum(p.count for p in job.processes if p.rss_bytes is None) or 1
+        share = max(0, job.memory_current_bytes - fixed) // weight
+        for spec in job.processes:
+            procs: list[_Proc] = []
+            for replica in range(spec.count):
+                gpu = job.gpus[replica] if spec.gpu == -1 else spec.gpu
+                if spec.cgroup == "task":
+                    # Ranks have a task each; helpers share them round-robin.
+                    cg = f"{job_cg}/step_{job.step}/user/task_{replica % max(1, len(job.gpus))}"
+                elif spec.cgroup == "batch":
+                    cg = f"{job_cg}/step_batch/user/task_0"
+                elif spec.cgroup == "extern":
+                    cg = f"{job_cg}/step_extern/user/task_special"
+                else:
+                    cg = spec.cgroup
+                environ = {
+                    **env,
+                    "SLURM_STEP_ID": job.step,
+                    "SLURM_PROCID": str(replica),
+                    "SLURM_LOCALID": str(replica),
+                }
+                if gpu is not None:
+                    environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+                elif job.gpus:
+                    environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
+                if job.nics:
+                    environ["NCCL_IB_HCA"] = ",".join(job.nics)
+                environ.update(dict(spec.environ))
+                proc = add(
+                    spec.comm,
+                    cg,
+                    threads=spec.threads,
+                    cmdline=spec.cmdline,
+                    environ=environ,
+                    rss=share if spec.rss_bytes is None else spec.rss_bytes,
+                    state=spec.state,
+                    wchan=spec.wchan,
+                )
+                for task in proc.tasks:
+                    task.state, task.wchan = spec.state, spec.wchan
+                proc.job, proc.spec, proc.replica, proc.gpu = job, spec, replica, gpu
+                proc.cpu_percent = spec.cpu_percent
+                procs.append(proc)
+            self._by_key[spec.key] = procs
+        cgroup(job_cg)
+
+    # ---- sysfs --------------------------------------------------------------------------
+
+    def _write_pci(self) -> None:
+        tree = materialise(
+            self._dump,
+            self.root,
+            cpus_of_sockets(
+                self.hardware.cpu.sockets,
+                self.hardware.cpu.cores_per_socket,
+                self.hardware.cpu.threads_per_core,
+            ),
+        )
+        self._dirs = dict(tree.function_dirs)
+        sysfs = self.roots.sysfs
+        # The tree wrote each function's Link Status: remember it, so a tick rewrites only
+        # the links the timeline changes.
+        for dev in self._dump.devices:
+            if dev.express_type is not None and dev.express_type not in _NO_LINK:
+                directory = self._dirs[dev.bdf]
+                self._files.assume(
+                    directory / "current_link_speed", f"{speed_string(dev.link_sta_speed_gts)}\n"
+                )
+                self._files.assume(directory / "current_link_width", f"{dev.link_sta_width or 0}\n")
+        # OS names are the scenario's: replace the tree's guesses (address order).
+        for bdf, name in tree.nvme.items():
+            (sysfs / "class" / "nvme" / name).unlink()
+            shutil.rmtree(self._dirs[bdf] / "nvme")
+        for bdf, name in tree.infiniband.items():
+            (sysfs / "class" / "infiniband" / name).unlink()
+            shutil.rmtree(self._dirs[bdf] / "infiniband")
+
+    def _write_block(self) -> None:
+        sysfs = self.roots.sysfs
+        files = self._files
+        for drive in self.hardware.nvme:
+            function = self._dirs[drive.pci]
+            ctrl = function / "nvme" / drive.controller
+            disk = ctrl / drive.disk
+            files.mkdir(disk)
+            files.symlink(ctrl / "device", function)
+            files.symlink(sysfs / "class" / "nvme" / drive.controller, ctrl)
+            files.write(ctrl / "address", drive.pci)
+            files.write(ctrl / "transport", "pcie\n")
+            files.write(ctrl / "model", f"{drive.model}\n")
+            files.write(ctrl / "state", "live\n")
+            files.symlink(disk / "device", ctrl)
+            files.write(disk / "dev", f"{drive.major}:{drive.minor}\n")
+            files.write(disk / "size", f"{drive.size_bytes // SECTOR}\n")
+            files.symlink(sysfs / "block" / drive.disk, disk)
+            files.symlink(sysfs / "class" / "block" / drive.disk, disk)
+            uptime = self.hardware.os.uptime_seconds
+            # Since boot: a modest history, so the first rates are the timeline's, not boot's.
+            for name, per_s in (
+                ("reads_completed", 400.0),
+                ("sectors_read", 400.0 * 256),
+                ("read_ms", 400.0 * 0.1),
+                ("writes_completed", 50.0),
+                ("sectors_written", 50.0 * 64),
+                ("write_ms", 50.0 * 0.05),
+                ("io_ms", 45.0),
+                ("weighted_io_ms", 42.5),
+                ("flushes_completed", 1.0),
+                ("flush_ms", 0.1),
+            ):
+                self._acc[("disk", drive.disk, name)] = per_s * uptime
+
+    def _write_infiniband(self) -> None:
+        sysfs = self.roots.sysfs
+        files = self._files
+        for nic in self.hardware.nics:
+            function = self._dirs[nic.pci[0]]
+            device = function / "infiniband" / nic.name
+            files.mkdir(device)
+            files.symlink(device / "device", function)
+            files.symlink(sysfs / "class" / "infiniband" / nic.name, device)
+            files.write(device / "node_guid", f"{nic.node_guid}\n")
+            files.write(device / "hca_type", f"{nic.hca_type}\n")
+            files.write(device / "fw_ver", f"{nic.fw_ver}\n")
+            files.write(device / "board_id", f"{nic.board_id}\n")
+            files.write(device / "node_type", "1: CA\n")
+            capture = load_ib_capture_device(nic.capture) if nic.capture else None
+            for port in range(1, nic.ports + 1):
+                captured = (capture or {}).get("ports", {}).get(str(port), {})
+                port_dir = device / "ports" / str(port)
+                files.write(port_dir / "state", "4: ACTIVE\n")
+                files.write(port_dir / "phys_state", "5: LinkUp\n")
+                files.write(port_dir / "rate", f"{nic.rate}\n")
+                files.write(port_dir / "link_layer", f"{nic.link_layer}\n")
+                counters = captured.get("counters") or _default_ib_counters()
+                hw_counters = captured.get("hw_counters") or _default_ib_hw_counters()
+                for name, value in counters.items():
+                    self._acc[("ib", nic.name, port, name)] = float(value)
+                    files.write(port_dir / "counters" / name, f"{int(value)}\n")
+                for name, value in hw_counters.items():
+                    files.write(port_dir / "hw_counters" / name, f"{int(value)}\n")
+
+    def _write_pci_links(self, links: Mapping[str, tuple[float | None, int | None]]) -> None:
+        for bdf, (speed, width) in links.items():
+            if bdf in self._removed or bdf not in self._dirs:
+                continue
+            directory = self._dirs[bdf]
+            self._files.write(directory / "current_link_speed", f"{speed_string(speed)}\n")
+            self._files.write(directory / "current_link_width", f"{width or 0}\n")
+
+    def _remove_function(self, bdf: str) -> None:
+        """Hot-unplug: the function, its children and the class links into them vanish."""
+        if bdf in self._removed or bdf not in self._dirs:
+            return
+        chains = bridge_chains(self._dump)
+        gone = {b for b, chain in chains.items() if bdf in chain}
+        self._removed |= gone
+        sysfs = self.roots.sysfs
+        for drive in self.hardware.nvme:
+            if drive.pci in gone:
+                for link in (
+                    sysfs / "block" / drive.disk,
+                    sysfs / "class" / "block" / drive.disk,
+                    sysfs / "class" / "nvme" / drive.controller,
+                ):
+                    self._files.remove_tree(link)
+        for nic in self.hardware.nics:
+            if nic.pci[0] in gone:
+                self._files.remove_tree(sysfs / "class" / "infiniband" / nic.name)
+        for b in gone:
+            directory = self._dirs[b]
+            for net in (directory / "net").glob("*") if (directory / "net").is_dir() else ():
+                self._files.remove_tree(sysfs / "class" / "net" / net.name)
+            self._files.remove_tree(sysfs / "bus" / "pci" / "devices" / b)
+        self._files.remove_tree(self._dirs[bdf])
+        for gpu in self.hardware.gpus:
+            if gpu.pci in gone:
+                self.nvml.gpus[gpu.index].lost = True
+
+    # ---- cgroups ------------------------------------------------------------------------
+
+    def _subtree(self, path: str) -> Iterable[_Cgroup]:
+        stack = [path]
+        while stack:
+            cg = self._cgroups[stack.pop()]
+            yield cg
+            stack.extend(cg.children)
+
+    def _write_cgroups(self, initial: bool = False) -> None:
+        files = self._files
+        base = self.roots.cgroupfs
+        # Totals over each subtree, children before parents.
+        order = sorted(self._cgroups, key=lambda p: p.count("/") if p != "/" else 0, reverse=True)
+        memory: dict[str, int] = {}
+        usage: dict[str, float] = {}
+        tasks: dict[str, int] = {}
+        events: dict[str, dict[str, float]] = {}
+        for path in order:
+            cg = self._cgroups[path]
+            procs = [self._procs[pid] for pid in cg.procs]
+            memory[path] = sum(p.rss_bytes for p in procs) + sum(memory[c] for c in cg.children)
+            usage[path] = sum(
+                (t.utime + t.stime) * (1_000_000 / CLK_TCK) for p in procs for t in p.tasks
+            ) + sum(usage[c] for c in cg.children)
+            tasks[path] = sum(len(p.tasks) for p in procs) + sum(tasks[c] for c in cg.children)
+            merged = dict(cg.events)
+            for child in cg.children:
+                for key, value in events[child].items():
+                    merged[key] = merged.get(key, 0.0) + value
+            events[path] = merged
+        for path, cg in self._cgroups.items():
+            directory = base if path == "/" else base / path.lstrip("/")
+            root = path == "/"
+            used = int(usage[path])
+            user = int(used * 0.9)
+            cpu_stat = f"usage_usec {used}\nuser_usec {user}\nsystem_usec {used - user}\n"
+            if not root:  # the cpu controller's throttling fields
+                cpu_stat += "".join(f"{k} 0\n" for k in _CPU_THROTTLE_FIELDS)
+            files.write(directory / "cpu.stat", cpu_stat)
+            if not root:
+                files.write(directory / "memory.events", _memory_events(events[path]))
+                files.write(directory / "memory.events.local", _memory_events(cg.events))
+            if not initial:
+                continue
+            procs = [self._procs[pid] for pid in cg.procs]
+            files.write(directory / "cgroup.procs", "".join(f"{p.pid}\n" for p in procs))
+            files.write(
+                directory / "cgroup.threads", "".join(f"{t.tid}\n" for p in procs for t in p.tasks)
+            )
+            files.write(
+                directory / "cgroup.subtree_control",
+                f"{CHILD_CONTROLLERS}\n" if cg.children else "\n",
+            )
+            files.write(
+                directory / "cgroup.stat",
+                f"nr_descendants {len(list(self._subtree(path))) - 1}\nnr_dying_descendants 0\n",
+            )
+            files.write(directory / "io.stat", "")
+            for kind in ("cpu", "memory", "io"):
+                files.write(directory / f"{kind}.pressure", _ZERO_PSI)
+            if root:
+                files.write(directory / "cgroup.controllers", f"{ROOT_CONTROLLERS}\n")
+                files.write(directory / "memory.stat", _memory_stat(memory[path]))
+                continue
+            files.write(directory / "cgroup.controllers", f"{CHILD_CONTROLLERS}\n")
+            files.write(directory / "cgroup.type", "domain\n")
+            files.write(
+                directory / "cgroup.events", f"populated {1 if tasks[path] else 0}\nfrozen 0\n"
+            )
+            files.write(directory / "memory.current", f"{memory[path]}\n")
+            files.write(directory / "memory.peak", f"{memory[path]}\n")
+            files.write(directory / "memory.max", _limit(cg.memory_max))
+            files.write(directory / "memory.high", "max\n")
+            files.write(directory / "memory.stat", _memory_stat(memory[path]))
+            files.write(directory / "pids.current", f"{tasks[path]}\n")
+            files.write(directory / "pids.max", "max\n")
+
+    # ---- procfs -------------------------------------------------------------------------
+
+    def _write_process(self, proc: _Proc, initial: bool) -> None:
+        files = self._files
+        directory = self.roots.procfs / str(proc.pid)
+        threads = len(proc.tasks)
+        utime = sum(t.utime for t in proc.tasks)
+        stime = sum(t.stime for t in proc.tasks)
+        files.write(directory / "stat", _proc_stat(proc, None, threads, utime, stime))
+        files.write(directory / "wchan", proc.tasks[0].wchan)
+        for task in proc.tasks:
+            task_dir = directory / "task" / str(task.tid)
+            files.write(task_dir / "stat", _proc_stat(proc, task, threads, task.utime, task.stime))
+            files.write(task_dir / "wchan", task.wchan)
+            if initial:
+                files.write(task_dir / "comm", f"{task.comm}\n")
+        if initial:
+            files.write(directory / "comm", f"{proc.comm}\n")
+            files.write(
+                directory / "cmdline",
+                b"" if proc.kernel else proc.cmdline.replace(" ", "\0").encode() + b"\0",
+            )
+            files.write(directory / "cgroup", f"0::{proc.cgroup}\n")
+            files.write(directory / "environ", proc.environ)
+
+    def _write_processes(self, initial: bool = False) -> None:
+        for proc in self._procs.values():
+            self._write_process(proc, initial)
+        if initial:
+            self._files.symlink(
+                self.roots.procfs / "self", self.roots.procfs / str(self._daemon_pid)
+            )
+            self._files.symlink(self.roots.procfs / "mounts", self.roots.procfs / "self" / "mounts")
+
+    def _write_proc_files(self) -> None:
+        procfs = self.roots.procfs
+        files = self._files
+        uptime = self.hardware.os.uptime_seconds + self.t
+        idle = uptime * self.hardware.cpu.cpu_count * 0.9
+        files.write(procfs / "uptime", f"{uptime:.2f} {idle:.2f}\n")
+        files.write(procfs / "diskstats", self._diskstats())
+        files.write(procfs / "locks", self._locks())
+        daemon = procfs / str(self._daemon_pid)
+        files.write(daemon / "mountstats", self._mountstats())
+        files.write(daemon / "mounts", self._mounts())
+        files.write(procfs / "net" / "snmp", self._snmp())
+        load = sum(p.cpu_percent for p in self._procs.values()) / 100.0
+        last_pid = max(self._procs, default=1)
+        files.write(
+            procfs / "loadavg",
+            f"{load:.2f} {load:.2f} {load:.2f} 3/{len(self._procs)} {last_pid}\n",
+        )
+
+    def _diskstats(self) -> str:
+        lines = [f"   7       {n} loop{n} 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n" for n in range(8)]
+        fields = (
+            "reads_completed", "reads_merged", "sectors_read", "read_ms", "writes_completed",
+            "writes_merged", "sectors_written", "write_ms", "in_flight", "io_ms",
+            "weighted_io_ms", "discards_completed", "discards_merged", "sectors_discarded",
+            "discard_ms", "flushes_completed", "flush_ms",
+        )  # fmt: skip
+        for drive in self.hardware.nvme:
+            if drive.pci in self._removed:
+                continue
+            values = []
+            for name in fields:
+                value = int(self._acc.get(("disk", drive.disk, name), 0.0))
+                if name.endswith("_ms"):
+                    value %= 1 << 32  # unsigned int in diskstats_show()
+                values.append(str(value))
+            lines.append(f" {drive.major:3d} {drive.minor:7d} {drive.disk} {' '.join(values)}\n")
+        return "".join(lines)
+
+    def _active(self, kind: str, t: float) -> list[Activity]:
+        return [a for a in self.scenario.timeline if a.kind == kind and a.active_at(t)]
+
+    def _locks(self) -> str:
+        lines = [
+            f"1: FLOCK  ADVISORY  WRITE {self._daemon_pid} 00:19:1042 0 EOF\n",
+            "2: POSIX  ADVISORY  WRITE 1 00:19:1 0 EOF\n",
+        ]
+        number = 3
+        for activity in self._active("lock", self.t):
+            mount = self.hardware.mount(activity.get("mount"))
+            device = f"{mount.major:02x}:{mount.minor:02x}:{activity.get('inode')}"
+            lock_type = activity.get("type")
+            holders = self._refs(activity.get("holder"))
+            if not holders:
+                continue
+            lines.append(
+                f"{number}: POSIX  ADVISORY  {lock_type} {holders[0].pid} {device} 0 EOF\n"
+            )
+            for ref in activity.get("waiters"):
+                for waiter in self._refs(ref):
+                    lines.append(
+                        f"{number}: -> POSIX  ADVISORY  {lock_type} {waiter.pid} {device} 0 EOF\n"
+                    )
+            number += 1
+        return "".join(lines)
+
+    def _refs(self, ref: str) -> list[_Proc]:
+        key, _, replica = ref.partition("#")
+        procs = self._by_key.get(key, [])
+        return procs if not replica else [procs[int(replica)]]
+
+    def _mounts(self) -> str:
+        lines = [
+            "sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0\n",
+            "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n",
+            "/dev/md0 / ext4 rw,relatime 0 0\n",
+            "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate 0 0\n",
+        ]
+        for mount in self.hardware.mounts:
+            lines.append(
+                f"{mount.device} {mount.mountpoint} {mount.fstype} {self._nfs_opts(mount)} 0 0\n"
+            )
+        return "".join(lines)
+
+    @staticmethod
+    def _nfs_opts(mount: Mount) -> str:
+        return (
+            f"rw,relatime,vers={mount.version},rsize=1048576,wsize=1048576,namlen=255,hard,"
+            f"proto=tcp,timeo=600,retrans=2,sec=sys,clientaddr=10.20.1.17,local_lock=none,"
+            f"addr={mount.server_addr}"
+        )
+
+    def _mountstats(self) -> str:
+        out = [
+            "device sysfs mounted on /sys with fstype sysfs\n",
+            "device proc mounted on /proc with fstype proc\n",
+            "device /dev/md0 mounted on / with fstype ext4\n",
+            "device cgroup2 mounted on /sys/fs/cgroup with fstype cgroup2\n",
+        ]
+        age = int(self.hardware.os.uptime_seconds + self.t)
+        for mount in self.hardware.mounts:
+            heading = (
+                f"device {mount.device} mounted on {mount.mountpoint} with fstype {mount.fstype}"
+            )
+            if not mount.is_nfs:
+                out.append(f"{heading}\n")
+                continue
+            ops = {
+                op: [
+                    int(self._acc.get(("nfs", mount.mountpoint, op, k), 0.0))
+                    for k in _NFS_OP_FIELDS
+                ]
+                for op in NFS4_OPS
+            }
+            sends = sum(v[1] for v in ops.values())
+            read_bytes = int(self._acc.get(("nfs", mount.mountpoint, "READ", "bytes_recv"), 0.0))
+            write_bytes = int(self._acc.get(("nfs", mount.mountpoint, "WRITE", "bytes_sent"), 0.0))
+            # include/linux/nfs_iostat.h: 27 event counters, NFSIOS_INODEREVALIDATE first,
+            # NFSIOS_VFSLOCK the 17th.
+            events = [0] * 27
+            events[0] = ops["GETATTR"][0]
+            events[16] = ops["LOCK"][0]
+            pages = f"{read_bytes // PAGE} {write_bytes // PAGE}"
+            out.append(
+                f"{heading} statvers=1.1\n"
+                f"\topts:\t{self._nfs_opts(mount)}\n"
+                f"\tage:\t{age}\n"
+                "\timpl_id:\tname='',domain='',date='0,0'\n"
+                "\tcaps:\tcaps=0x3ffbffff,wtmult=512,dtsize=1048576,bsize=0,namlen=255\n"
+                "\tnfsv4:\tbm0=0xfdffbfff,bm1=0x40fdbe3e,bm2=0x60803,acl=0x3,sessions,"
+                "pnfs=not configured,lease_time=90,lease_expired=0\n"
+                "\tsec:\tflavor=1,pseudoflavor=1\n"
+                f"\tevents:\t{' '.join(str(e) for e in events)}\n"
+                f"\tbytes:\t{read_bytes} {write_bytes} 0 0 {read_bytes} {write_bytes} {pages}\n"
+                "\tRPC iostats version: 1.1  p/v: 100003/4 (nfs)\n"
+                f"\txprt:\ttcp 718 1 1 0 0 {sends} {sends} 0 {sends} 0 64 0 0\n"
+                "\tper-op statistics\n"
+            )
+            for op in NFS4_OPS:
+                values = ops[op]
+                out.append(f"\t{op:>12s}: {' '.join(str(v) for v in values)}\n")
+            out.append("\n")
+        return "".join(out)
+
+    def _snmp(self) -> str:
+        out_segs = int(self._acc.get(("tcp", "out_segs"), 0.0)) + 48_000_000
+        retrans = int(self._acc.get(("tcp", "retrans_segs"), 0.0)) + 1_200
+        in_segs = out_segs - 2_000_000
+        packets_in, packets_out = in_segs + 90_000, out_segs + 80_000
+        values = {
+            "Ip": [1, 64, packets_in, 0, 0, 0, 0, 0, packets_in, packets_out]
+            + [0] * 9
+            + [packets_out],
+            "Icmp": [40, 0, 0, 40] + [0] * 10 + [40, 0, 0, 0, 40] + [0] * 10,
+            "Tcp": [
+                1,
+                200,
+                120000,
+                -1,
+                3120,
+                1850,
+                12,
+                40,
+                42,
+                in_segs,
+                out_segs,
+                retrans,
+                0,
+                310,
+                0,
+            ],
+            "Udp": [90000, 12, 0, 80000, 0, 0, 0, 400, 0],
+            "UdpLite": [0] * 9,
+        }
+        return "".join(
+            f"{group}: {' '.join(_SNMP_FIELDS[group])}\n{group}: {' '.join(map(str, row))}\n"
+            for group, row in values.items()
+        )
+
+    # ---- time ---------------------------------------------------------------------------
+
+    def _add(self, key: tuple[Any, ...], amount: float) -> None:
+        if amount:
+            self._acc[key] = self._acc.get(key, 0.0) + amount
+
+    def _integrate(self, t0: float, t1: float) -> None:
+        if t1 <= t0:
+            return
+        for activity in self.scenario.timeline:
+            seconds = activity.overlap(t0, t1)
+            if seconds <= 0:
+                continue
+            get = activity.get
+            kind = activity.kind
+            if kind == "gpu_pcie":
+                gpu = get("gpu")
+                self._add(("gpu", gpu, "rx"), get("h2d_bytes_per_second") * seconds)
+                self._add(("gpu", gpu, "tx"), get("d2h_bytes_per_second") * seconds)
+            elif kind == "nvlink":
+                gpu = self.hardware.gpus[get("gpu")]
+                links = get("links") or range(gpu.nvlink_count)
+                for link in links:
+                    self._add(
+                        ("nvlink", gpu.index, link, "tx"),
+                        get("tx_bytes_per_second") * seconds / 1024,
+                    )
+                    self._add(
+                        ("nvlink", gpu.index, link, "rx"),
+                        get("rx_bytes_per_second") * seconds / 1024,
+                    )
+            elif kind == "disk":
+                self._integrate_disk(activity, seconds)
+            elif kind == "ib":
+                key = ("ib", get("device"), get("port"))
+                for direction, field_name in (("tx", "xmit"), ("rx", "rcv")):
+                    moved = get(f"{direction}_bytes_per_second") * seconds
+                    self._add((*key, f"port_{field_name}_data"), moved / 4)
+                    self._add((*key, f"port_{field_name}_packets"), moved / IB_PACKET_BYTES)
+                    self._add((*key, f"unicast_{field_name}_packets"), moved / IB_PACKET_BYTES)
+                self._add((*key, "port_xmit_wait"), get("xmit_wait_per_second") * seconds)
+            elif kind == "nfs":
+                key = ("nfs", get("mount"), get("op"))
+                ops = get("ops_per_second") * seconds
+                self._add((*key, "ops"), ops)
+                self._add((*key, "ntrans"), ops)
+                self._add((*key, "bytes_sent"), ops * get("bytes_per_op") / 2)
+                self._add((*key, "bytes_recv"), ops * get("bytes_per_op") / 2)
+                self._add((*key, "queue_ms"), ops * 0.01)
+                self._add((*key, "rtt_ms"), ops * get("rtt_ms"))
+                self._add((*key, "execute_ms"), ops * get("execute_ms"))
+                self._add((*key, "errors"), get("errors_per_second") * seconds)
+            elif kind == "memory_event":
+                job = next(j for j in self.scenario.jobs if j.id == get("job"))
+                path = f"{_SLURM_SCOPE}/job_{job.id}"
+                if get("level") == "step":
+                    path = f"{path}/step_{job.step}"
+                events = self._cgroups[path].events
+                events[get("event")] = events.get(get("event"), 0.0) + get("per_second") * seconds
+            elif kind == "tcp":
+                self._add(("tcp", "out_segs"), get("out_segs_per_second") * seconds)
+                self._add(("tcp", "retrans_segs"), get("retrans_segs_per_second") * seconds)
+        # CPU time of the job processes, at their current share (set by _apply_states).
+        for proc in self._procs.values():
+            for task in proc.tasks:
+                if task.cpu_share:
+                    task.utime += task.cpu_share * (t1 - t0) * CLK_TCK * 0.9
+                    task.stime += task.cpu_share * (t1 - t0) * CLK_TCK * 0.1
+                    self._dirty_pids.add(proc.pid)
+
+    def _integrate_disk(self, activity: Activity, seconds: float) -> None:
+        get = activity.get
+        disk = get("disk")
+        read_bytes = get("read_bytes_per_second")
+        write_bytes = get("write_bytes_per_second")
+        r_iops = get("read_iops")
+        w_iops = get("write_iops")
+        r_iops = read_bytes / DEFAULT_REQUEST_BYTES if r_iops is None else r_iops
+        w_iops = write_bytes / DEFAULT_REQUEST_BYTES if w_iops is None else w_iops
+        r_lat, w_lat = get("read_latency_ms"), get("write_latency_ms")
+        queue = (r_iops * r_lat + w_iops * w_lat) / 1000.0  # requests in flight on average
+        key = ("disk", disk)
+        self._add((*key, "reads_completed"), r_iops * seconds)
+        self._add((*key, "sectors_read"), read_bytes * seconds / SECTOR)
+        self._add((*key, "read_ms"), r_iops * seconds * r_lat)
+        self._add((*key, "writes_completed"), w_iops * seconds)
+        self._add((*key, "sectors_written"), write_bytes * seconds / SECTOR)
+        self._add((*key, "write_ms"), w_iops * seconds * w_lat)
+        self._add((*key, "io_ms"), min(1.0, queue) * seconds * 1000)
+        self._add((*key, "weighted_io_ms"), queue * seconds * 1000)
+
+    def _fire_events(self, t0: float, t1: float) -> None:
+        for number, activity in enumerate(self.scenario.timeline):
+            if activity.kind not in ("xid", "hot_unplug") or number in self._fired:
+                continue
+            due = activity.start <= t1 and (activity.start > t0 or not self._started)
+            if not due:
+                continue
+            self._fired.add(number)
+            if activity.kind == "xid":
+                gpu = self.hardware.gpus[activity.get("gpu")]
+                xid = activity.get("xid")
+                self.nvml.inject_xid(gpu.index, xid)
+                falls = activity.get("falls_off_bus")
+                if falls if falls is not None else xid == 79:
+                    self._remove_function(gpu.pci)
+                    self.nvml.gpus[gpu.index].lost = True
+            else:
+                self._remove_function(activity.get("pci"))
+
+    def _apply_states(self, t: float) -> None:
+        """The instantaneous state at ``t``: utilisation, link state, process states."""
+        util = {g.index: [0.0] * 5 for g in self.hardware.gpus}
+        for activity in self._active("gpu_util", t):
+            values = util[activity.get("gpu")]
+            for i, name in enumerate(
+                (
+                    "gpu_percent",
+                    "memory_percent",
+                    "decoder_percent",
+                    "encoder_percent",
+                    "jpeg_percent",
+                )
+            ):
+                values[i] = min(100.0, values[i] + activity.get(name))
+        for gpu in self.hardware.gpus:
+            fake = self.nvml.gpus[gpu.index]
+            (
+                fake.gpu_util,
+                fake.memory_util,
+                fake.decoder_util,
+                fake.encoder_util,
+                fake.jpeg_util,
+            ) = (round(v) for v in util[gpu.index])
+            fake.pcie_tx_bytes = int(self._acc[("gpu", gpu.index, "tx")])
+            fake.pcie_rx_bytes = int(self._acc[("gpu", gpu.index, "rx")])
+            for n, link in enumerate(fake.links):
+                tx = self._acc.get(("nvlink", gpu.index, n, "tx"), 0.0)
+                rx = self._acc.get(("nvlink", gpu.index, n, "rx"), 0.0)
+                link.data_tx_kib, link.data_rx_kib = int(tx), int(rx)
+                link.raw_tx_kib = int(tx * NVLINK_RAW_OVERHEAD)
+                link.raw_rx_kib = int(rx * NVLINK_RAW_OVERHEAD)
+            fake.processes = [
+                FakeProcess(p.pid, p.spec.gpu_memory_bytes if p.spec else None)
+                for p in self._procs.values()
+                if p.gpu == gpu.index and p.spec is not None
+            ]
+        self.nvlink_stall_ratio = {}
+        for activity in self._active("nvlink", t):
+            gpu = self.hardware.gpus[activity.get("gpu")]
+            for number in activity.get("links") or range(gpu.nvlink_count):
+                self.nvlink_stall_ratio[(gpu.index, number)] = activity.get("stall_ratio")
+
+        links: dict[str, tuple[float | None, int | None]] = {}
+        for dev in self._dump.devices:
+            if dev.express_type is not None and dev.express_type not in _NO_LINK:
+                links[dev.bdf] = (dev.link_sta_speed_gts, dev.link_sta_width)
+        parents = self._parent_of
+        for activity in self._active("pcie_link", t):
+            bdf = activity.get("pci")
+            speed, width = links.get(bdf, (None, None))
+            speed = activity.get("speed_gts") if activity.get("speed_gts") is not None else speed
+            width = activity.get("width") if activity.get("width") is not None else width
+            links[bdf] = (speed, width)
+            parent = parents.get(bdf)
+            if parent is not None and parent in links:
+                # Both ends of a link report the same Link Status.
+                links[parent] = (speed, width)
+        self._links = links
+        for gpu in self.hardware.gpus:
+            speed, width = links.get(gpu.pci, (None, None))
+            fake = self.nvml.gpus[gpu.index]
+            fake.curr_gen = _GENERATIONS.get(speed or 0.0, 0)
+            fake.curr_width = width or 0
+
+        changed: set[int] = set()
+        overrides: dict[int, dict[int, tuple[str | None, str | None, float | None]]] = {}
+        for activity in self._active("process", t):
+            thread = activity.get("thread")
+            for proc in self._refs(activity.get("process")):
+                for task in proc.tasks:
+                    if thread is None or task.comm == thread:
+                        overrides.setdefault(proc.pid, {})[task.tid] = (
+                            activity.get("state"),
+                            activity.get("wchan"),
+                            activity.get("cpu_percent"),
+                        )
+        for pid in self._overridden | set(overrides):
+            proc = self._procs[pid]
+            spec = proc.spec
+            for index, task in enumerate(proc.tasks):
+                state = spec.state if spec else "S"
+                wchan = spec.wchan if spec else "0"
+                share = (proc.cpu_percent / 100.0) if index == 0 else 0.0
+                o = overrides.get(pid, {}).get(task.tid)
+                if o is not None:
+                    state = o[0] or state
+                    wchan = o[1] or wchan
+                    if o[2] is not None:
+                        share = o[2] / 100.0
+                if (task.state, task.wchan) != (state, wchan):
+                    task.state, task.wchan = state, wchan
+                    changed.add(pid)
+                task.cpu_share = share
+        for proc in self._procs.values():
+            if (
+                proc.spec is not None
+                and proc.pid not in overrides
+                and proc.pid not in self._overridden
+            ):
+                proc.tasks[0].cpu_share = proc.cpu_percent / 100.0
+        self._overridden = set(overrides)
+        self._dirty_pids |= changed
+
+    def _render(self) -> None:
+        files = self._files
+        self._write_pci_links(self._links)
+        # IB counters that moved.
+        for nic in self.hardware.nics:
+            if nic.pci[0] in self._removed:
+                continue
+            device = self._dirs[nic.pci[0]] / "infiniband" / nic.name
+            for port in range(1, nic.ports + 1):
+                counters = device / "ports" / str(port) / "counters"
+                for name in (
+                    "port_xmit_data",
+                    "port_rcv_data",
+                    "port_xmit_packets",
+                    "port_rcv_packets",
+                    "unicast_xmit_packets",
+                    "unicast_rcv_packets",
+                    "port_xmit_wait",
+                ):
+                    value = self._acc.get(("ib", nic.name, port, name))
+                    if value is not None:
+                        files.write(counters / name, f"{int(value)}\n")
+        for pid in sorted(self._dirty_pids):
+            self._write_process(self._procs[pid], initial=False)
+        self._write_cgroups()
+        self._write_proc_files()
+
+
+#: /proc/net/snmp columns (net/ipv4/proc.c, Linux 6.12), one header line per group.
+_SNMP_FIELDS: dict[str, tuple[str, ...]] = {
+    "Ip": (
+        "Forwarding", "DefaultTTL", "InReceives", "InHdrErrors", "InAddrErrors", "ForwDatagrams",
+        "InUnknownProtos", "InDiscards", "InDelivers", "OutRequests", "OutDiscards",
+        "OutNoRoutes", "ReasmTimeout", "ReasmReqds", "ReasmOKs", "ReasmFails", "FragOKs",
+        "FragFails", "FragCreates", "OutTransmits",
+    ),
+    "Icmp": (
+        "InMsgs", "InErrors", "InCsumErrors", "InDestUnreachs", "InTimeExcds", "InParmProbs",
+        "InSrcQuenchs", "InRedirects", "InEchos", "InEchoReps", "InTimestamps",
+        "InTimestampReps", "InAddrMasks", "InAddrMaskReps", "OutMsgs", "OutErrors",
+        "OutRateLimitGlobal", "OutRateLimitHost", "OutDestUnreachs", "OutTimeExcds",
+        "OutParmProbs", "OutSrcQuenchs", "OutRedirects", "OutEchos", "OutEchoReps",
+        "OutTimestamps", "OutTimestampReps", "OutAddrMasks", "OutAddrMaskReps",
+    ),
+    "Tcp": (
+        "RtoAlgorithm", "RtoMin", "RtoMax", "MaxConn", "ActiveOpens", "PassiveOpens",
+        "AttemptFails", "EstabResets", "CurrEstab", "InSegs", "OutSegs", "RetransSegs",
+        "InErrs", "OutRsts", "InCsumErrors",
+    ),
+    "Udp": (
+        "InDatagrams", "NoPorts", "InErrors", "OutDatagrams", "RcvbufErrors", "SndbufErrors",
+        "InCsumErrors", "IgnoredMulti", "MemErrors",
+    ),
+}  # fmt: skip
+_SNMP_FIELDS["UdpLite"] = _SNMP_FIELDS["Udp"]
+
+_CPU_THROTTLE_FIELDS = ("nr_periods", "nr_throttled", "throttled_usec", "nr_bursts", "burst_usec")
+
+_NFS_OP_FIELDS = (
+    "ops", "ntrans", "timeouts", "bytes_sent", "bytes_recv", "queue_ms", "rtt_ms",
+    "execute_ms", "errors",
+)  # fmt: skip
+
+
+def _memory_events(events: Mapping[str, float]) -> str:
+    names = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
+    return "".join(f"{name} {int(events.get(name, 0.0))}\n" for name in names)
+
+
+def _memory_stat(current: int) -> str:
+    anon = current * 8 // 10
+    file = current - anon
+    return (
+        f"anon {anon}\nfile {file}\nkernel {current // 50}\nsock 0\nshmem 0\n"
+        f"file_dirty 0\nfile_writeback 0\npgfault {current // PAGE}\npgmajfault 0\n"
+    )
+
+
+def _limit(value: int | None) -> str:
+    return "max\n" if value is None else f"{value}\n"
+
+
+def _default_ib_counters() -> dict[str, int]:
+    names = (
+        "VL15_dropped", "excessive_buffer_overrun_errors", "link_downed", "link_error_recovery",
+        "local_link_integrity_errors", "multicast_rcv_packets", "multicast_xmit_packets",
+        "port_rcv_constraint_errors", "port_rcv_data", "port_rcv_errors", "port_rcv_packets",
+        "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors",
+        "port_xmit_constraint_errors", "port_xmit_data", "port_xmit_discards",
+        "port_xmit_packets", "port_xmit_wait", "symbol_error", "unicast_rcv_packets",
+        "unicast_xmit_packets",
+    )  # fmt: skip
+    return dict.fromkeys(names, 0)
+
+
+def _default_ib_hw_counters() -> dict[str, int]:
+    names = (
+        "duplicate_request", "implied_nak_seq_err", "lifespan", "local_ack_timeout_err",
+        "out_of_buffer", "out_of_sequence", "packet_seq_err", "rnr_nak_retry_err",
+    )  # fmt: skip
+    return {name: (12 if name == "lifespan" else 0) for name in names}
+
+
+__all__ = ["EPOCH", "SimulatedNode", "make_temp_root", "preferred_temp_dir"]
