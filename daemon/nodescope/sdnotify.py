@@ -44,7 +44,8 @@ class Notifier:
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._sock.sendto("\n".join(lines).encode(), target)
+            # Never block the collection loop on a notify socket nobody drains.
+            self._sock.sendto("\n".join(lines).encode(), socket.MSG_DONTWAIT, target)
         except OSError:
             return False
         return True
@@ -57,6 +58,9 @@ class Notifier:
         return self.notify("RELOADING=1", f"MONOTONIC_USEC={usec}")
 
     def watchdog(self) -> bool:
+        """Keep-alive, only when systemd asked for one (``WatchdogSec=``)."""
+        if self.watchdog_seconds is None:
+            return False
         return self.notify("WATCHDOG=1")
 
     def stopping(self) -> bool:

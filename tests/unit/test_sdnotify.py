@@ -58,3 +58,28 @@ def test_watchdog_for_another_pid_is_ignored(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("WATCHDOG_USEC", "1000000")
     monkeypatch.setenv("WATCHDOG_PID", "1")
     assert Notifier("/nonexistent").watchdog_seconds is None
+
+
+def test_no_watchdog_pings_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    path = tmp_path / "notify"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(path))
+    n = Notifier(str(path))
+    assert n.watchdog() is False
+    server.close()
+
+
+def test_a_full_notify_socket_never_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody reads the socket: sends fail fast instead of stopping the loop."""
+    import time
+
+    path = tmp_path / "notify"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(path))
+    n = Notifier(str(path))
+    start = time.monotonic()
+    results = [n.status("x" * 1000) for _ in range(2000)]
+    assert time.monotonic() - start < 5
+    assert False in results  # the queue filled up and sends were dropped, not waited on
+    server.close()
