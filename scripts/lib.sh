@@ -2,7 +2,7 @@
 
 # Debian packages that the test suite runs for real: promtool (prometheus), iostat (sysstat),
 # lspci (pciutils), ip (iproute2).
-TEST_APT_PACKAGES=(prometheus sysstat pciutils iproute2)
+TEST_APT_PACKAGES=(prometheus prometheus-alertmanager sysstat pciutils iproute2)
 
 ensure_apt_packages() {
     local missing=()

@@ -7,6 +7,8 @@ and the CLI exits with status 2 on it.
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +54,30 @@ def _absolute(value: Any) -> str | None:
     return None if str(value).startswith("/") else "must be an absolute path"
 
 
+def _finite(value: Any) -> str | None:
+    return None if math.isfinite(value) else "must be a finite number"
+
+
+def _non_negative(value: Any) -> str | None:
+    return None if math.isfinite(value) and value >= 0 else "must be a finite number, 0 or more"
+
+
+def _positive_finite(value: Any) -> str | None:
+    return None if math.isfinite(value) and value > 0 else "must be a finite number above 0"
+
+
+def _alertmanager_url(value: Any) -> str | None:
+    if value == "":
+        return None
+    if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", value):
+        return "must be empty or an http:// or https:// URL without query"
+    return None
+
+
+#: A finding kind as detectors name it (``pcie_contention``); the key of ``[alerts.rules.X]``.
+KIND_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
+
+
 DAEMON_OPTIONS: tuple[Option, ...] = (
     Option(
         "listen",
@@ -75,6 +101,74 @@ ROOT_OPTIONS: tuple[Option, ...] = tuple(
     for name in ROOT_NAMES
 )
 
+ALERT_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "alertmanager_url",
+        str,
+        "",
+        "Alertmanager base URL to push firing and resolved alerts to (API v2); empty: no push",
+        _alertmanager_url,
+    ),
+    Option(
+        "instance",
+        str,
+        "",
+        "the instance label of pushed alerts; empty: the host name",
+    ),
+    Option(
+        "resend_seconds",
+        float,
+        60.0,
+        "how often firing alerts are sent to Alertmanager again while they last",
+        _positive_finite,
+    ),
+    Option(
+        "push_timeout_seconds",
+        float,
+        5.0,
+        "timeout of one push to Alertmanager",
+        _positive_finite,
+    ),
+    Option(
+        "for_seconds",
+        float,
+        30.0,
+        "default for every kind: seconds a finding must hold before its alert fires",
+        _non_negative,
+    ),
+    Option(
+        "resolve_after_seconds",
+        float,
+        60.0,
+        "default for every kind: seconds a finding must be gone before its alert resolves",
+        _non_negative,
+    ),
+)
+
+#: ``[alerts.rules.<kind>]``: every key optional; an unset key falls back to the built-in rule
+#: of the kind, then to the ``[alerts]`` defaults.
+ALERT_RULE_OPTIONS: tuple[Option, ...] = (
+    Option("enabled", bool, True, "turn findings of this kind into alerts"),
+    Option(
+        "for_seconds", float, None, "seconds the finding must hold before firing", _non_negative
+    ),
+    Option(
+        "resolve_after_seconds",
+        float,
+        None,
+        "seconds the finding must be gone before resolving",
+        _non_negative,
+    ),
+    Option(
+        "clear_below",
+        float,
+        None,
+        "a firing alert stays firing while its finding's evidence `value` is at least this,"
+        " even below the detector's raise threshold",
+        _finite,
+    ),
+)
+
 SOURCE_OPTIONS: tuple[Option, ...] = (
     Option("enabled", bool, True, "run this source"),
     Option("interval_seconds", float, 0.0, "seconds between reads (default per source)", _positive),
@@ -88,6 +182,27 @@ class SourceSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AlertRuleSettings:
+    """One ``[alerts.rules.<kind>]`` table; ``None`` where the file does not set the key."""
+
+    enabled: bool | None = None
+    for_seconds: float | None = None
+    resolve_after_seconds: float | None = None
+    clear_below: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsSettings:
+    alertmanager_url: str = ""
+    instance: str = ""
+    resend_seconds: float = 60.0
+    push_timeout_seconds: float = 5.0
+    for_seconds: float = 30.0
+    resolve_after_seconds: float = 60.0
+    rules: Mapping[str, AlertRuleSettings] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     listen: str = DEFAULT_LISTEN
     tick_seconds: float = 1.0
@@ -98,6 +213,7 @@ class Config:
             {s.name: SourceSettings(True, s.default_interval) for s in SOURCE_TABLE}
         )
     )
+    alerts: AlertsSettings = field(default_factory=AlertsSettings)
     path: str | None = None
 
     @property
@@ -150,7 +266,7 @@ def _section(path: str, prefix: str, table: Any, options: tuple[Option, ...]) ->
 def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
     """Validate a parsed TOML document into a :class:`Config`."""
     for key in data:
-        if key not in ("daemon", "roots", "sources"):
+        if key not in ("daemon", "roots", "sources", "alerts"):
             raise ConfigError(path, key, "unknown key")
     daemon = _section(path, "daemon", data.get("daemon", {}), DAEMON_OPTIONS)
     roots_table = _section(path, "roots", data.get("roots", {}), ROOT_OPTIONS)
@@ -170,6 +286,7 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
         if name not in SOURCES:
             raise ConfigError(path, f"sources.{name}", "unknown source")
     return Config(
+        alerts=_alerts(path, data.get("alerts", {})),
         listen=daemon.get("listen", DEFAULT_LISTEN),
         tick_seconds=daemon.get("tick_seconds", 1.0),
         log_level=daemon.get("log_level", "info"),
@@ -177,6 +294,23 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
         sources=MappingProxyType(sources),
         path=path,
     )
+
+
+def _alerts(path: str, table: Any) -> AlertsSettings:
+    if not isinstance(table, dict):
+        raise ConfigError(path, "alerts", "must be a table")
+    plain = {k: v for k, v in table.items() if k != "rules"}
+    settings = _section(path, "alerts", plain, ALERT_OPTIONS)
+    rules_table = table.get("rules", {})
+    if not isinstance(rules_table, dict):
+        raise ConfigError(path, "alerts.rules", "must be a table")
+    rules: dict[str, AlertRuleSettings] = {}
+    for kind, rule_table in rules_table.items():
+        if not KIND_PATTERN.fullmatch(kind):
+            raise ConfigError(path, f"alerts.rules.{kind}", "not a finding kind (a-z, 0-9, _)")
+        rule = _section(path, f"alerts.rules.{kind}", rule_table, ALERT_RULE_OPTIONS)
+        rules[kind] = AlertRuleSettings(**rule)
+    return AlertsSettings(**settings, rules=MappingProxyType(rules))
 
 
 def load(path: str | Path) -> Config:
@@ -203,7 +337,8 @@ def reference_markdown() -> str:
             if not isinstance(default, bool)
             else str(default).lower()
         )
-        lines.append(f"| `{key}` | {option.kind.__name__} | `{shown}` | {option.help} |")
+        shown = "—" if default is None else f"`{shown}`"
+        lines.append(f"| `{key}` | {option.kind.__name__} | {shown} | {option.help} |")
 
     for o in DAEMON_OPTIONS:
         row(f"daemon.{o.key}", o, o.default)
@@ -214,4 +349,8 @@ def reference_markdown() -> str:
             default = info.default_interval if o.key == "interval_seconds" else o.default
             help_text = o.help if o.key != "enabled" else f"run the source: {info.help}"
             row(f"sources.{info.name}.{o.key}", Option(o.key, o.kind, default, help_text), default)
+    for o in ALERT_OPTIONS:
+        row(f"alerts.{o.key}", o, o.default)
+    for o in ALERT_RULE_OPTIONS:
+        row(f"alerts.rules.<kind>.{o.key}", o, o.default)
     return "\n".join(lines) + "\n"

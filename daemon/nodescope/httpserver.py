@@ -1,11 +1,13 @@
-"""The HTTP endpoint: ``/metrics`` from the per-cycle cache, ``/healthz`` and an index page.
+"""The HTTP endpoint: ``/metrics`` from the per-cycle cache, ``/api/v1/alerts`` (the active
+alerts and findings as JSON, for ``nodescope alerts``), ``/healthz`` and an index page.
 
-Scrapes never trigger collection: they copy the bytes rendered at the end of the last cycle,
-so 50 concurrent scrapers cost 50 memcpy's, not 50 collections.
+Requests never trigger collection or analysis: they copy the bytes rendered at the end of the
+last cycle, so 50 concurrent scrapers cost 50 memcpy's, not 50 collections.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -19,11 +21,30 @@ log = logging.getLogger("nodescope.http")
 # The classic text format: every name we export is a legal legacy name, and every Prometheus
 # release (Debian 12 ships 2.42) parses it.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+JSON = "application/json"
 
 INDEX = b"""<html><head><title>nodescope</title></head><body>
-<h1>nodescope</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a></p>
+<h1>nodescope</h1><p><a href="/metrics">/metrics</a>
+&middot; <a href="/api/v1/alerts">/api/v1/alerts</a> &middot; <a href="/healthz">/healthz</a></p>
 </body></html>
 """
+
+
+class JsonCache:
+    """A JSON document rendered once per cycle by the loop and served as bytes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._body: bytes | None = None
+
+    def update(self, document: Any) -> None:
+        body = (json.dumps(document, indent=2) + "\n").encode()
+        with self._lock:
+            self._body = body
+
+    def body(self) -> bytes | None:
+        with self._lock:
+            return self._body
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -38,6 +59,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(503, b"no collection cycle has completed yet\n", "text/plain")
                 return
             self._send(200, body, CONTENT_TYPE)
+        elif path == "/api/v1/alerts":
+            document = self.server.alerts.body() if self.server.alerts is not None else None
+            if document is None:
+                self._send(503, b'{"error": "no analysis cycle has completed yet"}\n', JSON)
+                return
+            self._send(200, document, JSON)
         elif path == "/healthz":
             ready, _ = self.server.cache.body()
             self._send(200 if ready else 503, b"ok\n" if ready else b"starting\n", "text/plain")
@@ -61,8 +88,11 @@ class MetricsHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], cache: MetricsCache) -> None:
+    def __init__(
+        self, address: tuple[str, int], cache: MetricsCache, alerts: JsonCache | None = None
+    ) -> None:
         self.cache = cache
+        self.alerts = alerts
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)

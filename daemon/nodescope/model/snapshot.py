@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from nodescope.model.alert import Alert, AlertCounters
+from nodescope.model.finding import Finding
+
 T = TypeVar("T")
 
 
@@ -54,7 +57,8 @@ class Snapshot:
     """What the node looked like at the end of cycle ``cycle``.
 
     ``current[name]`` is the latest sample of source ``name``; ``previous[name]`` the one
-    before it (absent until the source has run twice).
+    before it (absent until the source has run twice). ``findings``, ``alerts`` (pending and
+    firing) and ``alert_counters`` are filled by the analysis step after the detectors ran.
     """
 
     cycle: int
@@ -64,6 +68,9 @@ class Snapshot:
     previous: Mapping[str, SourceSample] = field(default_factory=dict)
     cycle_duration: float = 0.0
     status: Mapping[str, SourceStatus] = field(default_factory=dict)
+    findings: tuple[Finding, ...] = ()
+    alerts: tuple[Alert, ...] = ()
+    alert_counters: AlertCounters | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "current", _frozen(self.current))

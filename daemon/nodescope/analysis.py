@@ -1,0 +1,197 @@
+"""The analysis step of a cycle: detectors, then the alert engine, then the alert sinks.
+
+``Analyzer.analyze(snapshot)`` runs every detector of ``detectors.registry`` on the previous
+and the current snapshot, each isolated like the sources are (a detector that raises, or
+returns something that is not a :class:`Finding`, loses its findings for this cycle, is
+counted and logged once per change between working and failing; the others go on), steps the
+alert engine, logs each transition once as a ``key=value`` line, hands the alerts to the
+Alertmanager push when one is configured, and returns the snapshot with ``findings``,
+``alerts`` and ``alert_counters`` filled in. Nothing here reads a clock: times are the
+snapshot's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from nodescope import jsonout
+from nodescope.alerts import AlertEngine, AlertRules, AlertStep
+from nodescope.config import Config
+from nodescope.detectors.registry import DETECTORS, DetectorInfo
+from nodescope.model.alert import Alert, AlertCounters, Transition
+from nodescope.model.finding import Finding
+from nodescope.model.snapshot import Snapshot
+from nodescope_exporters.push import AlertmanagerPusher
+
+log = logging.getLogger("nodescope.alerts")
+
+
+def _log_transition(transition: Transition) -> None:
+    alert = transition.alert
+    extra = ""
+    if transition.previous_severity is not None:
+        extra = f" from_severity={transition.previous_severity.label}"
+    log.info(
+        "event=alert_%s key=%s kind=%s severity=%s%s evidence=%r message=%r",
+        transition.kind.value,
+        alert.key,
+        alert.kind,
+        alert.severity.label,
+        extra,
+        " ".join(f"{k}={v:g}" for k, v in alert.evidence_last.items()),
+        alert.message,
+    )
+
+
+class Analyzer:
+    """Runs the detectors and the alert engine on each snapshot; keeps the previous one."""
+
+    def __init__(
+        self,
+        detectors: Sequence[DetectorInfo],
+        engine: AlertEngine,
+        config: Config | None = None,
+        pusher: AlertmanagerPusher | None = None,
+    ) -> None:
+        self.detectors = tuple(detectors)
+        self.engine = engine
+        self.config = config or Config()
+        self.pusher = pusher
+        self._previous: Snapshot | None = None
+        # Zero from the start, so increase() sees a detector's first error.
+        self._errors: dict[str, int] = {d.name: 0 for d in self.detectors}
+        self._failing: set[str] = set()
+
+    @classmethod
+    def from_config(
+        cls, config: Config, detectors: Sequence[DetectorInfo] | None = None
+    ) -> Analyzer:
+        """The registry's detectors, rules from ``config``, a push if a URL is configured."""
+        analyzer = cls(
+            DETECTORS if detectors is None else detectors,
+            AlertEngine(AlertRules.from_settings(config.alerts)),
+            config,
+        )
+        analyzer.pusher = _pusher(config)
+        return analyzer
+
+    def configure(self, config: Config) -> None:
+        """Apply a reloaded config: new rules keep the alerts' state; the push is rebuilt
+        only when its settings changed."""
+        old = self.config.alerts
+        new = config.alerts
+        self.engine.set_rules(AlertRules.from_settings(new))
+        if (
+            old.alertmanager_url,
+            old.instance,
+            old.resend_seconds,
+            old.push_timeout_seconds,
+            self.config.listen,
+        ) != (
+            new.alertmanager_url,
+            new.instance,
+            new.resend_seconds,
+            new.push_timeout_seconds,
+            config.listen,
+        ):
+            if self.pusher is not None:
+                self.pusher.close()
+            self.pusher = _pusher(config)
+        self.config = config
+
+    def detect(self, snapshot: Snapshot) -> list[Finding]:
+        findings: list[Finding] = []
+        for info in self.detectors:
+            try:
+                found = list(info.detect(self._previous, snapshot, self.config))
+                bad = next((f for f in found if not isinstance(f, Finding)), None)
+                if bad is not None:
+                    raise TypeError(f"returned {type(bad).__name__}, not a Finding")
+            except Exception as exc:  # isolation: a failing detector is that detector's alone
+                self._errors[info.name] = self._errors.get(info.name, 0) + 1
+                if info.name not in self._failing:
+                    log.error(
+                        "detector=%s state=failing error=%r",
+                        info.name,
+                        f"{type(exc).__name__}: {exc}",
+                    )
+                    self._failing.add(info.name)
+                continue
+            if info.name in self._failing:
+                log.info("detector=%s state=ok", info.name)
+                self._failing.discard(info.name)
+            findings.extend(found)
+        return findings
+
+    def analyze(self, snapshot: Snapshot) -> Snapshot:
+        findings = self.detect(snapshot)
+        step: AlertStep = self.engine.step(findings, snapshot.monotonic, snapshot.wall_time)
+        for transition in step.transitions:
+            _log_transition(transition)
+        push_counts = None
+        if self.pusher is not None:
+            self.pusher.submit(
+                step.active, step.transitions, snapshot.monotonic, snapshot.wall_time
+            )
+            push_counts = self.pusher.counts()
+        counters = AlertCounters(
+            transitions=self.engine.transition_counts,
+            detector_errors=self._errors,
+            push_sent=push_counts.sent if push_counts else None,
+            push_errors=push_counts.errors if push_counts else None,
+            push_dropped=push_counts.dropped if push_counts else None,
+        )
+        self._previous = snapshot
+        return replace(
+            snapshot, findings=step.findings, alerts=step.active, alert_counters=counters
+        )
+
+    def close(self) -> None:
+        if self.pusher is not None:
+            self.pusher.close()
+            self.pusher = None
+
+
+def _pusher(config: Config) -> AlertmanagerPusher | None:
+    settings = config.alerts
+    if not settings.alertmanager_url:
+        return None
+    host, port = config.listen_address
+    shown = f"[{host}]" if ":" in host else host
+    return AlertmanagerPusher(
+        settings.alertmanager_url,
+        instance=settings.instance,
+        resend_seconds=settings.resend_seconds,
+        timeout_seconds=settings.push_timeout_seconds,
+        generator_url=f"http://{shown}:{port}/api/v1/alerts",
+    )
+
+
+def alert_json(alert: Alert) -> dict[str, Any]:
+    document: dict[str, Any] = jsonout.plain(alert)
+    # Severity is an IntEnum (ordered); people and scripts read its name.
+    document["severity"] = alert.severity.label
+    document["peak_severity"] = alert.peak_severity.label
+    document["fingerprint"] = alert.fingerprint
+    document["subject"] = alert.subject
+    return document
+
+
+def alerts_document(snapshot: Snapshot) -> dict[str, Any]:
+    """The body of ``/api/v1/alerts``: the cycle's active alerts and findings."""
+    return {
+        "cycle": snapshot.cycle,
+        "wall_time": snapshot.wall_time,
+        "alerts": [alert_json(a) for a in snapshot.alerts],
+        "findings": [
+            {**jsonout.plain(f), "severity": f.severity.label, "key": f.key}
+            for f in _sorted_findings(snapshot.findings)
+        ],
+    }
+
+
+def _sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: f.key)

@@ -1,0 +1,148 @@
+"""``nodescope alerts``: the running daemon's pending and firing alerts, with their evidence.
+
+Asks the daemon's ``/api/v1/alerts`` (served from the last cycle; nothing is computed for the
+request). The address is ``--url``, else the ``daemon.listen`` of ``--config`` (by default
+/etc/nodescope/nodescope.toml when it exists), else the default listen address.
+
+Exit status: 0 when the daemon answered, whatever its alerts; 1 when it could not be reached
+or its answer was not understood; 2 on a bad configuration file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from nodescope import config as config_mod
+from nodescope.errors import ConfigError
+
+DEFAULT_CONFIG = "/etc/nodescope/nodescope.toml"
+
+
+def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "alerts",
+        help="show the running daemon's active alerts with their evidence",
+        description=(
+            "Show the pending and firing alerts of the running daemon. Exit 0 when the daemon"
+            " answered (with or without alerts), 1 when it could not be reached, 2 on a bad"
+            " configuration file."
+        ),
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"configuration whose daemon.listen to ask (default {DEFAULT_CONFIG} if present)",
+    )
+    parser.add_argument("--url", metavar="URL", help="daemon base URL, e.g. http://127.0.0.1:9839")
+    parser.add_argument("--json", action="store_true", help="print the daemon's JSON document")
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, metavar="SECONDS", help="HTTP timeout (default 5)"
+    )
+    parser.set_defaults(func=run)
+
+
+def base_url(args: argparse.Namespace) -> str:
+    if args.url:
+        return str(args.url).rstrip("/")
+    path = args.config
+    if path is None and Path(DEFAULT_CONFIG).exists():
+        path = DEFAULT_CONFIG
+    cfg = config_mod.load(path) if path else config_mod.Config()
+    host, port = cfg.listen_address
+    # A wildcard listen address is reached on loopback.
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _when(unix: float) -> str:
+    return datetime.fromtimestamp(unix, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _evidence_lines(alert: dict[str, Any]) -> list[str]:
+    last = alert.get("evidence_last") or {}
+    peak = alert.get("evidence_peak") or {}
+    start = alert.get("evidence_start") or {}
+    lines = []
+    for name, value in last.items():
+        extra = []
+        if name in peak and peak[name] != value:
+            extra.append(f"peak {peak[name]:g}")
+        if name in start and start[name] != value:
+            extra.append(f"at start {start[name]:g}")
+        shown = "—" if value is None else f"{value:g}"
+        lines.append(f"    {name} = {shown}" + (f" ({', '.join(extra)})" if extra else ""))
+    return lines
+
+
+def format_alerts(document: dict[str, Any], out: TextIO) -> None:
+    alerts = document.get("alerts", [])
+    now = float(document.get("wall_time", 0.0))
+    if not alerts:
+        out.write("no active alerts\n")
+        return
+    for alert in alerts:
+        state = str(alert["state"]).upper()
+        since = alert.get("fired_wall") if alert["state"] == "firing" else alert["started_wall"]
+        since = since if since is not None else alert["started_wall"]
+        out.write(
+            f"{state} {alert['severity']} {alert['kind']}"
+            f"{' ' + alert['subject'] if alert.get('subject') else ''}"
+            f" for {_duration(now - since)} (since {_when(since)})\n"
+        )
+        if alert.get("message"):
+            out.write(f"  {alert['message']}\n")
+        if alert.get("peak_severity") and alert["peak_severity"] != alert["severity"]:
+            out.write(f"  peak severity: {alert['peak_severity']}\n")
+        lines = _evidence_lines(alert)
+        if lines:
+            out.write("  evidence:\n")
+            out.write("\n".join(lines) + "\n")
+        out.write(f"  id: {alert['fingerprint']}  key: {alert['key']}\n")
+
+
+def fetch(url: str, timeout: float) -> dict[str, Any]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}/api/v1/alerts", timeout=timeout) as response:
+        document = json.loads(response.read().decode())
+    if not isinstance(document, dict) or not isinstance(document.get("alerts"), list):
+        raise ValueError("not an alerts document")
+    return document
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        url = base_url(args)
+    except ConfigError as exc:
+        print(f"nodescope: {exc}", file=sys.stderr)
+        return 2
+    try:
+        document = fetch(url, args.timeout)
+    except urllib.error.HTTPError as exc:
+        print(f"nodescope: {url}/api/v1/alerts: HTTP {exc.code} {exc.reason}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"nodescope: cannot ask the daemon at {url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        format_alerts(document, sys.stdout)
+    return 0
