@@ -2,7 +2,8 @@
 
 # Debian packages that the test suite runs for real: promtool (prometheus), iostat (sysstat),
 # lspci (pciutils), ip (iproute2).
-TEST_APT_PACKAGES=(prometheus prometheus-alertmanager sysstat pciutils iproute2)
+TEST_APT_PACKAGES=(prometheus prometheus-alertmanager sysstat pciutils iproute2
+    linux-headers-amd64 qemu-system-x86 busybox-static kmod cpio gcc make libc6-dev)
 
 ensure_apt_packages() {
     local missing=()

@@ -24,6 +24,8 @@ DERIVERS: dict[str, str] = {
     "infiniband": "nodescope.sources.infiniband:port_rates",
     "netdev": "nodescope.sources.netlink:link_rates",
     "nvml": "nodescope.sources.nvml:gpu_rates",
+    "procs": "nodescope.sources.procs:procs_rates",
+    "nvlink_kmod": "nodescope.sources.nvlink_kmod:link_rates",
 }
 
 _loaded: dict[str, Deriver] = {}

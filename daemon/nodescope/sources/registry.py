@@ -61,10 +61,22 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "cgroup v2 tree: memory, PSI, io.stat, cpu.stat, pids",
     ),
     SourceInfo(
+        "procs",
+        "nodescope.sources.procs",
+        5.0,
+        "Slurm job processes (cgroup.procs) with NCCL_IB_HCA from their environ; TCP counters",
+    ),
+    SourceInfo(
         "nvml",
         "nodescope.sources.nvml",
         1.0,
         "GPUs through NVML: PCIe and NVLink counters, link state, Xids, processes, utilisation",
+    ),
+    SourceInfo(
+        "nvlink_kmod",
+        "nodescope.sources.nvlink_kmod",
+        1.0,
+        "per-link NVLink counters, maxima and burst histograms from the nvlink_counter module",
     ),
 )
 

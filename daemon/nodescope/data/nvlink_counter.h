@@ -1,0 +1,1 @@
+../../../kmod/include/uapi/linux/nvlink_counter.h

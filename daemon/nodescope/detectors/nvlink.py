@@ -1,0 +1,184 @@
+"""NVLink arbitration stalls and bandwidth saturation, from the ``nvlink_counter`` module.
+
+Input: two snapshots of the ``nvlink_kmod`` source (the module's ABI,
+``kmod/include/uapi/linux/nvlink_counter.h``). Pure: no IO, no clock.
+
+Units and default bands (the seed's, configurable through :class:`NvlinkThresholds`):
+
+* stall rate, in stall cycles per microsecond, averaged over the interval between the two
+  reads: below 500 normal, 500 to 2,000 warning, above 2,000 critical;
+* utilisation, the larger of TX and RX bytes per second over the link's configured capacity
+  per direction, as a fraction: below 0.70 normal, 0.70 to 0.90 warning, above 0.90 critical.
+
+A band's lower bound belongs to it (500 is a warning, 2,000 still a warning, 2,001 critical).
+Averages decide the severity; the module's per-sample maxima over the same interval are in
+the evidence, and a link whose average is normal but whose per-sample stall peak reached the
+critical band gets a warning of its own kind (``nvlink_stall_burst``): the burst a 1 s poll
+averages away.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from nodescope.errors import ConfigError
+from nodescope.kmod_abi import NvlcSnapshot
+from nodescope.model.finding import Finding, Severity
+from nodescope.model.snapshot import Snapshot
+from nodescope.sources.nvlink_kmod import NAME, LinkRates, NvlinkKmodData, snapshot_rates
+
+STALL = "nvlink_arbitration_stall"
+STALL_BURST = "nvlink_stall_burst"
+SATURATION = "nvlink_bandwidth_saturation"
+GONE = "nvlink_counter_device_gone"
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkThresholds:
+    """Band bounds: stall rates in cycles per microsecond, utilisation as a fraction."""
+
+    stall_warning_cycles_per_us: float = 500.0
+    stall_critical_cycles_per_us: float = 2000.0
+    utilisation_warning_ratio: float = 0.70
+    utilisation_critical_ratio: float = 0.90
+    #: report per-sample stall peaks in the critical band when the average is normal
+    burst_findings: bool = True
+
+    def __post_init__(self) -> None:
+        for lo, hi in (
+            (self.stall_warning_cycles_per_us, self.stall_critical_cycles_per_us),
+            (self.utilisation_warning_ratio, self.utilisation_critical_ratio),
+        ):
+            if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+                raise ValueError(f"band bounds {lo}, {hi}: need 0 < warning <= critical")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], path: str = "<config>") -> NvlinkThresholds:
+        """From a config table such as ``[detectors.nvlink]``; every problem is a ConfigError."""
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            f = known.get(key)
+            dotted = f"detectors.nvlink.{key}"
+            if f is None:
+                raise ConfigError(path, dotted, "unknown key")
+            if key == "burst_findings":
+                if not isinstance(value, bool):
+                    raise ConfigError(path, dotted, "expected bool")
+            elif isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(path, dotted, "expected a number")
+            values[key] = value
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise ConfigError(path, "detectors.nvlink", str(exc)) from None
+
+
+DEFAULT_THRESHOLDS = NvlinkThresholds()
+
+
+def band(value: float, warning: float, critical: float) -> Severity | None:
+    """``None`` below ``warning``; WARNING from ``warning`` to ``critical``; CRITICAL above."""
+    if value > critical:
+        return Severity.CRITICAL
+    if value >= warning:
+        return Severity.WARNING
+    return None
+
+
+def _subjects(lr: LinkRates) -> dict[str, str]:
+    return {"device": str(lr.device), "link": str(lr.link)}
+
+
+def _link_findings(lr: LinkRates, seconds: float, t: NvlinkThresholds) -> Iterable[Finding]:
+    where = f"device {lr.device} link {lr.link}"
+    if lr.device_gone:
+        yield Finding(
+            GONE,
+            Severity.CRITICAL,
+            _subjects(lr),
+            {"device_gone": 1.0},
+            f"{where}: counter registers read all-ones or the device was removed; "
+            "the module stopped reading them",
+        )
+        return
+    stall = lr.stall_cycles_per_microsecond
+    if stall is not None:
+        evidence = {
+            "stall_cycles_per_microsecond": stall,
+            "window_max_stall_cycles_per_microsecond": float(
+                lr.window_max_stall_cycles_per_microsecond
+            ),
+            "interval_seconds": seconds,
+        }
+        if lr.window_stall_over_threshold_ratio is not None:
+            evidence["window_stall_over_threshold_ratio"] = lr.window_stall_over_threshold_ratio
+        severity = band(stall, t.stall_warning_cycles_per_us, t.stall_critical_cycles_per_us)
+        peak = float(lr.window_max_stall_cycles_per_microsecond)
+        if severity is not None:
+            yield Finding(
+                STALL,
+                severity,
+                _subjects(lr),
+                evidence,
+                f"NVLink arbitration stalls on {where}: {stall:.0f} stall cycles/µs over "
+                f"{seconds:.1f} s (peak {peak:.0f}/µs per sample)",
+            )
+        elif t.burst_findings and peak > t.stall_critical_cycles_per_us:
+            yield Finding(
+                STALL_BURST,
+                Severity.WARNING,
+                _subjects(lr),
+                evidence,
+                f"NVLink stall bursts on {where}: per-sample peak {peak:.0f} stall cycles/µs, "
+                f"average {stall:.0f}/µs over {seconds:.1f} s",
+            )
+    util = lr.utilisation
+    if util is not None:
+        severity = band(util, t.utilisation_warning_ratio, t.utilisation_critical_ratio)
+        if severity is not None:
+            yield Finding(
+                SATURATION,
+                severity,
+                _subjects(lr),
+                {
+                    "utilisation_ratio": util,
+                    "window_max_utilisation_ratio": lr.window_max_utilisation,
+                    "tx_bytes_per_second": lr.tx_bytes_per_second or 0.0,
+                    "rx_bytes_per_second": lr.rx_bytes_per_second or 0.0,
+                    "interval_seconds": seconds,
+                },
+                f"NVLink bandwidth on {where} at {util:.0%} of capacity over {seconds:.1f} s "
+                f"(peak {lr.window_max_utilisation:.0%} per sample)",
+            )
+
+
+def evaluate(
+    prev: NvlcSnapshot, cur: NvlcSnapshot, thresholds: NvlinkThresholds = DEFAULT_THRESHOLDS
+) -> list[Finding]:
+    """Findings for every link of ``cur`` from two snapshots of the same reader.
+
+    The interval is the module's sample timestamps; snapshots without usable timestamps
+    (not increasing) give no rate findings, only device-gone ones.
+    """
+    rates = snapshot_rates(prev, cur, 0.0)
+    findings: list[Finding] = []
+    for lr in rates.links:
+        if rates.seconds <= 0 and not lr.device_gone:
+            continue
+        findings.extend(_link_findings(lr, rates.seconds, thresholds))
+    return findings
+
+
+def detect(previous: Snapshot | None, snapshot: Snapshot, config: object) -> list[Finding]:
+    """The registry's form: the source's two latest samples, default thresholds."""
+    pair = snapshot.pair(NAME, NvlinkKmodData)
+    if pair is None:
+        return []
+    prev, cur, _seconds = pair
+    if prev.snapshot is None or cur.snapshot is None:
+        return []
+    return evaluate(prev.snapshot, cur.snapshot, DEFAULT_THRESHOLDS)

@@ -1,0 +1,495 @@
+"""The ABI of the ``nvlink_counter`` kernel module (``/dev/nvlink_stats``) for Python.
+
+One source of truth: the declarations are generated at import from the module's uapi header
+``kmod/include/uapi/linux/nvlink_counter.h`` (shipped in the package as
+``nodescope/data/nvlink_counter.h``): the header's text, less its includes, include guard and
+ioctl macros, is the cffi ``cdef``; the ioctl numbers are computed from its ``_IO*`` macros with
+the kernel's ``_IOC`` encoding (``include/uapi/asm-generic/ioctl.h``). A test compiles the same
+header with gcc and compares every size and offset with cffi's.
+
+Parts:
+
+* :func:`parse_snapshot` — pure: the bytes of one snapshot (a ``read()`` of the device, a
+  captured file, the simulated node's file) to typed records. Steps by the sizes in the header,
+  so tails added by newer modules are skipped. Bad input raises :class:`ParseError` only.
+* :func:`encode_snapshot` / :func:`write_snapshot` — the same ABI written out (the simulated
+  node's snapshot file; atomic rename).
+* :class:`Device` — the character device: ``GET_VERSION``, a fresh snapshot with ``pread`` at
+  offset 0, and the configuration ioctls (``CAP_SYS_ADMIN``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cffi  # type: ignore[import-untyped,unused-ignore]
+
+from nodescope.errors import ParseError
+
+HEADER_PATH = Path(__file__).parent / "data" / "nvlink_counter.h"
+
+_IOC_NRBITS, _IOC_TYPEBITS, _IOC_SIZEBITS = 8, 8, 14
+_IOC_NRSHIFT = 0
+_IOC_TYPESHIFT = _IOC_NRSHIFT + _IOC_NRBITS
+_IOC_SIZESHIFT = _IOC_TYPESHIFT + _IOC_TYPEBITS
+_IOC_DIRSHIFT = _IOC_SIZESHIFT + _IOC_SIZEBITS
+_IOC_DIRS = {"": 0, "W": 1, "R": 2, "WR": 3}  # _IOC_NONE, _IOC_WRITE, _IOC_READ
+
+_IOCTL_RE = re.compile(
+    r"^#define\s+(\w+)\s+_IO(WR|R|W)?\(\s*(\w+)\s*,\s*(0x[0-9a-fA-F]+|\d+)\s*"
+    r"(?:,\s*struct\s+(\w+)\s*)?\)\s*$"
+)
+_DEFINE_RE = re.compile(r"^#define\s+(\w+)\s+(0x[0-9a-fA-F]+|\d+)\s*$")
+
+
+def ioc(direction: int, type_: int, nr: int, size: int) -> int:
+    """The kernel's ``_IOC(dir, type, nr, size)``."""
+    if size >= 1 << _IOC_SIZEBITS:
+        raise ValueError(f"ioctl argument of {size} bytes does not fit the size field")
+    return (
+        (direction << _IOC_DIRSHIFT)
+        | (type_ << _IOC_TYPESHIFT)
+        | (nr << _IOC_NRSHIFT)
+        | (size << _IOC_SIZESHIFT)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class IoctlDef:
+    name: str
+    direction: str  # "", "R", "W" or "WR", as in the _IO* macro's name
+    nr: int
+    struct: str | None
+
+
+def split_header(text: str) -> tuple[str, tuple[IoctlDef, ...]]:
+    """The header's cffi ``cdef`` text and its ioctl definitions.
+
+    Dropped for cffi: ``#include`` lines, the include guard and the ``_IO*`` macros (cffi only
+    takes integer ``#define``\\ s); ``__u32``/``__u64`` become ``uint32_t``/``uint64_t``.
+    """
+    out: list[str] = []
+    ioctls: list[IoctlDef] = []
+    guard: str | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        match = _IOCTL_RE.match(stripped)
+        if match:
+            name, direction, _magic, nr, struct = match.groups()
+            ioctls.append(IoctlDef(name, direction or "", int(nr, 0), struct))
+            out.append("")
+            continue
+        if stripped.startswith("#include"):
+            out.append("")
+            continue
+        if stripped.startswith("#ifndef") and guard is None:
+            guard = stripped.split()[1]
+            out.append("")
+            continue
+        if stripped.startswith("#endif") or (guard and stripped == f"#define {guard}"):
+            out.append("")
+            continue
+        if stripped.startswith("#define") and not _DEFINE_RE.match(stripped):
+            raise ValueError(f"header line cffi cannot take: {stripped!r}")
+        out.append(line)
+    cdef = "\n".join(out)
+    cdef = re.sub(r"\b__u64\b", "uint64_t", cdef)
+    cdef = re.sub(r"\b__u32\b", "uint32_t", cdef)
+    return cdef, tuple(ioctls)
+
+
+HEADER_TEXT = HEADER_PATH.read_text(encoding="utf-8")
+CDEF, IOCTL_DEFS = split_header(HEADER_TEXT)
+ffi = cffi.FFI()
+ffi.cdef(CDEF)
+# Integer #defines are read through a library handle; libc is always there.
+lib: Any = ffi.dlopen(None)
+
+MAGIC: int = lib.NVLC_MAGIC
+ABI_VERSION: int = lib.NVLC_ABI_VERSION
+ABI_MAJOR: int = lib.NVLC_ABI_MAJOR
+MAX_LINKS: int = lib.NVLC_MAX_LINKS
+HIST_BUCKETS: int = lib.NVLC_HIST_BUCKETS
+NUM_COUNTERS: int = lib.NVLC_NUM_COUNTERS
+UTIL_ONE: int = lib.NVLC_UTIL_ONE
+HEADER_SIZE: int = ffi.sizeof("struct nvlc_header")
+RECORD_SIZE: int = ffi.sizeof("struct nvlc_record")
+SNAPSHOT_MAX = HEADER_SIZE + MAX_LINKS * RECORD_SIZE
+
+#: NVLC_COUNTER_* order of ``nvlc_record.counters``.
+COUNTER_NAMES: tuple[str, ...] = (
+    "tx_bytes",
+    "rx_bytes",
+    "stall_cycles",
+    "replay_errors",
+    "crc_errors",
+)
+SOURCE_NAMES = {lib.NVLC_SOURCE_NONE: "none", lib.NVLC_SOURCE_SIM: "sim", 2: "mmio"}
+
+
+def _ioctl_number(d: IoctlDef) -> int:
+    size = ffi.sizeof(f"struct {d.struct}") if d.struct else 0
+    return ioc(_IOC_DIRS[d.direction], lib.NVLC_IOC_MAGIC, d.nr, size)
+
+
+IOCTLS: dict[str, int] = {d.name: _ioctl_number(d) for d in IOCTL_DEFS}
+
+
+def struct_fields(struct: str) -> list[tuple[str, int, int]]:
+    """(name, offset, size) of every field of ``struct <struct>`` as cffi lays it out."""
+    return [
+        (name, f.offset, ffi.sizeof(f.type)) for name, f in ffi.typeof(f"struct {struct}").fields
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Typed records. Field names are the C names; reserved fields are not carried.
+
+
+def _zeros(n: int) -> tuple[int, ...]:
+    return (0,) * n
+
+
+@dataclass(frozen=True, slots=True)
+class NvlcHeader:
+    """``struct nvlc_header``. Times in ns (CLOCK_MONOTONIC), thresholds in the header's units:
+    stall cycles per microsecond, utilisation in 1/65536 of capacity."""
+
+    magic: int = MAGIC
+    abi_version: int = ABI_VERSION
+    header_size: int = HEADER_SIZE
+    record_size: int = RECORD_SIZE
+    record_count: int = 0
+    flags: int = 0
+    source: int = 0
+    sequence: int = 0
+    ticks: int = 0
+    timestamp_ns: int = 0
+    period_ns: int = 0
+    window_ns: int = 0
+    window_samples: int = 0
+    window_ticks: int = 0
+    stall_threshold: int = 0
+    util_threshold: int = 0
+
+    @property
+    def source_name(self) -> str:
+        return SOURCE_NAMES.get(self.source, f"unknown-{self.source}")
+
+    @property
+    def device_gone(self) -> bool:
+        return bool(self.flags & lib.NVLC_HDR_DEVICE_GONE)
+
+    @property
+    def threshold_event(self) -> bool:
+        return bool(self.flags & lib.NVLC_HDR_THRESHOLD_EVENT)
+
+
+@dataclass(frozen=True, slots=True)
+class NvlcRecord:
+    """``struct nvlc_record``: one (device, link). ``counters`` in :data:`COUNTER_NAMES` order;
+    histograms have :data:`HIST_BUCKETS` buckets (see the header for the bucket bounds)."""
+
+    device: int = 0
+    link: int = 0
+    flags: int = 0
+    capacity_bps: int = 0
+    counters: tuple[int, ...] = field(default_factory=lambda: _zeros(NUM_COUNTERS))
+    samples: int = 0
+    window_samples: int = 0
+    window_max_delta: tuple[int, ...] = field(default_factory=lambda: _zeros(NUM_COUNTERS))
+    window_max_util: int = 0
+    window_max_stall: int = 0
+    window_over_stall: int = 0
+    window_over_util: int = 0
+    window_util_hist: tuple[int, ...] = field(default_factory=lambda: _zeros(HIST_BUCKETS))
+    window_stall_hist: tuple[int, ...] = field(default_factory=lambda: _zeros(HIST_BUCKETS))
+    util_hist: tuple[int, ...] = field(default_factory=lambda: _zeros(HIST_BUCKETS))
+    stall_hist: tuple[int, ...] = field(default_factory=lambda: _zeros(HIST_BUCKETS))
+
+    def counter(self, name: str) -> int:
+        return self.counters[COUNTER_NAMES.index(name)]
+
+    @property
+    def device_gone(self) -> bool:
+        return bool(self.flags & lib.NVLC_LINK_DEVICE_GONE)
+
+    def has_counter(self, name: str) -> bool:
+        bit = lib.NVLC_LINK_COUNTER_SHIFT + COUNTER_NAMES.index(name)
+        return bool(self.flags & (1 << bit))
+
+
+@dataclass(frozen=True, slots=True)
+class NvlcSnapshot:
+    header: NvlcHeader
+    records: tuple[NvlcRecord, ...]
+
+
+def _check_fields(cls: type, struct: str) -> None:
+    names = {f.name for f in dataclasses.fields(cls)}
+    c_names = {n for n, _, _ in struct_fields(struct) if not n.startswith("reserved")}
+    if names != c_names:
+        raise RuntimeError(f"{cls.__name__} fields differ from struct {struct}: {names ^ c_names}")
+
+
+_check_fields(NvlcHeader, "nvlc_header")
+_check_fields(NvlcRecord, "nvlc_record")
+
+
+def _from_cdata(cls: type[Any], cdata: Any) -> Any:
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(cdata, f.name)
+        values[f.name] = int(value) if isinstance(value, int) else tuple(int(v) for v in value)
+    return cls(**values)
+
+
+def _to_cdata(struct: str, record: Any) -> Any:
+    cdata = ffi.new(f"struct {struct} *")
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        target = getattr(cdata, f.name)
+        if isinstance(value, tuple):
+            if len(value) != len(target):
+                raise ValueError(f"{struct}.{f.name} takes {len(target)} values, not {len(value)}")
+            for i, v in enumerate(value):
+                target[i] = v
+        else:
+            setattr(cdata, f.name, value)
+    return cdata
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing and writing
+
+
+def parse_snapshot(data: bytes, source: str = "<snapshot>") -> NvlcSnapshot:
+    """One snapshot in the module's ABI to typed records.
+
+    ``source`` names the input in errors. Newer minor versions are read (their larger header
+    and record sizes are stepped over); another major version, a wrong magic, sizes smaller
+    than this ABI's or data shorter than the header says raise :class:`ParseError`.
+    """
+    if len(data) < HEADER_SIZE:
+        raise ParseError(source, f"{len(data)} bytes, shorter than a header ({HEADER_SIZE})")
+    head = ffi.new("struct nvlc_header *")
+    ffi.memmove(head, data[:HEADER_SIZE], HEADER_SIZE)
+    if head.magic != MAGIC:
+        raise ParseError(source, f"bad magic {head.magic:#010x}, expected {MAGIC:#010x}")
+    if head.abi_version >> 16 != ABI_MAJOR:
+        raise ParseError(source, f"ABI version {head.abi_version:#x}: major {ABI_MAJOR} only")
+    if head.header_size < HEADER_SIZE:
+        raise ParseError(source, f"header_size {head.header_size} < {HEADER_SIZE}")
+    if head.record_size < RECORD_SIZE:
+        raise ParseError(source, f"record_size {head.record_size} < {RECORD_SIZE}")
+    need = head.header_size + head.record_count * head.record_size
+    if len(data) < need:
+        raise ParseError(
+            source,
+            f"{len(data)} bytes, header says {head.record_count} records of "
+            f"{head.record_size} after {head.header_size}: {need}",
+        )
+    header: NvlcHeader = _from_cdata(NvlcHeader, head)
+    records: list[NvlcRecord] = []
+    rec = ffi.new("struct nvlc_record *")
+    for i in range(head.record_count):
+        start = head.header_size + i * head.record_size
+        ffi.memmove(rec, data[start : start + RECORD_SIZE], RECORD_SIZE)
+        records.append(_from_cdata(NvlcRecord, rec))
+    return NvlcSnapshot(header, tuple(records))
+
+
+def encode_snapshot(header: NvlcHeader, records: Sequence[NvlcRecord]) -> bytes:
+    """The bytes the module would return for ``header`` and ``records``.
+
+    ``magic``, ``abi_version``, ``header_size``, ``record_size`` and ``record_count`` are set
+    from this ABI and ``records``, whatever ``header`` holds.
+    """
+    header = dataclasses.replace(
+        header,
+        magic=MAGIC,
+        abi_version=ABI_VERSION,
+        header_size=HEADER_SIZE,
+        record_size=RECORD_SIZE,
+        record_count=len(records),
+    )
+    parts = [bytes(ffi.buffer(_to_cdata("nvlc_header", header)))]
+    parts.extend(bytes(ffi.buffer(_to_cdata("nvlc_record", r))) for r in records)
+    return b"".join(parts)
+
+
+def write_snapshot(
+    path: str | os.PathLike[str], header: NvlcHeader, records: Sequence[NvlcRecord]
+) -> None:
+    """Publish a snapshot file atomically (temporary file in the same directory, rename)."""
+    target = Path(path)
+    data = encode_snapshot(header, records)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# The device
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    abi_version: int
+    header_size: int
+    record_size: int
+    max_links: int
+    hist_buckets: int
+    num_counters: int
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Sampling period (ns), stall threshold (cycles per µs), utilisation threshold (1/65536)."""
+
+    period_ns: int
+    stall_threshold: int
+    util_threshold: int
+
+
+@dataclass(frozen=True, slots=True)
+class SimLink:
+    """One synthetic link (``struct nvlc_sim_link``); ``rate`` per second per counter."""
+
+    device: int
+    link: int
+    capacity_bps: int
+    rate: tuple[int, int, int, int, int]
+    burst_period_ns: int = 0
+    burst_len_ns: int = 0
+    burst_pct: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class MmioLink:
+    device: int
+    link: int
+    capacity_bps: int
+
+
+@dataclass(frozen=True, slots=True)
+class MmioReg:
+    """One counter register of the operator's map (``struct nvlc_mmio_reg``)."""
+
+    domain: int
+    bus: int
+    devfn: int
+    bar: int
+    offset: int
+    width: int
+    counter: int
+    device: int
+    link: int
+
+
+def _array(struct: str, items: Sequence[Any]) -> Any:
+    arr = ffi.new(f"struct {struct}[]", max(1, len(items)))
+    for i, item in enumerate(items):
+        for f in dataclasses.fields(item):
+            value = getattr(item, f.name)
+            if isinstance(value, tuple):
+                for j, v in enumerate(value):
+                    getattr(arr[i], f.name)[j] = v
+            else:
+                setattr(arr[i], f.name, value)
+    return arr
+
+
+class Device:
+    """An open ``/dev/nvlink_stats``. Window statistics belong to this open file."""
+
+    def __init__(self, path: str | os.PathLike[str] = "/dev/nvlink_stats") -> None:
+        self.path = str(path)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def ioctl(self, name: str, arg: Any = None) -> None:
+        """Issue ioctl ``name`` with a cffi struct pointer (or nothing); OSError on failure."""
+        if arg is None:
+            fcntl.ioctl(self.fd, IOCTLS[name], 0)
+            return
+        buf = ffi.buffer(arg)
+        fcntl.ioctl(self.fd, IOCTLS[name], buf, True)
+
+    def read_bytes(self) -> bytes:
+        return os.pread(self.fd, SNAPSHOT_MAX, 0)
+
+    def snapshot(self) -> NvlcSnapshot:
+        return parse_snapshot(self.read_bytes(), self.path)
+
+    def version(self) -> Version:
+        v = ffi.new("struct nvlc_version *")
+        self.ioctl("NVLC_IOC_GET_VERSION", v)
+        return Version(
+            v.abi_version, v.header_size, v.record_size, v.max_links, v.hist_buckets,
+            v.num_counters,
+        )  # fmt: skip
+
+    def params(self) -> Params:
+        p = ffi.new("struct nvlc_params *")
+        self.ioctl("NVLC_IOC_GET_PARAMS", p)
+        return Params(p.period_ns, p.stall_threshold, p.util_threshold)
+
+    def set_params(self, params: Params) -> None:
+        p = ffi.new("struct nvlc_params *")
+        p.period_ns, p.stall_threshold, p.util_threshold = (
+            params.period_ns,
+            params.stall_threshold,
+            params.util_threshold,
+        )
+        self.ioctl("NVLC_IOC_SET_PARAMS", p)
+
+    def set_sim(self, links: Sequence[SimLink]) -> None:
+        arr = _array("nvlc_sim_link", links)
+        cfg = ffi.new("struct nvlc_sim_config *")
+        cfg.nlinks = len(links)
+        cfg.links = int(ffi.cast("uintptr_t", arr))
+        self.ioctl("NVLC_IOC_SET_SIM", cfg)
+
+    def set_mmio(self, links: Sequence[MmioLink], regs: Sequence[MmioReg]) -> None:
+        link_arr = _array("nvlc_mmio_link", links)
+        reg_arr = _array("nvlc_mmio_reg", regs)
+        cfg = ffi.new("struct nvlc_mmio_config *")
+        cfg.nlinks, cfg.nregs = len(links), len(regs)
+        cfg.links = int(ffi.cast("uintptr_t", link_arr))
+        cfg.regs = int(ffi.cast("uintptr_t", reg_arr))
+        self.ioctl("NVLC_IOC_SET_MMIO", cfg)
+
+    def clear_source(self) -> None:
+        self.ioctl("NVLC_IOC_CLEAR_SOURCE")
+
+
+def record_key(records: Iterable[NvlcRecord]) -> dict[tuple[int, int], NvlcRecord]:
+    """Records by (device, link)."""
+    return {(r.device, r.link): r for r in records}
