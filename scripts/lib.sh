@@ -1,7 +1,9 @@
 # Shared by scripts/run.sh and scripts/test.sh.
 
-# Debian packages that the test suite runs for real: promtool (prometheus), iostat (sysstat),
-# lspci (pciutils), ip (iproute2).
+# Debian packages that the test suite runs for real: promtool and the Prometheus server
+# (prometheus), Alertmanager (prometheus-alertmanager), iostat (sysstat), lspci (pciutils),
+# ip (iproute2); and for the kernel module: Debian's headers to build it, QEMU, busybox, kmod
+# and cpio to boot the matching Debian kernel with it (kmod/tests/run-qemu.sh).
 TEST_APT_PACKAGES=(prometheus prometheus-alertmanager sysstat pciutils iproute2
     linux-headers-amd64 qemu-system-x86 busybox-static kmod cpio gcc make libc6-dev)
 
