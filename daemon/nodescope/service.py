@@ -17,28 +17,43 @@ from types import FrameType
 
 from nodescope import config as config_mod
 from nodescope import logs
+from nodescope.analysis import Analyzer, alerts_document
 from nodescope.collect import Collector
 from nodescope.config import Config
 from nodescope.errors import ConfigError
-from nodescope.httpserver import MetricsHTTPServer
+from nodescope.httpserver import JsonCache, MetricsHTTPServer
 from nodescope.sdnotify import Notifier
 from nodescope_exporters.prometheus import MetricsCache
 
 log = logging.getLogger("nodescope.service")
 
 ConfigLoader = Callable[[], Config]
+CollectorFactory = Callable[[Config], Collector]
 
 
 class Service:
     """One daemon instance. ``load_config`` re-reads the file and applies the CLI overrides,
-    so a reload sees the same flags as the start."""
+    so a reload sees the same flags as the start.
 
-    def __init__(self, load_config: ConfigLoader, notifier: Notifier | None = None) -> None:
+    ``make_collector`` builds the collector for a config (at start and when a reload changes
+    the sources or roots); by default the registry's sources. ``nodescope demo`` hands in one
+    that runs the simulated node's sources (its fake NVML instead of pynvml).
+    """
+
+    def __init__(
+        self,
+        load_config: ConfigLoader,
+        notifier: Notifier | None = None,
+        make_collector: CollectorFactory | None = None,
+    ) -> None:
         self._load_config = load_config
+        self._make_collector: CollectorFactory = make_collector or Collector.from_config
         self.config = load_config()
         self.notifier = notifier or Notifier()
         self.cache = MetricsCache()
-        self.collector = Collector.from_config(self.config)
+        self.alerts_cache = JsonCache()
+        self.analyzer = Analyzer.from_config(self.config)
+        self.collector = self._make_collector(self.config)
         self.server: MetricsHTTPServer | None = None
         self._wake = threading.Event()
         self._stop = False
@@ -67,7 +82,7 @@ class Service:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start_server(self) -> None:
-        self.server = MetricsHTTPServer(self.config.listen_address, self.cache)
+        self.server = MetricsHTTPServer(self.config.listen_address, self.cache, self.alerts_cache)
         self.server.start()
         log.info("event=listening address=%s", self.server.bound)
 
@@ -83,7 +98,7 @@ class Service:
         old = self.config
         if new.listen != old.listen:
             try:
-                server = MetricsHTTPServer(new.listen_address, self.cache)
+                server = MetricsHTTPServer(new.listen_address, self.cache, self.alerts_cache)
             except OSError as exc:
                 log.error("event=reload_failed reason=%r kept=previous_config", f"listen: {exc}")
                 self.notifier.ready("reload failed; previous configuration kept")
@@ -95,8 +110,9 @@ class Service:
             log.info("event=listening address=%s", server.bound)
         if new.sources != old.sources or new.roots != old.roots:
             self.collector.close()
-            self.collector = Collector.from_config(new)
+            self.collector = self._make_collector(new)
         logs.set_level(new.log_level)
+        self.analyzer.configure(new)
         self.config = new
         log.info("event=reloaded config=%s", new.path or "<defaults>")
         self.notifier.ready("reloaded")
@@ -104,7 +120,9 @@ class Service:
 
     def run_cycle(self) -> None:
         snapshot = self.collector.run_cycle()
+        snapshot = self.analyzer.analyze(snapshot)
         self.cache.update(snapshot)
+        self.alerts_cache.update(alerts_document(snapshot))
 
     def _sleep_seconds(self) -> float:
         wait = self.config.tick_seconds
@@ -151,6 +169,7 @@ class Service:
             self.server.stop()
             self.server = None
         self.collector.close()
+        self.analyzer.close()
         self.notifier.close()
 
 

@@ -19,6 +19,9 @@ COMMANDS = (
     "nodescope.cli.snapshot",
     "nodescope.cli.topo",
     "nodescope.cli.iostat",
+    "nodescope.cli.alerts",
+    "nodescope.cli.replay",
+    "nodescope.cli.demo",
 )
 
 
