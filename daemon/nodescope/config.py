@@ -175,6 +175,118 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
 )
 
 
+def _unit_interval(value: Any) -> str | None:
+    return None if math.isfinite(value) and 0 < value <= 1 else "must be above 0 and at most 1"
+
+
+#: ``[detectors.<name>]``: thresholds of the pure detectors (``nodescope.detectors``). Rates
+#: are per second over the interval between a source's two latest reads; ratios are
+#: fractions of a link's capacity per direction after line encoding.
+DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
+    {
+        "contention": (
+            Option("enabled", bool, True, "report shared PCIe links that devices contend for"),
+            Option(
+                "utilisation_ratio",
+                float,
+                0.6,
+                "a shared link is contended from this demand over capacity in its busier"
+                " direction (DMA tops out near 0.8 of the encoded rate: TLP and DLLP overhead)",
+                _unit_interval,
+            ),
+            Option(
+                "min_share",
+                float,
+                0.1,
+                "an endpoint takes part when it carries at least this share of the link's"
+                " traffic (both directions); two of different classes must",
+                _unit_interval,
+            ),
+        ),
+        "saturation": (
+            Option("enabled", bool, True, "report GPUs that saturate their own PCIe link"),
+            Option(
+                "bidirectional_ratio",
+                float,
+                0.57,
+                "both directions together over twice the per-direction capacity; an A100 on"
+                " Gen4 x16 saturated at 38 of 63 GB/s (0.60): 0.57 is 95 % of that point."
+                ' Per model: [detectors.saturation.models] "A100" = 0.57',
+                _unit_interval,
+            ),
+            Option(
+                "one_way_ratio",
+                float,
+                0.85,
+                "one direction over the per-direction capacity",
+                _unit_interval,
+            ),
+        ),
+        "downtraining": (
+            Option("enabled", bool, True, "report links trained below their maximum under load"),
+            Option(
+                "min_bytes_per_second",
+                float,
+                1e9,
+                "traffic (both directions) from which a device counts as under load; idle"
+                " devices lower their link speed to save power",
+                _non_negative,
+            ),
+        ),
+        "errors": (
+            Option("enabled", bool, True, "report PCIe, NVLink and InfiniBand error rates"),
+            Option(
+                "aer_correctable_per_second",
+                float,
+                0.0,
+                "correctable AER errors per second above which a function is reported"
+                " (non-fatal and fatal errors always are)",
+                _non_negative,
+            ),
+            Option(
+                "pcie_replays_per_second",
+                float,
+                0.1,
+                "GPU PCIe replays per second from which a GPU is reported",
+                _non_negative,
+            ),
+            Option(
+                "nvlink_errors_per_second",
+                float,
+                1.0,
+                "NVLink CRC (flit, data) or replay errors per second from which a link is"
+                " reported (recoveries always are)",
+                _non_negative,
+            ),
+            Option(
+                "ib_symbol_errors_per_second",
+                float,
+                1 / 60,
+                "InfiniBand symbol errors per second from which a port is reported (link_downed"
+                " increments always are)",
+                _non_negative,
+            ),
+            Option(
+                "ib_xmit_wait_per_second",
+                float,
+                1e6,
+                "port_xmit_wait ticks per second from which a port is reported as congested"
+                " (the tick length is the HCA's; tune per fabric)",
+                _non_negative,
+            ),
+        ),
+        "placement": (
+            Option(
+                "enabled",
+                bool,
+                True,
+                "report jobs whose GPUs use HCAs on another NUMA node or root complex",
+            ),
+        ),
+    }
+)
+
+
 @dataclass(frozen=True, slots=True)
 class SourceSettings:
     enabled: bool
@@ -203,6 +315,31 @@ class AlertsSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class DetectorsSettings:
+    """``[detectors.<name>]`` tables with their defaults filled in, and the per-GPU-model
+    saturation ratios of ``[detectors.saturation.models]`` (a model matches when its key is
+    part of the GPU's name, e.g. ``"A100"``)."""
+
+    values: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=lambda: MappingProxyType(
+            {
+                name: MappingProxyType({o.key: o.default for o in options})
+                for name, options in DETECTOR_OPTIONS.items()
+            }
+        )
+    )
+    saturation_models: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({"A100": 0.57})
+    )
+
+    def number(self, section: str, key: str) -> float:
+        return float(self.values[section][key])
+
+    def enabled(self, section: str) -> bool:
+        return bool(self.values[section]["enabled"])
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     listen: str = DEFAULT_LISTEN
     tick_seconds: float = 1.0
@@ -214,6 +351,7 @@ class Config:
         )
     )
     alerts: AlertsSettings = field(default_factory=AlertsSettings)
+    detectors: DetectorsSettings = field(default_factory=DetectorsSettings)
     path: str | None = None
 
     @property
@@ -266,7 +404,7 @@ def _section(path: str, prefix: str, table: Any, options: tuple[Option, ...]) ->
 def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
     """Validate a parsed TOML document into a :class:`Config`."""
     for key in data:
-        if key not in ("daemon", "roots", "sources", "alerts"):
+        if key not in ("daemon", "roots", "sources", "alerts", "detectors"):
             raise ConfigError(path, key, "unknown key")
     daemon = _section(path, "daemon", data.get("daemon", {}), DAEMON_OPTIONS)
     roots_table = _section(path, "roots", data.get("roots", {}), ROOT_OPTIONS)
@@ -287,6 +425,7 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
             raise ConfigError(path, f"sources.{name}", "unknown source")
     return Config(
         alerts=_alerts(path, data.get("alerts", {})),
+        detectors=_detectors(path, data.get("detectors", {})),
         listen=daemon.get("listen", DEFAULT_LISTEN),
         tick_seconds=daemon.get("tick_seconds", 1.0),
         log_level=daemon.get("log_level", "info"),
@@ -311,6 +450,33 @@ def _alerts(path: str, table: Any) -> AlertsSettings:
         rule = _section(path, f"alerts.rules.{kind}", rule_table, ALERT_RULE_OPTIONS)
         rules[kind] = AlertRuleSettings(**rule)
     return AlertsSettings(**settings, rules=MappingProxyType(rules))
+
+
+def _detectors(path: str, table: Any) -> DetectorsSettings:
+    if not isinstance(table, dict):
+        raise ConfigError(path, "detectors", "must be a table")
+    for name in table:
+        if name not in DETECTOR_OPTIONS:
+            raise ConfigError(path, f"detectors.{name}", "unknown detector")
+    values: dict[str, Mapping[str, Any]] = {}
+    models: dict[str, float] = dict(DetectorsSettings().saturation_models)
+    for name, options in DETECTOR_OPTIONS.items():
+        section = table.get(name, {})
+        if name == "saturation" and isinstance(section, dict) and "models" in section:
+            section = dict(section)
+            models_table = section.pop("models")
+            if not isinstance(models_table, dict):
+                raise ConfigError(path, "detectors.saturation.models", "must be a table")
+            for model, ratio in models_table.items():
+                models[model] = _typed(
+                    path,
+                    f"detectors.saturation.models.{model}",
+                    Option(model, float, None, "", _unit_interval),
+                    ratio,
+                )
+        given = _section(path, f"detectors.{name}", section, options)
+        values[name] = MappingProxyType({o.key: given.get(o.key, o.default) for o in options})
+    return DetectorsSettings(MappingProxyType(values), MappingProxyType(models))
 
 
 def load(path: str | Path) -> Config:
@@ -353,4 +519,7 @@ def reference_markdown() -> str:
         row(f"alerts.{o.key}", o, o.default)
     for o in ALERT_RULE_OPTIONS:
         row(f"alerts.rules.<kind>.{o.key}", o, o.default)
+    for name, options in DETECTOR_OPTIONS.items():
+        for o in options:
+            row(f"detectors.{name}.{o.key}", o, o.default)
     return "\n".join(lines) + "\n"

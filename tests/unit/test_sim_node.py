@@ -86,8 +86,15 @@ def dgx(scratch: Path) -> Run:
 
 
 def test_sources_are_the_tree_sources_and_nvml(dgx: Run) -> None:
-    assert [s.name for s in dgx.node.sources()] == ["pci", "disks", "infiniband", "cgroups", "nvml"]
-    assert set(dgx.samples[1.0]) == {"pci", "disks", "infiniband", "cgroups", "nvml"}
+    assert [s.name for s in dgx.node.sources()] == [
+        "pci",
+        "disks",
+        "infiniband",
+        "cgroups",
+        "procs",
+        "nvml",
+    ]
+    assert set(dgx.samples[1.0]) == {"pci", "disks", "infiniband", "cgroups", "procs", "nvml"}
 
 
 def test_topology_counts(dgx: Run) -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from nodescope.alerts import BUILTIN_RULES, AlertRule
 from nodescope.config import Config
+from nodescope.detectors import contention, errors, links, placement
 from nodescope.model.finding import Finding
 from nodescope.model.snapshot import Snapshot
 
@@ -27,4 +29,23 @@ class DetectorInfo(NamedTuple):
     detect: Detect
 
 
-DETECTORS: tuple[DetectorInfo, ...] = ()
+DETECTORS: tuple[DetectorInfo, ...] = (
+    DetectorInfo("contention", contention.detect),
+    DetectorInfo("saturation", links.detect_saturation),
+    DetectorInfo("downtraining", links.detect_downtraining),
+    DetectorInfo("errors", errors.detect),
+    DetectorInfo("placement", placement.detect),
+)
+
+# Alert rules of the kinds above that differ from the [alerts] defaults: an error counter that
+# moved is a finding for one interval, so it fires at once and stays visible a while.
+BUILTIN_RULES.update(
+    {
+        contention.KIND: AlertRule(for_seconds=30.0, resolve_after_seconds=60.0, clear_below=0.5),
+        links.SATURATION: AlertRule(for_seconds=30.0, resolve_after_seconds=60.0, clear_below=0.9),
+        errors.AER: AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
+        errors.REPLAYS: AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
+        errors.NVLINK: AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
+        errors.IB_ERRORS: AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
+    }
+)

@@ -365,7 +365,7 @@ class SimulatedNode:
         from nodescope.sources.nvml import NvmlSource
         from nodescope.sources.registry import SOURCES
 
-        tree = [SOURCES[name].make() for name in ("pci", "disks", "infiniband", "cgroups")]
+        tree = [SOURCES[name].make() for name in ("pci", "disks", "infiniband", "cgroups", "procs")]
         return [*tree, NvmlSource(self.nvml, event_wait_ms=50, wall_clock=self.wall_clock)]
 
     def wall_clock(self) -> float:

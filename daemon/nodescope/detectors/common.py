@@ -1,0 +1,77 @@
+"""What several detectors read from a snapshot: the job view, the TCP evidence, formatting.
+
+Pure: reads only the snapshot.
+"""
+
+from __future__ import annotations
+
+from nodescope import derive
+from nodescope.alerts import keep_floor
+from nodescope.config import Config
+from nodescope.model.jobs import GpuUse, JobView, job_views
+from nodescope.model.snapshot import Snapshot
+from nodescope.sources.infiniband import InfinibandData
+from nodescope.sources.nvml import NvmlData
+from nodescope.sources.procs import ProcsData, ProcsRates
+
+
+def jobs(snapshot: Snapshot) -> tuple[JobView, ...]:
+    """The jobs with GPU processes (``procs`` source × NVML compute processes)."""
+    procs = snapshot.data("procs", ProcsData)
+    nvml = snapshot.data("nvml", NvmlData)
+    if procs is None or nvml is None:
+        return ()
+    ib = snapshot.data("infiniband", InfinibandData)
+    hcas = [d.name for d in ib.devices] if ib is not None else []
+    gpus = [GpuUse(g.index, g.pci_address, tuple(p.pid for p in g.processes)) for g in nvml.gpus]
+    return job_views(procs.processes, gpus, hcas)
+
+
+def jobs_of_gpus(views: tuple[JobView, ...]) -> dict[str, list[str]]:
+    """GPU BDF -> the jobs running on it."""
+    out: dict[str, list[str]] = {}
+    for view in views:
+        for bdf in view.gpu_bdfs:
+            out.setdefault(bdf, []).append(view.job_id)
+    return out
+
+
+def tcp_evidence(snapshot: Snapshot) -> dict[str, float]:
+    """TCP segments sent and retransmitted per second (``/proc/net/snmp``): evidence on every
+    PCIe finding that a stall is in the PCIe domain and not on the network. Empty before the
+    ``procs`` source has read twice."""
+    rates = derive.derived(snapshot, "procs")
+    if not isinstance(rates, ProcsRates) or rates.tcp is None:
+        return {}
+    tcp = rates.tcp
+    out: dict[str, float] = {}
+    if tcp.out_segs_per_second is not None:
+        out["tcp_sent_segments_per_second"] = tcp.out_segs_per_second
+    if tcp.retrans_segs_per_second is not None:
+        out["tcp_retransmitted_segments_per_second"] = tcp.retrans_segs_per_second
+    ratio = tcp.retransmit_ratio
+    if ratio is not None:
+        out["tcp_retransmit_ratio"] = ratio
+    return out
+
+
+def tcp_text(evidence: dict[str, float]) -> str:
+    retrans = evidence.get("tcp_retransmitted_segments_per_second")
+    if retrans is None:
+        return ""
+    ratio = evidence.get("tcp_retransmit_ratio")
+    share = f" ({ratio:.2%} of sent)" if ratio is not None else ""
+    return f"; TCP retransmits {retrans:.1f}/s{share}"
+
+
+def emit_floor(config: Config, kind: str, threshold: float) -> float:
+    """The least ``value`` worth a finding of ``kind``: the raise threshold, or the alert
+    rule's ``clear_below`` when lower (a finding in that band keeps a firing alert firing;
+    the alert engine decides, the detector only reports)."""
+    floor = keep_floor(config, kind)
+    return threshold if floor is None else min(threshold, floor)
+
+
+def gb(value: float) -> str:
+    """Bytes per second as ``41.0 GB/s`` (decimal, as link capacities are quoted)."""
+    return f"{value / 1e9:.1f} GB/s"

@@ -1,0 +1,167 @@
+"""Contention on a shared PCIe link: devices of different classes filling one link together.
+
+Input: the attribution of the snapshot's traffic over its topology
+(:mod:`nodescope.model.attribution`). A shared link (root port, switch port or host bridge
+with at least two data-moving functions below it) is *contended* when
+
+* its busier direction carries at least ``[detectors.contention] utilisation_ratio`` of the
+  link's capacity, and
+* at least two endpoints of different classes (GPU, NVMe, NIC) each carry at least
+  ``min_share`` of the link's traffic, both directions counted. Both directions, because a
+  read in one direction costs the other direction its request TLPs and flow-control credits
+  and the root complex serves both from one set of buffers: the seeds measured an A100 link
+  saturating at 38 GB/s both ways together, far below twice its one-way capacity. A data
+  loader that reads NVMe (upstream) while copying frames to a GPU (downstream) contends for
+  the root port although the two streams cross it in opposite directions.
+
+"Sustained for N seconds" is not decided here: a detector has no memory. The finding holds in
+every cycle whose interval meets the condition, and the alert engine fires it once it has held
+for the ``for_seconds`` of ``[alerts.rules.pcie_contention]`` (default ``[alerts]
+for_seconds``), no later than one cycle after that. The evidence carries ``value`` (the busier
+direction's utilisation) and ``threshold`` for the engine's hysteresis (``clear_below``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from nodescope.alerts import THRESHOLD, VALUE
+from nodescope.config import Config
+from nodescope.detectors.common import (
+    emit_floor,
+    gb,
+    jobs,
+    jobs_of_gpus,
+    tcp_evidence,
+    tcp_text,
+)
+from nodescope.detectors.traffic import snapshot_attribution
+from nodescope.model.attribution import Direction, EndpointFlow, LinkKind, LinkLoad
+from nodescope.model.finding import Finding, Severity
+from nodescope.model.snapshot import Snapshot
+from nodescope.model.topology import DeviceClass, generation_of
+
+KIND = "pcie_contention"
+
+_KIND_TEXT = {
+    LinkKind.ROOT_PORT: "root port",
+    LinkKind.SWITCH_PORT: "switch port",
+    LinkKind.HOST_BRIDGE: "host bridge",
+}
+
+_VERB = {
+    # what each class's bytes are, per direction (see nodescope.model.attribution)
+    (DeviceClass.GPU, Direction.DOWNSTREAM): "H2D",
+    (DeviceClass.GPU, Direction.UPSTREAM): "D2H",
+    (DeviceClass.NVME, Direction.DOWNSTREAM): "writes",
+    (DeviceClass.NVME, Direction.UPSTREAM): "reads",
+    (DeviceClass.INFINIBAND, Direction.DOWNSTREAM): "transmit",
+    (DeviceClass.INFINIBAND, Direction.UPSTREAM): "receive",
+    (DeviceClass.ETHERNET, Direction.DOWNSTREAM): "transmit",
+    (DeviceClass.ETHERNET, Direction.UPSTREAM): "receive",
+}
+
+
+def participants(link: LinkLoad, min_share: float) -> list[tuple[EndpointFlow, float]]:
+    """Endpoints carrying at least ``min_share`` of the link's traffic (both directions),
+    largest first, with their shares."""
+    total = link.total_bytes_per_second
+    if total <= 0:
+        return []
+    shares = [(f, f.total_bytes_per_second / total) for f in link.flows]
+    chosen = [(f, s) for f, s in shares if s >= min_share]
+    return sorted(chosen, key=lambda fs: (-fs[1], fs[0].name))
+
+
+def link_text(link: LinkLoad) -> str:
+    where = f"{_KIND_TEXT[link.kind]} {link.name}"
+    parts = []
+    if link.speed_gts is not None:
+        gen = generation_of(link.speed_gts)
+        parts.append(f"PCIe Gen{gen}" if gen is not None else f"{link.speed_gts:g} GT/s")
+        if link.width is not None:
+            parts[-1] += f" x{link.width}"
+    if link.capacity_bytes_per_second is not None:
+        parts.append(f"{gb(link.capacity_bytes_per_second)} per direction")
+    return f"{where} ({', '.join(parts)})" if parts else where
+
+
+def _flow_text(flow: EndpointFlow, share: float, jobs_by_bdf: dict[str, list[str]]) -> str:
+    pieces = []
+    for direction in (Direction.DOWNSTREAM, Direction.UPSTREAM):
+        amount = flow.bytes_per_second(direction)
+        if amount >= 0.05 * flow.total_bytes_per_second and amount > 0:
+            verb = _VERB.get((flow.device_class, direction), direction.value)
+            pieces.append(f"{verb} {gb(amount)}")
+    job = jobs_by_bdf.get(flow.bdf)
+    owner = f" (job {', '.join(job)})" if job else ""
+    return f"{flow.name} {' + '.join(pieces)}{owner} [{share:.0%}]"
+
+
+def evaluate(
+    links: Iterable[LinkLoad],
+    utilisation_ratio: float,
+    min_share: float,
+    floor: float | None = None,
+    jobs_by_bdf: dict[str, list[str]] | None = None,
+    extra_evidence: dict[str, float] | None = None,
+) -> list[Finding]:
+    """Findings for every contended shared link. ``floor`` (default: the threshold) is the
+    least utilisation reported; between it and the threshold a finding only keeps a firing
+    alert firing."""
+    lowest = utilisation_ratio if floor is None else min(floor, utilisation_ratio)
+    owners = jobs_by_bdf or {}
+    extra = extra_evidence or {}
+    findings: list[Finding] = []
+    for link in links:
+        if not link.shared:
+            continue
+        busier = link.busier
+        utilisation = busier.utilisation
+        if utilisation is None or utilisation < lowest:
+            continue
+        chosen = participants(link, min_share)
+        classes = {f.device_class for f, _s in chosen}
+        if len(classes) < 2:
+            continue
+        evidence: dict[str, float] = {
+            VALUE: utilisation,
+            THRESHOLD: utilisation_ratio,
+            "min_share_ratio": min_share,
+            "capacity_bytes_per_second": link.capacity_bytes_per_second or 0.0,
+            "downstream_bytes_per_second": link.downstream.demand_bytes_per_second,
+            "upstream_bytes_per_second": link.upstream.demand_bytes_per_second,
+            "downstream_utilisation_ratio": link.downstream.utilisation or 0.0,
+            "upstream_utilisation_ratio": link.upstream.utilisation or 0.0,
+            "endpoints": float(len(chosen)),
+        }
+        for flow, share in chosen:
+            evidence[f"{flow.name}_downstream_bytes_per_second"] = flow.downstream_bytes_per_second
+            evidence[f"{flow.name}_upstream_bytes_per_second"] = flow.upstream_bytes_per_second
+            evidence[f"{flow.name}_share_ratio"] = share
+        evidence.update(extra)
+        who = " + ".join(_flow_text(f, s, owners) for f, s in chosen)
+        message = (
+            f"contention on {link_text(link)}: {who} = {utilisation:.0%} {busier.direction.value}"
+            f" (threshold {utilisation_ratio:.0%}){tcp_text(extra)}"
+        )
+        findings.append(Finding(KIND, Severity.WARNING, {"link": link.name}, evidence, message))
+    return findings
+
+
+def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
+    settings = config.detectors
+    if not settings.enabled("contention"):
+        return []
+    attribution = snapshot_attribution(snapshot)
+    if attribution is None:
+        return []
+    threshold = settings.number("contention", "utilisation_ratio")
+    return evaluate(
+        attribution.shared_links,
+        threshold,
+        settings.number("contention", "min_share"),
+        floor=emit_floor(config, KIND, threshold),
+        jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
+        extra_evidence=tcp_evidence(snapshot),
+    )

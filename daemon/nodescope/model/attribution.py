@@ -1,0 +1,357 @@
+"""Attribution: which endpoints put how many bytes through which shared PCIe link.
+
+Input: the topology (:mod:`nodescope.model.topology`, built from ``/sys/bus/pci/devices``,
+``docs/datasources.md`` §2) and one :class:`EndpointFlow` per PCI function that moved data,
+as the sources measured it (NVML, diskstats, InfiniBand/netdev; gathered from a snapshot by
+:mod:`nodescope.detectors.traffic`). Pure: no IO, no clock, nothing of nodescope's above the
+model.
+
+**Directions** are named as the PCIe specification names flow through the tree:
+
+``downstream``
+    from the root complex towards the endpoint: host memory to the device. A GPU's
+    host-to-device copies (NVML field 198 ``PCIE_COUNT_RX_BYTES``, "to this GPU"), a disk
+    *write* (the controller reads the data out of host memory and the completions flow
+    down), a NIC's *transmit* (the NIC reads the packet out of host memory).
+``upstream``
+    from the endpoint towards the root complex: the device writes into host memory. A GPU's
+    device-to-host copies (field 197 ``PCIE_COUNT_TX_BYTES``), a disk *read* (a DMA write
+    into host memory), a NIC's *receive*.
+
+**Links** are physical links, named by the port at their upper end: a root port
+(``kind="root_port"``) or a switch downstream port (``kind="switch_port"``) names the one link
+below it, so the link between a root port and a switch's upstream port is the root port's.
+Every endpoint function whose sysfs chain passes through the port sends its bytes through
+that link. A host bridge (``pciDDDD:BB``) with more than one root port above such functions
+is attributed too (``kind="host_bridge"``): its capacity is the sum of its root ports'
+links, the most the stack can carry. A link is *shared* when at least two endpoint
+functions of the classes that move data (GPU, NVMe, Ethernet, InfiniBand) sit below it —
+whether or not they moved data in this interval, so the set of shared links is a property
+of the hardware.
+
+**Capacity** is per direction, after line encoding (:func:`~nodescope.model.topology.
+link_capacity_bytes_per_s`), taken at the narrower end: the lesser current speed and the
+lesser current width that the two ends report. Utilisation is demand over that capacity.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from nodescope.model.topology import (
+    DeviceClass,
+    PciDevice,
+    PortRole,
+    Topology,
+    UpstreamLink,
+    upstream_links,
+)
+
+
+class Direction(enum.StrEnum):
+    """Which way bytes cross a link; see the module docstring."""
+
+    DOWNSTREAM = "downstream"
+    UPSTREAM = "upstream"
+
+
+DIRECTIONS: tuple[Direction, ...] = (Direction.DOWNSTREAM, Direction.UPSTREAM)
+
+
+class LinkKind(enum.StrEnum):
+    ROOT_PORT = "root_port"
+    SWITCH_PORT = "switch_port"
+    HOST_BRIDGE = "host_bridge"
+
+
+#: Classes whose traffic the sources measure; the ones that make a link shared.
+TRAFFIC_CLASSES = frozenset(
+    {DeviceClass.GPU, DeviceClass.NVME, DeviceClass.ETHERNET, DeviceClass.INFINIBAND}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointFlow:
+    """What one PCI function moved, in bytes per second over one interval.
+
+    ``name`` is how people know it (``gpu0``, ``nvme3n1``, ``mlx5_0``); ``measured_by`` the
+    source the numbers came from (``nvml``, ``disks``, ``infiniband``, ``netdev``).
+    """
+
+    bdf: str
+    name: str
+    device_class: DeviceClass
+    downstream_bytes_per_second: float
+    upstream_bytes_per_second: float
+    measured_by: str
+
+    def bytes_per_second(self, direction: Direction) -> float:
+        if direction is Direction.DOWNSTREAM:
+            return self.downstream_bytes_per_second
+        return self.upstream_bytes_per_second
+
+    @property
+    def total_bytes_per_second(self) -> float:
+        return self.downstream_bytes_per_second + self.upstream_bytes_per_second
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """One endpoint's traffic through one link in one direction and its share of the demand
+    (0 when the direction carried nothing)."""
+
+    endpoint: str
+    bdf: str
+    device_class: DeviceClass
+    direction: Direction
+    bytes_per_second: float
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class DirectionLoad:
+    direction: Direction
+    demand_bytes_per_second: float
+    #: demand over the link's capacity; ``None`` when the capacity is unknown
+    utilisation: float | None
+    #: largest first
+    contributions: tuple[Contribution, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkLoad:
+    """The load on one link. ``endpoints`` are the BDFs of every traffic-class function below
+    it (idle or not); ``flows`` the flows that crossed it in this interval."""
+
+    name: str
+    kind: LinkKind
+    host_bridge: str
+    numa_node: int | None
+    #: functions between the host bridge and the link's upper end, the port included (0 for
+    #: a host bridge): deeper links are nearer the endpoints
+    depth: int
+    #: the narrower end's current speed and width (``None`` for a host bridge)
+    speed_gts: float | None
+    width: int | None
+    capacity_bytes_per_second: float | None
+    max_capacity_bytes_per_second: float | None
+    endpoints: tuple[str, ...]
+    flows: tuple[EndpointFlow, ...]
+    downstream: DirectionLoad
+    upstream: DirectionLoad
+
+    @property
+    def shared(self) -> bool:
+        return len(self.endpoints) >= 2
+
+    def load(self, direction: Direction) -> DirectionLoad:
+        return self.downstream if direction is Direction.DOWNSTREAM else self.upstream
+
+    @property
+    def busier(self) -> DirectionLoad:
+        """The direction of higher demand (downstream on a tie)."""
+        if self.upstream.demand_bytes_per_second > self.downstream.demand_bytes_per_second:
+            return self.upstream
+        return self.downstream
+
+    @property
+    def total_bytes_per_second(self) -> float:
+        return self.downstream.demand_bytes_per_second + self.upstream.demand_bytes_per_second
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointLoad:
+    """An endpoint's own traffic against its own link (the nearest link above it)."""
+
+    flow: EndpointFlow
+    link: UpstreamLink | None
+
+    @property
+    def capacity_bytes_per_second(self) -> float | None:
+        return None if self.link is None else self.link.capacity_bytes_per_s
+
+    def utilisation(self, direction: Direction) -> float | None:
+        capacity = self.capacity_bytes_per_second
+        if not capacity:
+            return None
+        return self.flow.bytes_per_second(direction) / capacity
+
+    @property
+    def bidirectional_utilisation(self) -> float | None:
+        """Both directions together over twice the per-direction capacity."""
+        capacity = self.capacity_bytes_per_second
+        if not capacity:
+            return None
+        return self.flow.total_bytes_per_second / (2 * capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """Every port link (shared or not) and host bridge in use, and every endpoint's own load."""
+
+    links: tuple[LinkLoad, ...]
+    endpoints: tuple[EndpointLoad, ...]
+
+    @property
+    def shared_links(self) -> tuple[LinkLoad, ...]:
+        return tuple(link for link in self.links if link.shared)
+
+    def link(self, name: str) -> LinkLoad | None:
+        for link in self.links:
+            if link.name == name:
+                return link
+        return None
+
+    def endpoint(self, bdf: str) -> EndpointLoad | None:
+        for load in self.endpoints:
+            if load.flow.bdf == bdf:
+                return load
+        return None
+
+    def links_of(self, bdf: str) -> tuple[LinkLoad, ...]:
+        """The links ``bdf``'s traffic crosses, nearest first, host bridge last."""
+        crossed = [link for link in self.links if bdf in link.endpoints]
+        return tuple(sorted(crossed, key=lambda link: -link.depth))
+
+
+# --- computation ----------------------------------------------------------------------------
+
+
+def _direction_load(
+    direction: Direction, flows: Iterable[EndpointFlow], capacity: float | None
+) -> DirectionLoad:
+    moving = [f for f in flows if f.bytes_per_second(direction) > 0]
+    demand = sum(f.bytes_per_second(direction) for f in moving)
+    contributions = sorted(
+        (
+            Contribution(
+                endpoint=f.name,
+                bdf=f.bdf,
+                device_class=f.device_class,
+                direction=direction,
+                bytes_per_second=f.bytes_per_second(direction),
+                share=f.bytes_per_second(direction) / demand if demand > 0 else 0.0,
+            )
+            for f in moving
+        ),
+        key=lambda c: (-c.bytes_per_second, c.endpoint),
+    )
+    utilisation = demand / capacity if capacity else None
+    return DirectionLoad(direction, demand, utilisation, tuple(contributions))
+
+
+def _link_load(
+    name: str,
+    kind: LinkKind,
+    host_bridge: str,
+    numa_node: int | None,
+    depth: int,
+    below: UpstreamLink | None,
+    capacity: float | None,
+    max_capacity: float | None,
+    endpoints: Iterable[str],
+    flows_by_bdf: Mapping[str, EndpointFlow],
+) -> LinkLoad:
+    members = tuple(sorted(set(endpoints)))
+    flows = tuple(flows_by_bdf[b] for b in members if b in flows_by_bdf)
+    return LinkLoad(
+        name=name,
+        kind=kind,
+        host_bridge=host_bridge,
+        numa_node=numa_node,
+        depth=depth,
+        speed_gts=None if below is None else below.current_speed_gts,
+        width=None if below is None else below.current_width,
+        capacity_bytes_per_second=capacity,
+        max_capacity_bytes_per_second=max_capacity,
+        endpoints=members,
+        flows=flows,
+        downstream=_direction_load(Direction.DOWNSTREAM, flows, capacity),
+        upstream=_direction_load(Direction.UPSTREAM, flows, capacity),
+    )
+
+
+def _port_link(topology: Topology, port: PciDevice) -> UpstreamLink | None:
+    """The link below ``port``, seen from the first function beneath it (both ends' figures
+    merged at the narrower end by :func:`upstream_links`)."""
+    children = port.children or tuple(d.bdf for d in topology.devices if d.parent == port.bdf)
+    for child_bdf in children:
+        child = topology.get(child_bdf)
+        if child is None:
+            continue
+        for link in upstream_links(topology, child.bdf):
+            if link.upstream == port.bdf:
+                return link
+    return None
+
+
+def attribute(topology: Topology, flows: Iterable[EndpointFlow]) -> Attribution:
+    """Attribute ``flows`` to every link of ``topology`` they cross.
+
+    Flows of functions the topology does not know (a device that left the bus) are dropped.
+    """
+    flows_by_bdf: dict[str, EndpointFlow] = {}
+    for flow in flows:
+        if topology.get(flow.bdf) is not None:
+            flows_by_bdf[flow.bdf] = flow
+
+    members: dict[str, list[str]] = {}
+    for dev in topology.devices:
+        if dev.device_class not in TRAFFIC_CLASSES or dev.role is PortRole.RC_INTEGRATED_ENDPOINT:
+            continue
+        for bdf in dev.chain[:-1]:
+            port = topology.get(bdf)
+            if port is not None and port.role in (PortRole.ROOT_PORT, PortRole.DOWNSTREAM_PORT):
+                members.setdefault(bdf, []).append(dev.bdf)
+
+    links: list[LinkLoad] = []
+    root_ports_by_bridge: dict[str, list[tuple[PciDevice, UpstreamLink | None]]] = {}
+    for port_bdf in sorted(members):
+        port = topology.device(port_bdf)
+        below = _port_link(topology, port)
+        kind = LinkKind.ROOT_PORT if port.role is PortRole.ROOT_PORT else LinkKind.SWITCH_PORT
+        links.append(
+            _link_load(
+                port.bdf,
+                kind,
+                port.root,
+                port.numa_node,
+                len(port.chain),
+                below,
+                None if below is None else below.capacity_bytes_per_s,
+                None if below is None else below.max_capacity_bytes_per_s,
+                members[port_bdf],
+                flows_by_bdf,
+            )
+        )
+        if kind is LinkKind.ROOT_PORT:
+            root_ports_by_bridge.setdefault(port.root, []).append((port, below))
+
+    for bridge in sorted(root_ports_by_bridge):
+        ports = root_ports_by_bridge[bridge]
+        if len(ports) < 2:
+            continue  # the root port's link already says everything
+        capacities = [b.capacity_bytes_per_s if b else None for _p, b in ports]
+        maxima = [b.max_capacity_bytes_per_s if b else None for _p, b in ports]
+        links.append(
+            _link_load(
+                bridge,
+                LinkKind.HOST_BRIDGE,
+                bridge,
+                ports[0][0].numa_node,
+                0,
+                None,
+                None if None in capacities else sum(c or 0.0 for c in capacities),
+                None if None in maxima else sum(m or 0.0 for m in maxima),
+                [e for p, _b in ports for e in members[p.bdf]],
+                flows_by_bdf,
+            )
+        )
+
+    endpoints = []
+    for bdf in sorted(flows_by_bdf):
+        own = upstream_links(topology, bdf)
+        endpoints.append(EndpointLoad(flows_by_bdf[bdf], own[0] if own else None))
+    return Attribution(tuple(links), tuple(endpoints))

@@ -1,0 +1,272 @@
+"""Attribution of endpoint traffic to shared PCIe links: directions, shares, capacity at the
+narrower end; on hand-made trees and on the simulated HGX H100 through the real sources."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodescope.collect import Collector, ScheduledSource
+from nodescope.detectors.traffic import endpoint_flows, snapshot_attribution
+from nodescope.model.attribution import (
+    Direction,
+    EndpointFlow,
+    LinkKind,
+    attribute,
+)
+from nodescope.model.snapshot import Snapshot
+from nodescope.model.topology import DeviceClass, LinkState, link_capacity_bytes_per_s
+from nodescope_exporters.fabric_metrics import TOP_CONTRIBUTORS, families
+from tests.unit.fabric_helpers import (
+    GPU_A,
+    GPU_B,
+    GPU_C,
+    HCA,
+    HCA_C,
+    NVME,
+    RP_ALONE,
+    RP_REMOTE,
+    RP_SHARED,
+    topology,
+)
+
+GEN5_X16 = link_capacity_bytes_per_s(5, 16)
+
+
+def flow(bdf: str, name: str, cls: DeviceClass, down: float, up: float) -> EndpointFlow:
+    return EndpointFlow(bdf, name, cls, down, up, "test")
+
+
+def test_demand_is_the_sum_below_the_link_per_direction() -> None:
+    flows = [
+        flow(GPU_A, "gpu0", DeviceClass.GPU, 30e9, 2e9),  # H2D 30, D2H 2
+        flow(NVME, "nvme0n1", DeviceClass.NVME, 0.5e9, 6e9),  # writes 0.5, reads 6
+        flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, 4e9, 1e9),  # transmit 4, receive 1
+        flow(GPU_B, "gpu1", DeviceClass.GPU, 7e9, 7e9),  # another root port
+    ]
+    a = attribute(topology(), flows)
+    rp = a.link(RP_SHARED)
+    assert rp is not None and rp.kind is LinkKind.ROOT_PORT and rp.shared
+    assert rp.endpoints == (GPU_A, NVME, HCA)
+    assert rp.downstream.demand_bytes_per_second == pytest.approx(34.5e9)
+    assert rp.upstream.demand_bytes_per_second == pytest.approx(9e9)
+    assert rp.downstream.utilisation == pytest.approx(34.5e9 / GEN5_X16)
+    assert rp.upstream.utilisation == pytest.approx(9e9 / GEN5_X16)
+    # Largest first, shares of the direction's demand.
+    down = [(c.endpoint, round(c.share, 4)) for c in rp.downstream.contributions]
+    assert down == [("gpu0", round(30 / 34.5, 4)), ("mlx5_0", round(4 / 34.5, 4)),
+                    ("nvme0n1", round(0.5 / 34.5, 4))]  # fmt: skip
+    up = {c.endpoint: c for c in rp.upstream.contributions}
+    assert up["nvme0n1"].direction is Direction.UPSTREAM
+    assert up["nvme0n1"].share == pytest.approx(6 / 9)
+    assert rp.busier is rp.downstream
+    assert rp.total_bytes_per_second == pytest.approx(43.5e9)
+
+
+def test_own_links_are_not_shared_and_the_lonely_root_port_neither() -> None:
+    a = attribute(topology(), [flow(GPU_A, "gpu0", DeviceClass.GPU, 1e9, 0.0)])
+    assert {link.name for link in a.shared_links} == {RP_SHARED, RP_REMOTE, "pci0000:10"}
+    gpu_port = a.link("0000:12:00.0")
+    assert gpu_port is not None and gpu_port.kind is LinkKind.SWITCH_PORT
+    assert not gpu_port.shared
+    alone = a.link(RP_ALONE)
+    assert alone is not None and not alone.shared
+    assert [link.name for link in a.links_of(GPU_A)] == ["0000:12:00.0", RP_SHARED, "pci0000:10"]
+
+
+def test_a_host_bridge_with_two_root_ports_sums_their_capacity() -> None:
+    a = attribute(
+        topology(),
+        [
+            flow(GPU_A, "gpu0", DeviceClass.GPU, 10e9, 0.0),
+            flow(GPU_B, "gpu1", DeviceClass.GPU, 20e9, 0.0),
+            flow(GPU_C, "gpu2", DeviceClass.GPU, 5e9, 0.0),
+        ],
+    )
+    bridge = a.link("pci0000:10")
+    assert bridge is not None and bridge.kind is LinkKind.HOST_BRIDGE and bridge.shared
+    assert bridge.capacity_bytes_per_second == pytest.approx(2 * GEN5_X16)
+    assert bridge.downstream.demand_bytes_per_second == pytest.approx(30e9)
+    assert bridge.speed_gts is None
+    # One root port under pci0000:80: its root port already says everything.
+    assert a.link("pci0000:80") is None
+
+
+@pytest.mark.parametrize(
+    ("port", "below", "expected"),
+    [
+        # the root port trained at Gen4 x16, the switch below it still says Gen5 x16
+        (LinkState(16.0, 16, 32.0, 16), LinkState(32.0, 16, 32.0, 16), (4, 16)),
+        # the switch's upstream port reports x8: the narrower end is x8
+        (LinkState(32.0, 16, 32.0, 16), LinkState(32.0, 8, 32.0, 16), (5, 8)),
+        # Gen2 at one end (8b/10b) and x4 at the other
+        (LinkState(5.0, 16, 32.0, 16), LinkState(32.0, 4, 32.0, 16), (2, 4)),
+    ],
+)
+def test_capacity_is_taken_at_the_narrower_end(
+    port: LinkState, below: LinkState, expected: tuple[int, int]
+) -> None:
+    topo = topology(links={RP_SHARED: port, "0000:11:00.0": below})
+    a = attribute(topo, [flow(GPU_A, "gpu0", DeviceClass.GPU, 1e9, 1e9)])
+    rp = a.link(RP_SHARED)
+    assert rp is not None
+    gen, width = expected
+    assert rp.capacity_bytes_per_second == pytest.approx(link_capacity_bytes_per_s(gen, width))
+    assert rp.max_capacity_bytes_per_second == pytest.approx(GEN5_X16)
+    assert rp.width == width
+    assert rp.downstream.utilisation == pytest.approx(1e9 / link_capacity_bytes_per_s(gen, width))
+
+
+def test_endpoint_load_against_its_own_link() -> None:
+    topo = topology(links={GPU_A: LinkState(16.0, 16, 32.0, 16)})
+    a = attribute(topo, [flow(GPU_A, "gpu0", DeviceClass.GPU, 20e9, 18e9)])
+    load = a.endpoint(GPU_A)
+    assert load is not None and load.link is not None
+    gen4 = link_capacity_bytes_per_s(4, 16)
+    assert load.capacity_bytes_per_second == pytest.approx(gen4)
+    assert load.utilisation(Direction.DOWNSTREAM) == pytest.approx(20e9 / gen4)
+    assert load.bidirectional_utilisation == pytest.approx(38e9 / (2 * gen4))
+
+
+def test_unknown_functions_are_dropped_and_idle_links_have_no_contributions() -> None:
+    a = attribute(topology(), [flow("0000:ee:00.0", "gone", DeviceClass.GPU, 1e9, 1e9)])
+    assert a.endpoints == ()
+    rp = a.link(RP_SHARED)
+    assert rp is not None and rp.flows == () and rp.downstream.contributions == ()
+    assert rp.downstream.demand_bytes_per_second == 0.0
+    assert rp.downstream.utilisation == 0.0
+
+
+rates = st.floats(min_value=0.0, max_value=1e11, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(rates, rates), min_size=6, max_size=6))
+def test_conservation_and_shares(values: list[tuple[float, float]]) -> None:
+    bdfs = [
+        (GPU_A, DeviceClass.GPU),
+        (NVME, DeviceClass.NVME),
+        (HCA, DeviceClass.INFINIBAND),
+        (GPU_B, DeviceClass.GPU),
+        (GPU_C, DeviceClass.GPU),
+        (HCA_C, DeviceClass.INFINIBAND),
+    ]
+    flows = [
+        flow(b, f"e{i}", c, down, up)
+        for i, ((b, c), (down, up)) in enumerate(zip(bdfs, values, strict=True))
+    ]
+    a = attribute(topology(), flows)
+    by_bdf = {f.bdf: f for f in flows}
+    for link in a.links:
+        for direction in Direction:
+            load = link.load(direction)
+            expected = sum(by_bdf[b].bytes_per_second(direction) for b in link.endpoints)
+            assert load.demand_bytes_per_second == pytest.approx(expected)
+            if load.demand_bytes_per_second > 0:
+                assert math.fsum(c.share for c in load.contributions) == pytest.approx(1.0)
+                assert all(c.direction is direction for c in load.contributions)
+            if link.capacity_bytes_per_second:
+                assert load.utilisation == pytest.approx(
+                    load.demand_bytes_per_second / link.capacity_bytes_per_second
+                )
+            amounts = [c.bytes_per_second for c in load.contributions]
+            assert amounts == sorted(amounts, reverse=True)
+
+
+# --- the simulated HGX H100 through the real sources -----------------------------------------
+
+
+def _run(name: str, until: int) -> Iterator[Snapshot]:
+    from nodescope.sim.driver import SimClock, temp_dir
+    from nodescope.sim.node import SimulatedNode
+    from nodescope.sim.scenario import load_scenario
+
+    with tempfile.TemporaryDirectory(prefix="nodescope-test-", dir=temp_dir()) as d:
+        node = SimulatedNode(load_scenario(name), Path(d) / "root")
+        node.materialise()
+        clock = SimClock()
+        collector = Collector(
+            roots=node.roots,
+            scheduled=[ScheduledSource(s, 1.0) for s in node.sources()],
+            clock=clock,
+        )
+        try:
+            for t in range(until + 1):
+                node.advance_to(float(t))
+                clock.now = float(t)
+                yield collector.run_cycle(force=True)
+        finally:
+            collector.close()
+
+
+@pytest.fixture(scope="module")
+def contention_snapshot() -> Snapshot:
+    """root-port-contention at t=20: GPU 0 copies 41 GB/s host-to-device, nvme0n1 reads
+    6.5 GB/s, mlx5_0 moves 2 GB/s each way, all below root port 0000:15:01.0."""
+    *_, last = _run("root-port-contention", 20)
+    return last
+
+
+def test_simulated_directions_through_the_real_sources(contention_snapshot: Snapshot) -> None:
+    flows = {f.name: f for f in endpoint_flows(contention_snapshot)}
+    gpu, nvme, hca = flows["gpu0"], flows["nvme0n1"], flows["mlx5_0"]
+    # NVML RX ("to this GPU") is downstream, TX upstream.
+    assert gpu.downstream_bytes_per_second == pytest.approx(41e9, rel=1e-3)
+    assert gpu.upstream_bytes_per_second == pytest.approx(0.25e9, rel=1e-3)
+    assert gpu.measured_by == "nvml" and gpu.bdf == "0000:19:00.0"
+    # A disk read is a DMA write into host memory: upstream.
+    assert nvme.upstream_bytes_per_second == pytest.approx(6.5e9, rel=1e-3)
+    assert nvme.downstream_bytes_per_second == 0.0
+    assert nvme.bdf == "0000:18:00.0" and nvme.device_class is DeviceClass.NVME
+    # A NIC's transmit reads host memory: downstream.
+    assert hca.downstream_bytes_per_second == pytest.approx(2e9, rel=1e-3)
+    assert hca.device_class is DeviceClass.INFINIBAND
+
+
+def test_simulated_root_port_load(contention_snapshot: Snapshot) -> None:
+    a = snapshot_attribution(contention_snapshot)
+    assert a is not None
+    rp = a.link("0000:15:01.0")
+    assert rp is not None and rp.shared and rp.numa_node == 0
+    assert rp.capacity_bytes_per_second == pytest.approx(GEN5_X16)
+    down = {c.endpoint: c.bytes_per_second for c in rp.downstream.contributions}
+    up = {c.endpoint: c.bytes_per_second for c in rp.upstream.contributions}
+    assert down["gpu0"] == pytest.approx(41e9, rel=1e-3)
+    assert "nvme0n1" not in down
+    assert up["nvme0n1"] == pytest.approx(6.5e9, rel=1e-3)
+    assert rp.downstream.utilisation == pytest.approx(sum(down.values()) / GEN5_X16, rel=1e-9)
+    # GPU 1's root port is not affected.
+    other = a.link("0000:37:01.0")
+    assert other is not None and (other.downstream.utilisation or 0.0) < 0.2
+
+
+def test_exported_series_only_for_shared_links_and_bounded(contention_snapshot: Snapshot) -> None:
+    a = snapshot_attribution(contention_snapshot)
+    assert a is not None
+    shared = {link.name for link in a.shared_links}
+    got = {f.name: f for f in families(contention_snapshot)}
+    util = got["nodescope_pcie_link_utilization_ratio"].samples
+    assert {s.labels["link"] for s in util} <= shared
+    assert {s.labels["direction"] for s in util} == {"downstream", "upstream"}
+    rp = [s.value for s in util if s.labels == {"link": "0000:15:01.0", "direction": "downstream"}]
+    assert rp and 0.68 < rp[0] < 0.70
+    endpoint = got["nodescope_pcie_link_endpoint_bytes_per_second"].samples
+    per_key: dict[tuple[str, str], int] = {}
+    for s in endpoint:
+        key = (s.labels["link"], s.labels["direction"])
+        per_key[key] = per_key.get(key, 0) + 1
+    assert max(per_key.values()) <= TOP_CONTRIBUTORS
+    nvme = [
+        s
+        for s in endpoint
+        if s.labels["endpoint"] == "nvme0n1" and s.labels["link"] == "0000:15:01.0"
+    ]
+    assert [(s.labels["direction"], s.labels["class"]) for s in nvme] == [("upstream", "nvme")]
+    capacity = got["nodescope_pcie_shared_link_capacity_bytes_per_second"].samples
+    assert {s.labels["link"] for s in capacity} == shared

@@ -1,0 +1,508 @@
+"""The pure detectors: where each raises and where it stays silent, the evidence numbers, and
+messages that name devices, links and jobs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodescope.alerts import BUILTIN_RULES, THRESHOLD, VALUE
+from nodescope.config import Config, from_mapping
+from nodescope.detectors import contention, errors, links, placement
+from nodescope.detectors.registry import DETECTORS
+from nodescope.errors import ConfigError
+from nodescope.model.attribution import EndpointFlow, attribute
+from nodescope.model.finding import Severity
+from nodescope.model.jobs import GpuUse, JobProcess, JobView, job_views, parse_nccl_ib_hca
+from nodescope.model.topology import (
+    AerCounter,
+    AerRecord,
+    DeviceClass,
+    LinkState,
+    link_capacity_bytes_per_s,
+)
+from nodescope.sources.infiniband import CounterRate, InfinibandRates, PortRates
+from nodescope.sources.nvml import GpuProcess, GpuSample, NvLinkSample, NvmlData
+from nodescope.sources.procs import ProcsData, TcpCounters
+from tests.unit.fabric_helpers import (
+    GPU_A,
+    GPU_B,
+    GPU_C,
+    HCA,
+    HCA_C,
+    NVME,
+    RP_SHARED,
+    snapshot,
+    topology,
+)
+
+GEN5 = link_capacity_bytes_per_s(5, 16)
+GEN4 = link_capacity_bytes_per_s(4, 16)
+
+
+def flow(bdf: str, name: str, cls: DeviceClass, down: float, up: float) -> EndpointFlow:
+    return EndpointFlow(bdf, name, cls, down, up, "test")
+
+
+# --- contention -------------------------------------------------------------------------------
+
+
+def _contended(gpu_down: float, nvme_up: float, hca: float = 0.0) -> list[Any]:
+    flows = [
+        flow(GPU_A, "gpu0", DeviceClass.GPU, gpu_down, 0.0),
+        flow(NVME, "nvme0n1", DeviceClass.NVME, 0.0, nvme_up),
+        flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, hca, hca),
+    ]
+    a = attribute(topology(), flows)
+    return contention.evaluate(
+        a.shared_links, 0.6, 0.1, jobs_by_bdf={GPU_A: ["81740"]}, extra_evidence={}
+    )
+
+
+def test_contention_raises_at_the_threshold_with_two_classes() -> None:
+    found = _contended(0.6 * GEN5, 6.5e9)
+    assert [f.key for f in found] == [f"pcie_contention{{link={RP_SHARED}}}"]
+    f = found[0]
+    assert f.severity is Severity.WARNING
+    assert f.evidence[VALUE] == pytest.approx(0.6)
+    assert f.evidence[THRESHOLD] == 0.6
+    assert f.evidence["downstream_bytes_per_second"] == pytest.approx(0.6 * GEN5)
+    assert f.evidence["upstream_bytes_per_second"] == pytest.approx(6.5e9)
+    assert f.evidence["nvme0n1_share_ratio"] == pytest.approx(6.5e9 / (0.6 * GEN5 + 6.5e9))
+    assert f.evidence["endpoints"] == 2.0
+    # The message names the link, its capacity, the devices, what they do, and the job.
+    for part in (RP_SHARED, "root port", "Gen5 x16", "63.0 GB/s", "gpu0 H2D", "job 81740",
+                 "nvme0n1 reads 6.5 GB/s", "60% downstream"):  # fmt: skip
+        assert part in f.message, (part, f.message)
+
+
+def test_contention_stays_silent_just_below_the_threshold() -> None:
+    assert _contended(0.6 * GEN5 * 0.999, 6.5e9) == []
+
+
+def test_contention_needs_a_second_class_with_a_real_share() -> None:
+    # nvme at 5 % of the link's traffic: not a real share.
+    gpu = 0.7 * GEN5
+    assert _contended(gpu, 0.05 / 0.95 * gpu) == []
+    # the same GPU load with a NIC of 10 % makes it contention again
+    found = _contended(gpu, 0.0, hca=0.0556 * gpu)
+    assert [f.key for f in found] == [f"pcie_contention{{link={RP_SHARED}}}"]
+    assert "mlx5_0 transmit" in found[0].message
+
+
+def test_contention_ignores_one_class_only() -> None:
+    # Two GPUs below one host bridge fill it, but no other class takes part.
+    a = attribute(
+        topology(),
+        [
+            flow(GPU_A, "gpu0", DeviceClass.GPU, 0.9 * GEN5, 0.0),
+            flow(GPU_B, "gpu1", DeviceClass.GPU, 0.9 * GEN5, 0.0),
+        ],
+    )
+    assert contention.evaluate(a.shared_links, 0.6, 0.1) == []
+
+
+def test_contention_keep_band_reports_below_the_threshold() -> None:
+    flows = [
+        flow(GPU_A, "gpu0", DeviceClass.GPU, 0.55 * GEN5, 0.0),
+        flow(NVME, "nvme0n1", DeviceClass.NVME, 0.0, 6e9),
+    ]
+    a = attribute(topology(), flows)
+    assert contention.evaluate(a.shared_links, 0.6, 0.1) == []
+    kept = contention.evaluate(a.shared_links, 0.6, 0.1, floor=0.5)
+    assert len(kept) == 1
+    assert kept[0].evidence[VALUE] < kept[0].evidence[THRESHOLD]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(0.0, 1.2 * 63e9, allow_nan=False),
+    st.floats(0.0, 8e9, allow_nan=False),
+    st.floats(0.0, 40e9, allow_nan=False),
+)
+def test_contention_raises_exactly_when_the_rule_holds(gpu: float, nvme: float, hca: float) -> None:
+    flows = [
+        flow(GPU_A, "gpu0", DeviceClass.GPU, gpu, 0.0),
+        flow(NVME, "nvme0n1", DeviceClass.NVME, 0.0, nvme),
+        flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, hca, hca),
+    ]
+    a = attribute(topology(), flows)
+    found = contention.evaluate(a.shared_links, 0.6, 0.1)
+    rp = a.link(RP_SHARED)
+    assert rp is not None
+    total = rp.total_bytes_per_second
+    util = max(rp.downstream.utilisation or 0.0, rp.upstream.utilisation or 0.0)
+    classes = {
+        f.device_class for f in rp.flows if total and f.total_bytes_per_second / total >= 0.1
+    }
+    expected = util >= 0.6 and len(classes) >= 2
+    assert any(f.subjects["link"] == RP_SHARED for f in found) == expected
+    for f in found:
+        assert f.evidence[VALUE] >= 0.6
+
+
+# --- saturation -------------------------------------------------------------------------------
+
+
+def _gpu(
+    index: int,
+    bdf: str,
+    name: str = "NVIDIA A100-SXM4-80GB",
+    *,
+    gen: tuple[int, int] = (4, 4),
+    width: tuple[int, int] = (16, 16),
+    replays: int | None = 0,
+    pids: tuple[int, ...] = (),
+    nvlinks: tuple[NvLinkSample, ...] = (),
+) -> GpuSample:
+    return GpuSample(
+        index=index,
+        uuid=f"GPU-{index}",
+        name=name,
+        pci_address=bdf,
+        pcie_tx=None,
+        pcie_rx=None,
+        pcie_snapshot=None,
+        pcie_bytes_source=None,
+        pcie_gen_current=gen[0],
+        pcie_width_current=width[0],
+        pcie_gen_max=gen[1],
+        pcie_width_max=width[1],
+        pcie_replays=replays,
+        gpu_util_percent=90,
+        memory_util_percent=50,
+        decoder_util_percent=0,
+        encoder_util_percent=0,
+        jpeg_util_percent=0,
+        processes=tuple(GpuProcess(p, None) for p in pids),
+        nvlinks=nvlinks,
+        unsupported=(),
+    )
+
+
+def _saturation(down: float, up: float, name: str = "NVIDIA A100-SXM4-80GB") -> list[Any]:
+    topo = topology(links={GPU_A: LinkState(16.0, 16, 16.0, 16)})  # Gen4 x16
+    a = attribute(topo, [flow(GPU_A, "gpu0", DeviceClass.GPU, down, up)])
+    return links.saturation(
+        a.endpoints,
+        {GPU_A: _gpu(0, GPU_A, name)},
+        bidirectional_ratio=0.6,
+        one_way_ratio=0.85,
+        models={"A100": 0.57, "A100-SXM4-40GB": 0.5},
+        jobs_by_bdf={GPU_A: ["81744"]},
+    )
+
+
+def test_saturation_at_the_measured_a100_point() -> None:
+    found = _saturation(20e9, 18e9)  # 38 of 63 GB/s both ways
+    assert [f.key for f in found] == [f"pcie_saturation{{device={GPU_A},gpu=0}}"]
+    f = found[0]
+    assert f.evidence["bidirectional_utilisation_ratio"] == pytest.approx(38e9 / (2 * GEN4))
+    assert f.evidence["bidirectional_threshold_ratio"] == 0.57
+    assert f.evidence[VALUE] == pytest.approx(38e9 / (2 * GEN4) / 0.57)
+    assert f.evidence[THRESHOLD] == 1.0
+    for part in ("GPU 0", GPU_A, "A100", "Gen4 x16", "38.0 GB/s", "for A100", "job 81744"):
+        assert part in f.message, (part, f.message)
+
+
+def test_saturation_boundaries_per_model() -> None:
+    at = 0.57 * 2 * GEN4
+    assert _saturation(at / 2, at / 2)
+    assert not _saturation(at / 2 * 0.999, at / 2 * 0.999)
+    # An unknown model takes the default ratio (0.6 here): the A100 point is not enough.
+    assert not _saturation(at / 2, at / 2, name="NVIDIA H100 80GB HBM3")
+    # The longest matching key wins.
+    found = _saturation(0.26 * 2 * GEN4, 0.26 * 2 * GEN4, name="NVIDIA A100-SXM4-40GB")
+    assert found and found[0].evidence["bidirectional_threshold_ratio"] == 0.5
+
+
+def test_saturation_one_way() -> None:
+    found = _saturation(0.85 * GEN4, 0.0)
+    assert found and found[0].evidence["one_way_utilisation_ratio"] == pytest.approx(0.85)
+    assert not _saturation(0.84 * GEN4, 0.0)
+
+
+def test_model_ratio() -> None:
+    assert links.model_ratio("NVIDIA A100-SXM4-80GB", {"a100": 0.5}, 0.6) == (0.5, "a100")
+    assert links.model_ratio("NVIDIA H100", {"A100": 0.5}, 0.6) == (0.6, None)
+
+
+# --- downtraining -----------------------------------------------------------------------------
+
+
+def _downtraining(gpu_link: LinkState, traffic: float, nvml: tuple[int, int] = (5, 5)) -> list[Any]:
+    topo = topology(links={GPU_A: gpu_link, "0000:12:00.0": gpu_link})
+    a = attribute(topo, [flow(GPU_A, "gpu0", DeviceClass.GPU, traffic, 0.0)])
+    gpus = {GPU_A: _gpu(3, GPU_A, "NVIDIA H100 80GB HBM3", gen=nvml)}
+    return links.downtraining(a, gpus, 1e9, jobs_by_bdf={GPU_A: ["81742"]})
+
+
+def test_downtraining_under_load() -> None:
+    found = _downtraining(LinkState(2.5, 16, 32.0, 16), 3.6e9)
+    assert [f.key for f in found] == [f"pcie_link_downtrained{{device={GPU_A},gpu=3}}"]
+    f = found[0]
+    assert f.evidence["current_generation"] == 1.0 and f.evidence["max_generation"] == 5.0
+    assert f.evidence["current_speed_gts"] == 2.5
+    assert f.evidence["capacity_bytes_per_second"] == pytest.approx(4e9)
+    for part in ("GPU 3", GPU_A, "below 0000:12:00.0", "Gen1 x16 of Gen5 x16", "job 81742"):
+        assert part in f.message, (part, f.message)
+
+
+def test_downtraining_width() -> None:
+    found = _downtraining(LinkState(32.0, 8, 32.0, 16), 14e9)
+    assert found and found[0].evidence["current_width_lanes"] == 8.0
+    assert "Gen5 x8 of Gen5 x16" in found[0].message
+
+
+def test_idle_downtraining_is_no_finding() -> None:
+    assert _downtraining(LinkState(2.5, 16, 32.0, 16), 0.99e9) == []
+    assert _downtraining(LinkState(32.0, 16, 32.0, 16), 50e9) == []
+
+
+def test_downtraining_seen_by_nvml_only() -> None:
+    found = _downtraining(LinkState(32.0, 16, 32.0, 16), 5e9, nvml=(3, 5))
+    assert found and found[0].evidence["current_generation"] == 3.0
+
+
+# --- error counters ---------------------------------------------------------------------------
+
+
+def _aer(severity: str, total: int, **counters: int) -> AerRecord:
+    return AerRecord(severity, tuple(AerCounter(n, v) for n, v in counters.items()), total)
+
+
+def test_aer_increments() -> None:
+    before = topology(
+        aer={GPU_A: (_aer("fatal", 0), _aer("nonfatal", 1), _aer("correctable", 5, RxErr=5))}
+    )
+    after = topology(
+        aer={GPU_A: (_aer("fatal", 1), _aer("nonfatal", 1), _aer("correctable", 8, RxErr=8))}
+    )
+    found = errors.aer_findings(
+        before, after, 10.0, 0.0, {"tcp_retransmitted_segments_per_second": 2.0}
+    )
+    by_sev = {f.subjects["severity"]: f for f in found}
+    assert set(by_sev) == {"fatal", "correctable"}
+    assert by_sev["fatal"].severity is Severity.CRITICAL
+    assert by_sev["correctable"].severity is Severity.INFO
+    assert by_sev["correctable"].evidence["errors"] == 3.0
+    assert by_sev["correctable"].evidence["errors_per_second"] == pytest.approx(0.3)
+    assert by_sev["correctable"].evidence["RxErr_errors"] == 3.0
+    assert by_sev["fatal"].evidence["tcp_retransmitted_segments_per_second"] == 2.0
+    assert GPU_A in by_sev["correctable"].message and "RxErr +3" in by_sev["correctable"].message
+    # Correctable errors below the configured rate are no finding.
+    assert {f.subjects["severity"] for f in errors.aer_findings(before, after, 10.0, 0.31)} == {
+        "fatal"
+    }
+    assert errors.aer_findings(after, after, 10.0, 0.0) == []
+
+
+def _link(n: int, **counts: int) -> NvLinkSample:
+    return NvLinkSample(n, True, "switch", "0000:83:00.0", None, None, None, None,
+                        tuple(counts.items()))  # fmt: skip
+
+
+def _nvml(replays: int, nvlinks: tuple[NvLinkSample, ...] = ()) -> NvmlData:
+    gpu = _gpu(2, GPU_A, "NVIDIA H100", gen=(5, 5), replays=replays, nvlinks=nvlinks)
+    return NvmlData(1, (gpu,), (), (), None, ())
+
+
+def test_gpu_pcie_replay_rate_boundary() -> None:
+    found = errors.nvml_findings(_nvml(100), _nvml(101), 10.0, 0.1, 1.0)
+    assert [f.key for f in found] == [f"gpu_pcie_replays{{device={GPU_A},gpu=2}}"]
+    assert found[0].evidence["replays_per_second"] == pytest.approx(0.1)
+    assert "GPU 2" in found[0].message
+    assert errors.nvml_findings(_nvml(100), _nvml(101), 10.0, 0.11, 1.0) == []
+
+
+def test_nvlink_error_rates_and_recoveries() -> None:
+    before = _nvml(
+        0, (_link(0, crc_flit=10, replay=0, recovery=0), _link(1, crc_flit=0, recovery=0))
+    )
+    after = _nvml(
+        0, (_link(0, crc_flit=20, replay=0, recovery=0), _link(1, crc_flit=0, recovery=1))
+    )
+    found = errors.nvml_findings(before, after, 10.0, 0.1, 1.0)
+    assert {f.key for f in found} == {
+        "nvlink_errors{gpu=2,nvlink=0}",
+        "nvlink_errors{gpu=2,nvlink=1}",
+    }
+    link0 = next(f for f in found if f.subjects["nvlink"] == "0")
+    assert link0.evidence["crc_flit_errors_per_second"] == pytest.approx(1.0)
+    assert "NVLink 0 to 0000:83:00.0" in link0.message
+    # Below the rate: only the recovery remains.
+    found = errors.nvml_findings(before, after, 10.0, 0.1, 1.01)
+    assert [f.subjects["nvlink"] for f in found] == ["1"]
+
+
+def _ib(symbol: float, downed: float, wait: float) -> InfinibandRates:
+    port = PortRates(
+        "mlx5_0", 1, 1e9, 1e9, None, None, wait, None, None, None,
+        (CounterRate("symbol_error", symbol), CounterRate("link_downed", downed)), (),
+    )  # fmt: skip
+    return InfinibandRates(10.0, (port,))
+
+
+def test_ib_errors_and_xmit_wait() -> None:
+    assert errors.ib_findings(_ib(0.0, 0.0, 0.0), 1 / 60, 1e6) == []
+    found = errors.ib_findings(_ib(0.1, 0.1, 2e6), 1 / 60, 1e6)
+    assert {f.key for f in found} == {"ib_port_errors{hca=mlx5_0,port=1}",
+                                      "ib_xmit_wait{hca=mlx5_0,port=1}"}  # fmt: skip
+    errs = next(f for f in found if f.kind == "ib_port_errors")
+    assert "link went down 1 time(s)" in errs.message and "symbol errors" in errs.message
+    assert errors.ib_findings(_ib(0.01, 0.0, 0.99e6), 1 / 60, 1e6) == []
+
+
+def test_error_kinds_fire_at_once() -> None:
+    for kind in (errors.AER, errors.REPLAYS, errors.NVLINK, errors.IB_ERRORS):
+        assert BUILTIN_RULES[kind].for_seconds == 0.0
+
+
+# --- placement and the job view ---------------------------------------------------------------
+
+
+HCAS = {"mlx5_0": HCA, "mlx5_1": HCA_C}
+
+
+def _views(hca: str | None) -> tuple[JobView, ...]:
+    procs = [JobProcess(100, "81770", "/job_81770/step_0/user/task_0", hca),
+             JobProcess(101, "81770", "/job_81770/step_0/user/task_1", hca)]  # fmt: skip
+    gpus = [GpuUse(0, GPU_A, (100,)), GpuUse(1, GPU_B, (101,)), GpuUse(2, GPU_C, ())]
+    return job_views(procs, gpus, HCAS)
+
+
+def test_job_view_from_processes_and_nccl_ib_hca() -> None:
+    (view,) = _views("=mlx5_1")
+    assert view.gpus == (0, 1) and view.gpu_bdfs == (GPU_A, GPU_B)
+    assert view.hcas == ("mlx5_1",) and view.hca_source == "NCCL_IB_HCA"
+    (view,) = _views(None)
+    assert view.hcas == ("mlx5_0", "mlx5_1") and view.hca_source == "all"
+
+
+def test_placement_across_numa_is_a_warning() -> None:
+    found = placement.evaluate(_views("mlx5_1"), topology(), HCAS)
+    assert [f.key for f in found] == ["job_hca_placement{job=81770}"]
+    f = found[0]
+    assert f.severity is Severity.WARNING
+    assert f.evidence["gpus_across_numa"] == 2.0
+    for part in ("job 81770", "GPUs 0,1", "NUMA 0", "mlx5_1 (NUMA 1)", "mlx5_0 (GPU 0)"):
+        assert part in f.message, (part, f.message)
+
+
+def test_placement_with_the_near_hca_is_fine() -> None:
+    assert placement.evaluate(_views(None), topology(), HCAS) == []
+    assert placement.evaluate(_views("mlx5_0"), topology(), HCAS) == []
+
+
+def test_placement_another_root_complex_is_info() -> None:
+    # Both host bridges on NUMA node 0: GPU C (pci0000:80) told to use mlx5_0 (pci0000:10)
+    # while mlx5_1 shares its root complex.
+    topo = topology()
+    topo = dataclasses.replace(
+        topo,
+        devices=tuple(dataclasses.replace(d, numa_node=0) for d in topo.devices),
+    )
+    procs = [JobProcess(100, "7", "/job_7", "=mlx5_0")]
+    (view,) = job_views(procs, [GpuUse(2, GPU_C, (100,))], HCAS)
+    found = placement.evaluate([view], topo, HCAS)
+    assert [f.key for f in found] == ["job_hca_placement{job=7}"]
+    assert found[0].severity is Severity.INFO
+    assert found[0].evidence["gpus_across_root_complex"] == 1.0
+    assert "another root complex" in found[0].message
+    # On the two-socket tree the same choice crosses sockets: a warning.
+    (far,) = placement.evaluate([view], topology(), HCAS)
+    assert far.severity is Severity.WARNING
+
+
+@pytest.mark.parametrize(
+    ("value", "devices", "chosen"),
+    [
+        ("mlx5", ["mlx5_0", "mlx5_10", "ib0"], ("mlx5_0", "mlx5_10")),
+        ("=mlx5_1", ["mlx5_1", "mlx5_10"], ("mlx5_1",)),
+        ("mlx5_1:1,mlx5_4:1", ["mlx5_1", "mlx5_4", "mlx5_5"], ("mlx5_1", "mlx5_4")),
+        ("^=mlx5_1", ["mlx5_1", "mlx5_10"], ("mlx5_10",)),
+        ("^mlx5_1", ["mlx5_1", "mlx5_10", "mlx5_2"], ("mlx5_2",)),
+    ],
+)
+def test_nccl_ib_hca(value: str, devices: list[str], chosen: tuple[str, ...]) -> None:
+    f = parse_nccl_ib_hca(value)
+    assert f is not None and f.select(devices) == chosen
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_nccl_ib_hca_never_raises(value: str) -> None:
+    f = parse_nccl_ib_hca(value)
+    if f is not None:
+        f.select(["mlx5_0", "mlx5_1"])
+
+
+# --- wiring: the registry, the config, the snapshot path --------------------------------------
+
+
+def test_registry_runs_these_detectors() -> None:
+    names = {d.name for d in DETECTORS}
+    assert {"contention", "saturation", "downtraining", "errors", "placement"} <= names
+
+
+def test_detectors_config_section() -> None:
+    config = from_mapping(
+        {
+            "detectors": {
+                "contention": {"utilisation_ratio": 0.7, "min_share": 0.2},
+                "saturation": {"models": {"H100": 0.5}},
+                "errors": {"enabled": False},
+            }
+        }
+    )
+    d = config.detectors
+    assert d.number("contention", "utilisation_ratio") == 0.7
+    assert d.number("contention", "min_share") == 0.2
+    assert dict(d.saturation_models) == {"A100": 0.57, "H100": 0.5}
+    assert not d.enabled("errors") and d.enabled("placement")
+    assert Config().detectors.number("saturation", "bidirectional_ratio") == 0.57
+    for bad in (
+        {"detectors": {"nope": {}}},
+        {"detectors": {"contention": {"nope": 1}}},
+        {"detectors": {"contention": {"utilisation_ratio": 1.5}}},
+        {"detectors": {"saturation": {"models": {"A100": 0}}}},
+    ):
+        with pytest.raises(ConfigError):
+            from_mapping(bad)
+
+
+def test_detect_on_a_snapshot_with_tcp_evidence_and_jobs() -> None:
+    """The registry form: data from the snapshot, jobs from procs, TCP from /proc/net/snmp."""
+    from nodescope.sources.nvml import CounterValue
+
+    def nvml(tx: int, rx: int) -> NvmlData:
+        gpu = dataclasses.replace(
+            _gpu(0, GPU_A, "NVIDIA A100-SXM4-80GB", pids=(4242,)),
+            pcie_tx=CounterValue(tx, None, 64),
+            pcie_rx=CounterValue(rx, None, 64),
+        )
+        return NvmlData(1, (gpu,), (), (), None, ())
+
+    topo = topology(links={GPU_A: LinkState(16.0, 16, 16.0, 16)})
+    procs_before = ProcsData(
+        (JobProcess(4242, "81744", "/job_81744", None),), TcpCounters(0, 1000, 10)
+    )
+    procs_after = ProcsData(
+        (JobProcess(4242, "81744", "/job_81744", None),), TcpCounters(0, 21000, 12)
+    )
+    snap = snapshot(
+        {"pci": topo, "nvml": nvml(18_000_000_000, 20_000_000_000), "procs": procs_after},
+        {"pci": topo, "nvml": nvml(0, 0), "procs": procs_before},
+    )
+    found = links.detect_saturation(None, snap, Config())
+    assert len(found) == 1
+    f = found[0]
+    assert f.evidence["tcp_retransmitted_segments_per_second"] == pytest.approx(2.0)
+    assert f.evidence["tcp_retransmit_ratio"] == pytest.approx(2.0 / 20000)
+    assert "job 81744" in f.message and "TCP retransmits 2.0/s" in f.message
+    disabled = from_mapping({"detectors": {"saturation": {"enabled": False}}})
+    assert links.detect_saturation(None, snap, disabled) == []

@@ -1,0 +1,121 @@
+"""The procs source: job processes from Slurm's cgroups, NCCL_IB_HCA from their environ, the
+TCP counters of /proc/net/snmp."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodescope.errors import ParseError
+from nodescope.roots import Roots
+from nodescope.sources.procs import (
+    ProcsData,
+    TcpCounters,
+    job_id_of,
+    make_source,
+    parse_environ,
+    parse_pids,
+    parse_snmp,
+    procs_rates,
+    read_procs,
+)
+
+# The TCP lines of /proc/net/snmp as Linux 6.12 prints them (net/ipv4/proc.c).
+SNMP = (
+    "Ip: Forwarding DefaultTTL InReceives\n"
+    "Ip: 1 64 123\n"
+    "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets"
+    " CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors\n"
+    "Tcp: 1 200 120000 -1 3120 1850 12 40 42 46000000 48000000 1200 0 310 0\n"
+    "Udp: InDatagrams NoPorts\n"
+    "Udp: 1 2\n"
+)
+
+
+def test_parse_snmp() -> None:
+    assert parse_snmp(SNMP) == TcpCounters(46_000_000, 48_000_000, 1200)
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("Ip: a\nIp: 1\n", None),
+        ("Tcp: InSegs OutSegs RetransSegs\n", 1),
+        ("Tcp: InSegs OutSegs RetransSegs\nTcp: 1 2\n", 2),
+        ("Tcp: InSegs OutSegs RetransSegs\nTcp: 1 2 x\n", 2),
+        ("Tcp: InSegs OutSegs\nTcp: 1 2\n", 1),
+    ],
+)
+def test_parse_snmp_rejects(text: str, line: int | None) -> None:
+    with pytest.raises(ParseError) as err:
+        parse_snmp(text, "snmp")
+    assert err.value.line == line and err.value.source == "snmp"
+
+
+def test_parse_environ_keeps_only_what_nccl_placement_needs() -> None:
+    text = "PATH=/bin\0NCCL_IB_HCA=mlx5_6,mlx5_7\0AWS_SECRET=x\0garbage\0SLURM_JOB_ID=81770\0"
+    assert parse_environ(text) == (("NCCL_IB_HCA", "mlx5_6,mlx5_7"), ("SLURM_JOB_ID", "81770"))
+
+
+def test_parse_pids_and_job_dirs() -> None:
+    assert parse_pids("12\n7\n12\n\n") == (7, 12)
+    with pytest.raises(ParseError) as err:
+        parse_pids("12\nx\n", "cgroup.procs")
+    assert err.value.line == 2
+    assert job_id_of("job_81770") == "81770"
+    assert job_id_of("job_") is None and job_id_of("step_0") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_parsers_raise_only_parse_errors(text: str) -> None:
+    for parse in (parse_snmp, parse_pids, parse_environ):
+        with contextlib.suppress(ParseError):
+            parse(text, "fuzz")
+
+
+def test_rates() -> None:
+    a = ProcsData((), TcpCounters(0, 1_000, 10))
+    b = ProcsData((), TcpCounters(0, 21_000, 14))
+    rates = procs_rates(a, b, 2.0).tcp
+    assert rates is not None
+    assert rates.out_segs_per_second == 10_000 and rates.retrans_segs_per_second == 2
+    assert rates.retransmit_ratio == pytest.approx(2 / 10_000)
+    assert procs_rates(ProcsData((), None), b, 2.0).tcp is None
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_read_procs_on_a_tree(tmp_path: Path) -> None:
+    roots = Roots.under(tmp_path)
+    cg = roots.cgroupfs
+    _write(cg / "cgroup.controllers", "cpu memory\n")
+    job = cg / "system.slice" / "slurmstepd.scope" / "job_81770"
+    _write(job / "step_0" / "user" / "task_0" / "cgroup.procs", "4242\n")
+    _write(job / "step_0" / "slurm" / "cgroup.procs", "4200\n4299\n")  # 4299 has exited
+    _write(cg / "user.slice" / "cgroup.procs", "1000\n")  # not a job
+    _write(roots.procfs / "4242" / "environ", "NCCL_IB_HCA=mlx5_6\0PATH=/bin\0")
+    _write(roots.procfs / "4200" / "environ", "PATH=/bin\0")
+    _write(roots.procfs / "1000" / "environ", "NCCL_IB_HCA=mlx5_0\0")
+    _write(roots.procfs / "net" / "snmp", SNMP)
+    data = make_source().collect(roots)
+    assert data == read_procs(roots)
+    assert [(p.pid, p.job_id, p.nccl_ib_hca) for p in data.processes] == [
+        (4200, "81770", None),
+        (4242, "81770", "mlx5_6"),
+    ]
+    assert data.processes[1].cgroup == (
+        "/system.slice/slurmstepd.scope/job_81770/step_0/user/task_0"
+    )
+    assert data.tcp == TcpCounters(46_000_000, 48_000_000, 1200)
+
+
+def test_read_procs_without_cgroup_v2_or_snmp(tmp_path: Path) -> None:
+    assert read_procs(Roots.under(tmp_path)) == ProcsData((), None)
