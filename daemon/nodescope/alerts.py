@@ -45,15 +45,14 @@ from types import MappingProxyType
 
 from nodescope.config import AlertsSettings, Config
 from nodescope.model.alert import Alert, AlertState, Transition, TransitionKind
-from nodescope.model.finding import Finding, Severity
+from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 
 #: Tolerance for comparing elapsed monotonic seconds with ``for``/``resolve_after``: ticks of
 #: 0.1 s summed a hundred times are 9.999999999999998 s, and must count as 10 s.
 _EPSILON = 1e-6
 
-#: Evidence names of the value hysteresis convention (see the module docstring).
-VALUE = "value"
-THRESHOLD = "threshold"
+# VALUE and THRESHOLD, the evidence names of the value-hysteresis convention, live with the
+# Finding they describe.
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.alerts import BUILTIN_RULES, THRESHOLD, VALUE
+from nodescope.alerts import BUILTIN_RULES
 from nodescope.config import Config, from_mapping
 from nodescope.detectors import contention, errors, links, placement
 from nodescope.detectors.registry import DETECTORS
 from nodescope.errors import ConfigError
 from nodescope.model.attribution import EndpointFlow, attribute
-from nodescope.model.finding import Severity
+from nodescope.model.finding import THRESHOLD, VALUE, Severity
 from nodescope.model.jobs import GpuUse, JobProcess, JobView, job_views, parse_nccl_ib_hca
 from nodescope.model.topology import (
     AerCounter,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nodescope.alerts import THRESHOLD, VALUE
 from nodescope.config import Config
 from nodescope.detectors.common import (
     emit_floor,
@@ -37,7 +36,7 @@ from nodescope.detectors.common import (
 )
 from nodescope.detectors.traffic import snapshot_attribution
 from nodescope.model.attribution import Direction, EndpointFlow, LinkKind, LinkLoad
-from nodescope.model.finding import Finding, Severity
+from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import DeviceClass, generation_of
 

@@ -23,7 +23,6 @@ not in use"), so an idle link below its maximum is no finding.
 
 from __future__ import annotations
 
-from nodescope.alerts import THRESHOLD, VALUE
 from nodescope.config import Config
 from nodescope.detectors.common import (
     emit_floor,
@@ -35,7 +34,7 @@ from nodescope.detectors.common import (
 )
 from nodescope.detectors.traffic import snapshot_attribution
 from nodescope.model.attribution import TRAFFIC_CLASSES, Attribution, Direction, EndpointLoad
-from nodescope.model.finding import Finding, Severity
+from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import DeviceClass, UpstreamLink, generation_of
 from nodescope.sources.nvml import GpuSample, NvmlData

@@ -13,6 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+#: Evidence names of the value-hysteresis convention: a detector that reports a level puts the
+#: measured ``value`` and the raise ``threshold`` in the evidence; the alert engine raises at
+#: ``value >= threshold`` and keeps a firing alert while ``value`` stays above the rule's
+#: ``clear_below`` (see nodescope.alerts).
+VALUE = "value"
+THRESHOLD = "threshold"
+
 
 class Severity(enum.IntEnum):
     """Ordered: a higher value is worse."""

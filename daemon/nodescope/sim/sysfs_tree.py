@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodescope.errors import ParseError
+from nodescope.model.topology import format_cpulist
 from nodescope.sim.lspci import (
     EXPRESS_TYPE_CODES,
     ExpressType,
@@ -105,19 +106,6 @@ def cpus_of_sockets(sockets: int, cores: int, threads: int) -> dict[int, tuple[i
             first = thread * sockets * cores + socket * cores
             nodes[socket].extend(range(first, first + cores))
     return {node: tuple(cpus) for node, cpus in nodes.items()}
-
-
-def _cpulist(cpus: Sequence[int]) -> str:
-    ordered = sorted(cpus)
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def _config_space(dev: LspciDevice, multifunction: bool) -> bytes:
@@ -222,7 +210,7 @@ def materialise(
             if node is not None
             else [c for v in node_cpus.values() for c in v]
         )
-        _write(directory / "local_cpulist", _cpulist(cpus))
+        _write(directory / "local_cpulist", format_cpulist(cpus))
         (directory / "config").write_bytes(_config_space(dev, multifunction))
         if dev.express_type is not None:
             no_link = dev.express_type in _NO_LINK_TYPES
@@ -284,10 +272,10 @@ def materialise(
     nodes = sorted(set(node_cpus) | {d.numa_node for d in dump.devices if d.numa_node is not None})
     for node in nodes:
         (node_dir / f"node{node}").mkdir(parents=True, exist_ok=True)
-        _write(node_dir / f"node{node}" / "cpulist", _cpulist(node_cpus.get(node, ())))
+        _write(node_dir / f"node{node}" / "cpulist", format_cpulist(node_cpus.get(node, ())))
     if nodes:
-        _write(node_dir / "online", _cpulist(nodes))
-        _write(node_dir / "possible", _cpulist(nodes))
+        _write(node_dir / "online", format_cpulist(nodes))
+        _write(node_dir / "possible", format_cpulist(nodes))
     return MaterialisedTree(root, function_dirs, nvme, infiniband, net)
 
 
