@@ -24,6 +24,7 @@ Layout (little-endian), offsets in bytes:
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
@@ -36,17 +37,26 @@ CMD_ALL_ONES = 2
 STALL_START = (1 << 32) - 100_000_000
 
 
-def counters(ms: float) -> dict[int, tuple[str, int]]:
+def counters(ms: float) -> dict[int, tuple[type[ctypes.c_uint32 | ctypes.c_uint64], int]]:
     ns = ms * 1_000_000
     return {
-        0x100: ("<Q", int(ns * 1.0)),
-        0x108: ("<Q", int(ns * 0.25)),
-        0x110: ("<I", (STALL_START + int(ns * 5)) & 0xFFFFFFFF),
-        0x114: ("<I", int(ms) & 0xFFFFFFFF),
-        0x118: ("<I", 0),
-        0x200: ("<Q", int(ns * 2.0)),
-        0x208: ("<Q", int(ns * 2.0)),
+        0x100: (ctypes.c_uint64, int(ns * 1.0)),
+        0x108: (ctypes.c_uint64, int(ns * 0.25)),
+        0x110: (ctypes.c_uint32, (STALL_START + int(ns * 5)) & 0xFFFFFFFF),
+        0x114: (ctypes.c_uint32, int(ms) & 0xFFFFFFFF),
+        0x118: (ctypes.c_uint32, 0),
+        0x200: (ctypes.c_uint64, int(ns * 2.0)),
+        0x208: (ctypes.c_uint64, int(ns * 2.0)),
     }
+
+
+def store(
+    regs: mmap.mmap, offset: int, kind: type[ctypes.c_uint32 | ctypes.c_uint64], value: int
+) -> None:
+    """One aligned store of the register's full width, as hardware updates a counter: a
+    byte-wise copy could let the guest read a torn value, which looks like a decrease (a
+    false wrap of a 32-bit counter)."""
+    kind.from_buffer(regs, offset).value = value
 
 
 def main(path: str) -> int:
@@ -61,8 +71,8 @@ def main(path: str) -> int:
         if command == CMD_ALL_ONES:
             regs[0x100:0x300] = b"\xff" * 0x200
         else:
-            for offset, (fmt, value) in counters(ms).items():
-                struct.pack_into(fmt, regs, offset, value)
+            for offset, (kind, value) in counters(ms).items():
+                store(regs, offset, kind, value)
         struct.pack_into("<Q", regs, 0x008, int(ms))
         struct.pack_into("<Q", regs, 0x808, command or CMD_COUNT)
         time.sleep(0.001)
