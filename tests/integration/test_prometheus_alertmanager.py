@@ -1,17 +1,25 @@
-"""The shipped alert rules on the real parts: Debian's ``prometheus`` scrapes a real
-``nodescope run`` and evaluates exporters/prometheus/alerts.yml, Debian's
-``prometheus-alertmanager`` routes to a webhook receiver in this test.
+"""The shipped alert rules on the real parts: Debian's ``prometheus`` scrapes nodescope and
+evaluates exporters/prometheus/alerts.yml, Debian's ``prometheus-alertmanager`` routes to a
+webhook receiver in this test.
 
-A source loses its input (the test owns the ``--procfs`` root), so ``NodescopeSourceDown``
-fires — seen through Prometheus's HTTP API and as a webhook notification — and resolves when
-the input comes back. The rule's expression is the shipped one; only its ``for`` is shortened
-in the test's copy. Every process is started here, on 127.0.0.1 with its own data
-directories, and stopped by its PID even when the test fails.
+* A real ``nodescope run`` whose source loses its input (the test owns the ``--procfs`` root):
+  ``NodescopeSourceDown`` fires and resolves when the input comes back.
+* ``nodescope demo root-port-contention``, the simulated node in real time: GPU 0's
+  host-to-device copies and nvme0n1's reads fill root port 0000:15:01.0 from t=10 to t=50, so
+  the daemon's alert engine fires its ``pcie_contention`` alert and resolves it afterwards, and
+  ``NodescopePcieContention`` follows it through Prometheus and Alertmanager.
+
+Each is seen through Prometheus's HTTP API and as webhook notifications. The rule files are the
+shipped ones; a test's copy may shorten ``for`` durations and nothing else, which the test
+checks. Every process is started here, on 127.0.0.1 with its own data directories, and stopped
+by its PID even when the test fails.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -27,13 +35,16 @@ from typing import Any
 import pytest
 
 from nodescope.sources.registry import SOURCE_TABLE
-from tests.conftest import REPO
+from tests.conftest import REPO, nodescope_command
 from tests.integration.daemon_harness import Daemon, free_port
 
 pytestmark = pytest.mark.integration
 
 RULES = REPO / "exporters" / "prometheus"
 ALERT = "NodescopeSourceDown"
+CONTENTION = "NodescopePcieContention"
+#: The root port of root-port-contention that GPU 0 and nvme0n1 share.
+ROOT_PORT = "0000:15:01.0"
 
 
 def binary(name: str) -> str:
@@ -51,6 +62,35 @@ def with_for(rules: str, alert: str, duration: str) -> str:
     block, count = re.subn(r"(\n\s+for: )\S+", rf"\g<1>{duration}", rules[start:end], count=1)
     assert count == 1, f"{alert} has no for"
     return rules[:start] + block + rules[end:]
+
+
+_FOR_LINE = re.compile(r"^(\s+for: )\S+$", re.MULTILINE)
+
+
+def shipped_alerts(shortened: dict[str, str]) -> str:
+    """The shipped alerts.yml with the ``for`` of the named alerts replaced, checked to differ
+    from the shipped file in ``for`` values only: every expression, label and annotation is
+    the shipped one."""
+    shipped = (RULES / "alerts.yml").read_text()
+    copy = shipped
+    for alert, duration in shortened.items():
+        copy = with_for(copy, alert, duration)
+    assert _FOR_LINE.sub(r"\g<1>X", copy) == _FOR_LINE.sub(r"\g<1>X", shipped)
+    return copy
+
+
+def shipped_expr(alert: str) -> str:
+    """The one-line ``expr`` of an alert in the shipped alerts.yml."""
+    rules = (RULES / "alerts.yml").read_text()
+    start = rules.index(f"- alert: {alert}\n")
+    match = re.compile(r"\n\s+expr: (.+)").search(rules, start)
+    assert match is not None and match.group(1).strip() not in ("|", ">", "|-", ">-")
+    return match.group(1).strip()
+
+
+def same_expr(a: str, b: str) -> bool:
+    """PromQL equal up to whitespace (Prometheus re-prints the expressions it loaded)."""
+    return re.sub(r"\s+", "", a) == re.sub(r"\s+", "", b)
 
 
 class Webhook:
@@ -96,10 +136,10 @@ class Webhook:
 class Process:
     """A server started by the test; stopped by its PID."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log
         self._log = log.open("wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def log(self) -> str:
         self._log.flush()
@@ -147,10 +187,107 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs()}")
 
 
+class Alerting:
+    """Alertmanager routing to the webhook, and Prometheus scraping one nodescope target every
+    second with the given alert rules and the shipped recording rules."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        target_port: int,
+        alert_rules: str,
+        webhook: Webhook,
+        started: list[Process],
+    ) -> None:
+        prometheus_bin = binary("prometheus")
+        alertmanager_bin = binary("prometheus-alertmanager")
+        # Alertmanager: one route to the webhook, groups flushed within a second.
+        am_port = free_port()
+        (workdir / "alertmanager.yml").write_text(
+            f"""
+route:
+  receiver: webhook
+  group_by: [alertname, source, subject]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: webhook
+    webhook_configs:
+      - url: http://127.0.0.1:{webhook.port}/hook
+        send_resolved: true
+"""
+        )
+        (workdir / "am-data").mkdir()
+        self.alertmanager_process = Process(
+            [
+                alertmanager_bin,
+                f"--config.file={workdir / 'alertmanager.yml'}",
+                f"--storage.path={workdir / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{am_port}",
+                "--cluster.listen-address=",
+            ],
+            workdir / "alertmanager.log",
+        )
+        started.append(self.alertmanager_process)
+
+        shutil.copyfile(RULES / "records.yml", workdir / "records.yml")
+        (workdir / "alerts.yml").write_text(alert_rules)
+        prom_port = free_port()
+        (workdir / "prometheus.yml").write_text(
+            f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files: [alerts.yml, records.yml]
+alerting:
+  alertmanagers:
+    - static_configs:
+        - targets: ["127.0.0.1:{am_port}"]
+scrape_configs:
+  - job_name: nodescope
+    static_configs:
+      - targets: ["127.0.0.1:{target_port}"]
+"""
+        )
+        self.prometheus_process = Process(
+            [
+                prometheus_bin,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--rules.alert.resend-delay=1s",
+            ],
+            workdir / "prometheus.log",
+        )
+        started.append(self.prometheus_process)
+        self.prometheus = f"http://127.0.0.1:{prom_port}"
+        self.alertmanager = f"http://127.0.0.1:{am_port}"
+
+    def logs(self) -> str:
+        return (
+            f"--- prometheus\n{self.prometheus_process.log()}\n"
+            f"--- alertmanager\n{self.alertmanager_process.log()}"
+        )
+
+    def wait_ready(self, logs: Callable[[], str]) -> None:
+        def ready(base: str) -> bool:
+            with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
+                return bool(response.status == 200)
+
+        for base in (self.prometheus, self.alertmanager):
+            wait_until(functools.partial(ready, base), 15, f"{base} ready", logs)
+
+    def alerting_rules(self) -> dict[str, dict[str, Any]]:
+        """The alerting rules Prometheus loaded, by name."""
+        groups = get_json(f"{self.prometheus}/api/v1/rules")["data"]["groups"]
+        return {r["name"]: r for g in groups for r in g["rules"] if r["type"] == "alerting"}
+
+
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    prometheus_bin = binary("prometheus")
-    alertmanager_bin = binary("prometheus-alertmanager")
+    binary("prometheus")
+    binary("prometheus-alertmanager")
     started: list[Process] = []
     webhook = Webhook()
     daemon: Daemon | None = None
@@ -179,81 +316,18 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         # The loop sends WATCHDOG=1 datagrams; a socket nobody reads would fill up.
         threading.Thread(target=drain, args=(daemon,), daemon=True).start()
 
-        # Alertmanager: one route to the webhook, groups flushed within a second.
-        am_port = free_port()
-        (tmp_path / "alertmanager.yml").write_text(
-            f"""
-route:
-  receiver: webhook
-  group_by: [alertname, source]
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: webhook
-    webhook_configs:
-      - url: http://127.0.0.1:{webhook.port}/hook
-        send_resolved: true
-"""
-        )
-        (tmp_path / "am-data").mkdir()
-        alertmanager = Process(
-            [
-                alertmanager_bin,
-                f"--config.file={tmp_path / 'alertmanager.yml'}",
-                f"--storage.path={tmp_path / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{am_port}",
-                "--cluster.listen-address=",
-            ],
-            tmp_path / "alertmanager.log",
-        )
-        started.append(alertmanager)
-
-        # Prometheus: the shipped rules, the source-down rule's for shortened.
-        shutil.copyfile(RULES / "records.yml", tmp_path / "records.yml")
-        (tmp_path / "alerts.yml").write_text(
-            with_for((RULES / "alerts.yml").read_text(), ALERT, "1s")
-        )
-        prom_port = free_port()
-        (tmp_path / "prometheus.yml").write_text(
-            f"""
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-rule_files: [alerts.yml, records.yml]
-alerting:
-  alertmanagers:
-    - static_configs:
-        - targets: ["127.0.0.1:{am_port}"]
-scrape_configs:
-  - job_name: nodescope
-    static_configs:
-      - targets: ["127.0.0.1:{daemon.port}"]
-"""
-        )
-        prometheus = Process(
-            [
-                prometheus_bin,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--rules.alert.resend-delay=1s",
-            ],
-            tmp_path / "prometheus.log",
-        )
-        started.append(prometheus)
+        # The shipped rules, the source-down rule's for shortened.
+        alerting = Alerting(tmp_path, daemon.port, shipped_alerts({ALERT: "1s"}), webhook, started)
 
         def logs() -> str:
-            return (
-                f"--- prometheus\n{prometheus.log()}\n--- alertmanager\n{alertmanager.log()}\n"
-                f"--- nodescope\n{daemon.stderr() if daemon else ''}"
-            )
+            return f"{alerting.logs()}\n--- nodescope\n{daemon.stderr() if daemon else ''}"
 
         yield {
             "procfs": procfs,
             "daemon": daemon,
-            "prometheus": f"http://127.0.0.1:{prom_port}",
-            "alertmanager": f"http://127.0.0.1:{am_port}",
+            "alerting": alerting,
+            "prometheus": alerting.prometheus,
+            "alertmanager": alerting.alertmanager,
             "webhook": webhook,
             "logs": logs,
         }
@@ -285,18 +359,12 @@ def test_source_down_fires_and_resolves_through_prometheus_and_alertmanager(
     started = time.monotonic()
     prom, logs, webhook = stack["prometheus"], stack["logs"], stack["webhook"]
     procfs: Path = stack["procfs"]
-    for base in (prom, stack["alertmanager"]):
-        wait_until(
-            lambda base=base: urllib.request.urlopen(f"{base}/-/ready", timeout=2).status == 200,
-            15,
-            f"{base} ready",
-            logs,
-        )
+    stack["alerting"].wait_ready(logs)
 
     # The shipped rule file loaded, and the expression is the shipped one.
-    groups = get_json(f"{prom}/api/v1/rules")["data"]["groups"]
-    rules = {r["name"]: r for g in groups for r in g["rules"] if r["type"] == "alerting"}
+    rules = stack["alerting"].alerting_rules()
     assert rules[ALERT]["query"] == "nodescope_source_up == 0"
+    assert same_expr(rules[ALERT]["query"], shipped_expr(ALERT))
     assert rules[ALERT]["duration"] == 1
 
     def scraped() -> bool:
@@ -346,3 +414,193 @@ def test_source_down_fires_and_resolves_through_prometheus_and_alertmanager(
     }
     assert others == set()
     assert time.monotonic() - started < 60
+
+
+# --------------------------------------------------------------------------------------------
+# The contention scenario on the simulated node
+
+
+#: The demo's alert settings: the shipped contention rule's 30 s ``for`` and 60 s resolve time
+#: shortened so the scenario's 40 s of contention fire and resolve within the test.
+DEMO_CONFIG = """\
+[alerts.rules.pcie_contention]
+for_seconds = 5.0
+resolve_after_seconds = 5.0
+"""
+
+
+@pytest.fixture
+def contention_stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    binary("prometheus")
+    binary("prometheus-alertmanager")
+    started: list[Process] = []
+    webhook = Webhook()
+    try:
+        # The scenario's clock starts with the demo: it goes first, Prometheus catches up in
+        # the ten quiet seconds before the contention.
+        (tmp_path / "nodescope.toml").write_text(DEMO_CONFIG)
+        demo_port = free_port()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("NOTIFY_SOCKET", None)
+        demo = Process(
+            [
+                *nodescope_command(),
+                "demo",
+                "root-port-contention",
+                "--no-tty",
+                "--duration",
+                "150",
+                "--listen",
+                f"127.0.0.1:{demo_port}",
+                "--config",
+                str(tmp_path / "nodescope.toml"),
+            ],
+            tmp_path / "demo.log",
+            env=env,
+        )
+        started.append(demo)
+        # The shipped rules as they are: the contention rule's for is already 0s (the daemon
+        # applied its own).
+        alerting = Alerting(tmp_path, demo_port, shipped_alerts({}), webhook, started)
+
+        def logs() -> str:
+            return f"{alerting.logs()}\n--- nodescope demo\n{demo.log()}"
+
+        yield {
+            "demo": f"http://127.0.0.1:{demo_port}",
+            "demo_process": demo,
+            "alerting": alerting,
+            "webhook": webhook,
+            "logs": logs,
+        }
+    finally:
+        for process in reversed(started):
+            process.stop()
+        webhook.close()
+
+
+def daemon_alerts(url: str) -> list[dict[str, Any]]:
+    """The daemon's pending and firing alerts, as ``nodescope alerts --json`` prints them."""
+    done = subprocess.run(
+        [*nodescope_command(), "alerts", "--json", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    if done.returncode == 1:
+        raise ConnectionError(done.stderr)  # not serving yet
+    assert done.returncode == 0, done.stderr
+    alerts: list[dict[str, Any]] = json.loads(done.stdout)["alerts"]
+    return [a for a in alerts if a["kind"] == "pcie_contention"]
+
+
+def contention_alerts(base: str) -> list[dict[str, Any]]:
+    return [a for a in prometheus_alerts(base) if a["labels"].get("alertname") == CONTENTION]
+
+
+def query(base: str, promql: str) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = get_json(
+        f"{base}/api/v1/query?query={urllib.parse.quote(promql)}"
+    )["data"]["result"]
+    return result
+
+
+def test_contention_scenario_alert_fires_and_resolves_through_prometheus_and_alertmanager(
+    contention_stack: dict[str, Any],
+) -> None:
+    started = time.monotonic()
+    demo, logs, webhook = (
+        contention_stack["demo"],
+        contention_stack["logs"],
+        contention_stack["webhook"],
+    )
+    alerting: Alerting = contention_stack["alerting"]
+    prom = alerting.prometheus
+    alerting.wait_ready(logs)
+
+    # The shipped contention rule, loaded with its shipped expression.
+    rules = alerting.alerting_rules()
+    assert same_expr(rules[CONTENTION]["query"], shipped_expr(CONTENTION))
+    assert "pcie_contention" in rules[CONTENTION]["query"]
+    assert rules[CONTENTION]["duration"] == 0
+
+    # Before the contention (t < 10): scraped, the root port below the 60 % threshold.
+    def scraped() -> bool:
+        result = query(prom, f'nodescope_pcie_link_utilization_ratio{{link="{ROOT_PORT}"}}')
+        return len(result) == 2
+
+    wait_until(scraped, 30, "the first scrape of the demo", logs)
+    assert contention_alerts(prom) == []
+
+    # The daemon's alert engine fires once the contention has held for its 5 s ``for``.
+    def daemon_firing() -> bool:
+        return any(a["state"] == "firing" for a in daemon_alerts(demo))
+
+    wait_until(daemon_firing, 45, "the daemon's pcie_contention alert firing", logs)
+    (alert,) = daemon_alerts(demo)
+    assert alert["subjects"] == {"link": ROOT_PORT}
+    assert alert["severity"] == "warning"
+    # Its evidence names the two endpoints of different classes that share the root port.
+    assert "gpu0 H2D 41.0 GB/s (job 81740)" in alert["message"]
+    assert "nvme0n1 reads 6.5 GB/s" in alert["message"]
+    assert alert["evidence_last"]["value"] >= alert["evidence_last"]["threshold"]
+
+    # Prometheus's shipped rule follows it, and Alertmanager notifies the webhook.
+    wait_until(
+        lambda: any(a["state"] == "firing" for a in contention_alerts(prom)),
+        15,
+        f"{CONTENTION} firing",
+        logs,
+    )
+    (firing,) = contention_alerts(prom)
+    assert firing["labels"]["subject"] == f"link={ROOT_PORT}"
+    assert firing["labels"]["kind"] == "pcie_contention"
+    assert firing["labels"]["severity"] == "warning"
+    assert firing["labels"]["job"] == "nodescope"
+    assert firing["annotations"]["summary"] == (
+        f"PCIe contention on link={ROOT_PORT} ({firing['labels']['instance']})"
+    )
+    (utilisation,) = query(
+        prom,
+        f'nodescope_pcie_link_utilization_ratio{{link="{ROOT_PORT}",direction="downstream"}}',
+    )
+    assert float(utilisation["value"][1]) >= 0.6
+    wait_until(
+        lambda: webhook.received("firing", CONTENTION, subject=f"link={ROOT_PORT}"),
+        15,
+        "the firing notification",
+        logs,
+    )
+
+    # The loader stops at t=50: the daemon resolves its alert 5 s later, Prometheus's alert
+    # goes with it, and the webhook hears of it.
+    wait_until(lambda: daemon_alerts(demo) == [], 50, "the daemon's alert resolved", logs)
+    wait_until(lambda: contention_alerts(prom) == [], 15, f"{CONTENTION} resolved", logs)
+    wait_until(
+        lambda: webhook.received("resolved", CONTENTION, subject=f"link={ROOT_PORT}"),
+        15,
+        "the resolved notification",
+        logs,
+    )
+    # Resolved, not cancelled: pending, firing and resolved once each.
+    transitions = {
+        s["metric"]["to"]: float(s["value"][1])
+        for s in query(prom, 'nodescope_alert_transitions_total{kind="pcie_contention"}')
+    }
+    assert transitions == {"pending": 1.0, "firing": 1.0, "resolved": 1.0}, transitions
+    (utilisation,) = query(
+        prom,
+        f'nodescope_pcie_link_utilization_ratio{{link="{ROOT_PORT}",direction="downstream"}}',
+    )
+    assert float(utilisation["value"][1]) < 0.5
+
+    # Nothing else of the shipped rules fired on the simulated node.
+    others = {
+        a["labels"]["alertname"]
+        for note in webhook.notifications
+        for a in note["alerts"]
+        if a["labels"]["alertname"] != CONTENTION
+    }
+    assert others == set()
+    assert contention_stack["demo_process"].proc.poll() is None, logs()
+    assert time.monotonic() - started < 90
