@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 ensure_apt_packages "${TEST_APT_PACKAGES[@]}"
-ensure_venv .venv ".[test]"
+ensure_venv .venv ".[test,probe]"
 echo "== ruff"
 .venv/bin/ruff check daemon exporters tests scripts
 echo "== mypy (strict)"
