@@ -4,7 +4,7 @@
 # (prometheus), Alertmanager (prometheus-alertmanager), iostat (sysstat), lspci (pciutils),
 # ip (iproute2); and for the kernel module: Debian's headers to build it, QEMU, busybox, kmod
 # and cpio to boot the matching Debian kernel with it (kmod/tests/run-qemu.sh).
-TEST_APT_PACKAGES=(prometheus prometheus-alertmanager sysstat pciutils iproute2 debootstrap rpm rpmlint
+TEST_APT_PACKAGES=(prometheus prometheus-alertmanager sysstat pciutils iproute2 debootstrap rpm rpmlint slurm-wlm munge
     linux-headers-amd64 qemu-system-x86 busybox-static kmod cpio gcc make libc6-dev)
 
 ensure_apt_packages() {

@@ -283,8 +283,325 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 "report jobs whose GPUs use HCAs on another NUMA node or root complex",
             ),
         ),
+        "nvlink": (
+            Option(
+                "enabled",
+                bool,
+                True,
+                "report NVLink arbitration stalls, stall bursts and bandwidth saturation seen"
+                " by the nvlink_counter module",
+            ),
+            Option(
+                "stall_warning_cycles_per_us",
+                float,
+                500.0,
+                "average stall cycles per microsecond of a link from which it is a warning",
+                _positive_finite,
+            ),
+            Option(
+                "stall_critical_cycles_per_us",
+                float,
+                2000.0,
+                "average stall cycles per microsecond above which it is critical; a per-sample"
+                " peak above it under a normal average is a stall burst",
+                _positive_finite,
+            ),
+            Option(
+                "utilisation_warning_ratio",
+                float,
+                0.7,
+                "average utilisation (larger of TX and RX over the capacity per direction) from"
+                " which a link is a warning",
+                _positive_finite,
+            ),
+            Option(
+                "utilisation_critical_ratio",
+                float,
+                0.9,
+                "average utilisation above which a link is critical",
+                _positive_finite,
+            ),
+            Option(
+                "burst_findings",
+                bool,
+                True,
+                "report per-sample stall peaks in the critical band when the average is normal",
+            ),
+        ),
+        "jobs": (
+            Option(
+                "enabled",
+                bool,
+                True,
+                "report escaped job processes and threads, memory limits that do not apply,"
+                " OOM kills and memory pressure",
+            ),
+            Option(
+                "memory_pressure_percent",
+                float,
+                10.0,
+                "a job is under sustained memory pressure from this share of the last minute"
+                " in which all its tasks stalled on memory (memory.pressure full avg60, %)",
+                _positive_finite,
+            ),
+        ),
+        "hangs": (
+            Option(
+                "enabled",
+                bool,
+                True,
+                "report jobs whose GPUs sit idle: stalled on a storage lock or NFS, a starving"
+                " data loader, or a stall of unknown cause",
+            ),
+            Option(
+                "idle_utilisation_ratio",
+                float,
+                0.05,
+                "a GPU is idle at or below this NVML utilisation (0.05 = 5 %) …",
+                _unit_interval,
+            ),
+            Option(
+                "idle_bytes_per_second",
+                float,
+                1e8,
+                "… and at or below this PCIe plus NVLink traffic, both directions",
+                _non_negative,
+            ),
+            Option(
+                "loader_utilisation_ratio",
+                float,
+                0.5,
+                "a job's GPUs are mostly idle below this mean utilisation",
+                _unit_interval,
+            ),
+            Option(
+                "loader_io_pressure_percent",
+                float,
+                20.0,
+                "io pressure of the job cgroup (io.pressure some avg10, %) from which its data"
+                " loader counts as waiting on I/O",
+                _positive_finite,
+            ),
+            Option(
+                "loader_max_bytes_per_second",
+                float,
+                2e8,
+                "the job's block I/O plus the node's NFS traffic below which that waiting is"
+                " starvation rather than a busy disk",
+                _non_negative,
+            ),
+        ),
+        "hotplug": (
+            Option(
+                "enabled",
+                bool,
+                True,
+                "report GPUs that fell off the bus and network/InfiniBand links that flap",
+            ),
+            Option(
+                "flap_transitions",
+                float,
+                4.0,
+                "a link flaps from this many up/down transitions within the link_events"
+                " source's window (two downs and two ups)",
+                _positive_finite,
+            ),
+        ),
     }
 )
+
+
+#: ``[probe]``: what ``nodescope probe`` must measure to pass (its exit status, for the Slurm
+#: prolog). Fractions are of the GPU's maximum PCIe capacity per direction after line encoding;
+#: asymmetries are ``|a→b − b→a| / mean`` of one GPU pair; 0 turns a minimum off.
+PROBE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "min_h2d_fraction",
+        float,
+        0.7,
+        "host-to-device copy bandwidth (pinned, peak over sizes) over the link capacity; a"
+        " healthy Gen4/Gen5 x16 link reaches about 0.8, a link trained at half width 0.4",
+        _non_negative,
+    ),
+    Option(
+        "min_d2h_fraction",
+        float,
+        0.7,
+        "device-to-host copy bandwidth over the link capacity",
+        _non_negative,
+    ),
+    Option(
+        "min_h2d_bytes_per_second",
+        float,
+        0.0,
+        "host-to-device bandwidth in bytes per second (also checked on the CPU stand-in)",
+        _non_negative,
+    ),
+    Option(
+        "min_d2h_bytes_per_second",
+        float,
+        0.0,
+        "device-to-host bandwidth in bytes per second (also checked on the CPU stand-in)",
+        _non_negative,
+    ),
+    Option(
+        "max_bandwidth_asymmetry",
+        float,
+        0.25,
+        "GPU pair copy bandwidth asymmetry from which the pair fails",
+        _positive_finite,
+    ),
+    Option(
+        "max_latency_asymmetry",
+        float,
+        0.3,
+        "GPU pair small-copy latency asymmetry from which the pair fails (a +42 % bias in"
+        " one direction is 0.35)",
+        _positive_finite,
+    ),
+    Option(
+        "min_allreduce_busbw_bytes_per_second",
+        float,
+        0.0,
+        "local all-reduce bus bandwidth (nccl-tests busbw, peak over sizes)",
+        _non_negative,
+    ),
+    Option(
+        "timeout_seconds",
+        float,
+        300.0,
+        "the daemon stops a probe it started after this long",
+        _positive_finite,
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    min_h2d_fraction: float = 0.7
+    min_d2h_fraction: float = 0.7
+    min_h2d_bytes_per_second: float = 0.0
+    min_d2h_bytes_per_second: float = 0.0
+    max_bandwidth_asymmetry: float = 0.25
+    max_latency_asymmetry: float = 0.3
+    min_allreduce_busbw_bytes_per_second: float = 0.0
+    timeout_seconds: float = 300.0
+
+
+def _int_list(value: Any) -> str | None:
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    return None if ok else "must be a list of integers, 0 or more"
+
+
+def _str_list(value: Any) -> str | None:
+    ok = all(isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-]+", v) for v in value)
+    return None if ok else "must be a list of names (letters, digits, _ and -)"
+
+
+def _hook_timeout(value: Any) -> str | None:
+    ok = math.isfinite(value) and 0 < value <= 2
+    return None if ok else "must be above 0 and at most 2 (a hook must never hang a job launch)"
+
+
+def _absolute_or_empty(value: Any) -> str | None:
+    return None if value == "" or str(value).startswith("/") else "must be empty or absolute"
+
+
+#: ``[slurm]``: the prolog/epilog hooks (``nodescope slurm prolog|epilog``), their socket to the
+#: daemon and the prolog's health gate. A gate key at 0, false or [] turns that check off.
+SLURM_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "slurm_user",
+        str,
+        "slurm",
+        "besides root, the only user the daemon's hook socket answers (Slurm's SlurmUser)",
+    ),
+    Option(
+        "reports_dir",
+        str,
+        "/var/lib/nodescope/jobs",
+        "where the epilog's per-job reports are written (<job id>.json)",
+        _absolute,
+    ),
+    Option(
+        "scontrol",
+        str,
+        "/usr/bin/scontrol",
+        "scontrol used to drain the node with the gate's reason; empty: leave it to Slurm",
+        _absolute_or_empty,
+    ),
+    Option(
+        "timeout_seconds",
+        float,
+        2.0,
+        "how long a hook waits for the daemon before running its local checks",
+        _hook_timeout,
+    ),
+    Option(
+        "expected_gpus",
+        int,
+        0,
+        "GPUs the node must have (NVML, else /dev/nvidia<N>)",
+        _non_negative,
+    ),
+    Option(
+        "xid_codes",
+        list,
+        [48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120],
+        "Xid codes that fail the gate while uncleared (seen since the last job or the last"
+        " `nodescope slurm clear-xids`); application faults such as 13, 31 and 43 are not"
+        " in the default list",
+        _int_list,
+    ),
+    Option(
+        "check_link_width",
+        bool,
+        True,
+        "fail when a GPU's PCIe link runs narrower than its maximum width",
+    ),
+    Option(
+        "min_link_gen",
+        int,
+        0,
+        "fail when a GPU's PCIe link runs below this generation (idle GPUs may lower it)",
+        _non_negative,
+    ),
+    Option(
+        "required_modules",
+        list,
+        [],
+        "kernel modules that must be loaded (/sys/module/<name>), e.g. nvidia, nvlink_counter",
+        _str_list,
+    ),
+    Option(
+        "run_probe",
+        bool,
+        False,
+        "run `nodescope probe --quick` (when installed) and fail on its exit status",
+    ),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSettings:
+    slurm_user: str = "slurm"
+    reports_dir: str = "/var/lib/nodescope/jobs"
+    scontrol: str = "/usr/bin/scontrol"
+    timeout_seconds: float = 2.0
+    expected_gpus: int = 0
+    xid_codes: tuple[int, ...] = (48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120)
+    check_link_width: bool = True
+    min_link_gen: int = 0
+    required_modules: tuple[str, ...] = ()
+    run_probe: bool = False
+
+
+def _slurm(path: str, table: Any) -> SlurmSettings:
+    values = _section(path, "slurm", table, SLURM_OPTIONS)
+    for key in ("xid_codes", "required_modules"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return SlurmSettings(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +669,8 @@ class Config:
     )
     alerts: AlertsSettings = field(default_factory=AlertsSettings)
     detectors: DetectorsSettings = field(default_factory=DetectorsSettings)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
     path: str | None = None
 
     @property
@@ -404,7 +723,7 @@ def _section(path: str, prefix: str, table: Any, options: tuple[Option, ...]) ->
 def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
     """Validate a parsed TOML document into a :class:`Config`."""
     for key in data:
-        if key not in ("daemon", "roots", "sources", "alerts", "detectors"):
+        if key not in ("daemon", "roots", "sources", "alerts", "detectors", "probe", "slurm"):
             raise ConfigError(path, key, "unknown key")
     daemon = _section(path, "daemon", data.get("daemon", {}), DAEMON_OPTIONS)
     roots_table = _section(path, "roots", data.get("roots", {}), ROOT_OPTIONS)
@@ -426,6 +745,8 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
     return Config(
         alerts=_alerts(path, data.get("alerts", {})),
         detectors=_detectors(path, data.get("detectors", {})),
+        probe=ProbeSettings(**_section(path, "probe", data.get("probe", {}), PROBE_OPTIONS)),
+        slurm=_slurm(path, data.get("slurm", {})),
         listen=daemon.get("listen", DEFAULT_LISTEN),
         tick_seconds=daemon.get("tick_seconds", 1.0),
         log_level=daemon.get("log_level", "info"),
@@ -476,6 +797,13 @@ def _detectors(path: str, table: Any) -> DetectorsSettings:
                 )
         given = _section(path, f"detectors.{name}", section, options)
         values[name] = MappingProxyType({o.key: given.get(o.key, o.default) for o in options})
+    nvlink = values["nvlink"]
+    for low, high in (
+        ("stall_warning_cycles_per_us", "stall_critical_cycles_per_us"),
+        ("utilisation_warning_ratio", "utilisation_critical_ratio"),
+    ):
+        if nvlink[low] > nvlink[high]:
+            raise ConfigError(path, f"detectors.nvlink.{low}", f"must be at most {high}")
     return DetectorsSettings(MappingProxyType(values), MappingProxyType(models))
 
 
@@ -522,4 +850,8 @@ def reference_markdown() -> str:
     for name, options in DETECTOR_OPTIONS.items():
         for o in options:
             row(f"detectors.{name}.{o.key}", o, o.default)
+    for o in PROBE_OPTIONS:
+        row(f"probe.{o.key}", o, o.default)
+    for o in SLURM_OPTIONS:
+        row(f"slurm.{o.key}", o, o.default)
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ from nodescope.analysis import Analyzer, alerts_document
 from nodescope.collect import Collector
 from nodescope.config import Config
 from nodescope.errors import ConfigError
+from nodescope.hooks import Hooks
 from nodescope.httpserver import JsonCache, MetricsHTTPServer
 from nodescope.sdnotify import Notifier
 from nodescope_exporters.prometheus import MetricsCache
@@ -55,6 +56,7 @@ class Service:
         self.analyzer = Analyzer.from_config(self.config)
         self.collector = self._make_collector(self.config)
         self.server: MetricsHTTPServer | None = None
+        self.hooks: Hooks | None = None
         self._wake = threading.Event()
         self._stop = False
         self._reload = False
@@ -85,6 +87,8 @@ class Service:
         self.server = MetricsHTTPServer(self.config.listen_address, self.cache, self.alerts_cache)
         self.server.start()
         log.info("event=listening address=%s", self.server.bound)
+        if self.hooks is None:
+            self.hooks = Hooks.start(lambda: self.config)
 
     def reload(self) -> bool:
         """Validate the new config, then swap. Returns whether the new config took effect."""
@@ -121,6 +125,8 @@ class Service:
     def run_cycle(self) -> None:
         snapshot = self.collector.run_cycle()
         snapshot = self.analyzer.analyze(snapshot)
+        if self.hooks is not None:
+            self.hooks.observe(snapshot)
         self.cache.update(snapshot)
         self.alerts_cache.update(alerts_document(snapshot))
 
@@ -168,6 +174,9 @@ class Service:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self.hooks is not None:
+            self.hooks.stop()
+            self.hooks = None
         self.collector.close()
         self.analyzer.close()
         self.notifier.close()

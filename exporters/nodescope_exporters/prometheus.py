@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from nodescope.model.snapshot import Snapshot
+from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope_exporters.exposition import TextRenderer
 
 log = logging.getLogger("nodescope.exporter")
 
@@ -30,10 +31,13 @@ AREAS: tuple[str, ...] = (
     "nodescope_exporters.disk_metrics",
     "nodescope_exporters.network_metrics",
     "nodescope_exporters.cgroup_metrics",
+    "nodescope_exporters.job_metrics",
     "nodescope_exporters.gpu_metrics",
     "nodescope_exporters.fabric_metrics",
     "nodescope_exporters.nvlink_metrics",
+    "nodescope_exporters.probe_metrics",
     "nodescope_exporters.alert_metrics",
+    "nodescope_exporters.event_metrics",
 )
 
 FamilyBuilder = Callable[[Snapshot], Iterable[Metric]]
@@ -48,11 +52,29 @@ def load_areas(names: Iterable[str] = AREAS) -> list[FamilyBuilder]:
     return builders
 
 
+def declared_inputs(build: FamilyBuilder) -> tuple[str, ...] | None:
+    """The sources an area module declares its families are made of (``INPUTS``), if any.
+
+    An area that declares ``INPUTS`` builds its families from those sources' current and
+    previous samples alone (``snapshot.data``, ``derive.derived``), nothing else of the
+    snapshot; its families are then reused while those samples are the same objects.
+    """
+    module = sys.modules.get(getattr(build, "__module__", ""))
+    inputs = getattr(module, "INPUTS", None) if getattr(module, "families", None) is build else None
+    return tuple(inputs) if inputs is not None else None
+
+
+_InputsKey = tuple[SourceSample | None, ...]
+
+
 class SnapshotCollector(Collector):
     """Yields the families of the snapshot it was last given."""
 
     def __init__(self, builders: list[FamilyBuilder] | None = None) -> None:
         self._builders = builders if builders is not None else load_areas()
+        self._inputs = [declared_inputs(build) for build in self._builders]
+        # Per area that declares its inputs: the samples it was last built from, and what.
+        self._reuse: dict[int, tuple[_InputsKey, list[Metric]]] = {}
         self._snapshot: Snapshot | None = None
         self._failing: set[str] = set()
 
@@ -63,7 +85,20 @@ class SnapshotCollector(Collector):
         snapshot = self._snapshot
         if snapshot is None:
             return
-        for build in self._builders:
+        for index, build in enumerate(self._builders):
+            inputs = self._inputs[index]
+            key: _InputsKey = ()
+            if inputs is not None:
+                key = tuple(
+                    sample
+                    for name in inputs
+                    for sample in (snapshot.current.get(name), snapshot.previous.get(name))
+                )
+                last = self._reuse.get(index)
+                if last is not None and all(a is b for a, b in zip(last[0], key, strict=True)):
+                    # Its sources did not run since: the very same families (and text).
+                    yield from last[1]
+                    continue
             # An area that fails on odd data loses its own families for this cycle; the
             # others are still exported. Built whole first, so no half area is yielded.
             try:
@@ -77,6 +112,8 @@ class SnapshotCollector(Collector):
                     self._failing.add(area)
                 continue
             self._failing.discard(getattr(build, "__module__", repr(build)))
+            if inputs is not None:
+                self._reuse[index] = (key, built)
             yield from built
 
 
@@ -90,11 +127,13 @@ class MetricsCache:
         self._lock = threading.Lock()
         self._body = b""
         self._ready = False
+        self._renderer = TextRenderer()
 
     def update(self, snapshot: Snapshot) -> bytes:
         """Render ``snapshot`` once; scrapes are then served from the cached bytes."""
         self.collector.set_snapshot(snapshot)
-        body = generate_latest(self.registry)
+        # generate_latest's text, from a renderer that remembers the previous cycle's.
+        body = self._renderer.render(self.registry.collect())
         with self._lock:
             self._body = body
             self._ready = True

@@ -26,6 +26,7 @@ from nodescope.model.topology import (
     link_capacity_bytes_per_s,
 )
 from nodescope.sources.infiniband import CounterRate, InfinibandRates, PortRates
+from nodescope.sources.jobs import JobCgroup, JobsData, JobTask
 from nodescope.sources.nvml import GpuProcess, GpuSample, NvLinkSample, NvmlData
 from nodescope.sources.procs import ProcsData, TcpCounters
 from tests.unit.fabric_helpers import (
@@ -476,7 +477,8 @@ def test_detectors_config_section() -> None:
 
 
 def test_detect_on_a_snapshot_with_tcp_evidence_and_jobs() -> None:
-    """The registry form: data from the snapshot, jobs from procs, TCP from /proc/net/snmp."""
+    """The registry form: data from the snapshot, jobs from the job registry, TCP from
+    /proc/net/snmp."""
     from nodescope.sources.nvml import CounterValue
 
     def nvml(tx: int, rx: int) -> NvmlData:
@@ -488,15 +490,19 @@ def test_detect_on_a_snapshot_with_tcp_evidence_and_jobs() -> None:
         return NvmlData(1, (gpu,), (), (), None, ())
 
     topo = topology(links={GPU_A: LinkState(16.0, 16, 16.0, 16)})
-    procs_before = ProcsData(
-        (JobProcess(4242, "81744", "/job_81744", None),), TcpCounters(0, 1000, 10)
-    )
-    procs_after = ProcsData(
-        (JobProcess(4242, "81744", "/job_81744", None),), TcpCounters(0, 21000, 12)
-    )
+    procs_before = ProcsData((), TcpCounters(0, 1000, 10))
+    procs_after = ProcsData((), TcpCounters(0, 21000, 12))
+    task = JobTask(4242, "python3", "/job_81744/step_0", "0", (), 1, (), None)
+    job = JobCgroup("job_81744", "81744", "v2", "/job_81744", None, None, (), (task,), None, None)
+    jobs = JobsData("v2", (job,), (), ())
     snap = snapshot(
-        {"pci": topo, "nvml": nvml(18_000_000_000, 20_000_000_000), "procs": procs_after},
-        {"pci": topo, "nvml": nvml(0, 0), "procs": procs_before},
+        {
+            "pci": topo,
+            "nvml": nvml(18_000_000_000, 20_000_000_000),
+            "procs": procs_after,
+            "jobs": jobs,
+        },
+        {"pci": topo, "nvml": nvml(0, 0), "procs": procs_before, "jobs": jobs},
     )
     found = links.detect_saturation(None, snap, Config())
     assert len(found) == 1

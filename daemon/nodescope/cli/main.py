@@ -22,6 +22,9 @@ COMMANDS = (
     "nodescope.cli.alerts",
     "nodescope.cli.replay",
     "nodescope.cli.demo",
+    "nodescope.cli.slurm",
+    "nodescope.cli.report",
+    "nodescope.cli.probe",
 )
 
 

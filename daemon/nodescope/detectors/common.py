@@ -8,23 +8,15 @@ from __future__ import annotations
 from nodescope import derive
 from nodescope.alerts import keep_floor
 from nodescope.config import Config
-from nodescope.model.jobs import GpuUse, JobView, job_views
+from nodescope.jobs import placement_views
+from nodescope.model.jobs import JobView
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.infiniband import InfinibandData
-from nodescope.sources.nvml import NvmlData
-from nodescope.sources.procs import ProcsData, ProcsRates
+from nodescope.sources.procs import ProcsRates
 
 
 def jobs(snapshot: Snapshot) -> tuple[JobView, ...]:
-    """The jobs with GPU processes (``procs`` source × NVML compute processes)."""
-    procs = snapshot.data("procs", ProcsData)
-    nvml = snapshot.data("nvml", NvmlData)
-    if procs is None or nvml is None:
-        return ()
-    ib = snapshot.data("infiniband", InfinibandData)
-    hcas = [d.name for d in ib.devices] if ib is not None else []
-    gpus = [GpuUse(g.index, g.pci_address, tuple(p.pid for p in g.processes)) for g in nvml.gpus]
-    return job_views(procs.processes, gpus, hcas)
+    """The jobs with GPU processes in their cgroups (job registry × NVML compute processes)."""
+    return placement_views(snapshot)
 
 
 def jobs_of_gpus(views: tuple[JobView, ...]) -> dict[str, list[str]]:

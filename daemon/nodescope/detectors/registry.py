@@ -15,7 +15,16 @@ from typing import NamedTuple
 
 from nodescope.alerts import BUILTIN_RULES, AlertRule
 from nodescope.config import Config
-from nodescope.detectors import contention, errors, links, placement
+from nodescope.detectors import (
+    contention,
+    errors,
+    hangs,
+    hotplug,
+    jobs,
+    links,
+    nvlink,
+    placement,
+)
 from nodescope.model.finding import Finding
 from nodescope.model.snapshot import Snapshot
 
@@ -35,6 +44,10 @@ DETECTORS: tuple[DetectorInfo, ...] = (
     DetectorInfo("downtraining", links.detect_downtraining),
     DetectorInfo("errors", errors.detect),
     DetectorInfo("placement", placement.detect),
+    DetectorInfo("jobs", jobs.detect),
+    DetectorInfo("nvlink", nvlink.detect),
+    DetectorInfo("hangs", hangs.detect),
+    DetectorInfo("hotplug", hotplug.detect),
 )
 
 # Alert rules of the kinds above that differ from the [alerts] defaults: an error counter that
@@ -47,5 +60,16 @@ BUILTIN_RULES.update(
         errors.REPLAYS: AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
         errors.NVLINK: AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
         errors.IB_ERRORS: AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
+        jobs.OOM_KILL: AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
+        # NVLink stalls, bursts and saturation take the [alerts] defaults (held for a while);
+        # counter registers that read all-ones stay gone, so that fires at once.
+        nvlink.GONE: AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
+        # Idle GPUs are a stall only once they stay idle: T is the rule's "for"; the cause
+        # unknown waits longer, as a job between phases is idle for a while too.
+        hangs.STORAGE: AlertRule(for_seconds=30.0, resolve_after_seconds=60.0),
+        hangs.LOADER: AlertRule(for_seconds=60.0, resolve_after_seconds=120.0),
+        hangs.UNKNOWN: AlertRule(for_seconds=120.0, resolve_after_seconds=60.0),
+        hotplug.FELL_OFF_BUS: AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
+        hotplug.FLAPPING: AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
     }
 )

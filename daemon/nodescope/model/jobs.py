@@ -1,11 +1,11 @@
-"""A minimal view of the Slurm jobs on the node: which GPUs and which HCAs each job uses.
+"""The placement view of the Slurm jobs on the node: which GPUs and which HCAs each job uses.
 
-Scope: only what the placement detector needs. A job's processes are the pids in its cgroup
-(Slurm cgroup/v2 ``.../job_<id>/...``, ``docs/datasources.md`` §5, read by the ``procs``
-source); its GPUs are the GPUs whose NVML compute processes (§1.7) are among those pids; its
-HCAs are what ``NCCL_IB_HCA`` in its processes' environment selects among the node's RDMA
-devices, or all of them when no process sets it (NCCL's default: every HCA). Steps, tasks,
-escaped threads and accounting come with the job registry of a later issue.
+What the placement detector needs, built by the job registry (:mod:`nodescope.jobs`) from the
+``jobs`` source: a job's processes are the pids in its cgroups (``docs/datasources.md`` §5);
+its GPUs here are the GPUs whose NVML compute processes (§1.7) are among those pids; its HCAs
+are what ``NCCL_IB_HCA`` in its processes' environment selects among the node's RDMA devices,
+or all of them when no process sets it (NCCL's default: every HCA). Steps, escaped processes
+and threads, memory and registrations live in the registry.
 
 ``NCCL_IB_HCA`` syntax (NCCL documentation, "Environment Variables"): a comma-separated
 list of ``name[:port]``; names are prefixes (``mlx5`` selects every ``mlx5_*``) unless the

@@ -67,6 +67,13 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "Slurm job processes (cgroup.procs) with NCCL_IB_HCA from their environ; TCP counters",
     ),
     SourceInfo(
+        "jobs",
+        "nodescope.sources.jobs",
+        5.0,
+        "Slurm jobs: job cgroups (v2, SLUID, v1), their processes, threads and figures;"
+        " prolog registrations",
+    ),
+    SourceInfo(
         "nvml",
         "nodescope.sources.nvml",
         1.0,
@@ -77,6 +84,43 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.nvlink_kmod",
         1.0,
         "per-link NVLink counters, maxima and burst histograms from the nvlink_counter module",
+    ),
+    SourceInfo(
+        "probe",
+        "nodescope.probe_runner",
+        10.0,
+        "the last bandwidth probe's report (nodescope probe --record, or one the daemon ran)"
+        " from /run/nodescope/probe-report.json",
+    ),
+    SourceInfo(
+        "locks",
+        "nodescope.sources.locks",
+        5.0,
+        "/proc/locks; contended locks resolved to mount, path, holder and waiters",
+    ),
+    SourceInfo(
+        "threads",
+        "nodescope.sources.threads",
+        1.0,
+        "job threads (task/*/stat) every run, all threads every 10th; wchan of D threads",
+    ),
+    SourceInfo(
+        "mountstats",
+        "nodescope.sources.mountstats",
+        5.0,
+        "NFS per-op RPC statistics (ops, retransmissions, RTT, execute time) per mount",
+    ),
+    SourceInfo(
+        "udev",
+        "nodescope.sources.udev",
+        1.0,
+        "PCI/block/net device events (pyudev monitor thread) and removed GPUs; refreshes topology",
+    ),
+    SourceInfo(
+        "link_events",
+        "nodescope.sources.link_events",
+        1.0,
+        "link up/down transitions from an rtnetlink monitor thread and IB port states; flaps",
     ),
 )
 

@@ -1,0 +1,240 @@
+"""``nodescope slurm prolog|epilog|clear-xids``: the Slurm hooks.
+
+slurmd runs Prolog/Epilog as root with no PATH and the job in the environment
+(``SLURM_JOB_ID``, ``SLURM_JOB_UID``, ``SLURM_JOB_USER``, ``SLURM_JOB_PARTITION``,
+``SLURM_JOB_GPUS`` as global indices, ``SLURMD_NODENAME``, ``SLURM_CONF``; the epilog also
+``SLURM_JOB_EXIT_CODE``). A non-zero exit drains the node, so these fail only on purpose:
+
+* prolog: the daemon registers the job, takes the counter baseline and runs the health gate;
+  when the node is unfit, the reason is printed as one line, the node is drained with it
+  (``scontrol update ... state=drain reason=...``, since slurmd itself would say only "Prolog
+  error") and the exit status is 1. With ``[slurm] run_probe`` the quick probe runs too, when
+  it is installed.
+* epilog: processes still holding one of the job's GPUs are looked for (``/proc/*/fd``), the
+  daemon writes the job's report; GPUs still held fail the epilog the same way.
+
+The daemon is asked over its socket with a deadline of ``[slurm] timeout_seconds`` (≤ 2 s).
+When it does not answer, the hook does what it can itself — registration with the counters it
+can read, the local gate checks (GPU devices, kernel modules), a report without NVML figures —
+and a down daemon never fails a job. Exit statuses: 0 fit, 1 unfit (drained).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from nodescope import config as config_mod
+from nodescope.cli.common import roots_from_args
+from nodescope.config import Config
+from nodescope.errors import ConfigError
+from nodescope.hooks import (
+    HookUnavailable,
+    JobRequest,
+    build_report,
+    call,
+    gate_checks,
+    gpu_holders,
+    local_gate_inputs,
+    local_sample,
+    read_registration,
+    remove_registration,
+    socket_path,
+    unfit_reason,
+    write_registration,
+)
+from nodescope_exporters.reports import write_report
+
+DEFAULT_CONFIG = "/etc/nodescope/nodescope.toml"
+#: The prolog waits at most this long for the quick probe.
+PROBE_TIMEOUT_SECONDS = 60.0
+
+
+def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "slurm",
+        help="Slurm hooks: prolog (register, health gate), epilog (job report)",
+        description="Slurm Prolog/Epilog hooks: prolog registers the job and runs the health"
+        " gate (exit 1 with a one-line reason drains the node); epilog writes the job's report"
+        " (exit 1 when a process still holds one of its GPUs).",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, func, text in (
+        ("prolog", prolog, "register the job and run the health gate (exit 1: unfit)"),
+        ("epilog", epilog, "write the job's report (exit 1: a GPU is still held)"),
+        ("clear-xids", clear_xids, "accept the Xids seen so far, after checking the node"),
+    ):
+        sub = actions.add_parser(name, parents=parents, help=text, description=text)
+        sub.add_argument(
+            "--config",
+            metavar="FILE",
+            help=f"TOML configuration file (default: {DEFAULT_CONFIG} when it exists)",
+        )
+        sub.set_defaults(func=func)
+
+
+def _config(args: argparse.Namespace) -> Config:
+    path = args.config or (DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None)
+    config = config_mod.load(path) if path else Config()
+    return replace(config, roots=roots_from_args(args, config.roots))
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def drain(config: Config, reason: str) -> None:
+    """Drain this node with ``reason`` (best effort: Slurm drains it anyway on exit 1)."""
+    node = os.environ.get("SLURMD_NODENAME")
+    if not config.slurm.scontrol or not node:
+        return
+    try:
+        subprocess.run(
+            [
+                config.slurm.scontrol,
+                "update",
+                f"nodename={node}",
+                "state=drain",
+                f"reason={reason}",
+            ],
+            timeout=5,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _say(f"nodescope: cannot drain {node}: {exc}")
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Config, JobRequest] | None:
+    try:
+        config = _config(args)
+    except ConfigError as exc:
+        _say(f"nodescope: {exc}; hook skipped")
+        return None
+    try:
+        job = JobRequest.from_environ(os.environ)
+    except ValueError as exc:
+        _say(f"nodescope: {exc}; hook skipped")
+        return None
+    return config, job
+
+
+def _probe(config: Config) -> str | None:
+    """The quick probe's failure reason, or ``None`` (passed, or not installed)."""
+    if importlib.util.find_spec("nodescope.cli.probe") is None:
+        return None
+    timeout = min(PROBE_TIMEOUT_SECONDS, config.probe.timeout_seconds)
+    argv = [sys.executable, "-m", "nodescope.cli.main", "probe", "--quick"]
+    if config.path:
+        argv += ["--config", config.path]
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return f"nodescope: probe did not finish in {timeout:.0f} s"
+    except OSError as exc:
+        _say(f"nodescope: probe not run: {exc}")
+        return None
+    if result.returncode == 0:
+        return None
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else f"exit status {result.returncode}"
+    return f"nodescope: probe failed: {last}"[:200]
+
+
+def prolog(args: argparse.Namespace) -> int:
+    prepared = _prepare(args)
+    if prepared is None:
+        return 0
+    config, job = prepared
+    reason: str | None
+    try:
+        response = call(
+            socket_path(config.roots),
+            {"command": "prolog", **job.as_request()},
+            config.slurm.timeout_seconds,
+        )
+        if not response.get("ok"):
+            raise HookUnavailable(str(response.get("error")))
+        reason = response.get("reason") if not response.get("fit", True) else None
+    except HookUnavailable as exc:
+        _say(f"nodescope: daemon not answering ({exc}); local checks only")
+        now = time.time()
+        try:
+            write_registration(config.roots, job, local_sample(config.roots, now), now)
+        except OSError as err:
+            _say(f"nodescope: cannot register job {job.job_id}: {err}")
+        reason = unfit_reason(gate_checks(config.slurm, local_gate_inputs(config)))
+        if reason is not None:
+            remove_registration(config.roots, job.job_id)
+    if reason is None and config.slurm.run_probe:
+        reason = _probe(config)
+    if reason is None:
+        return 0
+    print(reason, flush=True)
+    drain(config, reason)
+    return 1
+
+
+def epilog(args: argparse.Namespace) -> int:
+    prepared = _prepare(args)
+    if prepared is None:
+        return 0
+    config, job = prepared
+    holders = gpu_holders(config.roots, job.gpus)
+    verdict: dict[str, Any]
+    try:
+        response = call(
+            socket_path(config.roots),
+            {"command": "epilog", **job.as_request(), "gpu_holders": holders},
+            config.slurm.timeout_seconds,
+        )
+        if not response.get("ok"):
+            raise HookUnavailable(str(response.get("error")))
+        verdict = response.get("verdict") or {"ok": True, "reason": None}
+    except HookUnavailable as exc:
+        _say(f"nodescope: daemon not answering ({exc}); writing a local report")
+        now = time.time()
+        registration = read_registration(config.roots, job.job_id)
+        report = build_report(
+            job, registration, local_sample(config.roots, now), now, daemon=False, holders=holders
+        )
+        try:
+            write_report(Path(config.slurm.reports_dir), report)
+            remove_registration(config.roots, job.job_id)
+        except OSError as err:
+            _say(f"nodescope: cannot write the report of job {job.job_id}: {err}")
+        verdict = report["verdict"]
+    if verdict.get("ok", True):
+        return 0
+    reason = str(verdict.get("reason") or f"nodescope: job {job.job_id} epilog failed")
+    print(reason, flush=True)
+    drain(config, reason)
+    return 1
+
+
+def clear_xids(args: argparse.Namespace) -> int:
+    try:
+        config = _config(args)
+    except ConfigError as exc:
+        _say(f"nodescope: {exc}")
+        return 2
+    try:
+        response = call(
+            socket_path(config.roots), {"command": "clear_xids"}, config.slurm.timeout_seconds
+        )
+    except HookUnavailable as exc:
+        _say(f"nodescope: daemon not answering: {exc}")
+        return 1
+    if not response.get("ok"):
+        _say(f"nodescope: {response.get('error')}")
+        return 1
+    print("Xids cleared: the prolog gate accepts the node again")
+    return 0

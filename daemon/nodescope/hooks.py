@@ -1,0 +1,1064 @@
+"""The daemon's Unix socket for the Slurm hooks, and the job bookkeeping behind them.
+
+Protocol: a client connects to ``<run>/nodescope/nodescope.sock``, writes one JSON object
+with a ``command`` field (and a newline, or closes its write side), and reads one JSON object
+back: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``; then the connection closes.
+Commands are looked up in :attr:`HookServer.handlers`, so another part of the daemon adds one
+with :meth:`HookServer.register` (``ping``, ``prolog``, ``epilog``, ``clear_xids`` are here;
+``probe`` and ``probe_result`` come from :mod:`nodescope.probe_runner`).
+
+Authentication is the kernel's: ``SO_PEERCRED`` gives the connecting process's uid, and only
+root and the configured ``[slurm] slurm_user`` are answered; anyone else gets an error and a
+``event=hook_refused`` log line. The socket file itself is world-writable on purpose, so that
+refusal is ours to make and to log. Every connection has a deadline of ``[slurm]
+timeout_seconds`` (at most 2 s): a stuck client cannot hold the server up.
+
+The prolog registers a job (``<run>/nodescope/jobs/<id>.json``, read back by the ``jobs``
+source), takes the counter baseline and runs the health gate; the epilog writes the job's
+report (:mod:`nodescope_exporters.reports`) and removes the registration. When the daemon is
+down, :mod:`nodescope.cli.slurm` calls the same functions with what it can read itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import socket
+import stat
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nodescope import derive
+from nodescope.config import Config, SlurmSettings
+from nodescope.jobs import Job, jobs_of
+from nodescope.model.alert import AlertState
+from nodescope.model.snapshot import Snapshot
+from nodescope.probe_runner import ProbeHook
+from nodescope.roots import Roots
+from nodescope.sources.base import read_optional
+from nodescope.sources.diskstats import DisksData, read_disks
+from nodescope.sources.infiniband import InfinibandData, read_infiniband
+from nodescope.sources.jobs import (
+    NVIDIA_MAJOR,
+    REGISTRATION_FORMAT,
+    RUN_SUBDIR,
+    parse_gpu_list,
+    registrations_dir,
+)
+from nodescope.sources.nvml import NvmlData, NvmlRates
+from nodescope_exporters.reports import (
+    REPORT_FORMAT,
+    atomic_write_bytes,
+    counter_deltas,
+    counter_sample,
+    write_report,
+)
+
+log = logging.getLogger("nodescope.hooks")
+
+SOCKET_NAME = "nodescope.sock"
+MAX_REQUEST_BYTES = 1 << 20
+#: Bounds of what the tracker remembers.
+MAX_EPISODES = 20_000
+MAX_SAMPLES = 720
+#: A job window not seen and not registered for this long is forgotten.
+FORGET_SECONDS = 3600.0
+#: Finding kinds that are node-wide contention: a report lists their episodes whatever they
+#: name, since a job shares the PCIe tree and the fabric with everything else on the node.
+CONTENTION_KINDS = frozenset(
+    {"pcie_contention", "pcie_saturation", "nvlink_bandwidth_saturation", "ib_xmit_wait"}
+)
+
+_UCRED = struct.Struct("3i")
+
+Request = dict[str, Any]
+Response = dict[str, Any]
+
+
+def run_dir(roots: Roots) -> Path:
+    return roots.run / RUN_SUBDIR
+
+
+def socket_path(roots: Roots) -> Path:
+    return run_dir(roots) / SOCKET_NAME
+
+
+# ---------------------------------------------------------------------------------------------
+# Client
+
+
+class HookUnavailable(RuntimeError):
+    """The daemon did not answer: no socket, refused, timed out, or an unreadable answer."""
+
+
+def call(path: Path, request: Request, timeout: float = 2.0) -> Response:
+    """Send one request and return the response; never waits longer than ``timeout`` in all."""
+    deadline = time.monotonic() + timeout
+
+    def remaining() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        return left
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(remaining())
+            sock.connect(str(path))
+            sock.settimeout(remaining())
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            sock.shutdown(socket.SHUT_WR)
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                sock.settimeout(remaining())
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_REQUEST_BYTES:
+                    raise HookUnavailable("response too large")
+    except (OSError, TimeoutError) as exc:
+        raise HookUnavailable(f"{path}: {type(exc).__name__}: {exc}") from None
+    try:
+        response = json.loads(b"".join(chunks))
+    except ValueError as exc:
+        raise HookUnavailable(f"{path}: unreadable response: {exc}") from None
+    if not isinstance(response, dict):
+        raise HookUnavailable(f"{path}: response is not a JSON object")
+    return response
+
+
+# ---------------------------------------------------------------------------------------------
+# Server
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The connecting process as the kernel saw it at ``connect()`` (``SO_PEERCRED``)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_of(conn: socket.socket) -> Peer:
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, gid = _UCRED.unpack(raw)
+    return Peer(pid, uid, gid)
+
+
+def allowed_uids(settings: SlurmSettings) -> frozenset[int]:
+    """Root and the SlurmUser (when the name resolves on this host)."""
+    uids = {0}
+    with contextlib.suppress(KeyError):
+        uids.add(pwd.getpwnam(settings.slurm_user).pw_uid)
+    return frozenset(uids)
+
+
+Handler = Callable[[Request, Peer], Response]
+
+
+class HookServer:
+    """One thread accepting connections on ``path``; one request per connection."""
+
+    def __init__(
+        self,
+        path: Path,
+        authorize: Callable[[Peer], bool],
+        timeout: Callable[[], float] = lambda: 2.0,
+    ) -> None:
+        self.path = path
+        self.authorize = authorize
+        self.timeout = timeout
+        self.handlers: dict[str, Handler] = {"ping": _ping}
+        self.refused = 0
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._made: Path | None = None
+
+    def register(self, command: str, handler: Handler) -> None:
+        self.handlers[command] = handler
+
+    def start(self) -> None:
+        directory = self.path.parent
+        if not directory.exists():
+            # Others must reach the socket for SO_PEERCRED to decide: 0755, not 0750.
+            directory.mkdir(parents=True, mode=0o755)
+            self._made = directory
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                if _answers(self.path):
+                    raise OSError(f"{self.path}: another daemon is listening there")
+                os.unlink(self.path)  # left by a daemon that did not stop cleanly
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(str(self.path))
+            os.chmod(self.path, 0o666)
+            sock.listen(16)
+        except OSError:
+            sock.close()
+            raise
+        sock.settimeout(0.2)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, name="nodescope-hooks", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            if self._made is not None:
+                with contextlib.suppress(OSError):
+                    self._made.rmdir()  # only when empty: registrations stay
+
+    def _serve(self) -> None:
+        assert self._sock is not None
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if not self._stop.is_set():
+                    log.error("event=hook_accept_failed error=%r", str(exc))
+                    time.sleep(0.2)
+                continue
+            with conn:
+                try:
+                    self._handle(conn)
+                except Exception as exc:  # one bad client must not stop the server
+                    log.warning("event=hook_error error=%r", f"{type(exc).__name__}: {exc}")
+
+    def _handle(self, conn: socket.socket) -> None:
+        deadline = time.monotonic() + self.timeout()
+        peer = peer_of(conn)
+        # The request is read (not parsed) even from a peer that will be refused, so that
+        # its client gets the answer instead of a broken pipe.
+        data = b""
+        while b"\n" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("request not complete in time")
+            conn.settimeout(left)
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > MAX_REQUEST_BYTES:
+                _reply(conn, {"ok": False, "error": "request too large"}, deadline)
+                return
+        if not self.authorize(peer):
+            self.refused += 1
+            log.warning("event=hook_refused uid=%d pid=%d gid=%d", peer.uid, peer.pid, peer.gid)
+            _reply(conn, {"ok": False, "error": "permission denied"}, deadline)
+            return
+        try:
+            request = json.loads(data.split(b"\n", 1)[0] or b"null")
+        except ValueError as exc:
+            _reply(conn, {"ok": False, "error": f"not JSON: {exc}"}, deadline)
+            return
+        if not isinstance(request, dict) or not isinstance(request.get("command"), str):
+            _reply(conn, {"ok": False, "error": "expected an object with a command"}, deadline)
+            return
+        handler = self.handlers.get(request["command"])
+        if handler is None:
+            known = ", ".join(sorted(self.handlers))
+            response = {"ok": False, "error": f"unknown command; known: {known}"}
+        else:
+            try:
+                response = handler(request, peer)
+            except Exception as exc:
+                log.error(
+                    "event=hook_command_failed command=%s error=%r",
+                    request["command"],
+                    f"{type(exc).__name__}: {exc}",
+                )
+                response = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        _reply(conn, response, deadline)
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _reply(conn: socket.socket, response: Response, deadline: float) -> None:
+    conn.settimeout(max(0.05, deadline - time.monotonic()))
+    conn.sendall(json.dumps(response, allow_nan=False).encode() + b"\n")
+
+
+def _ping(request: Request, peer: Peer) -> Response:
+    return {"ok": True, "pid": os.getpid()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The health gate (pure checks, and the few reads the hook does itself)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class GateInputs:
+    """What the gate looks at. ``None``: not known here (the daemon is down), not checked."""
+
+    gpu_count: int | None
+    gpu_count_source: str
+    xids: tuple[tuple[str, int, int], ...] | None  # (gpu, code, count since cleared)
+    links: tuple[tuple[int, int | None, int | None, int | None], ...] | None
+    missing_modules: tuple[str, ...]
+
+
+def gate_checks(settings: SlurmSettings, inputs: GateInputs) -> list[Check]:
+    checks: list[Check] = []
+    if settings.expected_gpus:
+        count = inputs.gpu_count
+        ok = count is not None and count >= settings.expected_gpus
+        checks.append(
+            Check(
+                "gpus",
+                ok,
+                f"expected {settings.expected_gpus} GPUs, found {count}"
+                f" ({inputs.gpu_count_source})",
+            )
+        )
+    if settings.xid_codes and inputs.xids is not None:
+        bad = [x for x in inputs.xids if x[1] in settings.xid_codes and x[2] > 0]
+        detail = ", ".join(f"Xid {code} on GPU {gpu} ({n}x)" for gpu, code, n in bad)
+        checks.append(
+            Check(
+                "xid",
+                not bad,
+                f"uncleared {detail}; clear with `nodescope slurm clear-xids`"
+                if bad
+                else "no uncleared Xid",
+            )
+        )
+    if inputs.links is not None and (settings.check_link_width or settings.min_link_gen):
+        bad_links: list[str] = []
+        for gpu, width, max_width, gen in inputs.links:
+            if settings.check_link_width and width and max_width and width < max_width:
+                bad_links.append(f"GPU {gpu} link x{width} of x{max_width}")
+            if settings.min_link_gen and gen and gen < settings.min_link_gen:
+                bad_links.append(f"GPU {gpu} link Gen{gen} below Gen{settings.min_link_gen}")
+        checks.append(
+            Check("links", not bad_links, "; ".join(bad_links) or "GPU links at expected width")
+        )
+    if settings.required_modules:
+        missing = inputs.missing_modules
+        checks.append(
+            Check(
+                "modules",
+                not missing,
+                f"kernel module(s) not loaded: {', '.join(missing)}"
+                if missing
+                else "required modules loaded",
+            )
+        )
+    return checks
+
+
+def unfit_reason(checks: Iterable[Check]) -> str | None:
+    """One line for Slurm's drain reason, or ``None`` when every check passed."""
+    failed = [c.detail for c in checks if not c.ok]
+    if not failed:
+        return None
+    return ("nodescope: " + "; ".join(failed)).replace("\n", " ")[:200]
+
+
+def count_dev_gpus(roots: Roots) -> int:
+    """``/dev/nvidia<N>`` character devices (not nvidiactl, nvidia-uvm, …)."""
+    count = 0
+    try:
+        with os.scandir(roots.dev) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith("nvidia") and name[6:].isdigit():
+                    with contextlib.suppress(OSError):
+                        if stat.S_ISCHR(entry.stat(follow_symlinks=True).st_mode):
+                            count += 1
+    except OSError:
+        return 0
+    return count
+
+
+def missing_modules(roots: Roots, names: Sequence[str]) -> tuple[str, ...]:
+    return tuple(n for n in names if not (roots.sysfs / "module" / n).is_dir())
+
+
+def local_gate_inputs(config: Config) -> GateInputs:
+    roots = config.roots
+    return GateInputs(
+        gpu_count=count_dev_gpus(roots),
+        gpu_count_source=f"{roots.dev}/nvidia<N>",
+        xids=None,
+        links=None,
+        missing_modules=missing_modules(roots, config.slurm.required_modules),
+    )
+
+
+def gpu_holders(
+    roots: Roots, minors: Iterable[int], major: int = NVIDIA_MAJOR
+) -> list[dict[str, Any]]:
+    """Processes with an open file on an NVIDIA GPU of ``minors`` (character device
+    ``major``:N, 195 for ``/dev/nvidia<N>``), found through ``/proc/<pid>/fd``. Sockets, pipes
+    and anonymous inodes are skipped without a ``stat``: this costs one ``readlink`` per open
+    file of the node."""
+    wanted = {os.makedev(major, m) for m in minors}
+    if not wanted:
+        return []
+    holders: list[dict[str, Any]] = []
+    me = os.getpid()
+    try:
+        pids = [int(n) for n in os.listdir(roots.procfs) if n.isdigit()]
+    except OSError:
+        return []
+    for pid in sorted(pids):
+        if pid == me:
+            continue
+        fd_dir = roots.procfs / str(pid) / "fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        found: set[int] = set()
+        for fd in fds:
+            try:
+                target = os.readlink(fd_dir / fd)
+                if target.startswith(("socket:", "pipe:", "anon_inode:")):
+                    continue
+                st = os.stat(fd_dir / fd)
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev in wanted:
+                found.add(os.minor(st.st_rdev))
+        if found:
+            comm = read_optional(roots.procfs / str(pid) / "comm")
+            for minor in sorted(found):
+                holders.append(
+                    {"pid": pid, "gpu": minor, "comm": None if comm is None else comm.strip()}
+                )
+    return holders
+
+
+# ---------------------------------------------------------------------------------------------
+# Registrations
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A job as the hook environment describes it (``SLURM_JOB_ID``, ``SLURM_JOB_UID``, …)."""
+
+    job_id: str
+    uid: int | None = None
+    user: str | None = None
+    partition: str | None = None
+    gpus: tuple[int, ...] = ()
+    exit_code: str | None = None
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> JobRequest:
+        job_id = env.get("SLURM_JOB_ID", "")
+        if not job_id.isdigit() or not job_id.isascii():
+            raise ValueError(f"SLURM_JOB_ID is not a job id: {job_id!r}")
+        uid_text = env.get("SLURM_JOB_UID", "")
+        try:
+            gpus = parse_gpu_list(env.get("SLURM_JOB_GPUS", ""))
+        except ValueError:
+            gpus = ()
+        return cls(
+            job_id=job_id,
+            uid=int(uid_text) if uid_text.isdigit() and uid_text.isascii() else None,
+            user=env.get("SLURM_JOB_USER") or None,
+            partition=env.get("SLURM_JOB_PARTITION") or None,
+            gpus=gpus,
+            exit_code=env.get("SLURM_JOB_EXIT_CODE") or None,
+        )
+
+    @classmethod
+    def from_request(cls, request: Mapping[str, Any]) -> JobRequest:
+        job_id = request.get("job_id")
+        if not isinstance(job_id, str) or not job_id.isdigit() or not job_id.isascii():
+            raise ValueError(f"job_id is not a job id: {job_id!r}")
+        uid = request.get("uid")
+        gpus = request.get("gpus") or []
+        if not isinstance(gpus, list) or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus
+        ):
+            raise ValueError("gpus must be a list of GPU indices")
+
+        def text(key: str) -> str | None:
+            value = request.get(key)
+            return value if isinstance(value, str) and value else None
+
+        return cls(
+            job_id=job_id,
+            uid=uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
+            user=text("user"),
+            partition=text("partition"),
+            gpus=tuple(sorted(set(gpus))),
+            exit_code=text("exit_code"),
+        )
+
+    def as_request(self) -> Request:
+        return {
+            "job_id": self.job_id,
+            "uid": self.uid,
+            "user": self.user,
+            "partition": self.partition,
+            "gpus": list(self.gpus),
+            "exit_code": self.exit_code,
+        }
+
+
+def write_registration(
+    roots: Roots, job: JobRequest, baseline: Mapping[str, Any], wall_time: float
+) -> Path:
+    path = registrations_dir(roots) / f"{job.job_id}.json"
+    document = {
+        "format": REGISTRATION_FORMAT,
+        "job_id": job.job_id,
+        "uid": job.uid,
+        "user": job.user,
+        "partition": job.partition,
+        "gpus": list(job.gpus),
+        "registered_at": wall_time,
+        "baseline": dict(baseline),
+    }
+    atomic_write_bytes(path, (json.dumps(document, allow_nan=False) + "\n").encode(), 0o640)
+    return path
+
+
+def read_registration(roots: Roots, job_id: str) -> dict[str, Any] | None:
+    text = read_optional(registrations_dir(roots) / f"{job_id}.json")
+    if text is None:
+        return None
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def remove_registration(roots: Roots, job_id: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(registrations_dir(roots) / f"{job_id}.json")
+
+
+def local_sample(roots: Roots, wall_time: float) -> dict[str, Any]:
+    """The counters the hook can read without the daemon: InfiniBand ports and disks."""
+    infiniband: InfinibandData | None
+    disks: DisksData | None
+    try:
+        infiniband = read_infiniband(roots)
+    except Exception:  # a counter file that cannot be parsed costs those figures only
+        infiniband = None
+    try:
+        disks = read_disks(roots)
+    except Exception:
+        disks = None
+    return counter_sample(None, infiniband, disks, wall_time)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports
+
+
+def build_report(
+    job: JobRequest,
+    registration: Mapping[str, Any] | None,
+    end_sample: Mapping[str, Any],
+    end_wall: float,
+    *,
+    daemon: bool,
+    window: JobWindow | None = None,
+    findings: Sequence[Mapping[str, Any]] = (),
+    alerts: Sequence[Mapping[str, Any]] = (),
+    contention: Sequence[Mapping[str, Any]] = (),
+    holders: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    registration = registration or {}
+    gpus = list(job.gpus) or list(registration.get("gpus", []))
+    start = registration.get("registered_at")
+    if not isinstance(start, int | float):
+        start = window.first_seen if window is not None else None
+    baseline = registration.get("baseline")
+    deltas = (
+        counter_deltas(baseline, end_sample, gpus if gpus else None)
+        if isinstance(baseline, Mapping)
+        else None
+    )
+    reason = None
+    if holders:
+        shown = ", ".join(
+            f"pid {h['pid']} ({h.get('comm') or '?'}) on GPU {h['gpu']}" for h in holders
+        )
+        reason = f"nodescope: job {job.job_id} GPU(s) still held after the job: {shown}"[:200]
+    memory: dict[str, Any] = {}
+    if window is not None:
+        memory = {
+            "peak_bytes": window.peak_memory,
+            "limit_bytes": window.memory_limit,
+            "oom_kills": window.oom_kills,
+        }
+    return {
+        "format": REPORT_FORMAT,
+        "job_id": job.job_id,
+        "user": job.user or registration.get("user"),
+        "uid": job.uid if job.uid is not None else registration.get("uid"),
+        "partition": job.partition or registration.get("partition"),
+        "gpus": gpus,
+        "gpu_source": "SLURM_JOB_GPUS"
+        if gpus
+        else (window.gpu_source if window is not None else "none"),
+        "exit_code": job.exit_code,
+        "start": start,
+        "end": end_wall,
+        "duration_seconds": None if start is None else end_wall - start,
+        "daemon": daemon,
+        "registered": bool(registration),
+        "deltas": deltas,
+        "memory": memory,
+        "findings": list(findings),
+        "alerts": list(alerts),
+        "contention": list(contention),
+        "gpu_holders": list(holders),
+        "timeline": window.timeline() if window is not None else {"t": [], "series": {}},
+        "verdict": {"ok": reason is None, "reason": reason},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The tracker: what the daemon remembers between prolog and epilog
+
+
+@dataclass
+class Episode:
+    """A finding (or alert) over consecutive cycles: first and last wall time seen."""
+
+    key: str
+    kind: str
+    severity: str
+    subjects: dict[str, str]
+    message: str
+    first: float
+    last: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "severity": self.severity,
+            "subjects": dict(self.subjects),
+            "message": self.message,
+            "first": self.first,
+            "last": self.last,
+            "start": self.first,
+            "end": self.last,
+            "seconds": self.last - self.first,
+        }
+
+
+@dataclass
+class JobWindow:
+    """What the daemon saw of one job while it ran."""
+
+    job_id: str
+    first_seen: float
+    last_seen: float
+    gpus: tuple[int, ...] = ()
+    gpu_source: str = "none"
+    peak_memory: int | None = None
+    memory_limit: int | None = None
+    oom_kills: int = 0
+    times: list[float] = field(default_factory=list)
+    series: dict[str, list[float | None]] = field(default_factory=dict)
+
+    def add_sample(self, t: float, values: Mapping[str, float | None]) -> None:
+        self.times.append(t)
+        for name in set(self.series) | set(values):
+            column = self.series.setdefault(name, [None] * (len(self.times) - 1))
+            column.append(values.get(name))
+        if len(self.times) > MAX_SAMPLES:
+            # Halve the resolution rather than forget the start of a long job.
+            self.times = self.times[::2]
+            self.series = {k: v[::2] for k, v in self.series.items()}
+
+    def timeline(self) -> dict[str, Any]:
+        return {"t": list(self.times), "series": {k: list(v) for k, v in self.series.items()}}
+
+
+def _relevant(subjects: Mapping[str, str], job: str, gpus: set[str], bdfs: set[str]) -> bool:
+    for role, name in subjects.items():
+        if role == "job" and name == job:
+            return True
+        if role == "gpu" and name in gpus:
+            return True
+        if name in bdfs:
+            return True
+    return False
+
+
+class JobTracker:
+    """Fed every analysed snapshot by the service; answers the prolog and the epilog."""
+
+    def __init__(self, config: Callable[[], Config]) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self.latest: Snapshot | None = None
+        self._xid_cleared: dict[str, int] | None = None
+        self._open: dict[str, Episode] = {}
+        self._closed: deque[Episode] = deque(maxlen=MAX_EPISODES)
+        self._alerts_open: dict[str, Episode] = {}
+        self._alerts_closed: deque[Episode] = deque(maxlen=MAX_EPISODES)
+        self.windows: dict[str, JobWindow] = {}
+
+    # -- observation ---------------------------------------------------------------------
+    def observe(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            self.latest = snapshot
+            now = snapshot.wall_time
+            nvml = snapshot.data("nvml", NvmlData)
+            if self._xid_cleared is None and nvml is not None:
+                self._xid_cleared = _xid_counts(nvml)
+            self._track(
+                self._open,
+                self._closed,
+                (
+                    (f.key, f.kind, f.severity.label, dict(f.subjects), f.message)
+                    for f in snapshot.findings
+                ),
+                now,
+            )
+            self._track(
+                self._alerts_open,
+                self._alerts_closed,
+                (
+                    (a.key, a.kind, a.severity.label, dict(a.subjects), a.message)
+                    for a in snapshot.alerts
+                    if a.state is AlertState.FIRING
+                ),
+                now,
+            )
+            self._observe_jobs(snapshot, now)
+
+    @staticmethod
+    def _track(
+        open_: dict[str, Episode],
+        closed: deque[Episode],
+        items: Iterable[tuple[str, str, str, dict[str, str], str]],
+        now: float,
+    ) -> None:
+        seen: set[str] = set()
+        for key, kind, severity, subjects, message in items:
+            seen.add(key)
+            episode = open_.get(key)
+            if episode is None:
+                open_[key] = Episode(key, kind, severity, subjects, message, now, now)
+            else:
+                episode.last = now
+                episode.message = message
+                if severity == "critical" or (severity == "warning" and episode.severity == "info"):
+                    episode.severity = severity
+        for key in [k for k in open_ if k not in seen]:
+            closed.append(open_.pop(key))
+
+    def _observe_jobs(self, snapshot: Snapshot, now: float) -> None:
+        rates = derive.derived(snapshot, "nvml")
+        pcie: dict[int, float] = {}
+        if isinstance(rates, NvmlRates):
+            for gpu in rates.gpus:
+                tx, rx = gpu.pcie_tx_bytes_per_second, gpu.pcie_rx_bytes_per_second
+                if tx is not None or rx is not None:
+                    pcie[gpu.index] = (tx or 0.0) + (rx or 0.0)
+        for job in jobs_of(snapshot):
+            window = self.windows.get(job.job_id)
+            if window is None:
+                window = JobWindow(job.job_id, now, now)
+                self.windows[job.job_id] = window
+            window.last_seen = now
+            window.gpus, window.gpu_source = job.gpus, job.gpu_source
+            if not job.running:
+                continue
+            self._sample(window, job, pcie, now)
+        for job_id in [j for j, w in self.windows.items() if now - w.last_seen > FORGET_SECONDS]:
+            del self.windows[job_id]
+
+    @staticmethod
+    def _sample(window: JobWindow, job: Job, pcie: Mapping[int, float], now: float) -> None:
+        stats = job.stats
+        memory = stats.memory_current if stats is not None else None
+        peaks = [
+            v
+            for v in (memory, stats.memory_peak if stats is not None else None, window.peak_memory)
+            if v is not None
+        ]
+        window.peak_memory = max(peaks) if peaks else None
+        window.memory_limit = job.memory_limit_bytes
+        if stats is not None and stats.memory_events is not None:
+            window.oom_kills = max(window.oom_kills, stats.memory_events.oom_kill or 0)
+        gpu_rates = [pcie[g] for g in job.gpus if g in pcie]
+        window.add_sample(
+            now,
+            {
+                "memory_bytes": float(memory) if memory is not None else None,
+                "gpu_pcie_bytes_per_second": sum(gpu_rates) if gpu_rates else None,
+            },
+        )
+
+    # -- what the reports take -----------------------------------------------------------
+    def _episodes(
+        self, open_: Mapping[str, Episode], closed: Iterable[Episode], start: float, end: float
+    ) -> list[Episode]:
+        return [e for e in [*closed, *open_.values()] if e.last >= start and e.first <= end]
+
+    def xid_inputs(self) -> tuple[tuple[str, int, int], ...] | None:
+        snapshot = self.latest
+        nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+        if nvml is None:
+            return None
+        cleared = self._xid_cleared or {}
+        out = []
+        for key, count in sorted(_xid_counts(nvml).items()):
+            gpu, _, code = key.rpartition(":")
+            moved = count - cleared.get(key, 0)
+            if moved > 0:
+                out.append((gpu, int(code), moved))
+        return tuple(out)
+
+    def gate_inputs(self, config: Config) -> GateInputs:
+        with self._lock:
+            snapshot = self.latest
+            nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+            if nvml is not None:
+                count, source = nvml.device_count, "NVML"
+                links: tuple[tuple[int, int | None, int | None, int | None], ...] | None = tuple(
+                    (g.index, g.pcie_width_current, g.pcie_width_max, g.pcie_gen_current)
+                    for g in nvml.gpus
+                )
+            else:
+                count, source = count_dev_gpus(config.roots), f"{config.roots.dev}/nvidia<N>"
+                links = None
+            return GateInputs(
+                gpu_count=count,
+                gpu_count_source=source,
+                xids=self.xid_inputs(),
+                links=links,
+                missing_modules=missing_modules(config.roots, config.slurm.required_modules),
+            )
+
+    # -- commands ------------------------------------------------------------------------
+    def prolog(self, request: Request, peer: Peer) -> Response:
+        config = self._config()
+        job = JobRequest.from_request(request)
+        with self._lock:
+            snapshot = self.latest
+        now = time.time()
+        sample = self._sample_counters(snapshot, config, now)
+        write_registration(config.roots, job, sample, now)
+        checks = gate_checks(config.slurm, self.gate_inputs(config))
+        reason = unfit_reason(checks)
+        if reason is not None:
+            # The job will not run here (Slurm requeues it): nothing to report on.
+            remove_registration(config.roots, job.job_id)
+        log.info(
+            "event=prolog job=%s uid=%s gpus=%s fit=%s%s",
+            job.job_id,
+            job.uid,
+            ",".join(str(g) for g in job.gpus),
+            reason is None,
+            f" reason={reason!r}" if reason else "",
+        )
+        return {
+            "ok": True,
+            "fit": reason is None,
+            "reason": reason,
+            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
+        }
+
+    def _sample_counters(
+        self, snapshot: Snapshot | None, config: Config, now: float
+    ) -> dict[str, Any]:
+        if snapshot is None:
+            return local_sample(config.roots, now)
+        return counter_sample(
+            snapshot.data("nvml", NvmlData),
+            snapshot.data("infiniband", InfinibandData),
+            snapshot.data("disks", DisksData),
+            now,
+        )
+
+    def epilog(self, request: Request, peer: Peer) -> Response:
+        config = self._config()
+        job = JobRequest.from_request(request)
+        local_holders = request.get("gpu_holders") or []
+        registration = read_registration(config.roots, job.job_id)
+        now = time.time()
+        with self._lock:
+            snapshot = self.latest
+            # Taken out: observe() must not change what the report is being built from.
+            window = self.windows.pop(job.job_id, None)
+            start = registration.get("registered_at") if registration else None
+            if not isinstance(start, int | float):
+                start = window.first_seen if window is not None else now
+            gpus = set(job.gpus) or set(window.gpus if window is not None else ())
+            nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+            bdfs = {g.pci_address for g in nvml.gpus if g.index in gpus} if nvml else set()
+            names = {str(g) for g in gpus}
+            findings = [
+                e.as_dict()
+                for e in self._episodes(self._open, self._closed, start, now)
+                if _relevant(e.subjects, job.job_id, names, bdfs)
+            ]
+            alerts = [
+                e.as_dict()
+                for e in self._episodes(self._alerts_open, self._alerts_closed, start, now)
+                if _relevant(e.subjects, job.job_id, names, bdfs)
+            ]
+            contention = [
+                e.as_dict()
+                for e in self._episodes(self._open, self._closed, start, now)
+                if e.kind in CONTENTION_KINDS
+            ]
+        holders = _merge_holders(local_holders, _nvml_holders(config.roots, nvml, gpus))
+        sample = self._sample_counters(snapshot, config, now)
+        report = build_report(
+            job,
+            registration,
+            sample,
+            now,
+            daemon=True,
+            window=window,
+            findings=findings,
+            alerts=alerts,
+            contention=contention,
+            holders=holders,
+        )
+        path = write_report(Path(config.slurm.reports_dir), report)
+        remove_registration(config.roots, job.job_id)
+        with self._lock:
+            self.windows.pop(job.job_id, None)
+        verdict = report["verdict"]
+        log.info(
+            "event=epilog job=%s report=%s ok=%s%s",
+            job.job_id,
+            path,
+            verdict["ok"],
+            f" reason={verdict['reason']!r}" if verdict["reason"] else "",
+        )
+        return {"ok": True, "report": str(path), "verdict": verdict, "gpu_holders": holders}
+
+    def clear_xids(self, request: Request, peer: Peer) -> Response:
+        with self._lock:
+            snapshot = self.latest
+            nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+            self._xid_cleared = _xid_counts(nvml) if nvml is not None else None
+        log.info("event=xids_cleared uid=%d pid=%d", peer.uid, peer.pid)
+        return {"ok": True}
+
+
+def _xid_counts(nvml: NvmlData) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for xid in nvml.xids:
+        key = f"{xid.gpu if xid.gpu is not None else xid.pci_address}:{xid.xid}"
+        counts[key] = counts.get(key, 0) + xid.count
+    return counts
+
+
+def _nvml_holders(roots: Roots, nvml: NvmlData | None, gpus: set[int]) -> list[dict[str, Any]]:
+    """NVML compute processes on the job's GPUs that still exist."""
+    if nvml is None:
+        return []
+    out = []
+    for gpu in nvml.gpus:
+        if gpu.index not in gpus:
+            continue
+        for process in gpu.processes:
+            if (roots.procfs / str(process.pid)).exists():
+                comm = read_optional(roots.procfs / str(process.pid) / "comm")
+                out.append(
+                    {
+                        "pid": process.pid,
+                        "gpu": gpu.index,
+                        "comm": None if comm is None else comm.strip(),
+                    }
+                )
+    return out
+
+
+def _merge_holders(*groups: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    seen: dict[tuple[int, int], dict[str, Any]] = {}
+    for group in groups:
+        for holder in group:
+            pid, gpu = holder.get("pid"), holder.get("gpu")
+            if isinstance(pid, int) and isinstance(gpu, int):
+                seen.setdefault((pid, gpu), dict(holder))
+    return [seen[k] for k in sorted(seen)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Wiring into the service
+
+
+class Hooks:
+    """The socket server and the tracker, as the service starts and feeds them."""
+
+    def __init__(self, config: Callable[[], Config]) -> None:
+        self.tracker = JobTracker(config)
+        self._config = config
+        self.server = HookServer(
+            socket_path(config().roots),
+            lambda peer: peer.uid in allowed_uids(self._config().slurm),
+            lambda: self._config().slurm.timeout_seconds,
+        )
+        self.server.register("prolog", self.tracker.prolog)
+        self.server.register("epilog", self.tracker.epilog)
+        self.server.register("clear_xids", self.tracker.clear_xids)
+        self.probe = ProbeHook(config)
+        self.server.register("probe", self.probe.start)
+        self.server.register("probe_result", self.probe.result)
+
+    @classmethod
+    def start(cls, config: Callable[[], Config]) -> Hooks | None:
+        """Start the socket; a daemon that cannot bind it still collects (and says why)."""
+        hooks = cls(config)
+        try:
+            hooks.server.start()
+        except OSError as exc:
+            log.error("event=hooks_unavailable socket=%s error=%r", hooks.server.path, str(exc))
+            return None
+        log.info("event=hooks_listening socket=%s", hooks.server.path)
+        return hooks
+
+    def observe(self, snapshot: Snapshot) -> None:
+        self.tracker.observe(snapshot)
+
+    def stop(self) -> None:
+        self.server.stop()

@@ -1,0 +1,844 @@
+"""The ``jobs`` source: Slurm jobs as the node's cgroup trees and the prolog show them.
+
+Reads, under the injected roots:
+
+* the cgroup v2 hierarchy (``roots.cgroupfs``, or ``<cgroupfs>/unified`` on a hybrid host;
+  ``Documentation/admin-guide/cgroup-v2.rst``) for Slurm's cgroup/v2 layout
+  (``docs/datasources.md`` §5; Slurm ``src/plugins/cgroup/v2/cgroup_v2.c``)::
+
+    .../[<node>_]slurmstepd.scope/{job_<id> | <SLUID>}/step_<s>/{slurm, user/task_<n>}
+
+  A ``job_<id>`` directory is a job wherever it sits (sites move the scope with
+  ``CgroupSlice``); any other child of a ``slurmstepd.scope`` but ``system`` is a job named by
+  its SLUID (the default from Slurm 26.05 unless ``CgroupJobIdPaths=yes``), whose job id comes
+  from its processes' ``SLURM_JOB_ID`` or the prolog's registration;
+* cgroup v1 hierarchies (Slurm ``src/plugins/cgroup/v1/xcgroup.c``):
+  ``<controller>/slurm[_<node>]/uid_<uid>/job_<id>/step_<s>/task_<n>``; ``memory`` (or
+  ``freezer``) names the processes, ``memory``, ``cpuacct`` and ``pids`` give the figures
+  (``Documentation/admin-guide/cgroup-v1/memory.rst``: ``memory.usage_in_bytes``,
+  ``memory.limit_in_bytes``, ``memory.max_usage_in_bytes``, ``memory.oom_control``;
+  ``cpuacct.usage`` in nanoseconds) and ``devices.list`` the GPUs a job may open
+  (``Documentation/admin-guide/cgroup-v1/devices.rst``: ``c 195:N rwm`` lines);
+* of every job process: ``/proc/<pid>/environ`` (only :data:`KEPT_VARIABLES` are kept; the rest
+  of an environment — tokens, keys — is dropped at parse time), ``/proc/<pid>/comm``, and
+  ``/proc/<pid>/task/`` against the job's ``cgroup.threads`` (``tasks`` in v1): a thread that
+  is not in the job's cgroups was placed elsewhere, and ``/proc/<pid>/task/<tid>/cgroup``
+  says where; for threads listed only in threaded cgroups, ``/proc/<tid>/status`` (``Tgid:``,
+  ``fs/proc/array.c``) names their process;
+* ``cgroup.procs`` and ``memory.max`` of every other cgroup of the hierarchy, so a GPU process
+  outside its job can be placed, with the memory limit that applies to it;
+* the prolog's registrations, ``<run>/nodescope/jobs/<id>.json`` (written by
+  :mod:`nodescope.hooks`; JSON, ``format`` ``nodescope-registration/1``).
+
+Job cgroups do not exist yet while the prolog runs and are gone when the epilog runs: the
+registry joins the two views by job id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from nodescope.errors import ParseError
+from nodescope.roots import Roots
+from nodescope.sources.base import read_optional
+from nodescope.sources.cgroup import (
+    Cgroup,
+    CpuStat,
+    Limit,
+    MemoryEvents,
+    find_v2_root,
+    parse_ids,
+    parse_key_values,
+    parse_limit,
+    parse_proc_cgroup,
+    parse_value,
+    read_cgroup,
+)
+
+NAME = "jobs"
+
+#: Environment variables kept from a job process's environ: the job it claims, the GPUs Slurm
+#: gave it (global indices in SLURM_JOB_GPUS/SLURM_STEP_GPUS; CUDA_VISIBLE_DEVICES is
+#: renumbered inside a device-constrained job) and the HCAs NCCL may use.
+KEPT_VARIABLES = (
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_JOB_GPUS",
+    "SLURM_STEP_GPUS",
+    "SLURM_JOB_USER",
+    "SLURM_JOB_UID",
+    "SLURM_JOB_PARTITION",
+    "CUDA_VISIBLE_DEVICES",
+    "NCCL_IB_HCA",
+)
+
+#: Where the hooks keep what the prolog registered, below ``roots.run``.
+RUN_SUBDIR = "nodescope"
+REGISTRATION_FORMAT = "nodescope-registration/1"
+
+#: Bounds of one run: how deep job directories are searched for, how many cgroups the
+#: search and the index of other processes visit, how many cgroups one job may have.
+MAX_SEARCH_DEPTH = 4
+MAX_CGROUPS = 10_000
+MAX_JOB_CGROUPS = 2_000
+#: Threads of one process compared with the job's thread lists; beyond it a process is
+#: reported as not checked rather than read for ever.
+MAX_THREADS_CHECKED = 4_096
+
+#: The character major of NVIDIA GPUs (``/dev/nvidia<N>`` is 195:N; 255 is nvidiactl).
+NVIDIA_MAJOR = 195
+NVIDIA_CTL_MINOR = 255
+
+#: cgroup v1 reports "no limit" as the largest page-aligned counter value; anything from 2^62
+#: up is unlimited in practice.
+V1_UNLIMITED = 1 << 62
+
+_JOB_DIR = re.compile(r"job_([0-9]+)")
+_STEP_DIR = re.compile(r"step_([A-Za-z0-9_+]+)")
+_SLUID = re.compile(r"[A-Za-z0-9]{4,40}")
+_UID_DIR = re.compile(r"uid_([0-9]+)")
+_DEVICE_RULE = re.compile(r"([abc]) (\*|[0-9]+):(\*|[0-9]+) ([rwm]+)")
+_GPU_LIST = re.compile(r"[0-9]+(?:,[0-9]+)*")
+_V1_JOB_CONTROLLERS = ("memory", "freezer")
+
+Layout = Literal["v2", "v2-sluid", "v1"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+
+
+@dataclass(frozen=True, slots=True)
+class EscapedThread:
+    """A thread of a job process that is not in the job's cgroups; ``cgroup`` is where it is
+    (``None``: it exited before it could be read)."""
+
+    tid: int
+    comm: str | None
+    cgroup: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobTask:
+    """A process in a job's cgroups: where it sits, its kept environment, its thread count and
+    the threads that sit outside the job. ``memory_max_bytes`` is the tightest ``memory.max``
+    on the path from its cgroup to the root (``None``: no limit applies)."""
+
+    pid: int
+    comm: str | None
+    cgroup: str
+    step: str | None
+    environ: tuple[tuple[str, str], ...]
+    threads: int | None
+    escaped_threads: tuple[EscapedThread, ...]
+    memory_max_bytes: int | None
+    slurm_internal: bool = False
+
+    def env(self, name: str) -> str | None:
+        for key, value in self.environ:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class JobStep:
+    """``step_<name>`` of a job: ``batch``, ``extern``, ``interactive`` or a number."""
+
+    name: str
+    path: str
+    stats: Cgroup | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobCgroup:
+    """One job as its cgroup shows it.
+
+    ``key`` is the directory name (``job_42`` or a SLUID), ``job_id`` the Slurm job id when it
+    is known (from the name, or the processes' ``SLURM_JOB_ID``), ``path`` the directory below
+    its hierarchy's root in ``/proc/<pid>/cgroup`` form. ``stats`` are the job cgroup's own
+    figures (v1: memory, cpuacct and pids put together). ``memory_limit_bytes`` is the tightest
+    ``memory.max`` anywhere in the job's subtree: the memory the job asked for.
+    ``gpu_minors`` are the NVIDIA minors its device cgroup allows (v1 only; ``None``: unknown
+    or unconstrained).
+    """
+
+    key: str
+    job_id: str | None
+    layout: Layout
+    path: str
+    uid: int | None
+    stats: Cgroup | None
+    steps: tuple[JobStep, ...]
+    tasks: tuple[JobTask, ...]
+    memory_limit_bytes: int | None
+    gpu_minors: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What the prolog told the daemon about a job (``registered_at``: Unix time)."""
+
+    job_id: str
+    uid: int | None
+    user: str | None
+    partition: str | None
+    gpus: tuple[int, ...]
+    registered_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class OtherCgroup:
+    """A populated cgroup outside every job: its processes and the tightest ``memory.max``
+    from it up to the root (``None``: unlimited)."""
+
+    path: str
+    pids: tuple[int, ...]
+    memory_max_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobsData:
+    """``hierarchy``: where jobs were looked for (``v2``, ``v1`` or ``none``)."""
+
+    hierarchy: str
+    jobs: tuple[JobCgroup, ...]
+    registrations: tuple[Registration, ...]
+    others: tuple[OtherCgroup, ...]
+    truncated: bool = False
+
+    def cgroup_of(self, pid: int) -> tuple[str, int | None] | None:
+        """(cgroup, memory limit) of a pid outside every job, when the index has it."""
+        for other in self.others:
+            if pid in other.pids:
+                return other.path, other.memory_max_bytes
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers (pure)
+
+
+def parse_environ(text: str, source: str = "/proc/self/environ") -> tuple[tuple[str, str], ...]:
+    """The :data:`KEPT_VARIABLES` of a NUL-separated environment, in file order.
+
+    An entry without ``=`` (a process may overwrite its environment block) names nothing and
+    is skipped; nothing else is kept, so secrets never enter a snapshot.
+    """
+    kept: list[tuple[str, str]] = []
+    for entry in text.split("\0"):
+        name, sep, value = entry.partition("=")
+        if sep and name in KEPT_VARIABLES:
+            kept.append((name, value))
+    return tuple(kept)
+
+
+def parse_gpu_list(value: str, source: str = "SLURM_JOB_GPUS") -> tuple[int, ...]:
+    """``SLURM_JOB_GPUS``-style global GPU indices, ``0,1,3``; an empty value is none."""
+    text = value.strip()
+    if not text:
+        return ()
+    if not _GPU_LIST.fullmatch(text):
+        raise ParseError(source, f"not a list of GPU indices: {value!r}")
+    return tuple(sorted({int(part) for part in text.split(",")}))
+
+
+def job_dir_id(name: str) -> str | None:
+    """The job id of a ``job_<id>`` directory."""
+    match = _JOB_DIR.fullmatch(name)
+    return match.group(1) if match else None
+
+
+def is_sluid_dir(name: str) -> bool:
+    """Whether a child of ``slurmstepd.scope`` can be a SLUID-named job (not ``system``)."""
+    return name != "system" and job_dir_id(name) is None and bool(_SLUID.fullmatch(name))
+
+
+def step_of(relative: str) -> str | None:
+    """The step of a cgroup path relative to its job directory (``step_0/user/task_1`` → ``0``)."""
+    first = relative.strip("/").split("/", 1)[0]
+    match = _STEP_DIR.fullmatch(first)
+    return match.group(1) if match else None
+
+
+def parse_status_tgid(text: str, source: str = "/proc/self/status") -> int:
+    """The ``Tgid:`` of ``/proc/<tid>/status``: the process a thread belongs to."""
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.startswith("Tgid:"):
+            value = line[5:].strip()
+            if not value.isdigit() or not value.isascii():
+                raise ParseError(source, f"Tgid {value!r} is not a number", number)
+            return int(value)
+    raise ParseError(source, "no Tgid line")
+
+
+def parse_devices_list(text: str, source: str = "devices.list") -> tuple[int, ...] | None:
+    """NVIDIA GPU minors a v1 device cgroup allows (``c 195:N``; nvidiactl excluded).
+
+    ``None`` when the list allows every device (``a *:* rwm``, the unconstrained default) or
+    every NVIDIA minor (``c 195:* ...``): the cgroup does not say which GPUs are the job's.
+    """
+    minors: set[int] = set()
+    for number, line in enumerate(text.split("\n"), start=1):
+        rule = line.strip()
+        if not rule:
+            continue
+        match = _DEVICE_RULE.fullmatch(rule)
+        if match is None:
+            raise ParseError(source, f"expected 'TYPE MAJ:MIN ACCESS', found {rule!r}", number)
+        kind, major, minor, _access = match.groups()
+        if kind == "a":
+            return None
+        if kind != "c" or major == "*" or int(major) != NVIDIA_MAJOR:
+            continue
+        if minor == "*":
+            return None
+        if int(minor) != NVIDIA_CTL_MINOR:
+            minors.add(int(minor))
+    return tuple(sorted(minors))
+
+
+def parse_v1_limit(text: str, source: str = "memory.limit_in_bytes") -> int | None:
+    """A v1 ``memory.limit_in_bytes``: bytes, ``None`` for the "unlimited" sentinel."""
+    value = parse_value(text, source)
+    return None if value >= V1_UNLIMITED else value
+
+
+def _opt_int(value: Any, source: str, what: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ParseError(source, f"{what}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _opt_str(value: Any, source: str, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ParseError(source, f"{what}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def parse_registration(text: str, source: str = "registration.json") -> Registration:
+    """A registration file written by the hooks (``format: nodescope-registration/1``)."""
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ParseError(source, f"not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ParseError(source, "expected a JSON object")
+    if document.get("format") != REGISTRATION_FORMAT:
+        raise ParseError(source, f"format must be {REGISTRATION_FORMAT!r}")
+    job_id = document.get("job_id")
+    if not isinstance(job_id, str) or not job_id.isdigit() or not job_id.isascii():
+        raise ParseError(source, f"job_id: expected a job id string, got {job_id!r}")
+    gpus = document.get("gpus", [])
+    if not isinstance(gpus, list) or any(
+        not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in gpus
+    ):
+        raise ParseError(source, "gpus: expected a list of GPU indices")
+    registered_at = document.get("registered_at", 0.0)
+    if not isinstance(registered_at, int | float) or isinstance(registered_at, bool):
+        raise ParseError(source, "registered_at: expected a number")
+    return Registration(
+        job_id=job_id,
+        uid=_opt_int(document.get("uid"), source, "uid"),
+        user=_opt_str(document.get("user"), source, "user"),
+        partition=_opt_str(document.get("partition"), source, "partition"),
+        gpus=tuple(sorted(set(gpus))),
+        registered_at=float(registered_at),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers (IO)
+
+
+def _subdirectories(path: Path) -> list[str]:
+    try:
+        with os.scandir(path) as entries:
+            return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def _files(path: Path) -> frozenset[str] | None:
+    try:
+        with os.scandir(path) as entries:
+            return frozenset(e.name for e in entries if e.is_file(follow_symlinks=False))
+    except OSError:
+        return None
+
+
+def _relative(root: Path, directory: Path) -> str:
+    rel = directory.relative_to(root).as_posix()
+    return "/" if rel == "." else "/" + rel
+
+
+def find_v2_jobs(root: Path) -> list[tuple[str, str | None, Layout, Path]]:
+    """(key, job id, layout, directory) of every job directory within
+    :data:`MAX_SEARCH_DEPTH` levels of the v2 root."""
+    found: list[tuple[str, str | None, Layout, Path]] = []
+    queue: deque[tuple[Path, int]] = deque([(root, 0)])
+    visited = 0
+    while queue and visited < MAX_CGROUPS:
+        directory, depth = queue.popleft()
+        visited += 1
+        in_scope = directory.name.endswith("slurmstepd.scope")
+        for name in _subdirectories(directory):
+            job = job_dir_id(name)
+            if job is not None:
+                found.append((name, job, "v2", directory / name))
+            elif in_scope and is_sluid_dir(name):
+                found.append((name, None, "v2-sluid", directory / name))
+            elif depth + 1 < MAX_SEARCH_DEPTH:
+                queue.append((directory / name, depth + 1))
+    return found
+
+
+def _limit_value(cgroup: Cgroup | None) -> int | None:
+    if cgroup is None or cgroup.memory_max is None:
+        return None
+    return cgroup.memory_max.value
+
+
+def _tightest(*limits: int | None) -> int | None:
+    present = [limit for limit in limits if limit is not None]
+    return min(present) if present else None
+
+
+def _ancestor_limit_v2(root: Path, directory: Path) -> int | None:
+    """The tightest ``memory.max`` strictly above ``directory`` up to the root."""
+    limit: int | None = None
+    current = directory.parent
+    while current != root and root in current.parents:
+        text = read_optional(current / "memory.max")
+        if text is not None:
+            limit = _tightest(limit, parse_limit(text, str(current / "memory.max")))
+        current = current.parent
+    return limit
+
+
+def _read_comm(roots: Roots, pid: int, tid: int | None = None) -> str | None:
+    base = roots.procfs / str(pid)
+    path = base / "comm" if tid is None else base / "task" / str(tid) / "comm"
+    text = read_optional(path)
+    return None if text is None else text.rstrip("\n")
+
+
+def _task_ids(roots: Roots, pid: int) -> list[int] | None:
+    try:
+        with os.scandir(roots.procfs / str(pid) / "task") as entries:
+            return [int(e.name) for e in entries if e.name.isdigit()]
+    except OSError:
+        return None
+
+
+def _thread_cgroup(roots: Roots, pid: int, tid: int, v1_controller: str | None) -> str | None:
+    path = roots.procfs / str(pid) / "task" / str(tid) / "cgroup"
+    text = read_optional(path)
+    if text is None:
+        return None
+    parsed = parse_proc_cgroup(text, str(path))
+    return parsed.v2_path if v1_controller is None else parsed.v1_path(v1_controller)
+
+
+def _read_task(
+    roots: Roots,
+    pid: int,
+    cgroup: str,
+    step: str | None,
+    job_threads: frozenset[int],
+    memory_max: int | None,
+    slurm_internal: bool,
+    v1_controller: str | None,
+) -> JobTask | None:
+    environ_path = roots.procfs / str(pid) / "environ"
+    environ_text = read_optional(environ_path)
+    tids = _task_ids(roots, pid)
+    if environ_text is None and tids is None:
+        return None  # exited since the listing
+    environ = () if environ_text is None else parse_environ(environ_text, str(environ_path))
+    escaped: list[EscapedThread] = []
+    if tids is not None and job_threads and len(tids) <= MAX_THREADS_CHECKED:
+        for tid in sorted(tids):
+            if tid in job_threads:
+                continue
+            where = _thread_cgroup(roots, pid, tid, v1_controller)
+            if where is None:
+                continue  # gone meanwhile
+            escaped.append(EscapedThread(tid, _read_comm(roots, pid, tid), where))
+    return JobTask(
+        pid=pid,
+        comm=_read_comm(roots, pid),
+        cgroup=cgroup,
+        step=step,
+        environ=environ,
+        threads=None if tids is None else len(tids),
+        escaped_threads=tuple(escaped),
+        memory_max_bytes=memory_max,
+        slurm_internal=slurm_internal,
+    )
+
+
+def _is_slurm_internal(relative: str) -> bool:
+    """slurmstepd's own cgroups (``step_<s>/slurm``): Slurm's processes, not the job's."""
+    parts = relative.strip("/").split("/")
+    return len(parts) >= 2 and parts[1] == "slurm"
+
+
+def _job_id_from_tasks(tasks: Iterable[JobTask]) -> str | None:
+    ids = sorted({v for t in tasks if (v := t.env("SLURM_JOB_ID")) and v.isdigit()})
+    return ids[0] if len(ids) == 1 else None
+
+
+def _tgid(roots: Roots, tid: int) -> int | None:
+    path = roots.procfs / str(tid) / "status"
+    text = read_optional(path)
+    return None if text is None else parse_status_tgid(text, str(path))
+
+
+def read_v2_job(
+    roots: Roots, root: Path, key: str, job_id: str | None, layout: Layout, directory: Path
+) -> JobCgroup | None:
+    """Read one v2 job directory and every cgroup below it."""
+    above = _ancestor_limit_v2(root, directory)
+    cgroups: list[tuple[Path, Cgroup, int | None]] = []  # (dir, cgroup, effective limit)
+    queue: deque[tuple[Path, int, int | None]] = deque([(directory, 0, above)])
+    base_depth = len(directory.relative_to(root).parts)
+    while queue and len(cgroups) < MAX_JOB_CGROUPS:
+        current, depth, limit_above = queue.popleft()
+        files = _files(current)
+        if files is None:
+            continue
+        subdirs = _subdirectories(current)
+        cgroup = read_cgroup(
+            current, _relative(root, current), base_depth + depth, files, len(subdirs), True
+        )
+        if cgroup is None:
+            continue
+        effective = _tightest(limit_above, _limit_value(cgroup))
+        cgroups.append((current, cgroup, effective))
+        queue.extend((current / name, depth + 1, effective) for name in subdirs)
+    if not cgroups:
+        return None
+    threads = frozenset(t for _, c, _ in cgroups for t in (c.threads or ()))
+    members: dict[int, tuple[Path, Cgroup, int | None]] = {}
+    for current, cgroup, effective in cgroups:
+        for pid in cgroup.procs or ():
+            members.setdefault(pid, (current, cgroup, effective))
+        if cgroup.procs is None and cgroup.type == "threaded":
+            # Threaded cgroups list threads only; their processes sit in the threaded domain
+            # above, which may be outside the job.
+            for tid in cgroup.threads or ():
+                tgid = _tgid(roots, tid)
+                if tgid is not None:
+                    members.setdefault(tgid, (current, cgroup, effective))
+    tasks: list[JobTask] = []
+    for pid in sorted(members):
+        current, cgroup, effective = members[pid]
+        relative = current.relative_to(directory).as_posix()
+        task = _read_task(
+            roots,
+            pid,
+            cgroup.path,
+            step_of(relative),
+            threads,
+            effective,
+            _is_slurm_internal(relative),
+            None,
+        )
+        if task is not None:
+            tasks.append(task)
+    steps = tuple(
+        JobStep(step, c.path, c)
+        for d, c, _ in cgroups
+        if d.parent == directory and (step := step_of(d.name)) is not None
+    )
+    limits = [_limit_value(c) for _, c, _ in cgroups]
+    if job_id is None:
+        job_id = _job_id_from_tasks(tasks)
+    return JobCgroup(
+        key=key,
+        job_id=job_id,
+        layout=layout,
+        path=cgroups[0][1].path,
+        uid=None,
+        stats=cgroups[0][1],
+        steps=steps,
+        tasks=tuple(tasks),
+        memory_limit_bytes=_tightest(*limits),
+        gpu_minors=None,
+    )
+
+
+def _v1_value(path: Path) -> int | None:
+    text = read_optional(path)
+    return None if text is None else parse_value(text, str(path))
+
+
+def read_v1_stats(cgroupfs: Path, relative: str, depth: int) -> Cgroup:
+    """The figures of one v1 job or step cgroup, from the memory, cpuacct and pids
+    hierarchies, in the v2 record's terms (``memory.max`` ← ``memory.limit_in_bytes``,
+    ``memory.peak`` ← ``memory.max_usage_in_bytes``, ``oom_kill`` ← ``memory.oom_control``,
+    ``max`` ← ``memory.failcnt``, ``cpu.stat usage_usec`` ← ``cpuacct.usage`` / 1000)."""
+    rel = relative.strip("/")
+    memory_dir = cgroupfs / "memory" / rel
+    limit_path = memory_dir / "memory.limit_in_bytes"
+    limit_text = read_optional(limit_path)
+    oom_path = memory_dir / "memory.oom_control"
+    oom_text = read_optional(oom_path)
+    oom_kill = (
+        None if oom_text is None else parse_key_values(oom_text, str(oom_path)).get("oom_kill")
+    )
+    failcnt = _v1_value(memory_dir / "memory.failcnt")
+    events = None
+    if oom_kill is not None or failcnt is not None:
+        events = MemoryEvents(max=failcnt, oom_kill=oom_kill)
+    usage_ns = _v1_value(cgroupfs / "cpuacct" / rel / "cpuacct.usage")
+    return Cgroup(
+        path=relative,
+        depth=depth,
+        type=None,
+        controllers=None,
+        nr_children=0,
+        memory_current=_v1_value(memory_dir / "memory.usage_in_bytes"),
+        memory_peak=_v1_value(memory_dir / "memory.max_usage_in_bytes"),
+        memory_max=None
+        if limit_text is None
+        else Limit(parse_v1_limit(limit_text, str(limit_path))),
+        memory_events=events,
+        cpu_stat=None if usage_ns is None else CpuStat(usage_usec=usage_ns // 1000),
+        pids_current=_v1_value(cgroupfs / "pids" / rel / "pids.current"),
+    )
+
+
+def find_v1_jobs(cgroupfs: Path) -> tuple[str, list[tuple[str, int, Path]]] | None:
+    """(controller, [(job id, uid, directory)]) of the first v1 hierarchy among
+    :data:`_V1_JOB_CONTROLLERS` that has Slurm's ``slurm[_<node>]`` directory."""
+    for controller in _V1_JOB_CONTROLLERS:
+        hierarchy = cgroupfs / controller
+        if (hierarchy / "cgroup.controllers").exists():
+            continue  # a v2 mount that happens to be named like a controller
+        tops = [n for n in _subdirectories(hierarchy) if n == "slurm" or n.startswith("slurm_")]
+        if not tops:
+            continue
+        jobs: list[tuple[str, int, Path]] = []
+        for top in tops:
+            for uid_name in _subdirectories(hierarchy / top):
+                uid_match = _UID_DIR.fullmatch(uid_name)
+                if uid_match is None:
+                    continue
+                for job_name in _subdirectories(hierarchy / top / uid_name):
+                    job = job_dir_id(job_name)
+                    if job is not None:
+                        jobs.append(
+                            (job, int(uid_match.group(1)), hierarchy / top / uid_name / job_name)
+                        )
+        return controller, jobs
+    return None
+
+
+def read_v1_job(roots: Roots, controller: str, job_id: str, uid: int, directory: Path) -> JobCgroup:
+    hierarchy = roots.cgroupfs / controller
+    job_rel = _relative(hierarchy, directory)
+    members: dict[int, tuple[str, str]] = {}  # pid -> (cgroup path, path below the job)
+    threads: set[int] = set()
+    dirs: list[Path] = []
+    queue: deque[Path] = deque([directory])
+    while queue and len(dirs) < MAX_JOB_CGROUPS:
+        current = queue.popleft()
+        dirs.append(current)
+        procs_path = current / "cgroup.procs"
+        text = read_optional(procs_path)
+        relative = current.relative_to(directory).as_posix()
+        for pid in () if text is None else parse_ids(text, str(procs_path)):
+            members.setdefault(pid, (_relative(hierarchy, current), relative))
+        tasks_path = current / "tasks"
+        tasks_text = read_optional(tasks_path)
+        if tasks_text is not None:
+            threads.update(parse_ids(tasks_text, str(tasks_path)))
+        queue.extend(current / name for name in _subdirectories(current))
+    limits: list[int | None] = []
+    steps: list[JobStep] = []
+    stats = read_v1_stats(roots.cgroupfs, job_rel, len(directory.relative_to(hierarchy).parts))
+    limits.append(_limit_value(stats))
+    step_limits: dict[str, int | None] = {}
+    for name in _subdirectories(directory):
+        step = step_of(name)
+        if step is None:
+            continue
+        step_stats = read_v1_stats(roots.cgroupfs, f"{job_rel}/{name}", stats.depth + 1)
+        steps.append(JobStep(step, step_stats.path, step_stats))
+        step_limits[step] = _limit_value(step_stats)
+        limits.append(step_limits[step])
+    job_limit = _limit_value(stats)
+    tasks: list[JobTask] = []
+    frozen_threads = frozenset(threads)
+    for pid in sorted(members):
+        cgroup, relative = members[pid]
+        step = step_of(relative)
+        effective = _tightest(job_limit, step_limits.get(step) if step is not None else None)
+        task = _read_task(
+            roots,
+            pid,
+            cgroup,
+            step,
+            frozen_threads,
+            effective,
+            _is_slurm_internal(relative),
+            controller,
+        )
+        if task is not None:
+            tasks.append(task)
+    devices_path = roots.cgroupfs / "devices" / job_rel.strip("/") / "devices.list"
+    devices_text = read_optional(devices_path)
+    gpu_minors = (
+        None if devices_text is None else parse_devices_list(devices_text, str(devices_path))
+    )
+    return JobCgroup(
+        key=directory.name,
+        job_id=job_id,
+        layout="v1",
+        path=job_rel,
+        uid=uid,
+        stats=stats,
+        steps=tuple(steps),
+        tasks=tuple(tasks),
+        memory_limit_bytes=_tightest(*limits),
+        gpu_minors=gpu_minors,
+    )
+
+
+def read_others_v2(root: Path, skip: Iterable[Path]) -> tuple[tuple[OtherCgroup, ...], bool]:
+    """Every populated cgroup outside the job directories, with its effective memory.max."""
+    skipped = set(skip)
+    others: list[OtherCgroup] = []
+    queue: deque[tuple[Path, int | None]] = deque([(root, None)])
+    visited = 0
+    while queue:
+        if visited >= MAX_CGROUPS:
+            return tuple(others), True
+        current, limit_above = queue.popleft()
+        visited += 1
+        limit = limit_above
+        if current != root:
+            text = read_optional(current / "memory.max")
+            if text is not None:
+                limit = _tightest(limit, parse_limit(text, str(current / "memory.max")))
+        procs_path = current / "cgroup.procs"
+        text = read_optional(procs_path)
+        pids = () if text is None else tuple(sorted(set(parse_ids(text, str(procs_path)))))
+        if pids:
+            others.append(OtherCgroup(_relative(root, current), pids, limit))
+        for name in _subdirectories(current):
+            child = current / name
+            if child not in skipped:
+                queue.append((child, limit))
+    return tuple(others), False
+
+
+def read_others_v1(hierarchy: Path, skip: Iterable[Path]) -> tuple[tuple[OtherCgroup, ...], bool]:
+    skipped = set(skip)
+    others: list[OtherCgroup] = []
+    queue: deque[tuple[Path, int | None]] = deque([(hierarchy, None)])
+    visited = 0
+    while queue:
+        if visited >= MAX_CGROUPS:
+            return tuple(others), True
+        current, limit_above = queue.popleft()
+        visited += 1
+        limit = limit_above
+        if current != hierarchy:
+            text = read_optional(current / "memory.limit_in_bytes")
+            if text is not None:
+                path = str(current / "memory.limit_in_bytes")
+                limit = _tightest(limit, parse_v1_limit(text, path))
+        procs_path = current / "cgroup.procs"
+        text = read_optional(procs_path)
+        pids = () if text is None else tuple(sorted(set(parse_ids(text, str(procs_path)))))
+        if pids:
+            others.append(OtherCgroup(_relative(hierarchy, current), pids, limit))
+        for name in _subdirectories(current):
+            child = current / name
+            if child not in skipped:
+                queue.append((child, limit))
+    return tuple(others), False
+
+
+def registrations_dir(roots: Roots) -> Path:
+    return roots.run / RUN_SUBDIR / "jobs"
+
+
+def read_registrations(roots: Roots) -> tuple[Registration, ...]:
+    directory = registrations_dir(roots)
+    found: list[Registration] = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return ()
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = directory / name
+        text = read_optional(path)
+        if text is None:
+            continue  # removed by the epilog meanwhile
+        found.append(parse_registration(text, str(path)))
+    return tuple(sorted(found, key=lambda r: _job_order(r.job_id)))
+
+
+def _job_order(job: str) -> tuple[int, str]:
+    return (int(job), job) if job.isdigit() else (1 << 62, job)
+
+
+def read_jobs(roots: Roots) -> JobsData:
+    registrations = read_registrations(roots)
+    hierarchy = find_v2_root(roots.cgroupfs)
+    jobs: list[JobCgroup] = []
+    if hierarchy.path is not None:
+        found = find_v2_jobs(hierarchy.path)
+        for key, job_id, layout, directory in found:
+            job = read_v2_job(roots, hierarchy.path, key, job_id, layout, directory)
+            if job is not None:
+                jobs.append(job)
+        if found or hierarchy.mode == "unified":
+            others, truncated = read_others_v2(hierarchy.path, (d for *_, d in found))
+            return JobsData("v2", tuple(_sorted(jobs)), registrations, others, truncated)
+    v1 = find_v1_jobs(roots.cgroupfs)
+    if v1 is not None:
+        controller, v1_jobs = v1
+        for job_id, uid, directory in v1_jobs:
+            jobs.append(read_v1_job(roots, controller, job_id, uid, directory))
+        others, truncated = read_others_v1(roots.cgroupfs / controller, (d for *_, d in v1_jobs))
+        return JobsData("v1", tuple(_sorted(jobs)), registrations, others, truncated)
+    if hierarchy.path is not None:
+        others, truncated = read_others_v2(hierarchy.path, ())
+        return JobsData("v2", (), registrations, others, truncated)
+    return JobsData("none", (), registrations, ())
+
+
+def _sorted(jobs: list[JobCgroup]) -> list[JobCgroup]:
+    return sorted(jobs, key=lambda j: (_job_order(j.job_id or j.key), j.key))
+
+
+class JobsSource:
+    name = NAME
+
+    def collect(self, roots: Roots) -> JobsData:
+        return read_jobs(roots)
+
+    def close(self) -> None:
+        return None
+
+
+def make_source() -> JobsSource:
+    return JobsSource()

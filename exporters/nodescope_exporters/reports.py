@@ -1,0 +1,505 @@
+"""Per-job reports: the counters a job moved, what was found while it ran, how it used memory.
+
+A report is one JSON document (``format`` :data:`REPORT_FORMAT`) written by the epilog to
+``<reports_dir>/<job id>.json``. This module builds its parts from source records (pure),
+writes it atomically (a temporary file in the same directory, ``fsync``, ``rename``, ``fsync``
+of the directory: a reader, or a daemon killed mid-write, sees the old report or the new one,
+never a part), and renders it for people: text with a timeline drawn in block characters, and
+an SVG drawn by hand (no plotting library).
+
+Counter deltas go through :func:`nodescope.model.counters.counter_delta`: a counter that went
+backwards (a driver reload) gives no delta rather than a guess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from nodescope.model.counters import counter_delta
+from nodescope.sources.diskstats import DisksData
+from nodescope.sources.infiniband import ERROR_COUNTERS, InfinibandData
+from nodescope.sources.nvml import NvmlData
+
+REPORT_FORMAT = "nodescope-job-report/1"
+SECTOR = 512
+
+Document = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic files
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o640) -> None:
+    """Replace ``path`` with ``data`` so that no reader ever sees a partial file."""
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / f".{path.name}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    os.close(fd)
+    os.replace(temporary, path)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def report_path(directory: Path, job_id: str) -> Path:
+    if not job_id.isdigit() or not job_id.isascii():
+        raise ValueError(f"not a job id: {job_id!r}")
+    return directory / f"{job_id}.json"
+
+
+def write_report(directory: Path, document: Document) -> Path:
+    path = report_path(directory, str(document["job_id"]))
+    text = json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    atomic_write_bytes(path, text.encode())
+    return path
+
+
+def read_report(directory: Path, job_id: str) -> Document:
+    """The report of ``job_id``; ``ValueError`` when the file is not a report."""
+    path = report_path(directory, job_id)
+    document = json.loads(path.read_text())
+    if not isinstance(document, dict) or document.get("format") != REPORT_FORMAT:
+        raise ValueError(f"{path}: not a {REPORT_FORMAT} document")
+    return document
+
+
+# ---------------------------------------------------------------------------------------------
+# Counters and deltas
+
+
+def counter_sample(
+    nvml: NvmlData | None,
+    infiniband: InfinibandData | None,
+    disks: DisksData | None,
+    wall_time: float,
+) -> Document:
+    """The cumulative counters a report takes deltas of, as plain JSON.
+
+    Per GPU (NVML index): PCIe bytes (with the width they wrap at), replays, NVLink data
+    bytes and error counts summed over links; Xid counts per GPU and code; per InfiniBand port
+    (``device/port``) bytes and the IBA error counters summed; per disk bytes read and written.
+    """
+    gpus: dict[str, dict[str, int | None]] = {}
+    xids: dict[str, int] = {}
+    if nvml is not None:
+        for gpu in nvml.gpus:
+            entry: dict[str, int | None] = {}
+            if gpu.pcie_tx is not None:
+                entry["pcie_tx_bytes"] = gpu.pcie_tx.value
+                entry["pcie_tx_bits"] = gpu.pcie_tx.bits
+            if gpu.pcie_rx is not None:
+                entry["pcie_rx_bytes"] = gpu.pcie_rx.value
+                entry["pcie_rx_bits"] = gpu.pcie_rx.bits
+            if gpu.pcie_replays is not None:
+                entry["pcie_replays"] = gpu.pcie_replays
+            tx = [link.data_tx.value for link in gpu.nvlinks if link.data_tx is not None]
+            rx = [link.data_rx.value for link in gpu.nvlinks if link.data_rx is not None]
+            if tx:
+                entry["nvlink_tx_bytes"] = sum(tx)
+            if rx:
+                entry["nvlink_rx_bytes"] = sum(rx)
+            if gpu.nvlinks:
+                entry["nvlink_errors"] = sum(v for link in gpu.nvlinks for _, v in link.errors)
+            gpus[str(gpu.index)] = entry
+        for xid in nvml.xids:
+            key = f"{xid.gpu if xid.gpu is not None else xid.pci_address}:{xid.xid}"
+            xids[key] = xids.get(key, 0) + xid.count
+    ports: dict[str, dict[str, int]] = {}
+    if infiniband is not None:
+        for port in infiniband.ports():
+            values: dict[str, int] = {}
+            if port.xmit_bytes is not None:
+                values["tx_bytes"] = port.xmit_bytes
+            if port.rcv_bytes is not None:
+                values["rx_bytes"] = port.rcv_bytes
+            errors = [c.value for name in ERROR_COUNTERS if (c := port.counter(name)) is not None]
+            if errors:
+                values["errors"] = sum(errors)
+            ports[f"{port.device}/{port.port}"] = values
+    disk_counters: dict[str, dict[str, int]] = {}
+    if disks is not None:
+        for disk in disks.disks:
+            disk_counters[disk.name] = {
+                "read_bytes": disk.sectors_read * SECTOR,
+                "written_bytes": disk.sectors_written * SECTOR,
+            }
+    return {
+        "wall_time": wall_time,
+        "gpus": gpus,
+        "xids": xids,
+        "infiniband": ports,
+        "disks": disk_counters,
+    }
+
+
+def _deltas(
+    before: Mapping[str, Any], after: Mapping[str, Any], keys: Iterable[str] | None = None
+) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, value in after.items():
+        if key.endswith("_bits") or (keys is not None and key not in keys):
+            continue
+        prev = before.get(key)
+        if not isinstance(value, int) or not isinstance(prev, int):
+            continue
+        bits = after.get(key.removesuffix("_bytes") + "_bits", 64)
+        delta = counter_delta(prev, value, bits if isinstance(bits, int) else None)
+        if delta is not None:
+            out[key] = delta
+    return out
+
+
+def counter_deltas(
+    baseline: Mapping[str, Any], end: Mapping[str, Any], gpus: Sequence[int] | None = None
+) -> Document:
+    """What moved between two :func:`counter_sample` documents. ``gpus`` limits the GPU
+    figures to the job's (``None``: every GPU); ports and disks are node-wide."""
+    wanted = None if gpus is None else {str(g) for g in gpus}
+    gpu_deltas: dict[str, dict[str, int]] = {}
+    for index, values in end.get("gpus", {}).items():
+        if wanted is not None and index not in wanted:
+            continue
+        before = baseline.get("gpus", {}).get(index)
+        if isinstance(before, Mapping) and isinstance(values, Mapping):
+            gpu_deltas[index] = _deltas(before, values)
+    xids: list[dict[str, Any]] = []
+    before_xids = baseline.get("xids", {})
+    for key, count in sorted(end.get("xids", {}).items()):
+        gpu, _, code = key.rpartition(":")
+        if wanted is not None and gpu not in wanted:
+            continue
+        moved = count - before_xids.get(key, 0)
+        if moved > 0:
+            xids.append({"gpu": gpu, "xid": int(code), "count": moved})
+    ports = {
+        name: _deltas(baseline.get("infiniband", {}).get(name, {}), values)
+        for name, values in end.get("infiniband", {}).items()
+        if name in baseline.get("infiniband", {})
+    }
+    disks = {
+        name: _deltas(baseline.get("disks", {}).get(name, {}), values)
+        for name, values in end.get("disks", {}).items()
+        if name in baseline.get("disks", {})
+    }
+    seconds = None
+    if isinstance(end.get("wall_time"), int | float) and isinstance(
+        baseline.get("wall_time"), int | float
+    ):
+        seconds = end["wall_time"] - baseline["wall_time"]
+    return {
+        "seconds": seconds,
+        "gpus": gpu_deltas,
+        "xids": xids,
+        "infiniband": ports,
+        "disks": disks,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def _clock(wall: float | None) -> str:
+    if wall is None:
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall))
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float | None], width: int) -> str:
+    """``values`` resampled to ``width`` columns (the maximum of each bucket) in block
+    characters scaled to the largest value; gaps (``None``) stay blank."""
+    if not values or width <= 0:
+        return ""
+    buckets: list[float | None] = []
+    for column in range(width):
+        lo = column * len(values) // width
+        hi = max(lo + 1, (column + 1) * len(values) // width)
+        present = [v for v in values[lo:hi] if v is not None]
+        buckets.append(max(present) if present else None)
+    top = max((b for b in buckets if b is not None), default=0.0)
+    out = []
+    for bucket in buckets:
+        if bucket is None:
+            out.append(" ")
+        elif top <= 0:
+            out.append(BLOCKS[1])
+        else:
+            out.append(BLOCKS[max(1, min(8, math.ceil(bucket / top * 8)))])
+    return "".join(out)
+
+
+def on_axis(
+    times: Sequence[float], values: Sequence[float | None], t0: float, t1: float, width: int
+) -> list[float | None]:
+    """``values`` sampled at ``times`` placed on ``width`` columns of the axis t0..t1: the
+    maximum of the samples in each column, the last value in columns between two samples,
+    ``None`` before the first and after the last."""
+    columns: list[float | None] = [None] * width
+    if width <= 0 or t1 <= t0:
+        return columns
+    for t, v in zip(times, values, strict=False):
+        if v is None or t < t0 or t > t1:
+            continue
+        column = min(width - 1, int((t - t0) / (t1 - t0) * width))
+        current = columns[column]
+        columns[column] = v if current is None else max(current, v)
+    # Between two samples the value holds: fill the columns a sparse series leaves empty.
+    filled = [i for i, v in enumerate(columns) if v is not None]
+    for i in range(filled[0] + 1 if filled else width, filled[-1] if filled else 0):
+        if columns[i] is None:
+            columns[i] = columns[i - 1]
+    return columns
+
+
+def _span(start: float, end: float, t0: float, t1: float, width: int) -> str:
+    """A bar ``━`` over the columns of [start, end] on a time axis t0..t1."""
+    if t1 <= t0:
+        return "━" * width
+    first = int((max(start, t0) - t0) / (t1 - t0) * (width - 1))
+    last = int((min(end, t1) - t0) / (t1 - t0) * (width - 1))
+    return " " * first + "━" * max(1, last - first + 1) + " " * max(0, width - last - 1)
+
+
+def render_text(document: Document, width: int = 60) -> str:
+    """The report for a terminal: header, counter deltas, memory, findings, contention and a
+    timeline picture."""
+    lines: list[str] = []
+    job = document.get("job_id", "?")
+    gpus = ",".join(str(g) for g in document.get("gpus", [])) or "none"
+    lines.append(
+        f"job {job}  user {document.get('user') or '?'}  partition"
+        f" {document.get('partition') or '?'}  GPUs {gpus}"
+        f" (from {document.get('gpu_source', '?')})"
+    )
+    start, end = document.get("start"), document.get("end")
+    lines.append(
+        f"ran {_clock(start)} .. {_clock(end)}  ({_duration(document.get('duration_seconds'))})"
+        f"  exit {document.get('exit_code') or '?'}"
+        + ("" if document.get("daemon", True) else "  [daemon was down: local figures only]")
+    )
+    verdict = document.get("verdict") or {}
+    lines.append(
+        "verdict: ok" if verdict.get("ok", True) else f"verdict: FAILED: {verdict.get('reason')}"
+    )
+    deltas = document.get("deltas") or {}
+    gpu_deltas = deltas.get("gpus", {})
+    if gpu_deltas:
+        lines.append("")
+        lines.append(
+            "GPU  PCIe tx      PCIe rx      replays  NVLink tx    NVLink rx    NVLink errors"
+        )
+        for index in sorted(gpu_deltas, key=lambda i: int(i) if i.isdigit() else 1 << 30):
+            d = gpu_deltas[index]
+            lines.append(
+                f"{index:<4} {_bytes(d.get('pcie_tx_bytes', 0)):<12} "
+                f"{_bytes(d.get('pcie_rx_bytes', 0)):<12} {d.get('pcie_replays', 0):<8} "
+                f"{_bytes(d.get('nvlink_tx_bytes', 0)):<12} "
+                f"{_bytes(d.get('nvlink_rx_bytes', 0)):<12} {d.get('nvlink_errors', 0)}"
+            )
+    for xid in deltas.get("xids", []):
+        lines.append(f"Xid {xid['xid']} on GPU {xid['gpu']}: {xid['count']} time(s)")
+    ports = deltas.get("infiniband", {})
+    if ports:
+        lines.append("")
+        lines.append("InfiniBand (node-wide)  tx           rx           errors")
+        for name in sorted(ports):
+            d = ports[name]
+            lines.append(
+                f"{name:<24}{_bytes(d.get('tx_bytes', 0)):<13}{_bytes(d.get('rx_bytes', 0)):<13}"
+                f"{d.get('errors', 0)}"
+            )
+    disks = {n: d for n, d in deltas.get("disks", {}).items() if any(d.values())}
+    if disks:
+        lines.append("")
+        lines.append("disk (node-wide)        read         written")
+        for name in sorted(disks):
+            d = disks[name]
+            lines.append(
+                f"{name:<24}{_bytes(d.get('read_bytes', 0)):<13}{_bytes(d.get('written_bytes', 0))}"
+            )
+    memory = document.get("memory") or {}
+    if memory:
+        lines.append("")
+        peak = memory.get("peak_bytes")
+        limit = memory.get("limit_bytes")
+        lines.append(
+            f"memory: peak {_bytes(peak) if peak is not None else '?'}"
+            f"  limit {_bytes(limit) if limit is not None else 'none'}"
+            f"  OOM kills {memory.get('oom_kills', 0)}"
+        )
+    holders = document.get("gpu_holders", [])
+    for holder in holders:
+        lines.append(
+            f"still holding GPU {holder.get('gpu')} after the job: pid {holder.get('pid')}"
+            f" ({holder.get('comm') or '?'})"
+        )
+    findings = document.get("findings", [])
+    if findings:
+        lines.append("")
+        lines.append("findings during the job:")
+        for f in findings:
+            lines.append(
+                f"  {f.get('severity', '?'):<8} {f.get('kind')}  {_duration(f.get('seconds'))}:"
+                f" {f.get('message', '')}"
+            )
+    episodes = document.get("contention", [])
+    if episodes:
+        lines.append("")
+        lines.append("contention episodes:")
+        for e in episodes:
+            lines.append(
+                f"  {_clock(e.get('start'))}  {_duration(e.get('seconds'))}  {e.get('key')}"
+            )
+    timeline = document.get("timeline") or {}
+    times = timeline.get("t", [])
+    if times and start is not None and end is not None:
+        lines.append("")
+        lines.append(f"timeline {_clock(start)} .. {_clock(end)}")
+        for name, values in sorted(timeline.get("series", {}).items()):
+            present = [v for v in values if v is not None]
+            top = max(present) if present else 0.0
+            label = name.replace("_", " ")
+            scale = _bytes(top) + ("/s" if name.endswith("per_second") else "")
+            placed = on_axis(times, values, start, end, width)
+            lines.append(f"  {label[:22]:<22} |{sparkline(placed, width)}| max {scale}")
+        for e in [*findings, *episodes]:
+            first = e.get("first", e.get("start"))
+            last = e.get("last", e.get("end"))
+            if first is None or last is None:
+                continue
+            label = str(e.get("kind") or e.get("key"))
+            lines.append(f"  {label[:22]:<22} |{_span(first, last, start, end, width)}|")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# SVG
+
+
+_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
+
+
+def render_svg(document: Document, width: int = 900) -> str:
+    """The timeline as an SVG document: one panel per series (a polyline scaled to its own
+    maximum) and one bar per finding or contention episode over the job's time axis."""
+    start = float(document.get("start") or 0.0)
+    end = float(document.get("end") or start)
+    span = max(end - start, 1e-9)
+    timeline = document.get("timeline") or {}
+    times = [float(t) for t in timeline.get("t", [])]
+    series = sorted(timeline.get("series", {}).items())
+    bars = [
+        (
+            str(e.get("kind") or e.get("key")),
+            e.get("first", e.get("start")),
+            e.get("last", e.get("end")),
+            e.get("severity"),
+        )
+        for e in [*document.get("findings", []), *document.get("contention", [])]
+    ]
+    left, right, panel, gap, bar = 190, 20, 70, 18, 16
+    plot = width - left - right
+    height = 60 + len(series) * (panel + gap) + len(bars) * (bar + 6) + 40
+
+    def x(t: float) -> float:
+        return left + (min(max(t, start), end) - start) / span * plot
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        f' viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="10" y="22" font-size="15" font-weight="bold">'
+        f"job {html.escape(str(document.get('job_id')))}"
+        f" — {html.escape(_clock(start))} .. {html.escape(_clock(end))}"
+        f" ({html.escape(_duration(document.get('duration_seconds')))})</text>",
+    ]
+    y = 45
+    for number, (name, values) in enumerate(series):
+        present = [v for v in values if v is not None]
+        top = max(present) if present else 0.0
+        colour = _COLOURS[number % len(_COLOURS)]
+        out.append(
+            f'<rect x="{left}" y="{y}" width="{plot}" height="{panel}" fill="#f7f7f7"'
+            ' stroke="#ccc"/>'
+        )
+        out.append(
+            f'<text x="10" y="{y + 16}">{html.escape(name.replace("_", " "))}</text>'
+            f'<text x="10" y="{y + 32}" fill="#666">max {html.escape(_bytes(top))}</text>'
+        )
+        points = []
+        for t, v in zip(times, values, strict=False):
+            if v is None:
+                continue
+            ratio = v / top if top > 0 else 0.0
+            points.append(f"{x(t):.1f},{y + panel - ratio * (panel - 4) - 2:.1f}")
+        if points:
+            out.append(
+                f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"'
+                f' points="{" ".join(points)}"/>'
+            )
+        y += panel + gap
+    for label, first, last, severity in bars:
+        if first is None or last is None:
+            continue
+        colour = {"critical": "#d62728", "warning": "#ff7f0e"}.get(str(severity), "#7f7f7f")
+        x0, x1 = x(float(first)), x(float(last))
+        out.append(f'<text x="10" y="{y + 12}">{html.escape(label[:28])}</text>')
+        out.append(
+            f'<rect x="{x0:.1f}" y="{y}" width="{max(2.0, x1 - x0):.1f}" height="{bar}"'
+            f' fill="{colour}"/>'
+        )
+        y += bar + 6
+    out.append(
+        f'<line x1="{left}" y1="{y + 4}" x2="{left + plot}" y2="{y + 4}" stroke="#333"/>'
+        f'<text x="{left}" y="{y + 20}">{html.escape(_clock(start))}</text>'
+        f'<text x="{left + plot}" y="{y + 20}" text-anchor="end">'
+        f"{html.escape(_clock(end))}</text>"
+    )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
