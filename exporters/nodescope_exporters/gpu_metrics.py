@@ -4,7 +4,9 @@ Series are labelled by ``gpu`` (the NVML index) and joined to UUID, name and PCI
 through ``nodescope_gpu_info``. Cumulative counters are exported as counters; the one PCIe
 figure NVML gives only as a 20 ms snapshot (where fields 197/198 are not supported) is a gauge
 that says so. A GPU NVML lost stops having series, except ``nodescope_gpu_lost_info`` and
-its Xid counters (Xid 79 is how a GPU falls off the bus).
+its Xid counters (Xid 79 is how a GPU falls off the bus). Which source served the NVLink
+figures (``nodescope_nvlink_data_source_info``) is decided here, for NVML and the
+nvlink_counter module alike (:func:`nvlink_data_source`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from prometheus_client.metrics_core import Metric
 
 from nodescope.model.nvlink_graph import NvLinkGraph
 from nodescope.model.snapshot import Snapshot
+from nodescope.sources.nvlink_kmod import NAME as NVLINK_KMOD
+from nodescope.sources.nvlink_kmod import NvlinkKmodData
 from nodescope.sources.nvml import XID_MEANINGS, NvmlData
 from nodescope_exporters.catalog import metric
 
@@ -215,10 +219,31 @@ def _bonded(data: NvmlData) -> Metric:
     return family
 
 
+def nvlink_data_source(snapshot: Snapshot) -> str | None:
+    """The one rule behind ``nodescope_nvlink_data_source_info``: ``kmod`` while the
+    nvlink_counter module serves per-link records (``nvlink_kmod`` source), else NVML's own
+    figures (``nvml``) when NVML lists NVLinks, else ``None`` (no series)."""
+    kmod = snapshot.data(NVLINK_KMOD, NvlinkKmodData)
+    if kmod is not None and kmod.serving:
+        return "kmod"
+    nvml = snapshot.data("nvml", NvmlData)
+    if nvml is not None and any(gpu.nvlinks for gpu in nvml.gpus):
+        return nvml.nvlink_data_source
+    return None
+
+
 def families(snapshot: Snapshot) -> Iterator[Metric]:
     data = snapshot.data("nvml", NvmlData)
-    if data is None:
-        return
+    if data is not None:
+        yield from _nvml_families(data)
+    source = nvlink_data_source(snapshot)
+    if source is not None:
+        family = NVLINK_SOURCE.family()
+        family.add_metric([source], 1)
+        yield family
+
+
+def _nvml_families(data: NvmlData) -> Iterator[Metric]:
     info, lost = GPU_INFO.family(), GPU_LOST.family()
     tx, rx, snap = PCIE_TX.family(), PCIE_RX.family(), PCIE_SNAPSHOT.family()
     gen, gen_max = PCIE_GEN.family(), PCIE_GEN_MAX.family()
@@ -229,7 +254,6 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     data_tx, data_rx = NVLINK_DATA_TX.family(), NVLINK_DATA_RX.family()
     raw_tx, raw_rx = NVLINK_RAW_TX.family(), NVLINK_RAW_RX.family()
     link_errors = NVLINK_ERRORS.family()
-    any_links = False
 
     for gpu in data.gpus:
         g = str(gpu.index)
@@ -268,7 +292,6 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
         if used or not gpu.processes:
             proc_mem.add_metric([g], sum(used))
         for link in gpu.nvlinks:
-            any_links = True
             n = str(link.link)
             if link.active is not None:
                 link_up.add_metric([g, n], 1 if link.active else 0)
@@ -309,7 +332,3 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     if data.xid_source is not None:
         source.add_metric([data.xid_source], 1)
     yield source
-    nvlink_source = NVLINK_SOURCE.family()
-    if any_links:
-        nvlink_source.add_metric([data.nvlink_data_source], 1)
-    yield nvlink_source

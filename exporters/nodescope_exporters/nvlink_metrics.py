@@ -11,8 +11,9 @@ Units: utilisation is a fraction of the link's capacity per direction (the large
 RX); stall rates are stall cycles per microsecond. Bucket bounds are the module's log2
 buckets: a value lands in bucket b when it is below 2^b (in 1/65536 of capacity for
 utilisation, in cycles per microsecond for stalls); ``le`` is that bound, rounded to 6 digits.
-``nodescope_nvlink_data_source_info{source="kmod"}`` (declared by the gpus area) says the
-module served the NVLink figures.
+``nodescope_nvlink_data_source_info{source="kmod"}`` (the gpu area's, decided by
+:func:`nodescope_exporters.gpu_metrics.nvlink_data_source`) says the module served the NVLink
+figures.
 
 Only the buckets between 1.6 % and 200 % utilisation and 64 and 16384 cycles/µs are exported
 (plus ``+Inf``), which bounds the series to 19 per link and histogram.
@@ -29,7 +30,6 @@ from nodescope.kmod_abi import COUNTER_NAMES, UTIL_ONE, NvlcRecord
 from nodescope.model.snapshot import Snapshot
 from nodescope.sources.nvlink_kmod import NAME, LinkRates, NvlinkKmodData, NvlinkKmodRates
 from nodescope_exporters.catalog import MetricSpec, metric
-from nodescope_exporters.gpu_metrics import NVLINK_SOURCE
 
 AREA = NAME
 _LINK = ("device", "link")
@@ -231,12 +231,6 @@ def families(snapshot: Snapshot) -> Iterable[Metric]:
     served = SERVED.family()
     served.add_metric([], 1.0 if data.serving else 0.0)
     yield served
-    nvml = snapshot.current.get("nvml")
-    if data.serving and (nvml is None or nvml.data is None):
-        # With NVML data present the gpus area writes this family (one family per name).
-        source = NVLINK_SOURCE.family()
-        source.add_metric(["kmod"], 1.0)
-        yield source
     snap = data.snapshot
     if snap is None:
         return

@@ -21,6 +21,8 @@ import pytest
 
 FAULTS = ("root-port-contention", "link-downtrained", "pcie-saturation-a100", "hca-numa-mismatch")
 HOUR = ("dgx-h100", 60.0, 3600.0)
+# Windows of 5 s hold ten 100 ms bursts each: the same maxima and averages as 1 s ticks.
+BURSTS = ("nvlink-stall-bursts", 5.0, 40.0)
 
 
 def _replay(job: tuple[str, float | None, float | None]) -> dict[str, Any]:
@@ -53,7 +55,7 @@ def _replay(job: tuple[str, float | None, float | None]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs() -> dict[str, dict[str, Any]]:
     jobs: list[tuple[str, float | None, float | None]] = [(n, None, None) for n in FAULTS]
-    jobs.append(HOUR)
+    jobs += [HOUR, BURSTS]
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     # spawn: no NVML Xid watcher threads inherited from earlier tests.
     context = multiprocessing.get_context("spawn")
@@ -140,3 +142,26 @@ def test_healthy_baseline_has_no_finding_over_an_hour(runs: dict[str, dict[str, 
     assert [c for c in run["cycles"] if c["findings"]] == []
     assert [c for c in run["cycles"] if c["alerts"]] == []
     assert doc["summary"]["passed"], doc["expectations"]
+
+
+def test_nvlink_stall_bursts_found_on_gpu5_links_to_the_first_switch(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    run = runs["nvlink-stall-bursts"]
+    doc = run["doc"]
+    failed = [f"{f['expectation']}: {f['reason']}" for f in doc["expectations"]["findings"]]
+    assert doc["summary"]["passed"], (failed, doc["summary"])
+    expected = {f"nvlink_stall_burst{{device=5,link={link}}}" for link in range(5)}
+    # The stalls run from t=10 to t=30; each cycle's window is the 5 s before it.
+    for cycle in run["cycles"]:
+        keys = {f[0] for f in cycle["findings"]}
+        assert keys == (expected if 15 <= cycle["t"] <= 30 else set()), cycle["t"]
+    during = next(c for c in run["cycles"] if c["t"] == 20)
+    (_, message, evidence) = next(f for f in during["findings"] if "link=0}" in f[0])
+    assert evidence["window_max_stall_cycles_per_microsecond"] == 2250
+    assert evidence["stall_cycles_per_microsecond"] == pytest.approx(450)
+    assert "peak 2250" in message
+    body = during["body"]
+    assert 'nodescope_nvlink_data_source_info{source="kmod"} 1.0' in body
+    line = 'nodescope_nvlink_kmod_window_max_stall_cycles_per_microsecond{device="5",link="0"}'
+    assert f"{line} 2250.0" in body

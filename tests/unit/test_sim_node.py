@@ -86,15 +86,10 @@ def dgx(scratch: Path) -> Run:
 
 
 def test_sources_are_the_tree_sources_and_nvml(dgx: Run) -> None:
-    assert [s.name for s in dgx.node.sources()] == [
-        "pci",
-        "disks",
-        "infiniband",
-        "cgroups",
-        "procs",
-        "nvml",
-    ]
-    assert set(dgx.samples[1.0]) == {"pci", "disks", "infiniband", "cgroups", "procs", "nvml"}
+    names = [s.name for s in dgx.node.sources()]
+    assert names[:5] == ["pci", "disks", "infiniband", "cgroups", "procs"]
+    assert names[-2:] == ["nvml", "nvlink_kmod"]
+    assert set(dgx.samples[1.0]) == set(names)
 
 
 def test_topology_counts(dgx: Run) -> None:
@@ -355,10 +350,11 @@ def test_concurrent_readers_never_see_a_torn_file(scratch: Path) -> None:
     assert not problems
 
 
-def test_nvlink_snapshot_seam_writes_nothing_yet(dgx: Run) -> None:
-    dgx.node.write_nvlink_snapshot()
-    assert dgx.node.nvlink_snapshot_path.parent == dgx.node.roots.dev
-    assert not dgx.node.nvlink_snapshot_path.exists()
+def test_nvlink_snapshot_is_the_modules_file_under_dev(dgx: Run) -> None:
+    assert dgx.node.nvlink_snapshot_path == dgx.node.roots.dev / "nvlink_stats"
+    data = dgx.samples[1.0]["nvlink_kmod"]
+    assert data.kind == "file" and data.serving
+    assert data.snapshot.header.record_count == 8 * 18
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,6 +496,8 @@ def test_nvlink_bursts_average_out_over_a_poll(scratch: Path) -> None:
     run = run_scenario("nvlink-stall-bursts", scratch / "bursts", (3.0, 4.0))
     rates = derive.derived(run.snapshot(3.0, 4.0), "nvml")
     assert rates is not None
-    assert rates.gpus[0].nvlinks[0].data_tx_bytes_per_second == pytest.approx(8 * GB, rel=0.01)
-    # The seam holds what the poll cannot see: how much of each burst stalled.
-    assert run.node.nvlink_stall_ratio[(0, 0)] == 0.4
+    assert rates.gpus[0].nvlinks[0].data_tx_bytes_per_second == pytest.approx(4 * GB, rel=0.01)
+    # The nvlink_counter snapshot holds what the poll cannot see: 80 % in the burst samples.
+    records = run.samples[4.0]["nvlink_kmod"].snapshot.records
+    record = next(r for r in records if (r.device, r.link) == (0, 0))
+    assert record.window_max_util / 65536 == pytest.approx(0.8, abs=1e-4)

@@ -3,7 +3,9 @@
 Materialises the node under a temporary directory, serves ``/metrics`` for it (with the fake
 NVML in place of the driver) and shows a terminal view refreshed once per second: per-GPU
 PCIe and NVLink rates, disks, InfiniBand ports, source health, events. Stops on Ctrl-C,
-SIGTERM or after ``--duration`` seconds, and removes its directory.
+SIGTERM or after ``--duration`` seconds, and removes its directory. ``--config`` takes the
+``[alerts]`` and ``[detectors]`` tables of a configuration file (thresholds, ``for`` and
+resolve times, an Alertmanager to push to); the rest of the demo's configuration is its own.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import argparse
 import sys
 from typing import Any
 
+from nodescope import config as config_mod
 from nodescope import logs
 from nodescope.config import DEFAULT_LISTEN, parse_listen
-from nodescope.errors import ParseError
+from nodescope.errors import ConfigError, ParseError
 from nodescope.sim.driver import demo
 
 #: Shows GPU copies and NVMe reads piling onto one root port within its first 30 s.
@@ -51,6 +54,11 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="print one summary block per second instead of redrawing the screen",
     )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="take the [alerts] and [detectors] settings from this configuration file",
+    )
     parser.set_defaults(func=run)
 
 
@@ -66,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
         print("nodescope demo: --duration must be greater than 0", file=sys.stderr)
         return 2
     try:
+        settings = config_mod.load(args.config) if args.config else None
+    except ConfigError as exc:
+        print(f"nodescope demo: {exc}", file=sys.stderr)
+        return 2
+    try:
         scenario = load_scenario(args.scenario)
     except (ParseError, OSError) as exc:
         print(f"nodescope demo: {exc}", file=sys.stderr)
@@ -73,4 +86,4 @@ def run(args: argparse.Namespace) -> int:
     tty = not args.no_tty and sys.stdout.isatty()
     # A redrawn screen has no room for log lines; plain output keeps the warnings.
     logs.setup("error" if tty else "warning")
-    return demo(scenario, args.listen, duration=args.duration, tty=tty)
+    return demo(scenario, args.listen, duration=args.duration, tty=tty, settings=settings)

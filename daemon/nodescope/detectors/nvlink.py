@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from nodescope.config import Config
 from nodescope.errors import ConfigError
 from nodescope.kmod_abi import NvlcSnapshot
 from nodescope.model.finding import Finding, Severity
@@ -173,12 +174,22 @@ def evaluate(
     return findings
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: object) -> list[Finding]:
-    """The registry's form: the source's two latest samples, default thresholds."""
+def thresholds(config: Config) -> NvlinkThresholds:
+    """The bands of the ``[detectors.nvlink]`` table (validated when the file was loaded)."""
+    table = config.detectors.values.get("nvlink", {})
+    return NvlinkThresholds.from_mapping(
+        {k: v for k, v in table.items() if k != "enabled"}, config.path or "<config>"
+    )
+
+
+def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
+    """The registry's form: the source's two latest samples, ``[detectors.nvlink]`` bands."""
+    if not config.detectors.values.get("nvlink", {}).get("enabled", True):
+        return []
     pair = snapshot.pair(NAME, NvlinkKmodData)
     if pair is None:
         return []
     prev, cur, _seconds = pair
     if prev.snapshot is None or cur.snapshot is None:
         return []
-    return evaluate(prev.snapshot, cur.snapshot, DEFAULT_THRESHOLDS)
+    return evaluate(prev.snapshot, cur.snapshot, thresholds(config))

@@ -61,6 +61,7 @@ from nodescope.sim.expect import (
 from nodescope.sources.base import Source
 from nodescope.sources.diskstats import DisksData, IostatReport
 from nodescope.sources.infiniband import InfinibandData, InfinibandRates
+from nodescope.sources.nvlink_kmod import LinkRates, NvlinkKmodData, NvlinkKmodRates
 from nodescope.sources.nvml import XID_MEANINGS, NvmlData, NvmlRates
 from nodescope_exporters.catalog import CATALOG
 from nodescope_exporters.prometheus import FamilyBuilder, MetricsCache, SnapshotCollector
@@ -536,6 +537,66 @@ def _mbps(value: float | None) -> str:
     return "      -" if value is None else f"{value:7.1f}"
 
 
+def _most(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def nvlink_kmod_view(snapshot: Snapshot, max_rows: int = 12) -> list[str]:
+    """Rows of the view for the nvlink_counter module, one per device (a GPU on the simulated
+    node), when it serves: NVLink TX/RX summed over the device's links, and over its links the
+    highest average utilisation and stall rate, the highest per-sample peaks of the last
+    window, and the largest share of samples over the module's stall threshold: the bursts
+    an average hides."""
+    data = snapshot.data("nvlink_kmod", NvlinkKmodData)
+    rates = derive.derived(snapshot, "nvlink_kmod")
+    if data is None or data.snapshot is None or not data.serving:
+        return []
+    if not isinstance(rates, NvlinkKmodRates):
+        return []
+    head = data.snapshot.header
+    devices: dict[int, list[LinkRates]] = {}
+    for lr in rates.links:
+        devices.setdefault(lr.device, []).append(lr)
+    lines = [
+        f"NVLink from the nvlink_counter module ({head.period_ns / 1000:g} µs samples, "
+        f"{head.source_name}): worst link of each device",
+        "dev links   tx GB/s   rx GB/s  util  peak util  stall/µs  peak stall/µs  "
+        f"samples >{head.stall_threshold}/µs",
+    ]
+    for device in sorted(devices)[:max_rows]:
+        links = devices[device]
+        gone = sum(1 for x in links if x.device_gone)
+        tx = sum(x.tx_bytes_per_second or 0.0 for x in links if not x.device_gone)
+        rx = sum(x.rx_bytes_per_second or 0.0 for x in links if not x.device_gone)
+        live = [x for x in links if not x.device_gone and x.window_samples]
+        util = _most([x.utilisation for x in live])
+        stall = _most([x.stall_cycles_per_microsecond for x in live])
+        over = _most([x.window_stall_over_threshold_ratio for x in live])
+        peak_util = _most([x.window_max_utilisation for x in live])
+        peak_stall = _most([float(x.window_max_stall_cycles_per_microsecond) for x in live])
+        if not live:
+            lines.append(
+                f"{device:>3} {len(links):>5}  " + ("GONE" if gone else "no samples this window")
+            )
+            continue
+        lines.append(
+            f"{device:>3} {len(links):>5}    {_gbps(tx)}    {_gbps(rx)}"
+            f"  {_pct(util)}     {_pct(peak_util)}  {_num(stall, 8)}  {_num(peak_stall, 13)}"
+            f"  {_pct(over):>12}" + (f"  ({gone} gone)" if gone else "")
+        )
+    lines.append("")
+    return lines
+
+
+def _pct(value: float | None) -> str:
+    return "   -" if value is None else f"{value:4.0%}"
+
+
+def _num(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:{width}.0f}"
+
+
 def demo_view(
     scenario: ScenarioLike,
     t: float,
@@ -599,6 +660,7 @@ def demo_view(
         lines.append("  (* link below its maximum; H2D = bytes the GPU received)")
         lines.append("")
 
+    lines += nvlink_kmod_view(snapshot, max_rows)
     iostat = derive.derived(snapshot, "disks")
     disks = snapshot.data("disks", DisksData)
     if isinstance(iostat, IostatReport) and iostat.devices:
@@ -681,10 +743,12 @@ def demo(
     out: TextIO | None = None,
     node_factory: NodeFactory | None = None,
     install_signal_handlers: bool = True,
+    settings: Config | None = None,
 ) -> int:
     """Serve /metrics for a simulated node in real time until Ctrl-C/SIGTERM or ``duration``
     seconds. The node lives in a temporary directory that is removed on the way out.
-    Returns the exit status."""
+    ``settings`` supplies the alert and detector settings (the node, the listen address and
+    the one-second tick are the demo's own). Returns the exit status."""
     stream = out or sys.stdout
     if install_signal_handlers:
         # Until the service's own handlers are in place (building a DGX-class node takes a
@@ -693,7 +757,15 @@ def demo(
     root = Path(tempfile.mkdtemp(prefix="nodescope-demo-", dir=temp_dir()))
     try:
         return _demo(
-            scenario, listen, root, duration, tty, stream, node_factory, install_signal_handlers
+            scenario,
+            listen,
+            root,
+            duration,
+            tty,
+            stream,
+            node_factory,
+            install_signal_handlers,
+            settings or Config(),
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -709,11 +781,19 @@ def _demo(
     stream: TextIO,
     node_factory: NodeFactory | None,
     install_signal_handlers: bool,
+    settings: Config,
 ) -> int:
     node = (node_factory or default_node_factory)(scenario, root)
     node.materialise()
     node.advance_to(0.0)
-    config = Config(listen=listen, tick_seconds=1.0, log_level="warning", roots=node.roots)
+    config = Config(
+        listen=listen,
+        tick_seconds=1.0,
+        log_level="warning",
+        roots=node.roots,
+        alerts=settings.alerts,
+        detectors=settings.detectors,
+    )
     service = Service(
         lambda: config,
         make_collector=lambda cfg: Collector.from_config(cfg, node.sources()),

@@ -20,7 +20,10 @@ every file here is written in the format the kernel uses and the sources parse:
   stat fields), ``locks`` (fs/locks.c), ``self`` -> the daemon's pid with ``mountstats``
   (fs/nfs/super.c, net/sunrpc/stats.c) and ``mounts``, ``net/snmp`` (net/ipv4/proc.c);
 * the fake NVML (:class:`nodescope.sim.fake_nvml.FakeNvml`) whose counters and field
-  timestamps follow simulated time.
+  timestamps follow simulated time;
+* ``dev/nvlink_stats``: the ``nvlink_counter`` module's snapshot, one read per tick, in the
+  module's ABI (:mod:`nodescope.sim.kmod`: window statistics of 100 µs samples, bursts
+  included).
 
 Counters advance by rate × overlap of each timeline activity with the tick, so a rate read
 back over any interval is the configured one. Only files whose content changed are written,
@@ -44,6 +47,7 @@ import pynvml
 
 from nodescope.roots import Roots
 from nodescope.sim.fake_nvml import FakeGpu, FakeLink, FakeNvml, FakeProcess
+from nodescope.sim.kmod import SimulatedModule
 from nodescope.sim.lspci import ExpressType, LspciDevice, bridge_chains
 from nodescope.sim.scenario import (
     NFS4_OPS,
@@ -313,9 +317,9 @@ class SimulatedNode:
         }
         self.nvlink_stall_ratio: dict[tuple[int, int], float] = {}
         self.nvml = FakeNvml(self._fake_gpus(), clock_us=self._clock_us)
-        #: Seam: where the nvlink_counter module's snapshot (``/dev/nvlink_stats``) would be.
-        #: The module's ABI comes with the kernel-module issue; nothing is written here yet.
+        #: Where the nvlink_counter module's snapshot (``/dev/nvlink_stats``) is written.
         self.nvlink_snapshot_path = self.roots.dev / "nvlink_stats"
+        self.nvlink_module = SimulatedModule(self.hardware, scenario.timeline)
         self._build_processes()
 
     # ---- public -------------------------------------------------------------------------
@@ -345,6 +349,7 @@ class SimulatedNode:
         self._write_processes(initial=True)
         self._write_proc_files()
         self._files.atomic = True
+        self.write_nvlink_snapshot()
 
     def advance_to(self, t: float) -> None:
         """Move to simulated second ``t``: counters advance by rate × time for every activity
@@ -357,25 +362,40 @@ class SimulatedNode:
         self._fire_events(t0, t)
         self._apply_states(t)
         self._render()
+        self.write_nvlink_snapshot()
         self._started = True
 
     def sources(self) -> list[Source]:
-        """The daemon's sources for this node: the tree sources of the registry and the NVML
-        source over the fake NVML (no netlink: the simulated node has no network namespace)."""
+        """The daemon's sources for this node: the tree sources of the registry, the NVML
+        source over the fake NVML and the nvlink_counter snapshot's (no netlink: the simulated
+        node has no network namespace)."""
+        from nodescope.sources.link_events import LinkEventsSource
         from nodescope.sources.nvml import NvmlSource
         from nodescope.sources.registry import SOURCES
+        from nodescope.sources.udev import UdevSource
 
-        tree = [SOURCES[name].make() for name in ("pci", "disks", "infiniband", "cgroups", "procs")]
-        return [*tree, NvmlSource(self.nvml, event_wait_ms=50, wall_clock=self.wall_clock)]
+        tree = [
+            SOURCES[name].make()
+            for name in (
+                "pci", "disks", "infiniband", "cgroups", "procs", "locks", "threads", "mountstats",
+                "jobs",
+            )
+        ]  # fmt: skip
+        nvml = NvmlSource(self.nvml, event_wait_ms=50, wall_clock=self.wall_clock)
+        # No device or netlink monitor: the node's devices change only in its trees.
+        events: list[Source] = [UdevSource(monitor=None), LinkEventsSource(netlink=False)]
+        return [*tree, *events, nvml, SOURCES["nvlink_kmod"].make()]
 
     def wall_clock(self) -> float:
         return EPOCH + self.t
 
     def write_nvlink_snapshot(self) -> None:
-        """Seam for the ``nvlink_counter`` snapshot file: the ABI comes with the kernel-module
-        issue, so this writes nothing yet. :attr:`nvlink_stall_ratio` holds what it would
-        carry beyond NVML's counters."""
-        return None
+        """Write the ``nvlink_counter`` snapshot at the present ``t``: its window is the
+        samples since the previous one (a node without NVLinks has no module loaded)."""
+        if not self.nvlink_module.links:
+            return
+        data = self.nvlink_module.snapshot(self.t, self._removed)
+        self._files.write(self.nvlink_snapshot_path, data)
 
     # ---- construction -------------------------------------------------------------------
 
@@ -533,6 +553,9 @@ class SimulatedNode:
             "SLURM_JOB_USER": job.user,
             "SLURM_JOB_UID": str(job.uid),
         }
+        if job.gpus:
+            # Slurm sets the job's global GPU indices in the batch environment.
+            env["SLURM_JOB_GPUS"] = ",".join(str(g) for g in job.gpus)
         for step in ("extern", "batch", job.step):
             add(
                 "slurmstepd",
@@ -861,6 +884,7 @@ class SimulatedNode:
         daemon = procfs / str(self._daemon_pid)
         files.write(daemon / "mountstats", self._mountstats())
         files.write(daemon / "mounts", self._mounts())
+        files.write(daemon / "mountinfo", self._mountinfo())
         files.write(procfs / "net" / "snmp", self._snmp())
         load = sum(p.cpu_percent for p in self._procs.values()) / 100.0
         last_pid = max(self._procs, default=1)
@@ -931,6 +955,23 @@ class SimulatedNode:
         for mount in self.hardware.mounts:
             lines.append(
                 f"{mount.device} {mount.mountpoint} {mount.fstype} {self._nfs_opts(mount)} 0 0\n"
+            )
+        return "".join(lines)
+
+    def _mountinfo(self) -> str:
+        """``/proc/self/mountinfo`` (Documentation/filesystems/proc.rst §3.5): the mounts
+        with their superblock's device numbers, which /proc/locks names a file by."""
+        lines = [
+            "22 1 0:21 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw\n",
+            "23 1 0:22 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw\n",
+            "24 1 9:0 / / rw,relatime shared:1 - ext4 /dev/md0 rw\n",
+            "25 22 0:25 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2"
+            " cgroup2 rw,nsdelegate\n",
+        ]
+        for number, mount in enumerate(self.hardware.mounts, start=40):
+            lines.append(
+                f"{number} 24 {mount.major}:{mount.minor} / {mount.mountpoint} rw,relatime"
+                f" shared:{number} - {mount.fstype} {mount.device} {self._nfs_opts(mount)}\n"
             )
         return "".join(lines)
 

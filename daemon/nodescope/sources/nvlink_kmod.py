@@ -204,7 +204,11 @@ def snapshot_rates(prev: NvlcSnapshot, cur: NvlcSnapshot, seconds: float) -> Nvl
 
 
 def link_rates(prev: NvlinkKmodData, cur: NvlinkKmodData, seconds: float) -> NvlinkKmodRates | None:
-    """The deriver of this source (``derive.DERIVERS``)."""
+    """The deriver of this source (``derive.DERIVERS``). A snapshot file read twice before it
+    was rewritten (same sequence and sample time) has no new samples: no rates, not zeros."""
     if prev.snapshot is None or cur.snapshot is None:
+        return None
+    p, c = prev.snapshot.header, cur.snapshot.header
+    if c.timestamp_ns and (p.sequence, p.timestamp_ns) == (c.sequence, c.timestamp_ns):
         return None
     return snapshot_rates(prev.snapshot, cur.snapshot, seconds)
