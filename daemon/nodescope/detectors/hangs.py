@@ -1,0 +1,483 @@
+"""Why a job's GPUs went idle: a storage lock or NFS wait, a starving data loader, or nothing
+the node can see.
+
+Input, all from the snapshot:
+
+* the job view (``detectors.common.jobs``: a job's GPUs from its processes' NVML compute
+  contexts) and the ``procs`` source's job processes (pid → job, for lock holders in jobs
+  without GPUs);
+* per GPU: NVML utilisation and the PCIe/NVLink byte rates of ``derive`` (``nvml``);
+* ``threads``: threads in ``D`` state and their wait channels (``docs/datasources.md`` §6);
+* ``locks``: contended locks of ``/proc/locks`` with holder, waiters, mount and path;
+* ``mountstats`` rates: nfsiostat's per-op RTT and execute time on the lock's mount;
+* ``cgroups``: the job cgroup's ``io.pressure`` and ``io.stat``.
+
+A job is *stalled* when every one of its GPUs is idle: utilisation at most
+``idle_utilisation_ratio`` and PCIe plus NVLink traffic (both directions) at most
+``idle_bytes_per_second``. Then, in this order:
+
+``job_stalled_on_storage`` (critical)
+    a process of the job waits on a lock in ``/proc/locks`` (named: class, type, mount,
+    inode, path when the holder's open files show it; its holder's pid, name and job; the NFS
+    operation latency on that mount), or threads of the job sit in ``D`` state on a
+    filesystem or NFS wait channel (named, with the slowest NFS operation of each mount);
+``data_loader_starving`` (warning)
+    the GPUs are mostly idle (mean utilisation below ``loader_utilisation_ratio``; stalled
+    included) while the job cgroup's io pressure (``some avg10``) is at least
+    ``loader_io_pressure_percent`` and its block I/O plus the node's NFS traffic stays below
+    ``loader_max_bytes_per_second``;
+``job_stalled_unknown`` (warning)
+    stalled with none of those signals.
+
+"For at least T" is the alert rule's ``for`` (set below in ``detectors.registry``): the
+detector only says what holds now. A job with a lost GPU is left to the fell-off-the-bus
+finding, which already names the cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from nodescope import derive
+from nodescope.config import Config
+from nodescope.detectors.common import jobs
+from nodescope.model.counters import counter_delta
+from nodescope.model.finding import Finding, Severity
+from nodescope.model.jobs import JobView
+from nodescope.model.snapshot import Snapshot
+from nodescope.sources.cgroup import Cgroup, CgroupTree
+from nodescope.sources.locks import ContendedLock, LocksData
+from nodescope.sources.mountstats import MountstatsData, MountstatsRates, NfsMountRates
+from nodescope.sources.nvml import NvmlData, NvmlRates
+from nodescope.sources.procs import ProcsData
+from nodescope.sources.threads import BlockedThread, ThreadsData
+
+STORAGE = "job_stalled_on_storage"
+LOADER = "data_loader_starving"
+UNKNOWN = "job_stalled_unknown"
+
+#: Wait channels (kernel symbols, prefix match) of the NFS client and the RPC layer.
+NFS_WCHAN_PREFIXES = ("rpc_", "__rpc_", "nfs", "_nfs", "__nfs")
+#: Wait channels of local filesystems, the page cache and the block layer (prefix match).
+FS_WCHAN_PREFIXES = (
+    "io_schedule",
+    "folio_wait",
+    "__folio_lock",
+    "wait_on_page",
+    "__lock_page",
+    "wait_on_buffer",
+    "__wait_on_buffer",
+    "bit_wait_io",
+    "__filemap",
+    "filemap_",
+    "jbd2",
+    "ext4",
+    "xfs",
+    "btrfs",
+    "fuse",
+    "ceph",
+    "cifs",
+    "smb",
+    "ll_",
+    "lov_",
+    "osc_",
+    "blk_",
+    "rq_qos_wait",
+    "wbt_wait",
+    "balance_dirty_pages",
+    "do_fsync",
+    "vfs_fsync",
+    "fcntl_setlk",
+    "locks_lock",
+    "flock_lock",
+    "posix_lock",
+    "__break_lease",
+)
+
+
+def wchan_class(wchan: str | None) -> str | None:
+    """``"nfs"``, ``"filesystem"`` or ``None`` (anything else, or unknown)."""
+    if not wchan:
+        return None
+    if wchan.startswith(NFS_WCHAN_PREFIXES):
+        return "nfs"
+    if wchan.startswith(FS_WCHAN_PREFIXES):
+        return "filesystem"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class JobGpuActivity:
+    """A job's GPUs now: utilisation (fractions) and traffic (bytes/s, both directions).
+
+    ``idle_gpus`` are those under the idle thresholds; ``None`` traffic: the NVML source has
+    not read twice yet, so nothing can be called idle."""
+
+    job_id: str
+    gpus: tuple[int, ...]
+    mean_utilisation: float | None
+    max_utilisation: float | None
+    pcie_bytes_per_second: float | None
+    nvlink_bytes_per_second: float | None
+    idle_gpus: tuple[int, ...]
+    lost_gpus: tuple[int, ...]
+
+    @property
+    def stalled(self) -> bool:
+        return bool(self.gpus) and len(self.idle_gpus) == len(self.gpus)
+
+
+def job_gpu_activity(
+    snapshot: Snapshot,
+    idle_utilisation_ratio: float = 0.05,
+    idle_bytes_per_second: float = 1e8,
+    views: Sequence[JobView] | None = None,
+) -> tuple[JobGpuActivity, ...]:
+    """Utilisation and traffic of each job's GPUs (NVML × the job view)."""
+    nvml = snapshot.data("nvml", NvmlData)
+    if nvml is None:
+        return ()
+    rates = derive.derived(snapshot, "nvml")
+    by_index = {g.index: g for g in nvml.gpus}
+    rate_of = {r.index: r for r in rates.gpus} if isinstance(rates, NvmlRates) else {}
+    lost = {g.gpu for g in nvml.lost}
+    out: list[JobGpuActivity] = []
+    for view in jobs(snapshot) if views is None else views:
+        utils: list[float] = []
+        pcie_total: float | None = 0.0
+        nvlink_total: float | None = 0.0
+        idle: list[int] = []
+        for index in view.gpus:
+            gpu = by_index.get(index)
+            rate = rate_of.get(index)
+            util = (
+                None
+                if gpu is None or gpu.gpu_util_percent is None
+                else gpu.gpu_util_percent / 100.0
+            )
+            if util is not None:
+                utils.append(util)
+            pcie = None
+            nvlink = None
+            if rate is not None:
+                if (
+                    rate.pcie_tx_bytes_per_second is not None
+                    or rate.pcie_rx_bytes_per_second is not None
+                ):
+                    pcie = (rate.pcie_tx_bytes_per_second or 0.0) + (
+                        rate.pcie_rx_bytes_per_second or 0.0
+                    )
+                nvlink = sum(
+                    (link.data_tx_bytes_per_second or 0.0) + (link.data_rx_bytes_per_second or 0.0)
+                    for link in rate.nvlinks
+                )
+            pcie_total = None if pcie is None or pcie_total is None else pcie_total + pcie
+            nvlink_total = None if nvlink is None or nvlink_total is None else nvlink_total + nvlink
+            if (
+                util is not None
+                and util <= idle_utilisation_ratio
+                and pcie is not None
+                and nvlink is not None
+                and pcie + nvlink <= idle_bytes_per_second
+            ):
+                idle.append(index)
+        out.append(
+            JobGpuActivity(
+                job_id=view.job_id,
+                gpus=view.gpus,
+                mean_utilisation=sum(utils) / len(utils) if utils else None,
+                max_utilisation=max(utils) if utils else None,
+                pcie_bytes_per_second=pcie_total,
+                nvlink_bytes_per_second=nvlink_total,
+                idle_gpus=tuple(idle),
+                lost_gpus=tuple(i for i in view.gpus if i in lost),
+            )
+        )
+    return tuple(out)
+
+
+# --- storage --------------------------------------------------------------------------------
+
+
+def _gpu_list(gpus: Iterable[int]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def _nfs_text(mount: NfsMountRates | None, data: MountstatsData | None, where: str) -> str:
+    """Latency of the LOCK operation (NFSv4) or the slowest one on a mount, this interval;
+    since the mount when no operation completed in the interval."""
+    if mount is not None:
+        op = mount.op("LOCK")
+        if op is None or op.avg_execute_ms is None:
+            op = mount.slowest()
+        if op is not None and op.avg_rtt_ms is not None and op.avg_execute_ms is not None:
+            errors = f", {op.errors_per_second:.2f} errors/s" if op.errors_per_second else ""
+            return (
+                f"; NFS {op.name} on {where}: {op.avg_rtt_ms:.1f} ms RTT,"
+                f" {op.avg_execute_ms:.1f} ms execute, {op.ops_per_second:.2f} ops/s{errors}"
+            )
+    if data is not None:
+        whole = data.mount(where)
+        op_data = whole.op("LOCK") if whole is not None else None
+        if op_data is not None and op_data.ops:
+            return (
+                f"; NFS LOCK on {where} since mount: {op_data.rtt_ms / op_data.ops:.1f} ms RTT,"
+                f" {op_data.execute_ms / op_data.ops:.1f} ms execute over {op_data.ops} ops"
+            )
+    return ""
+
+
+def _nfs_evidence(mount: NfsMountRates | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if mount is None:
+        return out
+    lock = mount.op("LOCK")
+    if lock is not None:
+        out["nfs_lock_ops_per_second"] = lock.ops_per_second
+        if lock.avg_rtt_ms is not None:
+            out["nfs_lock_avg_rtt_ms"] = lock.avg_rtt_ms
+        if lock.avg_execute_ms is not None:
+            out["nfs_lock_avg_execute_ms"] = lock.avg_execute_ms
+        if lock.errors_per_second is not None:
+            out["nfs_lock_errors_per_second"] = lock.errors_per_second
+    slowest = mount.slowest()
+    if slowest is not None and slowest.avg_execute_ms is not None:
+        out["nfs_slowest_avg_execute_ms"] = slowest.avg_execute_ms
+        if slowest.avg_rtt_ms is not None:
+            out["nfs_slowest_avg_rtt_ms"] = slowest.avg_rtt_ms
+    out["nfs_retransmissions_per_second"] = sum(o.retransmissions_per_second for o in mount.ops)
+    return out
+
+
+def _lock_text(lock: ContendedLock, waiter_pids: Sequence[int], job_of: Mapping[int, str]) -> str:
+    waiter = next((w for w in lock.waiters if w.pid in waiter_pids), lock.waiters[0])
+    where = lock.mountpoint or (f"device {lock.device}" if lock.device else "no inode")
+    mount = f" ({lock.fstype} {lock.mount_source})" if lock.fstype and lock.mount_source else ""
+    path = f" {lock.path}" if lock.path else ""
+    holder = lock.holder
+    holder_job = job_of.get(holder.pid)
+    holder_text = f"pid {holder.pid}" + (f" ({holder.comm}" if holder.comm else " (")
+    holder_text += f", job {holder_job})" if holder_job else (")" if holder.comm else "not a job)")
+    return (
+        f"pid {waiter.pid} ({waiter.comm or '?'}) waits on {lock.kind} {waiter.access} lock on"
+        f" {where}{mount} inode {lock.inode}{path} held by {holder_text}"
+    )
+
+
+def _storage_finding(
+    activity: JobGpuActivity,
+    pids: frozenset[int],
+    blocked: Sequence[BlockedThread],
+    locks: LocksData | None,
+    job_of: Mapping[int, str],
+    nfs: MountstatsRates | None,
+    nfs_data: MountstatsData | None,
+) -> Finding | None:
+    waits = [
+        lock
+        for lock in (locks.contended if locks is not None else ())
+        if any(w.pid in pids for w in lock.waiters)
+    ]
+    storage_threads = [b for b in blocked if wchan_class(b.wchan) is not None]
+    if not waits and not storage_threads:
+        return None
+    job = activity.job_id
+    subjects: dict[str, str] = {"job": job}
+    evidence: dict[str, float] = {
+        "gpus_idle": float(len(activity.idle_gpus)),
+        "threads_blocked": float(len(storage_threads)),
+        "lock_waiters": float(sum(1 for lock in waits for w in lock.waiters if w.pid in pids)),
+        "gpu_utilisation_ratio": activity.max_utilisation or 0.0,
+    }
+    traffic = (activity.pcie_bytes_per_second or 0.0) + (activity.nvlink_bytes_per_second or 0.0)
+    parts = [
+        f"job {job} stalled on storage: GPUs {_gpu_list(activity.gpus)} idle"
+        f" ({(activity.max_utilisation or 0.0):.0%} utilisation,"
+        f" {traffic / 1e6:.0f} MB/s PCIe+NVLink)"
+    ]
+    nfs_mounts: list[str] = []
+    if waits:
+        lock = waits[0]
+        subjects["lock_inode"] = str(lock.inode) if lock.inode is not None else "none"
+        subjects["lock_mount"] = lock.mountpoint or (lock.device or "none")
+        subjects["holder_pid"] = str(lock.holder.pid)
+        holder_job = job_of.get(lock.holder.pid)
+        if holder_job is not None:
+            subjects["holder_job"] = holder_job
+        parts.append(_lock_text(lock, sorted(pids), job_of))
+        if len(waits) > 1:
+            parts.append(f"and {len(waits) - 1} more contended lock(s)")
+        if lock.is_nfs and lock.mountpoint:
+            nfs_mounts.append(lock.mountpoint)
+    if storage_threads:
+        channels = sorted({b.wchan or "?" for b in storage_threads})
+        first = storage_threads[0]
+        parts.append(
+            f"{len(storage_threads)} thread(s) in D state at {', '.join(channels)}"
+            f" (first: pid {first.pid} tid {first.tid} {first.comm})"
+        )
+        if any(wchan_class(b.wchan) == "nfs" for b in storage_threads) and nfs is not None:
+            nfs_mounts.extend(m.mountpoint for m in nfs.mounts if m.mountpoint not in nfs_mounts)
+    text = "; ".join(parts)
+    for where in nfs_mounts[:3]:
+        rates = nfs.mount(where) if nfs is not None else None
+        text += _nfs_text(rates, nfs_data, where)
+        if where == nfs_mounts[0]:
+            evidence.update(_nfs_evidence(rates))
+    return Finding(STORAGE, Severity.CRITICAL, subjects, evidence, text)
+
+
+# --- data loader ----------------------------------------------------------------------------
+
+
+def job_cgroup(tree: CgroupTree, job_id: str) -> Cgroup | None:
+    """The Slurm job cgroup ``…/job_<id>`` (the shallowest, if several match)."""
+    name = f"job_{job_id}"
+    for cg in tree.cgroups:
+        if cg.name == name:
+            return cg
+    return None
+
+
+def _io_bytes(cg: Cgroup | None) -> int | None:
+    if cg is None or cg.io_stat is None:
+        return None
+    return sum((d.rbytes or 0) + (d.wbytes or 0) for d in cg.io_stat.devices)
+
+
+def job_io_bytes_per_second(snapshot: Snapshot, job_id: str) -> float | None:
+    """Block I/O of the job cgroup (``io.stat`` read+write bytes) per second."""
+    pair = snapshot.pair("cgroups", CgroupTree)
+    if pair is None:
+        return None
+    prev, cur, seconds = pair
+    before = _io_bytes(job_cgroup(prev, job_id))
+    now = _io_bytes(job_cgroup(cur, job_id))
+    if before is None or now is None:
+        return None
+    delta = counter_delta(before, now)
+    return None if delta is None else delta / seconds
+
+
+def _nfs_bytes_per_second(nfs: MountstatsRates | None) -> float:
+    if nfs is None:
+        return 0.0
+    return sum(o.kilobytes_per_second * 1024 for m in nfs.mounts for o in m.ops)
+
+
+def _loader_finding(
+    activity: JobGpuActivity,
+    snapshot: Snapshot,
+    config: Config,
+    nfs: MountstatsRates | None,
+) -> Finding | None:
+    section = "hangs"
+    mean = activity.mean_utilisation
+    if mean is None or mean >= config.detectors.number(section, "loader_utilisation_ratio"):
+        return None
+    tree = snapshot.data("cgroups", CgroupTree)
+    cg = job_cgroup(tree, activity.job_id) if tree is not None else None
+    if cg is None or cg.io_pressure is None or cg.io_pressure.some is None:
+        return None
+    pressure = cg.io_pressure.some.avg10
+    if pressure < config.detectors.number(section, "loader_io_pressure_percent"):
+        return None
+    disk = job_io_bytes_per_second(snapshot, activity.job_id)
+    if disk is None:
+        return None
+    nfs_bytes = _nfs_bytes_per_second(nfs)
+    limit = config.detectors.number(section, "loader_max_bytes_per_second")
+    if disk + nfs_bytes >= limit:
+        return None
+    message = (
+        f"job {activity.job_id}: data loader starving: GPUs {_gpu_list(activity.gpus)} at"
+        f" {mean:.0%} mean utilisation while the job's io pressure is {pressure:.0f} %"
+        f" (some, avg10) and its reads and writes move only {disk / 1e6:.1f} MB/s from disk"
+        f" and {nfs_bytes / 1e6:.1f} MB/s over NFS"
+    )
+    evidence = {
+        "gpu_utilisation_ratio": mean,
+        "io_pressure_some_avg10_percent": pressure,
+        "disk_bytes_per_second": disk,
+        "nfs_bytes_per_second": nfs_bytes,
+    }
+    return Finding(LOADER, Severity.WARNING, {"job": activity.job_id}, evidence, message)
+
+
+# --- the detector ---------------------------------------------------------------------------
+
+
+def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
+    section = "hangs"
+    activities = job_gpu_activity(
+        snapshot,
+        config.detectors.number(section, "idle_utilisation_ratio"),
+        config.detectors.number(section, "idle_bytes_per_second"),
+    )
+    if not activities:
+        return []
+    procs = snapshot.data("procs", ProcsData)
+    job_of = {p.pid: p.job_id for p in procs.processes} if procs is not None else {}
+    pids_of: dict[str, set[int]] = {}
+    for pid, job in job_of.items():
+        pids_of.setdefault(job, set()).add(pid)
+    threads = snapshot.data("threads", ThreadsData)
+    locks = snapshot.data("locks", LocksData)
+    nfs_rates = derive.derived(snapshot, "mountstats")
+    nfs = nfs_rates if isinstance(nfs_rates, MountstatsRates) else None
+    nfs_data = snapshot.data("mountstats", MountstatsData)
+    findings: list[Finding] = []
+    for activity in activities:
+        if activity.lost_gpus:
+            continue
+        job = activity.job_id
+        blocked = tuple(
+            b for b in (threads.blocked() if threads is not None else ()) if b.job_id == job
+        )
+        if activity.stalled:
+            found = _storage_finding(
+                activity,
+                frozenset(pids_of.get(job, ())),
+                blocked,
+                locks,
+                job_of,
+                nfs,
+                nfs_data,
+            )
+            if found is not None:
+                findings.append(found)
+                continue
+        loader = _loader_finding(activity, snapshot, config, nfs)
+        if loader is not None:
+            findings.append(loader)
+            continue
+        if activity.stalled:
+            d_state = len(blocked)
+            extra = (
+                f"; {d_state} thread(s) in D state at"
+                f" {', '.join(sorted({b.wchan or '?' for b in blocked}))}"
+                if d_state
+                else ""
+            )
+            findings.append(
+                Finding(
+                    UNKNOWN,
+                    Severity.WARNING,
+                    {"job": job},
+                    {
+                        "gpus_idle": float(len(activity.idle_gpus)),
+                        "threads_blocked": float(d_state),
+                    },
+                    f"job {job} stalled: GPUs {_gpu_list(activity.gpus)} idle (no utilisation,"
+                    f" no PCIe/NVLink traffic) with no storage lock, filesystem wait or io"
+                    f" pressure to explain it{extra}",
+                )
+            )
+    return findings
+
+
+def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
+    if not config.detectors.enabled("hangs"):
+        return []
+    return evaluate(snapshot, config)

@@ -1,0 +1,382 @@
+"""Link up/down transitions of network interfaces and InfiniBand ports, and flap counting.
+
+Two inputs:
+
+* an rtnetlink monitor on its own thread (pyroute2 ``IPRoute.bind()``: the ``RTNLGRP_LINK``
+  multicast group, ``include/uapi/linux/rtnetlink.h``): every ``RTM_NEWLINK`` message the
+  kernel sends when a link changes, parsed like the ``netdev`` source's dump
+  (:func:`nodescope.sources.netlink.parse_link`). A link is *up* when its RFC 2863
+  operational state is ``up`` (or ``unknown`` with carrier on an administratively up link,
+  as loopback-like drivers report), *down* otherwise; ``RTM_DELLINK`` forgets it. A dump at
+  start gives each link's state without counting a transition;
+* the state of every InfiniBand port, ``<sysfs>/class/infiniband/<dev>/ports/<n>/state``
+  (``"4: ACTIVE"``, ``docs/datasources.md`` §7), read on every run: ``ACTIVE`` is up, every
+  other state down. IB ports send no netlink events.
+
+Per link the record counts transitions to up and to down since the source started, and the
+transitions within the last :data:`WINDOW_SECONDS` (the flap detector's input). Virtual
+links (veth, bridges, tunnels: containers make them by the thousand) are left out unless the
+source is told to include them, so the ``interface`` label stays bounded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nodescope.errors import ParseError
+from nodescope.roots import Roots
+from nodescope.sources.base import read_optional
+from nodescope.sources.infiniband import parse_state
+from nodescope.sources.netlink import LinkMessage, NetLink, parse_link
+
+NAME = "link_events"
+WINDOW_SECONDS = 300.0
+#: Links followed at most; more are ignored (and counted as ``untracked``).
+MAX_LINKS = 256
+#: Transition times kept per link (the window needs no more to count a flap).
+MAX_RECENT = 64
+#: ``IFLA_INFO_KIND`` of links that are no hardware.
+VIRTUAL_KINDS = frozenset(
+    {
+        "veth", "bridge", "bond", "team", "vlan", "vxlan", "geneve", "macvlan", "macvtap",
+        "ipvlan", "ipvtap", "tun", "tap", "dummy", "ifb", "gre", "gretap", "ip6gre", "ipip",
+        "sit", "ip6tnl", "vti", "wireguard", "nlmon", "vrf", "netdevsim",
+    }
+)  # fmt: skip
+
+log = logging.getLogger("nodescope.link_events")
+
+
+def link_state(link: NetLink) -> str:
+    """``"up"`` or ``"down"`` as above."""
+    if link.operstate == "up":
+        return "up"
+    if link.operstate in (None, "unknown") and link.carrier and link.admin_up:
+        return "up"
+    return "down"
+
+
+def ib_port_state(text: str, source: str = "state") -> str:
+    """``"up"`` for an ``ACTIVE`` InfiniBand port, ``"down"`` for any other state."""
+    return "up" if parse_state(text, source).name == "ACTIVE" else "down"
+
+
+@dataclass(frozen=True, slots=True)
+class LinkEvent:
+    """A state a link was seen in: ``kind`` ``"netdev"`` or ``"infiniband"``; ``state``
+    ``"up"``/``"down"``/``"removed"``; ``monotonic`` when it was seen."""
+
+    interface: str
+    kind: str
+    state: str
+    monotonic: float
+
+
+def parse_link_event(
+    message: LinkMessage, monotonic: float, include_virtual: bool, source: str = "rtnetlink"
+) -> LinkEvent | None:
+    """A link message as a :class:`LinkEvent`; ``None`` for a virtual link left out."""
+    link = parse_link(message, source)
+    if link.name == "lo" or (not include_virtual and link.kind in VIRTUAL_KINDS):
+        return None
+    if message.get("event") == "RTM_DELLINK":
+        return LinkEvent(link.name, "netdev", "removed", monotonic)
+    return LinkEvent(link.name, "netdev", link_state(link), monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkTransitions:
+    """One link: its latest state, transitions since start, and those in the window."""
+
+    interface: str
+    kind: str
+    state: str
+    up_total: int
+    down_total: int
+    recent: int
+
+
+@dataclass(frozen=True, slots=True)
+class LinkEventsData:
+    links: tuple[LinkTransitions, ...]
+    window_seconds: float
+    monitor: bool
+    untracked: int
+
+    def link(self, interface: str) -> LinkTransitions | None:
+        for link in self.links:
+            if link.interface == interface:
+                return link
+        return None
+
+
+class FlapCounter:
+    """Link states over time: counts a transition when a link's state differs from the last
+    one seen; the first state seen of a link is no transition."""
+
+    def __init__(self, window_seconds: float = WINDOW_SECONDS, max_links: int = MAX_LINKS) -> None:
+        self.window_seconds = window_seconds
+        self.max_links = max_links
+        self._state: dict[str, tuple[str, str]] = {}  # interface -> (kind, state)
+        self._totals: dict[tuple[str, str], int] = {}  # (interface, to) -> count
+        self._times: dict[str, deque[float]] = {}
+        self.untracked = 0
+
+    def observe(self, event: LinkEvent) -> None:
+        name = event.interface
+        if event.state == "removed":
+            self._state.pop(name, None)
+            return
+        old = self._state.get(name)
+        if old is None and name not in self._times and len(self._times) >= self.max_links:
+            self.untracked += 1
+            return
+        self._state[name] = (event.kind, event.state)
+        times = self._times.setdefault(name, deque(maxlen=MAX_RECENT))
+        if old is not None and old[1] != event.state:
+            self._totals[(name, event.state)] = self._totals.get((name, event.state), 0) + 1
+            times.append(event.monotonic)
+
+    def snapshot(self, now: float, monitor: bool) -> LinkEventsData:
+        links = []
+        for name in sorted(self._times):
+            kind, state = self._state.get(name, ("netdev", "removed"))
+            recent = sum(1 for t in self._times[name] if now - t <= self.window_seconds)
+            links.append(
+                LinkTransitions(
+                    name,
+                    kind,
+                    state,
+                    self._totals.get((name, "up"), 0),
+                    self._totals.get((name, "down"), 0),
+                    recent,
+                )
+            )
+        return LinkEventsData(tuple(links), self.window_seconds, monitor, self.untracked)
+
+
+_CLONE_NEWNET = 0x40000000
+#: ``RTMGRP_LINK`` (``include/uapi/linux/rtnetlink.h``): link changes.
+_RTMGRP_LINK = 1
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+def open_link_socket(netns: str | None, netns_dir: str = "/run/netns") -> socket.socket:
+    """An rtnetlink socket joined to the link multicast group, in the network namespace
+    ``netns`` (a name under ``netns_dir``, as ``ip netns`` makes them) or the daemon's own.
+
+    A socket belongs to the namespace it was created in; the switch happens on a helper
+    thread (``setns`` changes only the calling thread) that ends right after."""
+
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        try:
+            sock.bind((0, _RTMGRP_LINK))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    if netns is None:
+        return make()
+    result: list[socket.socket | BaseException] = []
+
+    def in_namespace() -> None:
+        try:
+            fd = os.open(os.path.join(netns_dir, netns), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _setns(fd)
+            finally:
+                os.close(fd)
+            result.append(make())
+        except BaseException as exc:
+            result.append(exc)
+
+    helper = threading.Thread(target=in_namespace, name="nodescope-setns")
+    helper.start()
+    helper.join()
+    outcome = result[0]
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+class NetlinkMonitor:
+    """``RTM_NEWLINK``/``RTM_DELLINK`` messages of a network namespace (``netns``: an ``ip
+    netns`` name, or ``None`` for the daemon's own) on a daemon thread. :meth:`start` opens
+    the socket and dumps the links (their starting states) before it returns."""
+
+    def __init__(
+        self,
+        on_event: Callable[[LinkEvent], None],
+        netns: str | None = None,
+        include_virtual: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.on_event = on_event
+        self.netns = netns
+        self.include_virtual = include_virtual
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._marshal: Any = None
+
+    def _deliver(self, messages: Any) -> None:
+        for message in messages:
+            if message.get("event") not in ("RTM_NEWLINK", "RTM_DELLINK"):
+                continue
+            try:
+                event = parse_link_event(message, self.clock(), self.include_virtual)
+            except ParseError as exc:
+                log.debug("netns=%s bad_message=%r", self.netns, str(exc))
+                continue
+            if event is not None:
+                self.on_event(event)
+
+    def start(self) -> None:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+        # The multicast socket is a plain one read with select()/recv(): pyroute2's own
+        # socket reads through an event loop that drains the file descriptor, so select()
+        # on it misses datagrams. Bound before the dump, so no change falls between.
+        sock = open_link_socket(self.netns)
+        try:
+            with IPRoute(netns=self.netns) if self.netns else IPRoute() as ipr:
+                self._deliver(ipr.get_links())
+        except Exception:
+            sock.close()
+            raise
+        self._sock = sock
+        self._marshal = MarshalRtnl()
+        self._thread = threading.Thread(target=self._run, name="nodescope-netlink", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            while not self._stop.is_set():
+                readable, _, _ = select.select([sock], [], [], 0.25)
+                if readable and not self._stop.is_set():
+                    self._deliver(self._marshal.parse(sock.recv(1 << 20)))
+        except Exception as exc:  # a broken socket ends the monitor; the source says so
+            if not self._stop.is_set():
+                log.warning("netns=%s state=stopped error=%r", self.netns, str(exc))
+        finally:
+            sock.close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+
+
+class LinkEventsSource:
+    """``netlink``: run the rtnetlink monitor (``netns`` as for the ``netdev`` source);
+    ``include_virtual``: follow veth and other virtual links too. ``clock`` stamps the
+    transitions (monotonic seconds)."""
+
+    name = NAME
+
+    def __init__(
+        self,
+        netns: str | None = None,
+        netlink: bool = True,
+        include_virtual: bool = False,
+        window_seconds: float = WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.netns = netns
+        self.netlink = netlink
+        self.include_virtual = include_virtual
+        self.clock = clock
+        self.counter = FlapCounter(window_seconds)
+        self._lock = threading.Lock()
+        self._queue: deque[LinkEvent] = deque(maxlen=65536)
+        self._monitor: NetlinkMonitor | None = None
+        self._failed = False
+
+    def _enqueue(self, event: LinkEvent) -> None:
+        with self._lock:
+            self._queue.append(event)
+
+    def _ensure_monitor(self) -> None:
+        if not self.netlink or self._failed:
+            return
+        if self._monitor is not None and self._monitor.running:
+            return
+        if self._monitor is not None:
+            # It stopped on an error: start afresh (states re-seeded, not counted).
+            self._monitor = None
+        monitor = NetlinkMonitor(self._enqueue, self.netns, self.include_virtual, self.clock)
+        try:
+            monitor.start()
+        except Exception as exc:
+            self._failed = True
+            log.warning("netns=%s state=unavailable error=%r", self.netns, str(exc))
+            return
+        self._monitor = monitor
+
+    def _read_ib(self, roots: Roots) -> None:
+        base = roots.sysfs / "class" / "infiniband"
+        try:
+            devices = sorted(os.listdir(base))
+        except OSError:
+            return
+        now = self.clock()
+        for device in devices:
+            ports_dir = base / device / "ports"
+            try:
+                ports = sorted(os.listdir(ports_dir), key=lambda p: (len(p), p))
+            except OSError:
+                continue
+            for port in ports:
+                path = ports_dir / port / "state"
+                text = read_optional(path)
+                if text is None:
+                    continue
+                state = ib_port_state(text, str(path))
+                self.counter.observe(LinkEvent(f"{device}/{port}", "infiniband", state, now))
+
+    def collect(self, roots: Roots) -> LinkEventsData:
+        self._ensure_monitor()
+        with self._lock:
+            events = list(self._queue)
+            self._queue.clear()
+        for event in events:
+            self.counter.observe(event)
+        self._read_ib(roots)
+        return self.counter.snapshot(self.clock(), self._monitor is not None)
+
+    def close(self) -> None:
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:
+            monitor.stop()
+
+
+def make_source() -> LinkEventsSource:
+    return LinkEventsSource()

@@ -1,0 +1,443 @@
+"""File locks: ``/proc/locks``, with the contended ones resolved to mount, path and holder.
+
+Reads, under the injected roots:
+
+* ``<procfs>/locks`` (``fs/locks.c`` ``locks_show``/``lock_get_status``,
+  ``docs/datasources.md`` §6): one line per lock, ``<id>: `` then the class (``POSIX`` and its
+  mode ``ADVISORY``/``MANDATORY`` — or ``*NOINODE*``; ``OFDLCK``; ``ACCESS``; ``FLOCK
+  ADVISORY``; ``LEASE``/``DELEG`` with ``ACTIVE``/``BREAKING``/``BREAKER``), the type
+  ``READ|WRITE|UNLCK``, the owner pid (``-1`` for OFD locks, ``<= 0`` for locks of remote
+  owners), ``MAJ:MIN:INODE`` with the device numbers in **hexadecimal** (``%02x``) and the
+  inode in decimal (``<none>:0`` without an inode), then ``start end`` or ``start EOF``.
+  Requests blocked on a lock follow it with the same id and ``-> `` indented by their depth
+  in the waiter tree (``"%*s"`` of width ``depth - 1 + 3``): a waiter's blocker is the nearest
+  line above it with the same id and one level less;
+* ``<procfs>/self/mountinfo`` (``Documentation/filesystems/proc.rst`` §3.5) once per run and
+  only when a lock is contended: the mount whose ``MAJ:MIN`` (decimal there) is the lock's;
+* for the holder of a contended lock only: ``<procfs>/<pid>/comm`` and the ``stat`` of its
+  ``fd/*`` links (the open file's device and inode) to find the path of the locked file, and
+  the ``comm`` of each waiter.
+
+Uncontended locks are counted, not resolved: a node holds thousands of them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from nodescope.errors import ParseError
+from nodescope.roots import Roots
+from nodescope.sources.base import read_optional, read_text
+
+NAME = "locks"
+
+#: At most this many open files of a holder are examined for the locked file's path.
+MAX_FDS_SCANNED = 4096
+#: At most this many contended locks are resolved per run (each costs a holder fd scan).
+MAX_CONTENDED = 64
+
+_ID = re.compile(r"[0-9]{1,19}")
+_DEVICE = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,8}):([0-9]{1,20})")
+_INT = re.compile(r"-?[0-9]{1,20}")
+_DEVNUM = re.compile(r"([0-9]{1,10}):([0-9]{1,10})")
+_ACCESS = ("READ", "WRITE", "UNLCK")
+_LEASE_STATES = ("ACTIVE", "BREAKING", "BREAKER")
+_MODES = ("ADVISORY", "MANDATORY", "*NOINODE*")
+
+
+@dataclass(frozen=True, slots=True)
+class LockEntry:
+    """One line of ``/proc/locks``.
+
+    ``kind``: ``POSIX``, ``OFDLCK``, ``ACCESS``, ``FLOCK``, ``LEASE``, ``DELEG`` or
+    ``UNKNOWN``; ``mode``: ``ADVISORY``, ``MANDATORY`` or ``*NOINODE*`` for byte-range and
+    flock locks, ``ACTIVE``/``BREAKING``/``BREAKER`` for leases and delegations. ``depth`` 0
+    is a granted lock, ``>= 1`` a request blocked behind ``blocker`` (an index into the same
+    tuple). ``major``/``minor``/``inode`` are ``None`` for ``<none>:0``; ``end`` is ``None``
+    for ``EOF``. ``line`` is the 1-based line in the file.
+    """
+
+    id: int
+    depth: int
+    kind: str
+    mode: str
+    access: str
+    pid: int
+    major: int | None
+    minor: int | None
+    inode: int | None
+    start: int
+    end: int | None
+    line: int
+    blocker: int | None = None
+
+    @property
+    def device(self) -> str | None:
+        """``MAJ:MIN`` as ``/proc/locks`` prints it (hex, two digits at least)."""
+        if self.major is None or self.minor is None:
+            return None
+        return f"{self.major:02x}:{self.minor:02x}"
+
+    @property
+    def st_dev(self) -> int | None:
+        """The device number as ``stat`` reports it (``st_dev``) for the locked file."""
+        if self.major is None or self.minor is None:
+            return None
+        return os.makedev(self.major, self.minor)
+
+
+@dataclass(frozen=True, slots=True)
+class MountInfo:
+    """One line of ``/proc/<pid>/mountinfo``; ``major``/``minor`` are the superblock's
+    device numbers (``st_dev`` of its files)."""
+
+    mount_id: int
+    parent_id: int
+    major: int
+    minor: int
+    root: str
+    mountpoint: str
+    fstype: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class LockParty:
+    """A process on one side of a contended lock: pid, ``comm`` (``None``: not readable or
+    not a local process) and the type it holds or asks for."""
+
+    pid: int
+    comm: str | None
+    access: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContendedLock:
+    """A granted lock with requests blocked behind it, resolved as far as the node allows.
+
+    ``waiters`` are every request blocked in its tree, at any depth. ``mountpoint``/``fstype``
+    /``mount_source`` come from mountinfo, ``path`` from the holder's open files (``None``
+    when the holder is not local, has closed the file, or cannot be read).
+    """
+
+    id: int
+    kind: str
+    holder: LockParty
+    waiters: tuple[LockParty, ...]
+    major: int | None
+    minor: int | None
+    inode: int | None
+    start: int
+    end: int | None
+    mountpoint: str | None = None
+    fstype: str | None = None
+    mount_source: str | None = None
+    path: str | None = None
+
+    @property
+    def device(self) -> str | None:
+        if self.major is None or self.minor is None:
+            return None
+        return f"{self.major:02x}:{self.minor:02x}"
+
+    @property
+    def is_nfs(self) -> bool:
+        return self.fstype in ("nfs", "nfs4")
+
+
+@dataclass(frozen=True, slots=True)
+class LocksData:
+    """Counts of every lock by kind (granted ones only), the number of blocked requests, and
+    the contended locks resolved."""
+
+    counts: tuple[tuple[str, int], ...]
+    blocked: int
+    contended: tuple[ContendedLock, ...]
+
+
+# --- parsers (pure) -------------------------------------------------------------------------
+
+
+def _int(token: str, what: str, source: str, line: int) -> int:
+    if not _INT.fullmatch(token):
+        raise ParseError(source, f"{what}: not an integer: {token!r}", line)
+    return int(token)
+
+
+def _parse_line(raw: str, number: int, source: str) -> tuple[int, int, list[str]]:
+    """(id, depth, the tokens after the id and the ``->`` marker)."""
+    head, sep, rest = raw.partition(":")
+    if not sep or not _ID.fullmatch(head.strip()):
+        raise ParseError(source, f"no lock id: {raw!r}", number)
+    lock_id = int(head.strip())
+    depth = 0
+    body = rest.lstrip(" ")
+    if body.startswith("->"):
+        # "%*s" of width depth - 1 + len("-> ") before the marker: the spaces after the colon
+        # are the one separator plus depth - 1.
+        depth = len(rest) - len(body)
+        body = body[2:]
+    return lock_id, depth, body.split()
+
+
+def parse_locks(text: str, source: str = "/proc/locks") -> tuple[LockEntry, ...]:
+    """Every line of ``/proc/locks``, waiters linked to their blockers."""
+    entries: list[LockEntry] = []
+    #: per lock id, the index of the latest entry at each depth
+    open_levels: dict[int, list[int]] = {}
+    for number, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue
+        lock_id, depth, tokens = _parse_line(raw, number, source)
+        if not tokens:
+            raise ParseError(source, "empty lock line", number)
+        kind = tokens[0]
+        expected_mode: tuple[str, ...]
+        if kind in ("POSIX", "OFDLCK", "ACCESS", "FLOCK"):
+            expected_mode = _MODES
+        elif kind in ("LEASE", "DELEG"):
+            expected_mode = _LEASE_STATES
+        elif kind == "UNKNOWN":
+            expected_mode = ("UNKNOWN",)
+        else:
+            raise ParseError(source, f"unknown lock class {kind!r}", number)
+        if len(tokens) != 7:
+            raise ParseError(source, f"expected 7 fields after the id, got {len(tokens)}", number)
+        _, mode, access, pid_text, where, start_text, end_text = tokens
+        if mode not in expected_mode:
+            raise ParseError(source, f"{kind}: unknown mode {mode!r}", number)
+        if access not in _ACCESS:
+            raise ParseError(source, f"unknown lock type {access!r}", number)
+        pid = _int(pid_text, "pid", source, number)
+        major: int | None
+        minor: int | None
+        inode: int | None
+        if where == "<none>:0":
+            major = minor = inode = None
+        else:
+            match = _DEVICE.fullmatch(where)
+            if match is None:
+                raise ParseError(source, f"not MAJ:MIN:INODE: {where!r}", number)
+            major, minor, inode = (
+                int(match.group(1), 16),
+                int(match.group(2), 16),
+                int(match.group(3)),
+            )
+        start = _int(start_text, "start", source, number)
+        end = None if end_text == "EOF" else _int(end_text, "end", source, number)
+        levels = open_levels.setdefault(lock_id, [])
+        blocker: int | None = None
+        if depth == 0:
+            levels[:] = [len(entries)]
+        else:
+            if depth > len(levels):
+                raise ParseError(
+                    source,
+                    f"waiter at depth {depth} without a blocker at depth {depth - 1}",
+                    number,
+                )
+            blocker = levels[depth - 1]
+            del levels[depth:]
+            levels.append(len(entries))
+        entries.append(
+            LockEntry(
+                lock_id,
+                depth,
+                kind,
+                mode,
+                access,
+                pid,
+                major,
+                minor,
+                inode,
+                start,
+                end,
+                number,
+                blocker,
+            )
+        )
+    return tuple(entries)
+
+
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def unescape_mount_field(text: str) -> str:
+    """Undo the octal escapes (``\\040`` for a space) of mountinfo's path fields."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), text)
+
+
+def parse_mountinfo(text: str, source: str = "/proc/self/mountinfo") -> tuple[MountInfo, ...]:
+    """``/proc/<pid>/mountinfo``: ``id parent MAJ:MIN root mountpoint options [optional…] -
+    fstype source super-options``."""
+    mounts: list[MountInfo] = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        fields = line.split()
+        try:
+            dash = fields.index("-", 6)
+        except ValueError:
+            raise ParseError(source, "no '-' separator after the optional fields", number) from None
+        if len(fields) < dash + 3:
+            raise ParseError(source, "missing fstype or source after '-'", number)
+        mount_id = _int(fields[0], "mount id", source, number)
+        parent = _int(fields[1], "parent id", source, number)
+        devnum = _DEVNUM.fullmatch(fields[2])
+        if devnum is None:
+            raise ParseError(source, f"not MAJ:MIN: {fields[2]!r}", number)
+        mounts.append(
+            MountInfo(
+                mount_id,
+                parent,
+                int(devnum.group(1)),
+                int(devnum.group(2)),
+                unescape_mount_field(fields[3]),
+                unescape_mount_field(fields[4]),
+                fields[dash + 1],
+                unescape_mount_field(fields[dash + 2]),
+            )
+        )
+    return tuple(mounts)
+
+
+def parse_comm(text: str, source: str = "comm") -> str:
+    """``/proc/<pid>/comm``: the name and a newline."""
+    name = text[:-1] if text.endswith("\n") else text
+    if "\n" in name:
+        raise ParseError(source, "more than one line", 2)
+    return name
+
+
+def contended(entries: tuple[LockEntry, ...]) -> list[tuple[LockEntry, list[LockEntry]]]:
+    """Each granted lock that has blocked requests, with all of them (any depth)."""
+    waiting: dict[int, list[LockEntry]] = {}
+    for entry in entries:
+        if entry.blocker is None:
+            continue
+        root = entry.blocker
+        while entries[root].blocker is not None:
+            root = entries[root].blocker  # type: ignore[assignment]
+        waiting.setdefault(root, []).append(entry)
+    return [(entries[i], waiting[i]) for i in sorted(waiting)]
+
+
+def mount_of(mounts: tuple[MountInfo, ...], major: int, minor: int) -> MountInfo | None:
+    """The mount of a superblock; with bind mounts the first one listed whose root is ``/``,
+    else the first one."""
+    found = [m for m in mounts if m.major == major and m.minor == minor]
+    for m in found:
+        if m.root == "/":
+            return m
+    return found[0] if found else None
+
+
+# --- readers (IO) ---------------------------------------------------------------------------
+
+
+def _comm(roots: Roots, pid: int) -> str | None:
+    if pid <= 0:
+        return None
+    path = roots.procfs / str(pid) / "comm"
+    text = read_optional(path)
+    return None if text is None else parse_comm(text, str(path))
+
+
+def locked_path(roots: Roots, pid: int, st_dev: int, inode: int) -> str | None:
+    """The path under which process ``pid`` has the file (``st_dev``, ``inode``) open: the
+    target of the first ``fd/N`` link whose ``stat`` (which follows the link to the open
+    file) names that file."""
+    if pid <= 0:
+        return None
+    fd_dir = roots.procfs / str(pid) / "fd"
+    try:
+        with os.scandir(fd_dir) as it:
+            names = [e.name for e in it]
+    except OSError:
+        return None
+    for name in sorted(names, key=lambda n: (len(n), n))[:MAX_FDS_SCANNED]:
+        link = fd_dir / name
+        try:
+            st = os.stat(link)
+        except OSError:
+            continue
+        if st.st_ino == inode and st.st_dev == st_dev:
+            try:
+                return os.readlink(link)
+            except OSError:
+                return None
+    return None
+
+
+def resolve(
+    roots: Roots, entries: tuple[LockEntry, ...], mounts: tuple[MountInfo, ...] | None
+) -> tuple[ContendedLock, ...]:
+    """The contended locks of ``entries`` with mount, path and process names."""
+    out: list[ContendedLock] = []
+    for holder, waiters in contended(entries)[:MAX_CONTENDED]:
+        lock = ContendedLock(
+            id=holder.id,
+            kind=holder.kind,
+            holder=LockParty(holder.pid, _comm(roots, holder.pid), holder.access),
+            waiters=tuple(LockParty(w.pid, _comm(roots, w.pid), w.access) for w in waiters),
+            major=holder.major,
+            minor=holder.minor,
+            inode=holder.inode,
+            start=holder.start,
+            end=holder.end,
+        )
+        if holder.major is not None and holder.minor is not None and holder.inode is not None:
+            mount = mount_of(mounts or (), holder.major, holder.minor)
+            if mount is not None:
+                lock = replace(
+                    lock,
+                    mountpoint=mount.mountpoint,
+                    fstype=mount.fstype,
+                    mount_source=mount.source,
+                )
+            path = locked_path(
+                roots, holder.pid, os.makedev(holder.major, holder.minor), holder.inode
+            )
+            if path is None:
+                for waiter in waiters:
+                    path = locked_path(
+                        roots, waiter.pid, os.makedev(holder.major, holder.minor), holder.inode
+                    )
+                    if path is not None:
+                        break
+            lock = replace(lock, path=path)
+        out.append(lock)
+    return tuple(out)
+
+
+def read_locks(roots: Roots) -> LocksData:
+    path = roots.procfs / "locks"
+    entries = parse_locks(read_text(path), str(path))
+    counts = Counter(e.kind for e in entries if e.depth == 0)
+    mounts: tuple[MountInfo, ...] | None = None
+    if any(e.blocker is not None for e in entries):
+        info_path = roots.procfs / "self" / "mountinfo"
+        text = read_optional(info_path)
+        mounts = None if text is None else parse_mountinfo(text, str(info_path))
+    return LocksData(
+        counts=tuple(sorted(counts.items())),
+        blocked=sum(1 for e in entries if e.depth > 0),
+        contended=resolve(roots, entries, mounts),
+    )
+
+
+class LocksSource:
+    name = NAME
+
+    def collect(self, roots: Roots) -> LocksData:
+        return read_locks(roots)
+
+    def close(self) -> None:
+        return None
+
+
+def make_source() -> LocksSource:
+    return LocksSource()

@@ -1,0 +1,317 @@
+"""NFS client statistics per mount and per RPC operation, from ``/proc/self/mountstats``.
+
+Reads ``<procfs>/self/mountstats`` (``fs/proc_namespace.c`` ``show_vfsstat``; NFS part
+``fs/nfs/super.c`` ``nfs_show_stats``; RPC part ``net/sunrpc/stats.c`` ``rpc_clnt_show_stats``;
+``docs/datasources.md`` §6). Each mount starts with
+``device SRV:/export mounted on /mnt with fstype nfs4 statvers=1.1``; only NFS mounts carry
+the tab-indented block that follows: ``age:`` (seconds since mount), ``events:``, ``bytes:``,
+``RPC iostats version: 1.1  p/v: 100003/4 (nfs)``, ``xprt: …`` and, after
+``per-op statistics``, one line per operation::
+
+    \\t        READ: ops ntrans timeouts bytes_sent bytes_recv queue_ms rtt_ms execute_ms errors
+
+``queue`` is task start to transmit, ``rtt`` the request round trip, ``execute`` start to
+completion, all cumulative milliseconds; ``errors`` (ops that ended with ``tk_status < 0``)
+is absent on kernels before 5.3. Bytes include the RPC headers.
+
+:func:`nfs_rates` is ``nfsiostat``'s interval arithmetic (nfs-utils
+``tools/nfs-iostat/nfs-iostat.py``): ``avg RTT = Δrtt/Δops``, ``avg exe = Δexecute/Δops``,
+``avg queue = Δqueue/Δops``, ``retrans = Δntrans − Δops``, ``kB/op = (Δsent+Δrecv)/1024/Δops``.
+The counters restart on a remount: a mount whose ``age`` went down is left out of that
+interval.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nodescope.errors import ParseError
+from nodescope.model.counters import counter_delta
+from nodescope.roots import Roots
+from nodescope.sources.base import read_text
+
+NAME = "mountstats"
+
+NFS_FSTYPES = ("nfs", "nfs4")
+
+_HEADING = re.compile(r"device (.+) mounted on (.+) with fstype (\S+)(?: statvers=(\S+))?")
+_OP = re.compile(r"\s*([A-Za-z0-9_]+):((?:\s+[0-9]{1,20}){8,9})\s*")
+_NUMBER = re.compile(r"[0-9]{1,20}")
+
+
+@dataclass(frozen=True, slots=True)
+class NfsOp:
+    """Cumulative statistics of one RPC operation on one mount. Times in ms."""
+
+    name: str
+    ops: int
+    transmissions: int
+    timeouts: int
+    bytes_sent: int
+    bytes_received: int
+    queue_ms: int
+    rtt_ms: int
+    execute_ms: int
+    errors: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NfsMount:
+    """One NFS mount: ``device`` is ``server:/export``; ``age_seconds`` since mount."""
+
+    device: str
+    mountpoint: str
+    fstype: str
+    statvers: str | None
+    age_seconds: int | None
+    ops: tuple[NfsOp, ...]
+
+    def op(self, name: str) -> NfsOp | None:
+        for op in self.ops:
+            if op.name == name:
+                return op
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class MountstatsData:
+    mounts: tuple[NfsMount, ...]
+
+    def mount(self, mountpoint: str) -> NfsMount | None:
+        for mount in self.mounts:
+            if mount.mountpoint == mountpoint:
+                return mount
+        return None
+
+
+# --- parser (pure) --------------------------------------------------------------------------
+
+
+def _unescape(text: str) -> str:
+    # show_vfsstat prints paths with mangle(): space, tab, newline and backslash as \ooo.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def parse_mountstats(text: str, source: str = "/proc/self/mountstats") -> MountstatsData:
+    """The NFS mounts of ``mountstats`` with their per-op statistics; other mounts skipped."""
+    mounts: list[NfsMount] = []
+    current: dict[str, object] | None = None
+    ops: list[NfsOp] = []
+    in_ops = False
+    seen_device = False
+
+    def finish() -> None:
+        if current is not None:
+            mounts.append(
+                NfsMount(
+                    device=str(current["device"]),
+                    mountpoint=str(current["mountpoint"]),
+                    fstype=str(current["fstype"]),
+                    statvers=current["statvers"],  # type: ignore[arg-type]
+                    age_seconds=current["age"],  # type: ignore[arg-type]
+                    ops=tuple(ops),
+                )
+            )
+
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        if line.startswith("device "):
+            seen_device = True
+            finish()
+            ops = []
+            in_ops = False
+            match = _HEADING.fullmatch(line.rstrip())
+            if match is None:
+                raise ParseError(source, f"malformed device line: {line!r}", number)
+            fstype = match.group(3)
+            if fstype in NFS_FSTYPES:
+                current = {
+                    "device": _unescape(match.group(1)),
+                    "mountpoint": _unescape(match.group(2)),
+                    "fstype": fstype,
+                    "statvers": match.group(4),
+                    "age": None,
+                }
+            else:
+                current = None
+            continue
+        if current is None:
+            if not seen_device or not line[0].isspace():
+                raise ParseError(source, f"line outside any mount: {line!r}", number)
+            continue  # the body of a mount that is not NFS
+        stripped = line.strip()
+        if stripped.startswith("age:"):
+            value = stripped[4:].strip()
+            if not _NUMBER.fullmatch(value):
+                raise ParseError(source, f"age: not an integer: {value!r}", number)
+            current["age"] = int(value)
+        elif stripped == "per-op statistics":
+            in_ops = True
+        elif in_ops:
+            match = _OP.fullmatch(line)
+            if match is None:
+                raise ParseError(source, f"malformed per-op line: {line!r}", number)
+            values = [int(v) for v in match.group(2).split()]
+            name = match.group(1)
+            if any(op.name == name for op in ops):
+                raise ParseError(source, f"operation {name} listed twice", number)
+            sent, received = values[3], values[4]
+            ops.append(
+                NfsOp(
+                    name=name,
+                    ops=values[0],
+                    transmissions=values[1],
+                    timeouts=values[2],
+                    bytes_sent=sent,
+                    bytes_received=received,
+                    queue_ms=values[5],
+                    rtt_ms=values[6],
+                    execute_ms=values[7],
+                    errors=values[8] if len(values) == 9 else None,
+                )
+            )
+    finish()
+    return MountstatsData(tuple(mounts))
+
+
+# --- reader (IO) ----------------------------------------------------------------------------
+
+
+def read_mountstats(roots: Roots) -> MountstatsData:
+    path = roots.procfs / "self" / "mountstats"
+    return parse_mountstats(read_text(path), str(path))
+
+
+class MountstatsSource:
+    name = NAME
+
+    def collect(self, roots: Roots) -> MountstatsData:
+        return read_mountstats(roots)
+
+    def close(self) -> None:
+        return None
+
+
+def make_source() -> MountstatsSource:
+    return MountstatsSource()
+
+
+# --- interval figures (nfsiostat) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NfsOpRates:
+    """One operation over an interval. The per-op averages are ``None`` when no operation
+    completed in it (nfsiostat prints 0 there; "no sample" is not "0 ms")."""
+
+    name: str
+    ops: int
+    ops_per_second: float
+    retransmissions: int
+    retransmissions_per_second: float
+    errors: int | None
+    errors_per_second: float | None
+    kilobytes_per_second: float
+    kilobytes_per_op: float | None
+    avg_rtt_ms: float | None
+    avg_execute_ms: float | None
+    avg_queue_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class NfsMountRates:
+    mountpoint: str
+    device: str
+    ops: tuple[NfsOpRates, ...]
+
+    def op(self, name: str) -> NfsOpRates | None:
+        for op in self.ops:
+            if op.name == name:
+                return op
+        return None
+
+    def slowest(self) -> NfsOpRates | None:
+        """The operation with the highest average execute time in the interval."""
+        timed = [o for o in self.ops if o.avg_execute_ms is not None]
+        return max(timed, key=lambda o: (o.avg_execute_ms or 0.0, o.name), default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class MountstatsRates:
+    seconds: float
+    mounts: tuple[NfsMountRates, ...]
+
+    def mount(self, mountpoint: str) -> NfsMountRates | None:
+        for mount in self.mounts:
+            if mount.mountpoint == mountpoint:
+                return mount
+        return None
+
+
+def _op_rates(prev: NfsOp, cur: NfsOp, seconds: float) -> NfsOpRates | None:
+    # sunrpc keeps these as unsigned long (64-bit) / ktime sums: a decrease is a reset.
+    deltas = [
+        counter_delta(getattr(prev, f), getattr(cur, f))
+        for f in (
+            "ops",
+            "transmissions",
+            "bytes_sent",
+            "bytes_received",
+            "queue_ms",
+            "rtt_ms",
+            "execute_ms",
+        )
+    ]
+    if any(d is None for d in deltas):
+        return None
+    ops, trans, sent, received, queue, rtt, execute = (d or 0 for d in deltas)
+    errors = None
+    if prev.errors is not None and cur.errors is not None:
+        errors = counter_delta(prev.errors, cur.errors)
+    kilobytes = (sent + received) / 1024
+    retrans = max(0, trans - ops)
+    return NfsOpRates(
+        name=cur.name,
+        ops=ops,
+        ops_per_second=ops / seconds,
+        retransmissions=retrans,
+        retransmissions_per_second=retrans / seconds,
+        errors=errors,
+        errors_per_second=None if errors is None else errors / seconds,
+        kilobytes_per_second=kilobytes / seconds,
+        kilobytes_per_op=kilobytes / ops if ops else None,
+        avg_rtt_ms=rtt / ops if ops else None,
+        avg_execute_ms=execute / ops if ops else None,
+        avg_queue_ms=queue / ops if ops else None,
+    )
+
+
+def nfs_rates(previous: MountstatsData, current: MountstatsData, seconds: float) -> MountstatsRates:
+    """nfsiostat's figures for every mount in both samples (same mountpoint and device)."""
+    if seconds <= 0:
+        return MountstatsRates(seconds, ())
+    before = {(m.mountpoint, m.device): m for m in previous.mounts}
+    out: list[NfsMountRates] = []
+    for mount in current.mounts:
+        old = before.get((mount.mountpoint, mount.device))
+        if old is None:
+            continue
+        if (
+            old.age_seconds is not None
+            and mount.age_seconds is not None
+            and mount.age_seconds < old.age_seconds
+        ):
+            continue  # remounted: the counters started again
+        old_ops = {op.name: op for op in old.ops}
+        rates = []
+        for op in mount.ops:
+            prev = old_ops.get(op.name)
+            if prev is None:
+                continue
+            r = _op_rates(prev, op, seconds)
+            if r is not None:
+                rates.append(r)
+        out.append(NfsMountRates(mount.mountpoint, mount.device, tuple(rates)))
+    return MountstatsRates(seconds, tuple(out))

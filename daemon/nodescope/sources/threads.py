@@ -1,0 +1,276 @@
+"""Thread states and wait channels: the jobs' threads every run, the whole host now and then.
+
+Reads, under the injected roots (``docs/datasources.md`` §6):
+
+* the Slurm job cgroups (``.../job_<id>/``, found as the ``procs`` source finds them) and
+  their ``cgroup.procs``: which processes belong to which job;
+* ``<procfs>/<pid>/task/<tid>/stat`` of every thread of those processes
+  (``fs/proc/array.c`` ``do_task_stat``): ``tid (comm) state ppid …`` — split at the **last**
+  ``)``, as the name may hold spaces and parentheses. ``/proc/<pid>/stat`` shows only the
+  thread-group leader, so a rank whose main thread runs while its checkpoint thread sleeps
+  in ``D`` looks healthy there;
+* ``<procfs>/<pid>/task/<tid>/wchan`` (``fs/proc/base.c`` ``proc_pid_wchan``: the kernel
+  symbol the thread sleeps in, or ``0``) only for threads in ``D`` state: a sleeping ``S``
+  thread's wait channel says nothing a hang diagnosis needs, and each read costs a symbol
+  lookup in the kernel.
+
+Every :attr:`ThreadsSource.host_every` runs (and on the first) it also walks every process
+of the host, to find ``D`` threads outside jobs (a stuck ``rsync``, a kernel flusher); in
+between, the last host walk's result is carried along with its age in runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodescope.errors import ParseError
+from nodescope.roots import Roots
+from nodescope.sources.base import read_optional
+from nodescope.sources.cgroup import find_v2_root
+from nodescope.sources.procs import find_job_cgroups, parse_pids
+
+NAME = "threads"
+
+#: Task states of ``fs/proc/array.c`` ``task_state_array`` (and ``W``/``x``/``K``/``w`` of
+#: older kernels).
+STATES = frozenset("RSDTtXZPIWxKw")
+#: Blocked threads kept per job and for the host, so a node-wide hang cannot bloat the record.
+MAX_BLOCKED = 256
+#: Default: the whole host is walked every this many runs.
+HOST_EVERY = 10
+
+_PID = re.compile(r"[0-9]{1,10}")
+_NUMBER = re.compile(r"-?[0-9]{1,20}")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStat:
+    """The fields of a ``stat`` line this source uses. ``utime``/``stime`` in clock ticks."""
+
+    tid: int
+    comm: str
+    state: str
+    ppid: int
+    utime: int
+    stime: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedThread:
+    """A thread in ``D`` state: process and thread id, the thread's name, its wait channel
+    (``None``: ``0`` or unreadable) and the job of its process (``None``: not in a job)."""
+
+    pid: int
+    tid: int
+    comm: str
+    wchan: str | None
+    job_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobThreads:
+    """One job's threads: how many in each state, and those in ``D``."""
+
+    job_id: str
+    processes: int
+    threads: int
+    states: tuple[tuple[str, int], ...]
+    blocked: tuple[BlockedThread, ...]
+
+    def count(self, state: str) -> int:
+        return dict(self.states).get(state, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadsData:
+    """``host_blocked``/``host_threads`` are from the latest host walk, ``host_age_runs``
+    runs ago (0: this run); ``None`` before the first."""
+
+    jobs: tuple[JobThreads, ...]
+    host_threads: int | None
+    host_blocked: tuple[BlockedThread, ...]
+    host_age_runs: int | None
+
+    def job(self, job_id: str) -> JobThreads | None:
+        for job in self.jobs:
+            if job.job_id == job_id:
+                return job
+        return None
+
+    def blocked(self) -> tuple[BlockedThread, ...]:
+        """Every ``D`` thread known: the jobs' of this run, then the host walk's others."""
+        seen = {(b.pid, b.tid) for j in self.jobs for b in j.blocked}
+        jobs = tuple(b for j in self.jobs for b in j.blocked)
+        return jobs + tuple(b for b in self.host_blocked if (b.pid, b.tid) not in seen)
+
+
+# --- parsers (pure) -------------------------------------------------------------------------
+
+
+def parse_stat(text: str, source: str = "/proc/self/stat") -> TaskStat:
+    """One ``/proc/<pid>[/task/<tid>]/stat`` line."""
+    line = text.rstrip("\n")
+    if "\n" in line:
+        raise ParseError(source, "more than one line", 2)
+    open_paren = line.find(" (")
+    close_paren = line.rfind(")")
+    if open_paren < 0 or close_paren < open_paren:
+        raise ParseError(source, "no '(comm)' field", 1)
+    tid_text = line[:open_paren]
+    if not _PID.fullmatch(tid_text):
+        raise ParseError(source, f"not a pid: {tid_text!r}", 1)
+    comm = line[open_paren + 2 : close_paren]
+    rest = line[close_paren + 1 :].split()
+    # state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt utime stime
+    if len(rest) < 13:
+        raise ParseError(source, f"{len(rest)} fields after the name, expected at least 13", 1)
+    state = rest[0]
+    if len(state) != 1 or state not in STATES:
+        raise ParseError(source, f"unknown task state {state!r}", 1)
+    numbers = []
+    for position in (1, 11, 12):
+        token = rest[position]
+        if not _NUMBER.fullmatch(token):
+            raise ParseError(source, f"field {position + 3}: not an integer: {token!r}", 1)
+        numbers.append(int(token))
+    ppid, utime, stime = numbers
+    return TaskStat(int(tid_text), comm, state, ppid, utime, stime)
+
+
+def parse_wchan(text: str, source: str = "wchan") -> str | None:
+    """``/proc/<pid>/wchan``: a kernel symbol, or ``0`` (not sleeping, no KALLSYMS, or no
+    ptrace-read access) → ``None``. No newline is printed."""
+    symbol = text.strip()
+    if not symbol or symbol == "0":
+        return None
+    if any(c.isspace() for c in symbol) or not symbol.isprintable():
+        raise ParseError(source, f"not a kernel symbol: {symbol!r}", 1)
+    return symbol
+
+
+# --- readers (IO) ---------------------------------------------------------------------------
+
+
+def _numeric_entries(path: Path | str) -> list[int]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(int(e.name) for e in it if _PID.fullmatch(e.name))
+    except OSError:
+        return []
+
+
+def read_process_threads(
+    roots: Roots, pid: int, job_id: str | None
+) -> tuple[list[TaskStat], list[BlockedThread]]:
+    """Every thread of ``pid`` (none if it exited), and those in ``D`` with their wchan."""
+    # String paths: a host walk reads one stat file per thread of the node, and a Path per
+    # file costs more than reading it.
+    task_dir = f"{roots.procfs}/{pid}/task"
+    stats: list[TaskStat] = []
+    blocked: list[BlockedThread] = []
+    for tid in _numeric_entries(task_dir):
+        stat_path = f"{task_dir}/{tid}/stat"
+        text = read_optional(stat_path)
+        if text is None:
+            continue  # exited since the listing
+        stat = parse_stat(text, stat_path)
+        stats.append(stat)
+        if stat.state == "D":
+            wchan_path = f"{task_dir}/{tid}/wchan"
+            wchan_text = read_optional(wchan_path)
+            wchan = None if wchan_text is None else parse_wchan(wchan_text, wchan_path)
+            blocked.append(BlockedThread(pid, tid, stat.comm, wchan, job_id))
+    return stats, blocked
+
+
+def job_pids(roots: Roots) -> dict[str, tuple[int, ...]]:
+    """job id → the pids of every cgroup below the job's cgroup."""
+    hierarchy = find_v2_root(roots.cgroupfs)
+    if hierarchy.path is None:
+        return {}
+    out: dict[str, set[int]] = {}
+    for job, job_dir in find_job_cgroups(hierarchy.path):
+        pids = out.setdefault(job, set())
+        for dirpath, _dirs, files in os.walk(job_dir):
+            if "cgroup.procs" in files:
+                path = Path(dirpath) / "cgroup.procs"
+                text = read_optional(path)
+                if text is not None:
+                    pids.update(parse_pids(text, str(path)))
+    return {job: tuple(sorted(pids)) for job, pids in out.items()}
+
+
+def _job_threads(roots: Roots, job: str, pids: Iterable[int]) -> JobThreads:
+    states: Counter[str] = Counter()
+    blocked: list[BlockedThread] = []
+    processes = 0
+    for pid in pids:
+        stats, stuck = read_process_threads(roots, pid, job)
+        if not stats:
+            continue
+        processes += 1
+        states.update(s.state for s in stats)
+        blocked.extend(stuck)
+    return JobThreads(
+        job_id=job,
+        processes=processes,
+        threads=sum(states.values()),
+        states=tuple(sorted(states.items())),
+        blocked=tuple(blocked[:MAX_BLOCKED]),
+    )
+
+
+def read_host_blocked(
+    roots: Roots, job_of: dict[int, str]
+) -> tuple[int, tuple[BlockedThread, ...]]:
+    """(threads on the host, its ``D`` threads) from a walk of every process."""
+    threads = 0
+    blocked: list[BlockedThread] = []
+    for pid in _numeric_entries(roots.procfs):
+        stats, stuck = read_process_threads(roots, pid, job_of.get(pid))
+        threads += len(stats)
+        if len(blocked) < MAX_BLOCKED:
+            blocked.extend(stuck[: MAX_BLOCKED - len(blocked)])
+    return threads, tuple(blocked)
+
+
+def _job_order(job: str) -> tuple[int, str]:
+    return (int(job), job) if job.isdigit() else (1 << 62, job)
+
+
+class ThreadsSource:
+    """Jobs every run; the whole host on the first run and every ``host_every`` runs."""
+
+    name = NAME
+
+    def __init__(self, host_every: int = HOST_EVERY) -> None:
+        if host_every < 1:
+            raise ValueError("host_every must be at least 1")
+        self.host_every = host_every
+        self._runs = 0
+        self._host: tuple[int, tuple[BlockedThread, ...]] | None = None
+        self._host_run = 0
+
+    def collect(self, roots: Roots) -> ThreadsData:
+        pids = job_pids(roots)
+        jobs = tuple(_job_threads(roots, job, pids[job]) for job in sorted(pids, key=_job_order))
+        if self._host is None or self._runs - self._host_run >= self.host_every:
+            job_of = {pid: job for job, members in pids.items() for pid in members}
+            self._host = read_host_blocked(roots, job_of)
+            self._host_run = self._runs
+        age = self._runs - self._host_run
+        self._runs += 1
+        return ThreadsData(jobs, self._host[0], self._host[1], age)
+
+    def close(self) -> None:
+        self._host = None
+        self._runs = 0
+
+
+def make_source() -> ThreadsSource:
+    return ThreadsSource()

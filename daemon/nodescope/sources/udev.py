@@ -1,0 +1,361 @@
+"""Hot-plug: PCI, block and network devices that come and go, and GPUs that fall off the bus.
+
+Two inputs:
+
+* a device monitor on its own thread (pyudev, ``Monitor.from_netlink``): the kernel's
+  uevents (``source="kernel"``, ``NETLINK_KOBJECT_UEVENT`` group 1: ``ACTION@DEVPATH`` then
+  ``KEY=VALUE`` entries, ``lib/kobject_uevent.c``) or udevd's re-broadcast of them after its
+  rules ran (``source="udev"``), filtered to the ``pci``, ``block`` and ``net`` subsystems.
+  Every event on a device below a PCI function marks the topology stale
+  (:func:`mark_topology_stale`), so the ``pci`` source walks the tree again on its next run
+  instead of after a restart. PCI events carry ``PCI_CLASS`` and ``PCI_SLOT_NAME``
+  (``drivers/pci/pci-driver.c`` ``pci_uevent``), so a removed GPU is known as one even though
+  its sysfs directory is gone;
+* a listing of ``<sysfs>/bus/pci/devices`` on every run: a GPU (class ``0x03xxxx``, read
+  once from ``<sysfs>/bus/pci/devices/<bdf>/class`` when it first appears) that disappears
+  between two runs was removed even when no monitor runs (the simulated node, a daemon
+  without netlink access).
+
+The record counts events per subsystem and action and removals per GPU since the source
+started, and lists the GPUs that were seen and are gone now. Formats: ``/sys/.../uevent`` is
+``KEY=VALUE`` per line (``drivers/base/core.c`` ``uevent_show``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nodescope.errors import ParseError
+from nodescope.roots import Roots
+from nodescope.sources.base import read_optional
+
+NAME = "udev"
+SUBSYSTEMS = ("pci", "block", "net")
+#: Events kept between two runs; the oldest are dropped first (counted as ``dropped``).
+MAX_QUEUED = 4096
+#: Events of the latest run kept in the record.
+MAX_RECENT = 32
+ACTIONS = ("add", "remove", "change", "move", "bind", "unbind", "online", "offline")
+
+log = logging.getLogger("nodescope.udev")
+
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_KEY = re.compile(r"[A-Z0-9_]{1,64}")
+
+_generation_lock = threading.Lock()
+_generation = 0
+
+
+def mark_topology_stale() -> int:
+    """Note that devices changed: the ``pci`` source walks the tree again on its next run.
+    Returns the new generation."""
+    global _generation
+    with _generation_lock:
+        _generation += 1
+        return _generation
+
+
+def topology_generation() -> int:
+    """A number that changes whenever :func:`mark_topology_stale` was called."""
+    with _generation_lock:
+        return _generation
+
+
+@dataclass(frozen=True, slots=True)
+class UdevEvent:
+    """One device event. ``pci_slot``/``pci_class`` for PCI functions, ``interface`` for
+    network devices; ``seqnum`` is the kernel's event number."""
+
+    action: str
+    subsystem: str
+    devpath: str
+    pci_slot: str | None = None
+    pci_class: int | None = None
+    interface: str | None = None
+    seqnum: int | None = None
+
+    @property
+    def under_pci(self) -> bool:
+        """A device of a PCI function (not ``/devices/virtual``): it changes the topology."""
+        return self.subsystem == "pci" or self.devpath.startswith("/devices/pci")
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.subsystem == "pci" and is_gpu_class(self.pci_class)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRemovals:
+    bdf: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class UdevData:
+    """``monitor``: ``"kernel"``/``"udev"`` or ``None`` when no monitor runs (listing only).
+    ``events``: (subsystem, action, count) since start; ``gpu_removals``: GPUs removed since
+    start, by BDF; ``gpus_missing``: GPUs seen before and absent now; ``recent``: events of
+    this run; ``dropped``: events lost to a full queue."""
+
+    monitor: str | None
+    events: tuple[tuple[str, str, int], ...]
+    gpu_removals: tuple[GpuRemovals, ...]
+    gpus_missing: tuple[str, ...]
+    recent: tuple[UdevEvent, ...]
+    dropped: int
+    topology_generation: int
+
+
+# --- parsers (pure) -------------------------------------------------------------------------
+
+
+def is_gpu_class(pci_class: int | None) -> bool:
+    """Display controllers (base class 0x03: VGA 0x0300, 3D 0x0302) are GPUs."""
+    return pci_class is not None and (pci_class >> 16) == 0x03
+
+
+def parse_uevent(text: str, source: str = "uevent") -> tuple[tuple[str, str], ...]:
+    """A ``uevent`` file: ``KEY=VALUE`` per line, in file order."""
+    out: list[tuple[str, str]] = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line:
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not _KEY.fullmatch(key):
+            raise ParseError(source, f"not KEY=VALUE: {line!r}", number)
+        out.append((key, value))
+    return tuple(out)
+
+
+def _pci_class(text: str, source: str) -> int:
+    if not re.fullmatch(r"(0x)?[0-9a-fA-F]{1,6}", text):
+        raise ParseError(source, f"PCI_CLASS: not a hex class code: {text!r}")
+    return int(text, 16)
+
+
+def event_from_properties(properties: Mapping[str, str], source: str = "uevent") -> UdevEvent:
+    """An event from its properties (``ACTION``, ``DEVPATH``, ``SUBSYSTEM`` required)."""
+    try:
+        action = properties["ACTION"]
+        devpath = properties["DEVPATH"]
+        subsystem = properties["SUBSYSTEM"]
+    except KeyError as exc:
+        raise ParseError(source, f"event without {exc.args[0]}") from None
+    if not action or not action.isidentifier():
+        raise ParseError(source, f"ACTION: not an action: {action!r}")
+    if not devpath.startswith("/") or not devpath.isprintable():
+        raise ParseError(source, f"DEVPATH: not a device path: {devpath!r}")
+    if not subsystem or not subsystem.isprintable() or "/" in subsystem:
+        raise ParseError(source, f"SUBSYSTEM: not a subsystem: {subsystem!r}")
+    slot = properties.get("PCI_SLOT_NAME")
+    if slot is not None:
+        slot = slot.lower()
+        if not _BDF.fullmatch(slot):
+            raise ParseError(source, f"PCI_SLOT_NAME: not a PCI address: {slot!r}")
+    class_text = properties.get("PCI_CLASS")
+    pci_class = None if class_text is None else _pci_class(class_text, source)
+    seqnum_text = properties.get("SEQNUM")
+    seqnum = None
+    if seqnum_text is not None:
+        if not re.fullmatch(r"[0-9]{1,20}", seqnum_text):
+            raise ParseError(source, f"SEQNUM: not a number: {seqnum_text!r}")
+        seqnum = int(seqnum_text)
+    interface = properties.get("INTERFACE")
+    return UdevEvent(action, subsystem, devpath, slot, pci_class, interface, seqnum)
+
+
+def parse_kernel_message(data: bytes, source: str = "kobject_uevent") -> UdevEvent:
+    """A raw kernel uevent datagram: ``ACTION@DEVPATH`` then NUL-separated ``KEY=VALUE``."""
+    parts = data.split(b"\0")
+    head = parts[0].decode("utf-8", errors="replace")
+    action, sep, devpath = head.partition("@")
+    if not sep:
+        raise ParseError(source, f"no ACTION@DEVPATH header: {head!r}", 1)
+    properties: dict[str, str] = {}
+    for number, raw in enumerate(parts[1:], start=2):
+        if not raw:
+            continue
+        key, eq, value = raw.decode("utf-8", errors="replace").partition("=")
+        if not eq or not _KEY.fullmatch(key):
+            raise ParseError(source, f"not KEY=VALUE: {raw!r}", number)
+        properties[key] = value
+    # The header says the same as ACTION and DEVPATH; it stands in when they are missing.
+    properties.setdefault("ACTION", action)
+    properties.setdefault("DEVPATH", devpath)
+    return event_from_properties(properties, source)
+
+
+# --- the monitor thread ---------------------------------------------------------------------
+
+
+class UdevMonitor:
+    """pyudev's netlink monitor on a daemon thread; events go to ``on_event``. The socket is
+    opened in :meth:`start` (which raises if it cannot be), so a caller knows at once."""
+
+    def __init__(
+        self,
+        on_event: Callable[[UdevEvent], None],
+        source: str = "kernel",
+        subsystems: tuple[str, ...] = SUBSYSTEMS,
+    ) -> None:
+        self.source = source
+        self.subsystems = subsystems
+        self.on_event = on_event
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._monitor: Any = None
+
+    def start(self) -> None:
+        import pyudev
+
+        context = pyudev.Context()
+        monitor = pyudev.Monitor.from_netlink(context, source=self.source)
+        for subsystem in self.subsystems:
+            monitor.filter_by(subsystem)
+        monitor.start()
+        self._monitor = monitor
+        self._thread = threading.Thread(target=self._run, name="nodescope-udev", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        monitor = self._monitor
+        while not self._stop.is_set():
+            try:
+                device = monitor.poll(timeout=0.25)
+            except Exception as exc:  # a closed or broken socket ends the monitor
+                if not self._stop.is_set():
+                    log.warning("monitor=%s state=stopped error=%r", self.source, str(exc))
+                return
+            if device is None:
+                continue
+            try:
+                event = event_from_properties(dict(device.properties), f"udev {self.source}")
+            except ParseError as exc:
+                log.debug("monitor=%s bad_event=%r", self.source, str(exc))
+                continue
+            if event.under_pci and event.action in ACTIONS:
+                mark_topology_stale()
+            self.on_event(event)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+        self._monitor = None
+
+
+# --- the source -----------------------------------------------------------------------------
+
+
+def _read_class(roots: Roots, bdf: str) -> int | None:
+    text = read_optional(roots.sysfs / "bus" / "pci" / "devices" / bdf / "class")
+    if text is None:
+        return None
+    try:
+        return _pci_class(text.strip(), bdf)
+    except ParseError:
+        return None
+
+
+def _pci_listing(roots: Roots) -> set[str] | None:
+    try:
+        return {n for n in os.listdir(roots.sysfs / "bus" / "pci" / "devices") if _BDF.fullmatch(n)}
+    except OSError:
+        return None
+
+
+class UdevSource:
+    """``monitor``: ``"kernel"``, ``"udev"`` or ``None`` (listing only). A monitor that cannot
+    start (no netlink access, pyudev missing) is logged once and the listing goes on."""
+
+    name = NAME
+
+    def __init__(self, monitor: str | None = "kernel") -> None:
+        self.monitor_source = monitor
+        self._monitor: UdevMonitor | None = None
+        self._monitor_failed = False
+        self._lock = threading.Lock()
+        self._queue: deque[UdevEvent] = deque()
+        self._dropped = 0
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._removals: Counter[str] = Counter()
+        self._gpus: set[str] = set()
+        self._present: set[str] | None = None
+        self._classes: dict[str, int | None] = {}
+
+    def _enqueue(self, event: UdevEvent) -> None:
+        with self._lock:
+            if len(self._queue) >= MAX_QUEUED:
+                self._queue.popleft()
+                self._dropped += 1
+            self._queue.append(event)
+
+    def _ensure_monitor(self) -> None:
+        if self._monitor is not None or self._monitor_failed or self.monitor_source is None:
+            return
+        monitor = UdevMonitor(self._enqueue, self.monitor_source)
+        try:
+            monitor.start()
+        except Exception as exc:
+            self._monitor_failed = True
+            log.warning("monitor=%s state=unavailable error=%r", self.monitor_source, str(exc))
+            return
+        self._monitor = monitor
+
+    def collect(self, roots: Roots) -> UdevData:
+        self._ensure_monitor()
+        with self._lock:
+            events = list(self._queue)
+            self._queue.clear()
+            dropped = self._dropped
+        removed_by_event: set[str] = set()
+        for event in events:
+            self._counts[(event.subsystem, event.action)] += 1
+            if event.pci_slot is not None and event.is_gpu:
+                self._gpus.add(event.pci_slot)
+                self._classes[event.pci_slot] = event.pci_class
+                if event.action == "remove":
+                    self._removals[event.pci_slot] += 1
+                    removed_by_event.add(event.pci_slot)
+        listing = _pci_listing(roots)
+        if listing is not None:
+            for bdf in listing - set(self._classes):
+                self._classes[bdf] = _read_class(roots, bdf)
+                if is_gpu_class(self._classes[bdf]):
+                    self._gpus.add(bdf)
+            if self._present is not None:
+                for bdf in (self._present - listing) & self._gpus:
+                    if bdf not in removed_by_event:
+                        self._removals[bdf] += 1
+            for bdf in set(self._classes) - listing:
+                # Forget the class of what is gone: a device plugged in there later may differ.
+                if bdf not in self._gpus:
+                    del self._classes[bdf]
+            self._present = listing
+        missing = sorted(self._gpus - (listing or set())) if listing is not None else []
+        return UdevData(
+            monitor=self.monitor_source if self._monitor is not None else None,
+            events=tuple((s, a, n) for (s, a), n in sorted(self._counts.items())),
+            gpu_removals=tuple(GpuRemovals(b, n) for b, n in sorted(self._removals.items())),
+            gpus_missing=tuple(missing),
+            recent=tuple(events[-MAX_RECENT:]),
+            dropped=dropped,
+            topology_generation=topology_generation(),
+        )
+
+    def close(self) -> None:
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:
+            monitor.stop()
+
+
+def make_source() -> UdevSource:
+    return UdevSource()

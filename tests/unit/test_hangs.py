@@ -1,0 +1,273 @@
+"""Hang diagnosis on the simulated node: the ``allreduce-hang-nfs-lock`` scenario replayed
+through the daemon's sources (threads in D on an NFS wait channel, /proc/locks, mountstats)
+and detectors, and the detector's other outcomes on that node's snapshots changed one signal
+at a time."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodescope.config import Config
+from nodescope.detectors import hangs, hotplug
+from nodescope.detectors.registry import DETECTORS, DetectorInfo
+from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.sources.cgroup import CgroupTree, IoDeviceStat, IoStat, Pressure, PressureLine
+from nodescope.sources.locks import LocksData
+from nodescope.sources.mountstats import MountstatsData, MountstatsRates
+from nodescope.sources.nvml import NvmlData
+from nodescope.sources.threads import ThreadsData
+
+JOB, HOLDER_JOB = "81760", "81761"
+
+
+@pytest.fixture(scope="module")
+def replayed() -> tuple[Any, dict[float, Snapshot]]:
+    """The scenario up to t=22 (the lock and the D state start at 20), with only this
+    module's detectors: the scenario's "no other findings" is theirs to keep."""
+    from nodescope import derive
+    from nodescope.sim.driver import replay, temp_dir
+    from nodescope.sim.scenario import load_scenario
+
+    scenario = load_scenario("allreduce-hang-nfs-lock")
+    # The metric expectations are test_replay's; rendering no /metrics keeps this one quick.
+    scenario = dataclasses.replace(
+        scenario,
+        duration_seconds=22.0,
+        expect=dataclasses.replace(scenario.expect, metrics=()),
+    )
+    snapshots: dict[float, Snapshot] = {}
+
+    def seen(t: float, snapshot: Snapshot, body: bytes) -> None:
+        snapshots[t] = snapshot
+        derive.derived(snapshot, "nvml")  # rates of every cycle are computable
+
+    mine = [DetectorInfo("hangs", hangs.detect), DetectorInfo("hotplug", hotplug.detect)]
+    with tempfile.TemporaryDirectory(prefix="nodescope-test-", dir=temp_dir()) as d:
+        result = replay(scenario, Path(d) / "root", detectors=mine, on_cycle=seen, builders=[])
+    return result, snapshots
+
+
+def test_scenario_expectations_hold(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
+    result, snapshots = replayed
+    failed = [f"{f.expectation}: {f.reason}" for f in result.findings if not f.passed]
+    assert not failed, failed
+    assert len(result.findings) == 2  # the stall, and "no other findings"
+    for t in range(0, 21):
+        assert snapshots[float(t)].findings == (), t
+
+
+def test_the_finding_names_lock_holder_and_stalled_job(
+    replayed: tuple[Any, dict[float, Snapshot]],
+) -> None:
+    _, snapshots = replayed
+    [finding] = snapshots[22.0].findings
+    assert finding.kind == hangs.STORAGE
+    assert finding.subjects["job"] == JOB
+    assert finding.subjects["holder_job"] == HOLDER_JOB
+    assert finding.subjects["lock_mount"] == "/mnt/ckpt"
+    assert finding.subjects["lock_inode"] == "4721"
+    assert finding.evidence["gpus_idle"] == 8
+    assert finding.evidence["lock_waiters"] == 1
+    assert finding.evidence["threads_blocked"] == 2
+    message = finding.message
+    for text in (
+        f"job {JOB} stalled on storage",
+        "POSIX WRITE lock on /mnt/ckpt (nfs4 ckpt-nfs:/export/ckpt) inode 4721",
+        f"(rsync, job {HOLDER_JOB})",
+        "D state at rpc_wait_bit_killable",
+    ):
+        assert text in message, message
+    assert finding.subjects["holder_pid"] in message
+
+
+def test_sources_read_the_nodes_trees(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
+    _, snapshots = replayed
+    before, after = snapshots[19.0], snapshots[21.0]
+    threads = after.data("threads", ThreadsData)
+    assert threads is not None
+    job = threads.job(JOB)
+    assert job is not None
+    assert {b.wchan for b in job.blocked} == {"rpc_wait_bit_killable"}
+    assert {b.comm for b in job.blocked} == {"python3"}
+    # Before the lock: nothing blocked anywhere on the node, in jobs or in the host walk.
+    threads_before = before.data("threads", ThreadsData)
+    assert threads_before is not None and threads_before.blocked() == ()
+    locks = after.data("locks", LocksData)
+    assert locks is not None
+    [lock] = locks.contended
+    assert (lock.holder.comm, lock.kind, lock.inode, lock.mountpoint) == (
+        "rsync",
+        "POSIX",
+        4721,
+        "/mnt/ckpt",
+    )
+    assert lock.is_nfs
+    locks_before = before.data("locks", LocksData)
+    assert locks_before is not None and locks_before.contended == ()
+    # The checkpoint writes of the first 20 s, as nfsiostat would show them.
+    from nodescope import derive
+
+    rates = derive.derived(snapshots[10.0], "mountstats")
+    assert isinstance(rates, MountstatsRates)
+    ckpt = rates.mount("/mnt/ckpt")
+    assert ckpt is not None
+    write = ckpt.op("WRITE")
+    assert write is not None
+    assert write.ops_per_second == pytest.approx(40, rel=0.05)
+    assert write.avg_rtt_ms == pytest.approx(1.5, rel=0.05)
+    assert write.avg_execute_ms == pytest.approx(2.0, rel=0.05)
+    assert write.kilobytes_per_op == pytest.approx(1024, rel=0.01)
+    data = snapshots[22.0].data("mountstats", MountstatsData)
+    assert data is not None and data.mount("/mnt/ckpt") is not None
+
+
+def _with(snapshot: Snapshot, **data: Any) -> Snapshot:
+    """The snapshot with some sources' current data replaced."""
+    current = dict(snapshot.current)
+    for name, value in data.items():
+        current[name] = dataclasses.replace(snapshot.current[name], data=value)
+    return dataclasses.replace(snapshot, current=current)
+
+
+def _without_storage_signals(snapshot: Snapshot) -> Snapshot:
+    threads = snapshot.data("threads", ThreadsData)
+    locks = snapshot.data("locks", LocksData)
+    assert threads is not None and locks is not None
+    calm = dataclasses.replace(
+        threads,
+        jobs=tuple(dataclasses.replace(j, blocked=()) for j in threads.jobs),
+        host_blocked=(),
+    )
+    return _with(snapshot, threads=calm, locks=dataclasses.replace(locks, contended=()))
+
+
+def test_idle_without_any_signal_is_a_stall_of_unknown_cause(
+    replayed: tuple[Any, dict[float, Snapshot]],
+) -> None:
+    _, snapshots = replayed
+    [finding] = hangs.evaluate(_without_storage_signals(snapshots[22.0]), Config())
+    assert finding.kind == hangs.UNKNOWN and finding.subjects == {"job": JOB}
+    assert "no storage lock" in finding.message
+
+
+def test_d_state_on_nfs_alone_is_storage(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
+    _, snapshots = replayed
+    snapshot = snapshots[22.0]
+    locks = snapshot.data("locks", LocksData)
+    assert locks is not None
+    [finding] = hangs.evaluate(
+        _with(snapshot, locks=dataclasses.replace(locks, contended=())), Config()
+    )
+    assert finding.kind == hangs.STORAGE
+    assert "lock_inode" not in finding.subjects
+    assert "rpc_wait_bit_killable" in finding.message
+
+
+def test_busy_gpus_are_no_stall(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
+    _, snapshots = replayed
+    snapshot = snapshots[22.0]
+    nvml = snapshot.data("nvml", NvmlData)
+    assert nvml is not None
+    busy = dataclasses.replace(
+        nvml, gpus=tuple(dataclasses.replace(g, gpu_util_percent=90) for g in nvml.gpus)
+    )
+    assert hangs.evaluate(_with(snapshot, nvml=busy), Config()) == []
+    # One GPU busy is enough: the job is not stalled, and no loader signal either.
+    one = dataclasses.replace(
+        nvml,
+        gpus=tuple(
+            dataclasses.replace(g, gpu_util_percent=90 if g.index == 3 else 0) for g in nvml.gpus
+        ),
+    )
+    activity = hangs.job_gpu_activity(_with(snapshot, nvml=one))
+    assert [a.job_id for a in activity] == [JOB]
+    assert activity[0].idle_gpus == (0, 1, 2, 4, 5, 6, 7) and not activity[0].stalled
+    assert activity[0].max_utilisation == pytest.approx(0.9)
+    assert hangs.evaluate(_with(snapshot, nvml=one), Config()) == []
+
+
+def _loader_tree(tree: CgroupTree, pressure: float, read_bytes: int) -> CgroupTree:
+    cgroups = []
+    for cg in tree.cgroups:
+        if cg.name == f"job_{JOB}":
+            line = PressureLine(pressure, pressure, pressure, 1_000_000)
+            cg = dataclasses.replace(
+                cg,
+                io_pressure=Pressure(line, line),
+                io_stat=IoStat((IoDeviceStat(259, 0, rbytes=read_bytes, wbytes=0),)),
+            )
+        cgroups.append(cg)
+    return dataclasses.replace(tree, cgroups=tuple(cgroups))
+
+
+@pytest.mark.parametrize(
+    ("pressure", "read_per_second", "kind"),
+    [
+        (45.0, 10e6, hangs.LOADER),  # waiting on I/O that barely moves: starving
+        (45.0, 2e9, hangs.UNKNOWN),  # the disk is busy: not a starving loader
+        (5.0, 10e6, hangs.UNKNOWN),  # no pressure
+    ],
+)
+def test_data_loader_starving(
+    replayed: tuple[Any, dict[float, Snapshot]], pressure: float, read_per_second: float, kind: str
+) -> None:
+    _, snapshots = replayed
+    snapshot = _without_storage_signals(snapshots[22.0])
+    prev_sample = snapshot.previous["cgroups"]
+    cur_sample = snapshot.current["cgroups"]
+    seconds = cur_sample.monotonic - prev_sample.monotonic
+    assert isinstance(cur_sample.data, CgroupTree)
+    previous: Mapping[str, SourceSample] = {
+        **snapshot.previous,
+        "cgroups": dataclasses.replace(
+            prev_sample, data=_loader_tree(cur_sample.data, pressure, 10**9)
+        ),
+    }
+    current = {
+        **snapshot.current,
+        "cgroups": dataclasses.replace(
+            cur_sample,
+            data=_loader_tree(cur_sample.data, pressure, 10**9 + int(read_per_second * seconds)),
+        ),
+    }
+    changed = dataclasses.replace(snapshot, current=current, previous=previous)
+    assert hangs.job_io_bytes_per_second(changed, JOB) == pytest.approx(read_per_second)
+    [finding] = hangs.evaluate(changed, Config())
+    assert finding.kind == kind
+    if kind == hangs.LOADER:
+        assert finding.evidence["io_pressure_some_avg10_percent"] == pressure
+        assert "data loader starving" in finding.message
+
+
+def test_wchan_classes() -> None:
+    assert hangs.wchan_class("rpc_wait_bit_killable") == "nfs"
+    assert hangs.wchan_class("nfs4_retry_setlk") == "nfs"
+    assert hangs.wchan_class("folio_wait_bit_common") == "filesystem"
+    assert hangs.wchan_class("jbd2_log_wait_commit") == "filesystem"
+    assert hangs.wchan_class("fcntl_setlk") == "filesystem"
+    assert hangs.wchan_class("futex_wait_queue") is None
+    assert hangs.wchan_class("uvm_wait") is None
+    assert hangs.wchan_class(None) is None
+
+
+def test_registered_with_alert_rules() -> None:
+    from nodescope.alerts import BUILTIN_RULES
+
+    names = [d.name for d in DETECTORS]
+    assert "hangs" in names and "hotplug" in names
+    # T of "idle for at least T" is the alert's for.
+    assert BUILTIN_RULES[hangs.STORAGE].for_seconds > 0
+    assert BUILTIN_RULES[hangs.UNKNOWN].for_seconds >= BUILTIN_RULES[hangs.STORAGE].for_seconds
+    disabled = Config()
+    values = {k: dict(v) for k, v in disabled.detectors.values.items()}
+    values["hangs"]["enabled"] = False
+    off = dataclasses.replace(
+        disabled, detectors=dataclasses.replace(disabled.detectors, values=values)
+    )
+    assert hangs.detect(None, Snapshot(0, 0.0, 0.0), off) == []

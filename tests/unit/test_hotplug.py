@@ -1,0 +1,465 @@
+"""Hot-plug and link events: uevent parsing, the udev source's removed-GPU accounting, the
+topology refreshed without a restart (the daemon's and ``nodescope topo``'s) when GPU 5 of the
+``xid79-fell-off-bus`` scenario falls off the bus, the fell-off-the-bus finding, link flap
+counting and its finding, and the event metrics."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from nodescope.config import Config
+from nodescope.detectors import hotplug
+from nodescope.detectors.registry import DetectorInfo
+from nodescope.errors import ParseError
+from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.model.topology import Topology
+from nodescope.roots import Roots
+from nodescope.sources import udev
+from nodescope.sources.link_events import (
+    FlapCounter,
+    LinkEvent,
+    LinkEventsData,
+    LinkEventsSource,
+    LinkTransitions,
+    ib_port_state,
+    parse_link_event,
+)
+from nodescope.sources.pci import PciSource
+from nodescope.sources.udev import (
+    GpuRemovals,
+    UdevData,
+    UdevEvent,
+    UdevSource,
+    event_from_properties,
+    parse_kernel_message,
+    parse_uevent,
+)
+from nodescope_exporters import event_metrics
+
+HOST = Path(__file__).parent.parent / "fixtures" / "hosts" / "kvm-epyc-debian12"
+GPU5 = "0000:bb:00.0"
+
+# --- uevents --------------------------------------------------------------------------------
+
+
+def test_parse_uevent_of_this_host() -> None:
+    text = (HOST / "sys/bus/pci/devices/0000:00:01.0/uevent").read_text()
+    props = dict(parse_uevent(text))
+    assert props["PCI_SLOT_NAME"] == "0000:00:01.0"
+    event = event_from_properties({**props, "ACTION": "add", "DEVPATH": "/devices/pci0000:00/"
+                                   "0000:00:01.0", "SUBSYSTEM": "pci"})  # fmt: skip
+    assert event.pci_slot == "0000:00:01.0" and event.pci_class == 0xFFFF00
+    assert event.under_pci and not event.is_gpu
+
+
+def test_gpu_remove_event() -> None:
+    event = event_from_properties(
+        {
+            "ACTION": "remove",
+            "DEVPATH": "/devices/pci0000:b0/0000:b0:01.0/0000:b1:00.0/0000:bb:00.0",
+            "SUBSYSTEM": "pci",
+            "PCI_CLASS": "30200",
+            "PCI_SLOT_NAME": "0000:BB:00.0",
+            "SEQNUM": "4711",
+        }
+    )
+    assert event == UdevEvent("remove", "pci", event.devpath, GPU5, 0x030200, None, 4711)
+    assert event.is_gpu and event.under_pci
+
+
+def test_kernel_message_as_the_kernel_sends_it() -> None:
+    """lib/kobject_uevent.c: ``ACTION@DEVPATH`` then NUL-separated properties (a veth added on
+    this machine)."""
+    data = (
+        b"add@/devices/virtual/net/udt0b\0ACTION=add\0DEVPATH=/devices/virtual/net/udt0b\0"
+        b"SUBSYSTEM=net\0INTERFACE=udt0b\0IFINDEX=53\0SEQNUM=1488\0"
+    )
+    event = parse_kernel_message(data)
+    assert (event.action, event.subsystem, event.interface, event.seqnum) == (
+        "add",
+        "net",
+        "udt0b",
+        1488,
+    )
+    assert not event.under_pci
+    # The header stands in for a missing ACTION/DEVPATH.
+    short = parse_kernel_message(b"remove@/devices/pci0000:00/0000:00:05.0\0SUBSYSTEM=pci\0")
+    assert (short.action, short.devpath) == ("remove", "/devices/pci0000:00/0000:00:05.0")
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        {"DEVPATH": "/x", "SUBSYSTEM": "pci"},
+        {"ACTION": "add", "DEVPATH": "x", "SUBSYSTEM": "pci"},
+        {"ACTION": "a b", "DEVPATH": "/x", "SUBSYSTEM": "pci"},
+        {"ACTION": "add", "DEVPATH": "/x", "SUBSYSTEM": "pci", "PCI_CLASS": "zz"},
+        {"ACTION": "add", "DEVPATH": "/x", "SUBSYSTEM": "pci", "PCI_SLOT_NAME": "00:01.0"},
+        {"ACTION": "add", "DEVPATH": "/x", "SUBSYSTEM": "pci", "SEQNUM": "-1"},
+    ],
+)
+def test_event_from_properties_rejects(props: dict[str, str]) -> None:
+    with pytest.raises(ParseError):
+        event_from_properties(props, "ev")
+
+
+def test_parse_uevent_rejects() -> None:
+    with pytest.raises(ParseError) as err:
+        parse_uevent("A=1\nno equals\n", "u")
+    assert err.value.line == 2
+    with pytest.raises(ParseError):
+        parse_kernel_message(b"no header\0A=1\0")
+
+
+# --- the daemon's topology and nodescope topo across a hot-unplug ---------------------------
+
+
+@pytest.fixture(scope="module")
+def xid79() -> dict[str, Any]:
+    """``xid79-fell-off-bus`` up to t=22 with this module's detector; per cycle the analysed
+    snapshot and, at t=19 and t=21, ``nodescope topo`` of the node's tree."""
+    from nodescope.cli import topo
+    from nodescope.sim.driver import default_node_factory, replay, temp_dir
+    from nodescope.sim.scenario import load_scenario
+
+    scenario = load_scenario("xid79-fell-off-bus")
+    scenario = dataclasses.replace(
+        scenario, duration_seconds=22.0, expect=dataclasses.replace(scenario.expect, metrics=())
+    )
+    nodes: list[Any] = []
+    snapshots: dict[float, Snapshot] = {}
+    topo_text: dict[tuple[float, bool], str] = {}
+
+    def factory(s: Any, root: Path) -> Any:
+        node = default_node_factory(s, root)
+        nodes.append(node)
+        return node
+
+    def seen(t: float, snapshot: Snapshot, body: bytes) -> None:
+        snapshots[t] = snapshot
+        if t in (19.0, 21.0):
+            for as_json in (False, True):
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    args = argparse.Namespace(json=as_json)
+                    assert topo.show(args, nodes[0].roots, None) == 0
+                topo_text[(t, as_json)] = out.getvalue()
+
+    with tempfile.TemporaryDirectory(prefix="nodescope-test-", dir=temp_dir()) as d:
+        result = replay(
+            scenario,
+            Path(d) / "root",
+            node_factory=factory,
+            detectors=[DetectorInfo("hotplug", hotplug.detect)],
+            builders=[],
+            on_cycle=seen,
+        )
+    return {"result": result, "snapshots": snapshots, "topo": topo_text}
+
+
+def test_topology_follows_the_removal_without_a_restart(xid79: dict[str, Any]) -> None:
+    snapshots = xid79["snapshots"]
+    before = snapshots[19.0].data("pci", Topology)
+    after = snapshots[21.0].data("pci", Topology)
+    assert before is not None and after is not None
+    assert before.get(GPU5) is not None
+    assert after.get(GPU5) is None
+    assert len(after.devices) < len(before.devices)
+    # The other GPUs are still there.
+    assert after.get("0000:9a:00.0") is not None or after.get("0000:1b:00.0") is not None
+    topo = xid79["topo"]
+    gpus = {
+        t: {d["bdf"] for d in json.loads(topo[(t, True)])["devices"] if d["kind"] == "gpu"}
+        for t in (19.0, 21.0)
+    }
+    assert len(gpus[19.0]) == 8 and GPU5 in gpus[19.0]
+    assert gpus[21.0] == gpus[19.0] - {GPU5}
+    # The table has one GPU column fewer.
+    assert "GPU7" in topo[(19.0, False)] and "GPU7" not in topo[(21.0, False)]
+
+
+def test_udev_source_counts_the_removed_gpu(xid79: dict[str, Any]) -> None:
+    snapshots = xid79["snapshots"]
+    assert snapshots[19.0].data("udev", UdevData).gpus_missing == ()
+    after = snapshots[22.0].data("udev", UdevData)
+    assert after.gpus_missing == (GPU5,)
+    assert after.gpu_removals == (GpuRemovals(GPU5, 1),)
+    assert after.monitor is None
+
+
+def test_fell_off_bus_finding(xid79: dict[str, Any]) -> None:
+    result, snapshots = xid79["result"], xid79["snapshots"]
+    failed = [f"{f.expectation}: {f.reason}" for f in result.findings if not f.passed]
+    assert not failed, failed
+    assert snapshots[19.0].findings == ()
+    keys = set()
+    for t in (20.0, 21.0, 22.0):
+        [finding] = snapshots[t].findings
+        keys.add(finding.key)
+        assert finding.kind == hotplug.FELL_OFF_BUS
+        assert finding.subjects == {"bdf": GPU5, "gpu": "5"}
+        assert finding.evidence["xid79_events"] == 1
+        assert finding.evidence["nvml_lost"] == 1
+    assert len(keys) == 1  # one identity while it lasts
+    assert snapshots[22.0].findings[0].evidence["pci_removed"] == 1
+    assert "GPU 5 (0000:bb:00.0) fell off the bus: Xid 79" in snapshots[20.0].findings[0].message
+    assert "job 81780 used it" in snapshots[20.0].findings[0].message
+
+
+def test_pci_source_walks_again_when_marked_stale() -> None:
+    source = PciSource()
+    roots = Roots.under(HOST)
+    source.collect(roots)
+    source.collect(roots)
+    assert source.walks == 1
+    udev.mark_topology_stale()
+    source.collect(roots)
+    assert source.walks == 2
+
+
+def test_udev_source_events_and_listing(tmp_path: Path) -> None:
+    devices = tmp_path / "sys" / "bus" / "pci" / "devices"
+    for bdf, cls in (("0000:01:00.0", "0x030200"), ("0000:02:00.0", "0x020000")):
+        (devices / bdf).mkdir(parents=True)
+        (devices / bdf / "class").write_text(f"{cls}\n")
+    roots = Roots.under(tmp_path)
+    source = UdevSource(monitor=None)
+    first = source.collect(roots)
+    assert first.gpus_missing == () and first.gpu_removals == ()
+    # A remove event of another GPU, delivered by the monitor thread.
+    source._enqueue(
+        event_from_properties(
+            {
+                "ACTION": "remove",
+                "DEVPATH": "/devices/pci0000:00/0000:03:00.0",
+                "SUBSYSTEM": "pci",
+                "PCI_CLASS": "30000",
+                "PCI_SLOT_NAME": "0000:03:00.0",
+            }
+        )
+    )
+    # And the GPU in the listing goes too; the NIC stays.
+    (devices / "0000:01:00.0" / "class").unlink()
+    (devices / "0000:01:00.0").rmdir()
+    second = source.collect(roots)
+    assert second.gpus_missing == ("0000:01:00.0", "0000:03:00.0")
+    assert second.gpu_removals == (GpuRemovals("0000:01:00.0", 1), GpuRemovals("0000:03:00.0", 1))
+    assert second.events == (("pci", "remove", 1),)
+    assert [e.pci_slot for e in second.recent] == ["0000:03:00.0"]
+    # Back again: no longer missing, the count stays.
+    (devices / "0000:01:00.0").mkdir()
+    (devices / "0000:01:00.0" / "class").write_text("0x030200\n")
+    third = source.collect(roots)
+    assert third.gpus_missing == ("0000:03:00.0",)
+    assert third.gpu_removals == second.gpu_removals
+    source.close()
+
+
+# --- link events ----------------------------------------------------------------------------
+
+
+class Message(dict[str, Any]):
+    """A pyroute2 message's ``get``, for what parse_link reads."""
+
+
+def _message(name: str, oper: str, carrier: int, kind: str | None, event: str) -> Message:
+    linkinfo = Message(IFLA_INFO_KIND=kind) if kind else None
+    return Message(
+        event=event,
+        index=3,
+        flags=1,
+        IFLA_IFNAME=name,
+        IFLA_OPERSTATE=oper,
+        IFLA_CARRIER=carrier,
+        IFLA_LINKINFO=linkinfo,
+    )
+
+
+def test_parse_link_event() -> None:
+    up = parse_link_event(_message("ens1f0", "UP", 1, None, "RTM_NEWLINK"), 5.0, False)
+    assert up == LinkEvent("ens1f0", "netdev", "up", 5.0)
+    down = parse_link_event(
+        _message("ens1f0", "LOWERLAYERDOWN", 0, None, "RTM_NEWLINK"), 6.0, False
+    )
+    assert down is not None and down.state == "down"
+    # Carrier on an up link whose driver reports no operstate counts as up.
+    unknown = parse_link_event(_message("ib0", "UNKNOWN", 1, None, "RTM_NEWLINK"), 7.0, False)
+    assert unknown is not None and unknown.state == "up"
+    assert parse_link_event(_message("veth1", "UP", 1, "veth", "RTM_NEWLINK"), 1.0, False) is None
+    veth = parse_link_event(_message("veth1", "UP", 1, "veth", "RTM_NEWLINK"), 1.0, True)
+    assert veth is not None
+    gone = parse_link_event(_message("ens1f0", "DOWN", 0, None, "RTM_DELLINK"), 8.0, False)
+    assert gone is not None and gone.state == "removed"
+
+
+def test_flap_counter() -> None:
+    counter = FlapCounter(window_seconds=60.0, max_links=2)
+    seq = [
+        ("a", "up", 0.0), ("a", "up", 1.0), ("a", "down", 10.0), ("a", "up", 12.0),
+        ("a", "down", 80.0), ("a", "up", 81.0), ("b", "down", 5.0), ("c", "up", 6.0),
+    ]  # fmt: skip
+    for name, state, t in seq:
+        counter.observe(LinkEvent(name, "netdev", state, t))
+    data = counter.snapshot(now=100.0, monitor=True)
+    a = data.link("a")
+    assert a is not None
+    # The first state is no transition; a repeated state neither.
+    assert (a.state, a.up_total, a.down_total) == ("up", 2, 2)
+    assert a.recent == 2  # those at 80 and 81 s; 10 and 12 s are out of the window
+    b = data.link("b")
+    assert b is not None and (b.up_total, b.down_total, b.recent) == (0, 0, 0)
+    assert data.link("c") is None and data.untracked == 1
+    counter.observe(LinkEvent("a", "netdev", "removed", 101.0))
+    a = counter.snapshot(101.0, True).link("a")
+    assert a is not None and a.state == "removed" and a.up_total == 2
+
+
+def test_ib_ports_polled(tmp_path: Path) -> None:
+    port = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    port.mkdir(parents=True)
+    now = [0.0]
+    source = LinkEventsSource(netlink=False, window_seconds=60.0, clock=lambda: now[0])
+    roots = Roots.under(tmp_path)
+    for t, state in ((0.0, "4: ACTIVE"), (1.0, "1: DOWN"), (2.0, "2: INIT"), (3.0, "4: ACTIVE"),
+                     (4.0, "1: DOWN"), (5.0, "4: ACTIVE")):  # fmt: skip
+        now[0] = t
+        (port / "state").write_text(f"{state}\n")
+        data = source.collect(roots)
+    link = data.link("mlx5_0/1")
+    assert link is not None
+    assert (link.kind, link.state, link.up_total, link.down_total, link.recent) == (
+        "infiniband",
+        "up",
+        2,
+        2,
+        4,
+    )
+    assert data.monitor is False
+    [finding] = hotplug.flapping(_snapshot({"link_events": data}), 4.0)
+    assert finding.kind == hotplug.FLAPPING and finding.subjects == {"interface": "mlx5_0/1"}
+    assert finding.evidence["value"] == 4 and finding.evidence["threshold"] == 4
+    assert "InfiniBand port mlx5_0/1 flapping" in finding.message
+    assert hotplug.flapping(_snapshot({"link_events": data}), 5.0) == []
+    now[0] = 100.0
+    assert source.collect(roots).link("mlx5_0/1").recent == 0  # type: ignore[union-attr]
+    assert ib_port_state("4: ACTIVE\n") == "up" and ib_port_state("3: ARMED") == "down"
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+def _snapshot(data: Mapping[str, Any]) -> Snapshot:
+    return Snapshot(
+        1, 10.0, 1e9, {name: SourceSample(name, 10.0, 0.01, value) for name, value in data.items()}
+    )
+
+
+def _render(snapshot: Snapshot) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The area's families as the exposition shows them (prometheus_client's renderer)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class Area:
+        def collect(self) -> Any:
+            return event_metrics.families(snapshot)
+
+    registry = CollectorRegistry()
+    registry.register(Area())  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_event_metrics() -> None:
+    links = LinkEventsData(
+        (LinkTransitions("mlx5_0/1", "infiniband", "down", 3, 4, 5),), 300.0, True, 0
+    )
+    udev_data = UdevData("kernel", (("pci", "remove", 2), ("net", "weird", 1)),
+                         (GpuRemovals(GPU5, 2),), (GPU5,), (), 0, 7)  # fmt: skip
+    values = _render(_snapshot({"link_events": links, "udev": udev_data}))
+    assert (
+        values[("nodescope_link_transitions_total", (("interface", "mlx5_0/1"), ("to", "down")))]
+        == 4
+    )
+    assert (
+        values[("nodescope_link_transitions_total", (("interface", "mlx5_0/1"), ("to", "up")))] == 3
+    )
+    assert values[("nodescope_link_up", (("interface", "mlx5_0/1"),))] == 0
+    assert values[("nodescope_link_window_transitions", (("interface", "mlx5_0/1"),))] == 5
+    assert values[("nodescope_gpu_fell_off_bus_total", (("bdf", GPU5),))] == 2
+    assert (
+        values[("nodescope_udev_events_total", (("action", "remove"), ("subsystem", "pci")))] == 2
+    )
+    # Actions outside the kernel's set are folded into one label value.
+    assert values[("nodescope_udev_events_total", (("action", "other"), ("subsystem", "net")))] == 1
+    # No data: no series.
+    assert _render(_snapshot({})) == {}
+    # No monitor: removals seen in the listing are counted, events are not claimed to be 0.
+    quiet = _render(_snapshot({"udev": dataclasses.replace(udev_data, monitor=None)}))
+    assert not any(name == "nodescope_udev_events_total" for name, _ in quiet)
+
+
+def test_detector_disabled() -> None:
+    config = Config()
+    values = {k: dict(v) for k, v in config.detectors.values.items()}
+    values["hotplug"]["enabled"] = False
+    off = dataclasses.replace(
+        config, detectors=dataclasses.replace(config.detectors, values=values)
+    )
+    data = UdevData(None, (), (), (GPU5,), (), 0, 0)
+    assert hotplug.detect(None, _snapshot({"udev": data}), off) == []
+    [finding] = hotplug.detect(None, _snapshot({"udev": data}), config)
+    assert finding.subjects == {"bdf": GPU5} and "gone from sysfs" in finding.message
+
+
+# --- fuzz -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_parse_uevent_fuzz(text: str) -> None:
+    with contextlib.suppress(ParseError):
+        parse_uevent(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary())
+def test_parse_kernel_message_fuzz(data: bytes) -> None:
+    with contextlib.suppress(ParseError):
+        parse_kernel_message(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["ACTION", "DEVPATH", "SUBSYSTEM", "PCI_CLASS", "PCI_SLOT_NAME", "SEQNUM", "INTERFACE"]
+        ),
+        st.one_of(st.text(), st.sampled_from(["add", "/devices/pci0000:00", "30200", "1"])),
+    )
+)
+def test_event_from_properties_fuzz(props: dict[str, str]) -> None:
+    with contextlib.suppress(ParseError):
+        event_from_properties(props)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_ib_port_state_fuzz(text: str) -> None:
+    with contextlib.suppress(ParseError):
+        assert ib_port_state(text) in ("up", "down")

@@ -1,0 +1,289 @@
+"""The locks source: /proc/locks parsed and waiters linked, mountinfo, contended locks resolved
+to mount, path and processes on a fixture tree; the capture of this host."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodescope.errors import ParseError
+from nodescope.roots import Roots
+from nodescope.sources.locks import (
+    LockEntry,
+    LocksData,
+    MountInfo,
+    contended,
+    make_source,
+    mount_of,
+    parse_comm,
+    parse_locks,
+    parse_mountinfo,
+    read_locks,
+    unescape_mount_field,
+)
+
+HOST = Path(__file__).parent.parent / "fixtures" / "hosts" / "kvm-epyc-debian12"
+
+# Read back from Linux 6.18's /proc/locks on this machine: a POSIX write lock, a write request
+# blocked on it and a read request blocked behind that request (depth 2).
+REAL = (
+    "1: POSIX  ADVISORY  WRITE 7806 fe:00:2146341 0 EOF\n"
+    "1: -> POSIX  ADVISORY  WRITE 7807 fe:00:2146341 0 EOF\n"
+    "1:  -> POSIX  ADVISORY  READ 7808 fe:00:2146341 0 9\n"
+)
+
+EVERY_CLASS = (
+    "1: POSIX  ADVISORY  READ 10 00:2f:1054 100 199\n"
+    "2: FLOCK  ADVISORY  WRITE 11 fd:01:12 0 EOF\n"
+    "3: OFDLCK ADVISORY  READ -1 00:05:3 0 EOF\n"
+    "4: LEASE  ACTIVE    READ 12 08:02:5 0 EOF\n"
+    "5: DELEG  BREAKING  WRITE 0 00:33:77 0 EOF\n"
+    "6: LEASE  BREAKER   UNLCK 13 08:02:6 0 EOF\n"
+    "7: ACCESS ADVISORY  READ 14 00:2f:99 0 EOF\n"
+    "8: POSIX *NOINODE* WRITE 15 <none>:0 0 EOF\n"
+    "9: POSIX  MANDATORY WRITE 16 103:1f:8 0 EOF\n"
+)
+
+
+def test_real_waiter_tree() -> None:
+    entries = parse_locks(REAL)
+    assert [(e.pid, e.depth, e.blocker) for e in entries] == [(7806, 0, None), (7807, 1, 0),
+                                                              (7808, 2, 1)]  # fmt: skip
+    holder = entries[0]
+    assert holder == LockEntry(1, 0, "POSIX", "ADVISORY", "WRITE", 7806, 0xFE, 0, 2146341, 0,
+                               None, 1)  # fmt: skip
+    assert holder.device == "fe:00"
+    assert holder.st_dev == os.makedev(254, 0)
+    assert entries[2].access == "READ" and entries[2].end == 9
+    # Both requests wait, directly or not, on the one granted lock.
+    [(granted, waiting)] = contended(entries)
+    assert granted is holder
+    assert [w.pid for w in waiting] == [7807, 7808]
+
+
+def test_every_lock_class() -> None:
+    entries = parse_locks(EVERY_CLASS)
+    assert [(e.kind, e.mode, e.access, e.pid) for e in entries] == [
+        ("POSIX", "ADVISORY", "READ", 10),
+        ("FLOCK", "ADVISORY", "WRITE", 11),
+        ("OFDLCK", "ADVISORY", "READ", -1),
+        ("LEASE", "ACTIVE", "READ", 12),
+        ("DELEG", "BREAKING", "WRITE", 0),
+        ("LEASE", "BREAKER", "UNLCK", 13),
+        ("ACCESS", "ADVISORY", "READ", 14),
+        ("POSIX", "*NOINODE*", "WRITE", 15),
+        ("POSIX", "MANDATORY", "WRITE", 16),
+    ]
+    assert (entries[0].start, entries[0].end) == (100, 199)
+    assert (entries[1].major, entries[1].minor, entries[1].inode) == (0xFD, 1, 12)
+    assert entries[7].major is None and entries[7].device is None and entries[7].st_dev is None
+    # Majors above 0xff print with more digits.
+    assert (entries[8].major, entries[8].minor) == (0x103, 0x1F)
+    assert contended(entries) == []
+
+
+def test_waiters_of_two_locks_with_the_same_id_space() -> None:
+    text = (
+        "1: POSIX  ADVISORY  WRITE 1 00:2f:10 0 EOF\n"
+        "1: -> POSIX  ADVISORY  WRITE 2 00:2f:10 0 EOF\n"
+        "2: FLOCK  ADVISORY  WRITE 3 00:2f:11 0 EOF\n"
+        "2: -> FLOCK  ADVISORY  WRITE 4 00:2f:11 0 EOF\n"
+        "2: -> FLOCK  ADVISORY  WRITE 5 00:2f:11 0 EOF\n"
+    )
+    pairs = contended(parse_locks(text))
+    assert [(h.pid, [w.pid for w in ws]) for h, ws in pairs] == [(1, [2]), (3, [4, 5])]
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("x: POSIX  ADVISORY  WRITE 1 00:2f:10 0 EOF\n", 1),
+        ("1: POSIX  ADVISORY  WRITE 1 00:2f:10 0 EOF\n2: BOGUS A WRITE 1 00:2f:10 0 EOF\n", 2),
+        ("1: POSIX  ADVISORY  WRITE 1 00:2f:10 0\n", 1),
+        ("1: POSIX  ADVISORY  WRITE 1 0g:2f:10 0 EOF\n", 1),
+        ("1: POSIX  ADVISORY  WRITE 1 00:2f:0x10 0 EOF\n", 1),
+        ("1: POSIX  ACTIVE  WRITE 1 00:2f:10 0 EOF\n", 1),
+        ("1: LEASE  ADVISORY  WRITE 1 00:2f:10 0 EOF\n", 1),
+        ("1: POSIX  ADVISORY  WRLCK 1 00:2f:10 0 EOF\n", 1),
+        ("1: POSIX  ADVISORY  WRITE one 00:2f:10 0 EOF\n", 1),
+        ("1: POSIX  ADVISORY  WRITE 1 00:2f:10 0 END\n", 1),
+        ("1: -> POSIX  ADVISORY  WRITE 1 00:2f:10 0 EOF\n", 1),
+        ("1: POSIX  ADVISORY  WRITE 1 00:2f:10 0 EOF\n1:  -> POSIX  ADVISORY  WRITE 2 00:2f:10"
+         " 0 EOF\n", 2),
+        ("1:\n", 1),
+    ],
+)  # fmt: skip
+def test_parse_locks_rejects(text: str, line: int) -> None:
+    with pytest.raises(ParseError) as err:
+        parse_locks(text, "locks")
+    assert err.value.source == "locks" and err.value.line == line
+
+
+MOUNTINFO = (
+    "24 1 9:0 / / rw,relatime shared:1 - ext4 /dev/md0 rw\n"
+    "40 24 0:52 / /mnt/ckpt rw,relatime shared:40 - nfs4 ckpt-nfs:/export/ckpt rw,vers=4.2\n"
+    "41 24 0:52 /run41 /mnt/run\\04041 rw shared:41 master:2 - nfs4 ckpt-nfs:/export/ckpt rw\n"
+)
+
+
+def test_parse_mountinfo() -> None:
+    mounts = parse_mountinfo(MOUNTINFO)
+    assert mounts[1] == MountInfo(40, 24, 0, 52, "/", "/mnt/ckpt", "nfs4", "ckpt-nfs:/export/ckpt")
+    # Octal escapes undone; any number of optional fields before the "-".
+    assert mounts[2].mountpoint == "/mnt/run 41" and mounts[2].root == "/run41"
+    # A bind mount of the same superblock: the one showing its root wins.
+    assert mount_of(mounts, 0, 52) == mounts[1]
+    assert mount_of(mounts, 0, 53) is None
+    assert unescape_mount_field("a\\011b\\134c") == "a\tb\\c"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "24 1 9:0 / / rw,relatime shared:1 ext4 /dev/md0 rw\n",
+        "24 1 9:0 / / rw - ext4\n",
+        "24 1 9-0 / / rw - ext4 /dev/md0 rw\n",
+        "x 1 9:0 / / rw - ext4 /dev/md0 rw\n",
+    ],
+)
+def test_parse_mountinfo_rejects(text: str) -> None:
+    with pytest.raises(ParseError) as err:
+        parse_mountinfo(text, "mi")
+    assert err.value.line == 1
+
+
+def test_parse_comm() -> None:
+    assert parse_comm("rsync\n") == "rsync"
+    assert parse_comm("NCCL Progress 0\n") == "NCCL Progress 0"
+    with pytest.raises(ParseError):
+        parse_comm("a\nb\n")
+
+
+def _tree(tmp_path: Path, locked: Path, holder: int, waiter: int) -> Roots:
+    """A procfs with /proc/locks naming ``locked`` (the real file's device and inode), its
+    holder's open file as an ``fd`` link, comm files and mountinfo."""
+    st = os.stat(locked)
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    where = f"{major:02x}:{minor:02x}:{st.st_ino}"
+    (proc / "locks").write_text(
+        f"1: FLOCK  ADVISORY  WRITE 9 00:19:1042 0 EOF\n"
+        f"2: POSIX  ADVISORY  WRITE {holder} {where} 0 EOF\n"
+        f"2: -> POSIX  ADVISORY  WRITE {waiter} {where} 0 EOF\n"
+    )
+    (proc / "self" / "mountinfo").write_text(
+        f"24 1 {major}:{minor} / /data rw,relatime - ext4 /dev/data rw\n"
+    )
+    for pid, comm in ((holder, "rsync"), (waiter, "python3")):
+        (proc / str(pid) / "fd").mkdir(parents=True)
+        (proc / str(pid) / "comm").write_text(f"{comm}\n")
+    (proc / str(holder) / "fd" / "0").symlink_to("/dev/null")
+    (proc / str(holder) / "fd" / "7").symlink_to(locked)
+    return Roots.under(tmp_path)
+
+
+def test_read_locks_resolves_the_contended_lock(tmp_path: Path) -> None:
+    locked = tmp_path / "run42" / "latest.lock"
+    locked.parent.mkdir()
+    locked.write_text("")
+    data = read_locks(_tree(tmp_path, locked, holder=3017, waiter=2146))
+    assert data.counts == (("FLOCK", 1), ("POSIX", 1))
+    assert data.blocked == 1
+    [lock] = data.contended
+    assert (lock.holder.pid, lock.holder.comm, lock.holder.access) == (3017, "rsync", "WRITE")
+    assert [(w.pid, w.comm) for w in lock.waiters] == [(2146, "python3")]
+    assert lock.inode == os.stat(locked).st_ino
+    assert (lock.mountpoint, lock.fstype, lock.mount_source) == ("/data", "ext4", "/dev/data")
+    assert lock.path == str(locked)
+    assert not lock.is_nfs
+
+
+def test_path_unresolved_when_the_holder_has_no_such_open_file(tmp_path: Path) -> None:
+    locked = tmp_path / "f"
+    locked.write_text("")
+    roots = _tree(tmp_path, locked, holder=30, waiter=31)
+    (roots.procfs / "30" / "fd" / "7").unlink()
+    [lock] = read_locks(roots).contended
+    assert lock.path is None and lock.holder.comm == "rsync"
+
+
+def test_uncontended_locks_read_no_mountinfo(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "locks").write_text("1: POSIX  ADVISORY  WRITE 1 00:19:1 0 EOF\n")
+    source = make_source()
+    assert source.name == "locks"
+    data = source.collect(Roots.under(tmp_path))
+    assert data == LocksData((("POSIX", 1),), 0, ())
+
+
+def test_capture_of_this_host() -> None:
+    """scripts/capture/hangs.sh: flock(1) waiting on a lock held by another process."""
+    roots = Roots.under(HOST)
+    data = read_locks(roots)
+    flocks = [lock for lock in data.contended if lock.kind == "FLOCK"]
+    assert flocks, data
+    lock = flocks[0]
+    assert lock.waiters[0].comm == "flock"
+    assert lock.device == "fe:00" and lock.mountpoint == "/" and lock.fstype == "ext4"
+    # The holder's process is gone since the capture: nothing more is claimed.
+    assert lock.holder.comm is None and lock.path is None
+    assert parse_mountinfo((HOST / "proc/self/mountinfo").read_text())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_parse_locks_fuzz(text: str) -> None:
+    with contextlib.suppress(ParseError):
+        parse_locks(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.integers(0, 2),
+            st.sampled_from(["POSIX  ADVISORY ", "FLOCK  ADVISORY ", "LEASE  ACTIVE   ", "X Y"]),
+            st.sampled_from(["READ", "WRITE", "UNLCK", "?"]),
+            st.integers(-2, 99999),
+            st.sampled_from(["00:2f:1054", "fe:00:1", "<none>:0", "0:0"]),
+            st.sampled_from(["0 EOF", "1 2", "0", "a b"]),
+        ),
+        max_size=8,
+    )
+)
+def test_parse_locks_fuzz_structured(
+    lines: list[tuple[int, int, str, str, int, str, str]],
+) -> None:
+    text = "".join(
+        f"{i}:{' ' * d}{'-> ' if d else ''}{kind} {access} {pid} {where} {span}\n"
+        for i, d, kind, access, pid, where, span in lines
+    )
+    try:
+        entries = parse_locks(text)
+    except ParseError:
+        return
+    for entry in entries:
+        assert (entry.blocker is None) == (entry.depth == 0)
+        if entry.blocker is not None:
+            assert entries[entry.blocker].depth == entry.depth - 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_parse_mountinfo_fuzz(text: str) -> None:
+    with contextlib.suppress(ParseError):
+        parse_mountinfo(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_parse_comm_fuzz(text: str) -> None:
+    with contextlib.suppress(ParseError):
+        parse_comm(text)

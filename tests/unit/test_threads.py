@@ -1,0 +1,179 @@
+"""The threads source: task stat and wchan parsers, job threads every run, the host walk every
+N runs, the capture of this host."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodescope.errors import ParseError
+from nodescope.roots import Roots
+from nodescope.sources.threads import (
+    BlockedThread,
+    TaskStat,
+    ThreadsSource,
+    make_source,
+    parse_stat,
+    parse_wchan,
+    read_process_threads,
+)
+
+HOST = Path(__file__).parent.parent / "fixtures" / "hosts" / "kvm-epyc-debian12"
+
+# fs/proc/array.c do_task_stat: 52 fields; a name with a space and a parenthesis.
+STAT = (
+    "2147 (NCCL (Progress) 0) D 2146 2146 1 0 -1 4194624 10 0 0 0 1234 56 0 0 20 0 15 0"
+    " 8640000 1000000 200 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0 0 0 0 0"
+    " 0 0 0 0\n"
+)
+
+
+def test_parse_stat_splits_at_the_last_parenthesis() -> None:
+    assert parse_stat(STAT) == TaskStat(2147, "NCCL (Progress) 0", "D", 2146, 1234, 56)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2147 NCCL D 1 1 1 0 -1 0 0 0 0 0 1 2\n",  # no parentheses
+        "x (a) D 1 1 1 0 -1 0 0 0 0 0 1 2\n",
+        "1 (a) Q 1 1 1 0 -1 0 0 0 0 0 1 2\n",  # no such state
+        "1 (a) DD 1 1 1 0 -1 0 0 0 0 0 1 2\n",
+        "1 (a) D 1 1 1 0 -1 0 0 0 0 0 1\n",  # too short
+        "1 (a) D 1 1 1 0 -1 0 0 0 0 0 x 2\n",
+        "1 (a) D 1 1 1 0 -1 0 0 0 0 0 1 2\n2 (b) S 1 1 1 0 -1 0 0 0 0 0 1 2\n",
+    ],
+)
+def test_parse_stat_rejects(text: str) -> None:
+    with pytest.raises(ParseError) as err:
+        parse_stat(text, "stat")
+    assert err.value.source == "stat"
+
+
+def test_parse_wchan() -> None:
+    assert parse_wchan("rpc_wait_bit_killable") == "rpc_wait_bit_killable"
+    assert parse_wchan("0") is None
+    assert parse_wchan("") is None
+    with pytest.raises(ParseError):
+        parse_wchan("two words")
+
+
+def _stat(tid: int, comm: str, state: str) -> str:
+    return f"{tid} ({comm}) {state} 1 {tid} {tid} 0 -1 0 0 0 0 0 10 20 0 0 20 0 1 0 5 0 0\n"
+
+
+def _tree(base: Path) -> Roots:
+    """A job (job_7: pids 100, 101) with a thread in D, a D thread outside any job (pid 200),
+    and a job pid that exited between the cgroup listing and the read (pid 102)."""
+    cg = base / "sys" / "fs" / "cgroup"
+    step = cg / "system.slice" / "slurmstepd.scope" / "job_7" / "step_0" / "user" / "task_0"
+    step.mkdir(parents=True)
+    (cg / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (step / "cgroup.procs").write_text("100\n101\n102\n")
+    proc = base / "proc"
+    threads = {
+        100: [(100, "python3", "R"), (103, "pt_autograd_0", "S"), (104, "ckpt", "D")],
+        101: [(101, "python3", "S")],
+        200: [(200, "rsync", "D")],
+        1: [(1, "systemd", "S")],
+    }
+    for pid, tasks in threads.items():
+        for tid, comm, state in tasks:
+            task = proc / str(pid) / "task" / str(tid)
+            task.mkdir(parents=True)
+            (task / "stat").write_text(_stat(tid, comm, state))
+            (task / "wchan").write_text("nfs_wait_bit_killable" if state == "D" else "0")
+    return Roots.under(base)
+
+
+def test_job_threads_and_host_walk(tmp_path: Path) -> None:
+    roots = _tree(tmp_path)
+    source = ThreadsSource(host_every=3)
+    first = source.collect(roots)
+    [job] = first.jobs
+    assert (job.job_id, job.processes, job.threads) == ("7", 2, 4)
+    assert job.states == (("D", 1), ("R", 1), ("S", 2))
+    assert job.count("D") == 1 and job.count("Z") == 0
+    assert job.blocked == (BlockedThread(100, 104, "ckpt", "nfs_wait_bit_killable", "7"),)
+    # The first run walks the host too; the job's D thread is tagged with its job there.
+    assert first.host_age_runs == 0 and first.host_threads == 6
+    assert {(b.pid, b.job_id) for b in first.host_blocked} == {(100, "7"), (200, None)}
+    assert [b.tid for b in first.blocked()] == [104, 200]
+
+    # The rsync leaves D; the jobs see it at once, the host walk only every third run.
+    (roots.procfs / "200" / "task" / "200" / "stat").write_text(_stat(200, "rsync", "S"))
+    second = source.collect(roots)
+    assert second.host_age_runs == 1
+    assert [b.pid for b in second.host_blocked] == [100, 200]
+    third = source.collect(roots)
+    assert third.host_age_runs == 2
+    fourth = source.collect(roots)
+    assert fourth.host_age_runs == 0
+    assert [b.pid for b in fourth.host_blocked] == [100]
+    source.close()
+    assert make_source().name == "threads"
+
+
+def test_wchan_read_only_for_d_threads(tmp_path: Path) -> None:
+    roots = _tree(tmp_path)
+    # An unreadable wchan of a sleeping thread costs nothing, as it is never read.
+    (roots.procfs / "100" / "task" / "103" / "wchan").unlink()
+    stats, blocked = read_process_threads(roots, 100, "7")
+    assert [s.tid for s in stats] == [100, 103, 104]
+    assert [b.tid for b in blocked] == [104]
+    assert read_process_threads(roots, 999, None) == ([], [])
+
+
+def test_no_cgroup_hierarchy_means_no_jobs(tmp_path: Path) -> None:
+    roots = _tree(tmp_path)
+    (roots.cgroupfs / "cgroup.controllers").unlink()
+    data = ThreadsSource().collect(roots)
+    assert data.jobs == () and data.host_threads == 6
+
+
+def test_capture_of_this_host() -> None:
+    """scripts/capture/hangs.sh: flock(1) waiting for a lock sleeps interruptibly (S)."""
+    flock = [p for p in (HOST / "proc").iterdir() if (p / "comm").is_file()
+             and (p / "comm").read_text() == "flock\n"]  # fmt: skip
+    assert flock
+    stats, blocked = read_process_threads(Roots.under(HOST), int(flock[0].name), None)
+    assert [(s.comm, s.state) for s in stats] == [("flock", "S")]
+    assert blocked == []
+    wchan = (flock[0] / "task" / flock[0].name / "wchan").read_text()
+    assert parse_wchan(wchan) == "locks_lock_inode_wait"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_parse_stat_fuzz(text: str) -> None:
+    with contextlib.suppress(ParseError):
+        parse_stat(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 2**40),
+    st.text(max_size=20),
+    st.sampled_from([*"RSDTtZIXQ", "", "DD"]),
+    st.lists(st.sampled_from(["0", "-1", "12", "x", "18446744073709551615"]), max_size=20),
+)
+def test_parse_stat_fuzz_structured(tid: int, comm: str, state: str, rest: list[str]) -> None:
+    text = f"{tid} ({comm}) {state} {' '.join(rest)}\n"
+    try:
+        stat = parse_stat(text)
+    except ParseError:
+        return
+    assert stat.tid == tid
+    # An empty state lets the next field stand in for it; else it is the one given.
+    assert stat.state == (state or rest[0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_parse_wchan_fuzz(text: str) -> None:
+    with contextlib.suppress(ParseError):
+        parse_wchan(text)
