@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from nodescope.model.snapshot import Snapshot
+from nodescope.model.snapshot import Snapshot, SourceSample
 
 log = logging.getLogger("nodescope.derive")
 
@@ -26,9 +26,14 @@ DERIVERS: dict[str, str] = {
     "nvml": "nodescope.sources.nvml:gpu_rates",
     "procs": "nodescope.sources.procs:procs_rates",
     "nvlink_kmod": "nodescope.sources.nvlink_kmod:link_rates",
+    "mountstats": "nodescope.sources.mountstats:nfs_rates",
 }
 
 _loaded: dict[str, Deriver] = {}
+#: source -> (previous sample, current sample, derived record) of the last pair derived: the
+#: detectors and several exporter areas ask for the same pair within a cycle, and a source on
+#: a 5 or 10 s interval keeps its pair for several cycles; derivers are pure.
+_last: dict[str, tuple[SourceSample, SourceSample, Any]] = {}
 
 
 def deriver(source: str) -> Deriver | None:
@@ -50,11 +55,16 @@ def derived(snapshot: Snapshot, source: str) -> Any | None:
     seconds = cur.monotonic - prev.monotonic
     if seconds <= 0:
         return None
+    last = _last.get(source)
+    if last is not None and last[0] is prev and last[1] is cur:
+        return last[2]
     fn = deriver(source)
     if fn is None:
         return None
     try:
-        return fn(prev.data, cur.data, seconds)
+        result = fn(prev.data, cur.data, seconds)
+        _last[source] = (prev, cur, result)
+        return result
     except Exception as exc:  # a bad pair of samples costs that source's rates, nothing more
         log.warning("source=%s derive_error=%r", source, f"{type(exc).__name__}: {exc}")
         return None

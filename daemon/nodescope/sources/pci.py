@@ -47,6 +47,7 @@ from nodescope.model.topology import (
 )
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_text
+from nodescope.sources.udev import topology_generation
 
 SOURCE_NAME = "pci"
 
@@ -453,20 +454,31 @@ def read_topology(roots: Roots) -> Topology:
 
 class PciSource:
     """The ``pci`` source: walks the tree on the first run and after hotplug, otherwise
-    re-reads only the link state, AER counters and OS names."""
+    re-reads only the link state, AER counters and OS names. Hotplug is a change in the
+    listing of ``bus/pci/devices`` or a device event of the udev monitor
+    (:func:`nodescope.sources.udev.mark_topology_stale`: a function replaced at the same
+    address, a driver bound or unbound)."""
 
     name = SOURCE_NAME
 
     def __init__(self) -> None:
         self._structure: _Structure | None = None
+        self._generation = -1
         self.walks = 0
 
     def collect(self, roots: Roots) -> Topology:
         entries = _list_entries(roots)
+        generation = topology_generation()
         cached = self._structure
-        if cached is None or cached.roots != roots or cached.entries != entries:
+        if (
+            cached is None
+            or cached.roots != roots
+            or cached.entries != entries
+            or generation != self._generation
+        ):
             cached = _walk(roots, entries)
             self._structure = cached
+            self._generation = generation
             self.walks += 1
         return _refresh(cached)
 
