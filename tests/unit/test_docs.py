@@ -3,6 +3,9 @@ sample configuration must be valid."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from nodescope import config, docgen
 from tests.conftest import REPO
 
@@ -37,4 +40,16 @@ def test_every_metric_is_in_the_readme() -> None:
 
 def test_shipped_sample_config_is_valid() -> None:
     cfg = config.load(REPO / "systemd" / "nodescope.toml")
+    assert cfg.listen == config.DEFAULT_LISTEN
+
+
+def test_commented_examples_of_the_sample_config_are_valid(tmp_path: Path) -> None:
+    """The commented sections of systemd/nodescope.toml, uncommented, still validate."""
+    text = (REPO / "systemd" / "nodescope.toml").read_text()
+    lines = [
+        line[2:] if re.match(r"^# (\[|[a-z_]+ = )", line) else line for line in text.splitlines()
+    ]
+    uncommented = tmp_path / "nodescope.toml"
+    uncommented.write_text("\n".join(lines) + "\n")
+    cfg = config.load(uncommented)
     assert cfg.listen == config.DEFAULT_LISTEN
