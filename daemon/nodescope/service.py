@@ -7,6 +7,7 @@ reason is logged. SIGTERM/SIGINT stop the loop; the daemon exits within two seco
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -141,6 +142,10 @@ class Service:
         if self.server is None:
             self.start_server()
         self.run_cycle()
+        # What exists now (modules, configuration, the topology) lives as long as the daemon:
+        # keep it out of the garbage collector's full scans, which otherwise cost several ms
+        # per cycle on a node with thousands of series.
+        gc.freeze()
         self.notifier.ready("collecting")
         self.notifier.detach_environment()
         log.info(

@@ -20,6 +20,8 @@ from nodescope.sources.cgroup import SOURCE_NAME, Cgroup, CgroupTree, Pressure
 from nodescope_exporters.catalog import metric
 
 AREA = "cgroup"
+#: Built from the ``cgroups`` source alone: reused while it has not run again (every 5 s).
+INPUTS = (SOURCE_NAME,)
 
 #: The deepest level below the v2 root that gets per-cgroup series.
 EXPORT_MAX_DEPTH = 2

@@ -17,6 +17,8 @@ from nodescope.model.topology import DeviceClass, PciDevice, PortRole, Topology
 from nodescope_exporters.catalog import metric
 
 AREA = "pci"
+#: Built from the ``pci`` source alone: reused while it has not run again (every 10 s).
+INPUTS = ("pci",)
 
 LINK_SPEED = metric(
     "nodescope_pcie_link_speed_gts",

@@ -167,8 +167,9 @@ def endpoint_flows(
 
 
 #: The last snapshot attributed and its result: several detectors and the exporter ask for
-#: the same snapshot's attribution in one cycle. A cache of one, keyed by identity; it never
-#: changes what a call returns.
+#: the same snapshot's attribution in one cycle. A cache of one, keyed by identity or by the
+#: samples it is made of (the analysed snapshot the exporter sees is a copy with findings);
+#: it never changes what a call returns.
 _last: tuple[Snapshot, Attribution | None] | None = None
 
 
@@ -176,7 +177,11 @@ def snapshot_attribution(snapshot: Snapshot) -> Attribution | None:
     """The attribution of this snapshot's traffic over its topology (``None`` without one)."""
     global _last
     cached = _last
-    if cached is not None and cached[0] is snapshot:
+    # Comparing the sample mappings is cheap: equal samples are the same objects.
+    if cached is not None and (
+        cached[0] is snapshot
+        or (cached[0].current == snapshot.current and cached[0].previous == snapshot.previous)
+    ):
         return cached[1]
     topology = snapshot.data("pci", Topology)
     result = None if topology is None else attribute(topology, endpoint_flows(snapshot, topology))

@@ -41,24 +41,31 @@ class FunctionSource:
         return None
 
 
-def read_text(path: Path) -> str:
+#: Bytes asked for per ``read``. Python allocates the whole buffer before the call: 1 MiB
+#: would be an mmap and munmap per file (glibc maps blocks over 128 KiB), several times the
+#: cost of reading a small sysfs file; 64 KiB comes from the heap and holds any sysfs
+#: attribute (one page at most) and nearly every procfs file in one call.
+READ_CHUNK = 1 << 16
+
+
+def read_text(path: Path | str) -> str:
     """Read a sysfs/procfs file in one ``read``: ``stat`` sizes lie for pseudo files."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = []
         while True:
-            chunk = os.read(fd, 1 << 20)
+            chunk = os.read(fd, READ_CHUNK)
             if not chunk:
                 break
             chunks.append(chunk)
-            if len(chunk) < (1 << 20):
+            if len(chunk) < READ_CHUNK:
                 break
         return b"".join(chunks).decode("utf-8", errors="replace")
     finally:
         os.close(fd)
 
 
-def read_optional(path: Path) -> str | None:
+def read_optional(path: Path | str) -> str | None:
     """The file's text, or ``None`` when it does not exist or cannot be read.
 
     Optional files parse to "absent", not to zero.
@@ -69,6 +76,6 @@ def read_optional(path: Path) -> str | None:
         return None
 
 
-def read_strip(path: Path) -> str | None:
+def read_strip(path: Path | str) -> str | None:
     text = read_optional(path)
     return None if text is None else text.strip()

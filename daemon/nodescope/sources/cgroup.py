@@ -629,9 +629,11 @@ def read_proc_cgroup(roots: Roots, pid: int | str = "self") -> ProcCgroup | None
 def _read_file(directory: Path, files: frozenset[str], name: str) -> tuple[str, str] | None:
     if name not in files:
         return None
-    path = directory / name
+    # A string path: a cgroup walk reads thousands of files, and a Path per file costs more
+    # than reading it.
+    path = f"{directory}/{name}"
     text = read_optional(path)
-    return None if text is None else (text, str(path))
+    return None if text is None else (text, path)
 
 
 def read_cgroup(

@@ -321,11 +321,12 @@ def _read_values(directory: Path) -> tuple[dict[str, int], int | None]:
     values: dict[str, int] = {}
     lifespan: int | None = None
     for name in _listdir(directory):
-        path = directory / name
+        # A string path: a port has dozens of counter files, read every second.
+        path = f"{directory}/{name}"
         text = read_optional(path)
         if text is None:
             continue
-        value = parse_counter(text, str(path))
+        value = parse_counter(text, path)
         if value is None:
             continue
         if name == "lifespan":

@@ -1,0 +1,118 @@
+"""The daemon under test in the benchmark: ``nodescope run``'s service, against a simulated
+node that runs in another process (``python -m nodescope.sim.run_node``).
+
+Everything but NVML is the daemon a node runs: the configuration's defaults (1 s tick, every
+source at its default interval), the Collector, the analysis step, the exposition rendered
+once per cycle and the HTTP server. The sources are the simulated node's
+(:meth:`nodescope.sim.node.SimulatedNode.sources`: the registry's tree sources reading
+``ROOT/sys``, ``ROOT/proc``, ``ROOT/sys/fs/cgroup``, ``ROOT/dev``, ``ROOT/run``; no netlink
+or udev monitor) except NVML: the NVML source (with its production settings) runs over a
+:class:`~nodescope.sim.nvml_mirror.MirroredNvml`, a fake NVML that takes the simulator's GPU
+state from ``ROOT/nvml-state.json`` before each read. That refresh is simulation plumbing; its
+CPU time is measured on its own and reported in the stats file, so it can be taken out.
+
+On SIGTERM the service stops and ``--stats FILE`` receives, as JSON, each cycle's end
+(CLOCK_MONOTONIC, comparable across processes) and main-thread CPU seconds, and the mirror's
+refresh CPU.
+
+    python bench/daemon.py ROOT --listen 127.0.0.1:9841 --stats stats.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from nodescope import logs
+from nodescope.collect import Collector
+from nodescope.config import Config
+from nodescope.roots import Roots
+from nodescope.service import Service
+from nodescope.sim.node import SimulatedNode
+from nodescope.sim.nvml_mirror import MirroredNvml
+from nodescope.sim.run_node import STATE_FILE
+from nodescope.sources.base import Source
+from nodescope.sources.nvml import NvmlSource
+
+
+class MirroredNvmlSource:
+    """The NVML source, after taking the simulator's latest GPU state."""
+
+    name = "nvml"
+
+    def __init__(self, mirror: MirroredNvml) -> None:
+        self.mirror = mirror
+        self.inner = NvmlSource(mirror, wall_clock=mirror.wall_clock)
+
+    def collect(self, roots: Roots) -> Any:
+        self.mirror.refresh()
+        return self.inner.collect(roots)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def node_sources(mirror: MirroredNvml) -> list[Source]:
+    """The simulated node's source list, with the NVML source over the mirror."""
+    # SimulatedNode.sources only needs the node's fake NVML and clock: hand it the mirror's,
+    # so the list stays the one replay and demo run.
+    shim: Any = SimpleNamespace(nvml=mirror, wall_clock=mirror.wall_clock)
+    sources: list[Source] = []
+    for source in SimulatedNode.sources(shim):
+        if source.name == "nvml":
+            source.close()
+            sources.append(MirroredNvmlSource(mirror))
+        else:
+            sources.append(source)
+    return sources
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--listen", default="127.0.0.1:9841")
+    parser.add_argument("--stats", type=Path)
+    args = parser.parse_args(argv)
+
+    mirror = MirroredNvml(args.root / STATE_FILE)
+    config = Config(
+        listen=args.listen, tick_seconds=1.0, log_level="warning", roots=Roots.under(args.root)
+    )
+    logs.setup(config.log_level)
+    sources = node_sources(mirror)
+    service = Service(
+        lambda: config, make_collector=lambda cfg: Collector.from_config(cfg, sources)
+    )
+    ends: list[float] = []
+    cpu: list[float] = []
+    run_cycle = service.run_cycle
+
+    def timed_cycle() -> None:
+        started = time.thread_time()
+        run_cycle()
+        cpu.append(time.thread_time() - started)
+        ends.append(time.monotonic())
+
+    service.run_cycle = timed_cycle  # type: ignore[method-assign]
+    service.install_signal_handlers()
+    service.start_server()
+    status = service.run()
+    if args.stats is not None:
+        stats = {
+            "cycle_end_monotonic": ends,
+            "cycle_thread_cpu_seconds": cpu,
+            "nvml_refresh_cpu_seconds": mirror.refresh_cpu_seconds,
+            "nvml_refreshes": mirror.refreshes,
+            "sources": [s.name for s in sources],
+        }
+        args.stats.write_text(json.dumps(stats))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1039 @@
+"""nodescope's overhead benchmark (issue 10): ``sudo bash bench/run.sh`` runs it; see
+docs/performance.md for what it measures and the last results.
+
+Phases (``--phases``, default all):
+
+``overhead``
+    The simulated ``dgx-h100`` node in real time in its own process
+    (``python -m nodescope.sim.run_node``), the daemon (``bench/daemon.py``: the service of
+    ``nodescope run`` at its default 1 s tick and source intervals, NVML mirrored from the
+    simulator) and Debian's ``prometheus-node-exporter`` on the same tree with the collectors
+    that read what nodescope reads. A quiet window with one scrape of each per second gives
+    the daemon's process CPU per cycle (``/proc/<pid>/stat`` utime+stime) and RSS over time,
+    and node_exporter's CPU per scrape and RSS; then ``/metrics`` latency with 1 scraper and
+    with 50 scrapers that fire together, for both. Prints the ratios.
+``profile``
+    py-spy samples the same daemon (not scraped) for ``--profile-seconds`` and the collapsed
+    stacks are summed by the daemon's parts (each source's collect, analyse, render) and by
+    function: where to look when a target is missed.
+``scale``
+    Variants of dgx-h100 (``bench/variants.py``: GPUs, processes, jobs, NVLinks per GPU) in
+    simulated time, each in a fresh process: the daemon's cycle (collect, analyse, render)
+    timed with the main thread's CPU clock over 20 one-second cycles at the default source
+    intervals, per source too; the cost per element is the slope between the end points.
+``soak``
+    10,000 cycles in simulated time with job churn (``--churn-every`` cycles one job ends and
+    one starts): the simulator steps in its own process, the daemon's parts run in the soak
+    process (1 s tick, default intervals); RSS and open descriptors after warm-up and at the
+    end, and at mid-period checks no series of an ended job.
+
+Results go to stdout (Markdown) and ``--out`` (``results.json``, ``results.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PYTHON = sys.executable
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
+#: node_exporter collectors that read what nodescope reads on the simulated node's tree:
+#: /proc/diskstats, /sys/class/infiniband, /proc/<pid>/mountstats, /proc/net/snmp,
+#: /sys/class/nvme, /proc/<pid>/stat of every process and thread, /proc/loadavg.
+NODE_EXPORTER_COLLECTORS = (
+    "diskstats",
+    "infiniband",
+    "mountstats",
+    "netstat",
+    "nvme",
+    "processes",
+    "loadavg",
+)
+SCRAPE_TIMEOUT = 30.0
+
+
+# --------------------------------------------------------------------------------------------
+# Process and HTTP helpers
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/<pid>/stat."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def proc_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Scraper:
+    """One scraper: a keep-alive HTTP/1.1 connection, like Prometheus keeps per target."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.conn: http.client.HTTPConnection | None = None
+
+    def get(self, path: str = "/metrics") -> tuple[float, int, bytes]:
+        """(seconds, status, body) of one GET."""
+        started = time.perf_counter()
+        for attempt in (0, 1):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(
+                    "127.0.0.1", self.port, timeout=SCRAPE_TIMEOUT
+                )
+            try:
+                self.conn.request("GET", path)
+                response = self.conn.getresponse()
+                body = response.read()
+                return time.perf_counter() - started, response.status, body
+            except (OSError, http.client.HTTPException):
+                self.close()
+                if attempt:
+                    raise
+                started = time.perf_counter()
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def wait_ready(port: int, seconds: float, process: subprocess.Popen[Any]) -> None:
+    deadline = time.monotonic() + seconds
+    scraper = Scraper(port)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        try:
+            _, status, _ = scraper.get()
+            if status == 200:
+                scraper.close()
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing answered on port {port} within {seconds:.0f} s")
+
+
+def series_count(body: bytes) -> int:
+    return sum(1 for line in body.split(b"\n") if line and not line.startswith(b"#"))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def stop(process: subprocess.Popen[Any], seconds: float = 10.0) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def start_simulator(
+    scenario: str, root: Path, *extra: str, stepped: bool = False
+) -> subprocess.Popen[str]:
+    cmd = [PYTHON, "-m", "nodescope.sim.run_node", scenario, str(root), *extra]
+    if stepped:
+        cmd.append("--stepped")
+    sim = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE if stepped else subprocess.DEVNULL, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert sim.stdout is not None
+    line = sim.stdout.readline()
+    if line.strip() != "ready":
+        stop(sim)
+        raise RuntimeError(f"simulator did not start: {line!r}")
+    return sim
+
+
+@contextmanager
+def temp_root(prefix: str) -> Iterator[Path]:
+    from nodescope.sim.node import preferred_temp_dir
+
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir=preferred_temp_dir()))
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def machine() -> dict[str, Any]:
+    cpu = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem = int(line.split()[1]) * 1024
+    try:
+        version = subprocess.run(
+            [NODE_EXPORTER, "--version"], capture_output=True, text=True, timeout=10
+        )
+        ne = (version.stdout or version.stderr).splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        ne = "not installed"
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "os": _os_release(),
+        "node_exporter": ne,
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def _os_release() -> str:
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return platform.system()
+
+
+# --------------------------------------------------------------------------------------------
+# Overhead: real time, side by side with node_exporter
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    process: subprocess.Popen[Any]
+    rss: list[int] = field(default_factory=list)
+
+
+def _latency_single(port: int, seconds: float, max_requests: int) -> list[float]:
+    scraper = Scraper(port)
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds
+    try:
+        while len(latencies) < max_requests and time.monotonic() < deadline:
+            latency, status, _ = scraper.get()
+            if status == 200:
+                latencies.append(latency)
+            time.sleep(0.01)
+    finally:
+        scraper.close()
+    return latencies
+
+
+def _latency_burst(port: int, scrapers: int, seconds: float, max_rounds: int) -> list[float]:
+    """``scrapers`` threads that each scrape once per round, all released together."""
+    barrier = threading.Barrier(scrapers + 1)
+    latencies: list[float] = []
+    lock = threading.Lock()
+    done = threading.Event()
+    errors: list[str] = []
+
+    def worker() -> None:
+        scraper = Scraper(port)
+        try:
+            while True:
+                barrier.wait()
+                if done.is_set():
+                    return
+                try:
+                    latency, status, _ = scraper.get()
+                except OSError as exc:
+                    with lock:
+                        errors.append(repr(exc))
+                    latency, status = float("nan"), 0
+                if status == 200:
+                    with lock:
+                        latencies.append(latency)
+                barrier.wait()
+        except threading.BrokenBarrierError:
+            return
+        finally:
+            scraper.close()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(scrapers)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + seconds
+    rounds = 0
+    try:
+        while rounds < max_rounds and time.monotonic() < deadline:
+            barrier.wait()  # release the round
+            barrier.wait(timeout=SCRAPE_TIMEOUT * 2)  # everyone finished
+            rounds += 1
+            time.sleep(0.2)
+        done.set()
+        barrier.wait(timeout=5)
+    except threading.BrokenBarrierError:
+        pass
+    finally:
+        done.set()
+        barrier.abort()
+        for t in threads:
+            t.join(5)
+    if errors:
+        print(f"  ({len(errors)} scrape errors, first: {errors[0]})", file=sys.stderr)
+    return latencies
+
+
+def _latency_figures(values: list[float]) -> dict[str, float]:
+    return {
+        "requests": len(values),
+        "p50_ms": round(percentile(values, 50) * 1000, 2),
+        "p99_ms": round(percentile(values, 99) * 1000, 2),
+        "max_ms": round(max(values) * 1000, 2) if values else float("nan"),
+    }
+
+
+def phase_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"scenario": args.scenario}
+    with temp_root("nodescope-bench-") as base:
+        root = base / "node"
+        stats_path = base / "daemon-stats.json"
+        print(f"== overhead: simulator for {args.scenario} under {root}", flush=True)
+        sim = start_simulator(args.scenario, root)
+        targets: list[Target] = []
+        try:
+            port = free_port()
+            daemon = subprocess.Popen(
+                [PYTHON, str(BENCH / "daemon.py"), str(root), "--listen", f"127.0.0.1:{port}",
+                 "--stats", str(stats_path)],
+            )  # fmt: skip
+            targets.append(Target("nodescope", port, daemon))
+            if not args.no_node_exporter:
+                ne_port = free_port()
+                ne = subprocess.Popen(
+                    [
+                        NODE_EXPORTER,
+                        f"--path.procfs={root / 'proc'}",
+                        f"--path.sysfs={root / 'sys'}",
+                        f"--path.rootfs={root}",
+                        f"--web.listen-address=127.0.0.1:{ne_port}",
+                        "--collector.disable-defaults",
+                        *(f"--collector.{c}" for c in NODE_EXPORTER_COLLECTORS),
+                        "--log.level=warn",
+                    ],
+                    stderr=subprocess.DEVNULL,
+                )
+                targets.append(Target("node_exporter", ne_port, ne))
+            for target in targets:
+                wait_ready(target.port, 120, target.process)
+            result["overhead"] = _overhead_window(args, targets, stats_path)
+            result["latency"] = _latency(args, targets)
+        finally:
+            for target in targets:
+                stop(target.process)
+            stop(sim)
+        daemon_stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
+        _add_cycle_stats(result, daemon_stats)
+    return result
+
+
+def _overhead_window(
+    args: argparse.Namespace, targets: list[Target], stats_path: Path
+) -> dict[str, Any]:
+    scrapers = {t.name: Scraper(t.port) for t in targets}
+    print(f"   warm-up {args.warmup:.0f} s", flush=True)
+    deadline = time.monotonic() + args.warmup
+    while time.monotonic() < deadline:
+        for s in scrapers.values():
+            s.get()
+        time.sleep(max(0.0, 1.0 - (time.monotonic() % 1.0)))
+    print(f"   window {args.window:.0f} s: one scrape of each per second", flush=True)
+    start = time.monotonic()
+    cpu0 = {t.name: proc_cpu_seconds(t.process.pid) for t in targets}
+    scrapes = dict.fromkeys(scrapers, 0)
+    bodies: dict[str, bytes] = {}
+    scrape_latency: dict[str, list[float]] = {name: [] for name in scrapers}
+    next_tick = start
+    while time.monotonic() - start < args.window:
+        for target in targets:
+            latency, _, body = scrapers[target.name].get()
+            scrapes[target.name] += 1
+            scrape_latency[target.name].append(latency)
+            bodies[target.name] = body
+            target.rss.append(proc_rss_bytes(target.process.pid))
+        next_tick += 1.0
+        time.sleep(max(0.0, next_tick - time.monotonic()))
+    end = time.monotonic()
+    cpu1 = {t.name: proc_cpu_seconds(t.process.pid) for t in targets}
+    for s in scrapers.values():
+        s.close()
+    out: dict[str, Any] = {"window_seconds": round(end - start, 2), "start": start, "end": end}
+    for target in targets:
+        cpu = cpu1[target.name] - cpu0[target.name]
+        body = bodies.get(target.name, b"")
+        out[target.name] = {
+            "cpu_seconds": round(cpu, 3),
+            "scrapes": scrapes[target.name],
+            "cpu_ms_per_scrape": round(cpu / max(1, scrapes[target.name]) * 1000, 2),
+            "rss_mib_start": round(target.rss[0] / 2**20, 1),
+            "rss_mib_end": round(target.rss[-1] / 2**20, 1),
+            "rss_mib_max": round(max(target.rss) / 2**20, 1),
+            "rss_mib_series": [round(r / 2**20, 1) for r in target.rss],
+            "series": series_count(body),
+            "bytes": len(body),
+            "fds": proc_fds(target.process.pid),
+            "scrape_p50_ms_quiet": round(percentile(scrape_latency[target.name], 50) * 1000, 2),
+        }
+    return out
+
+
+def _latency(args: argparse.Namespace, targets: list[Target]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for target in targets:
+        entry: dict[str, Any] = {}
+        for scrapers in (1, args.scrapers):
+            print(f"   latency: {target.name}, {scrapers} scraper(s)", flush=True)
+            cpu0 = proc_cpu_seconds(target.process.pid)
+            if scrapers == 1:
+                values = _latency_single(target.port, args.latency_seconds, 300)
+            else:
+                values = _latency_burst(target.port, scrapers, args.latency_seconds * 2, 20)
+            cpu = proc_cpu_seconds(target.process.pid) - cpu0
+            figures = _latency_figures(values)
+            figures["process_cpu_seconds"] = round(cpu, 3)
+            entry[str(scrapers)] = figures
+        out[target.name] = entry
+    return out
+
+
+def _add_cycle_stats(result: dict[str, Any], stats: dict[str, Any]) -> None:
+    overhead = result.get("overhead")
+    if not stats or not overhead:
+        return
+    ends = stats["cycle_end_monotonic"]
+    cpu = stats["cycle_thread_cpu_seconds"]
+    inside = [
+        c for e, c in zip(ends, cpu, strict=True) if overhead["start"] <= e <= overhead["end"]
+    ]
+    refresh = stats["nvml_refresh_cpu_seconds"] / max(1, stats["nvml_refreshes"])
+    ns = overhead["nodescope"]
+    ns["cycles"] = len(inside)
+    ns["cpu_ms_per_cycle"] = round(ns["cpu_seconds"] / max(1, len(inside)) * 1000, 2)
+    ns["nvml_mirror_refresh_ms_per_cycle"] = round(refresh * 1000, 3)
+    ns["cpu_ms_per_cycle_without_mirror"] = round(ns["cpu_ms_per_cycle"] - refresh * 1000, 2)
+    ns["main_thread_cycle_ms"] = {
+        "mean": round(statistics.fmean(inside) * 1000, 2) if inside else None,
+        "p50": round(percentile(inside, 50) * 1000, 2),
+        "p99": round(percentile(inside, 99) * 1000, 2),
+        "max": round(max(inside) * 1000, 2) if inside else None,
+    }
+    ns["sources"] = stats["sources"]
+
+
+# --------------------------------------------------------------------------------------------
+# Profile: where the daemon's cycle goes, by py-spy
+
+
+def phase_profile(args: argparse.Namespace) -> dict[str, Any]:
+    """py-spy samples the daemon (as in the overhead phase, not scraped) for
+    ``--profile-seconds``; the collapsed stacks are summed by the daemon's parts and by
+    function (self time)."""
+    py_spy = Path(PYTHON).with_name("py-spy")
+    if not py_spy.exists():
+        py_spy = Path(shutil.which("py-spy") or "py-spy")
+    args.out.mkdir(parents=True, exist_ok=True)
+    raw = args.out / "profile.txt"
+    with temp_root("nodescope-profile-") as base:
+        root = base / "node"
+        print(f"== profile: py-spy on the daemon for {args.profile_seconds:.0f} s", flush=True)
+        sim = start_simulator(args.scenario, root)
+        port = free_port()
+        daemon = subprocess.Popen(
+            [PYTHON, str(BENCH / "daemon.py"), str(root), "--listen", f"127.0.0.1:{port}"]
+        )
+        try:
+            wait_ready(port, 120, daemon)
+            time.sleep(args.warmup / 2)
+            subprocess.run(
+                [str(py_spy), "record", "--pid", str(daemon.pid), "--duration",
+                 str(int(args.profile_seconds)), "--rate", "200", "--format", "raw",
+                 "--output", str(raw), "--nonblocking"],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            stop(daemon)
+            stop(sim)
+    return summarise_profile(raw.read_text())
+
+
+#: The daemon's parts, by the frame that identifies them (first match from the root).
+_PARTS = (
+    ("render", "MetricsCache.update"),
+    ("analyse", "Analyzer.analyze"),
+    ("http", "process_request_thread"),
+    ("nvml xid thread", "_XidWatcher"),
+)
+
+
+def summarise_profile(text: str) -> dict[str, Any]:
+    own: dict[str, int] = {}
+    parts: dict[str, int] = {}
+    total = 0
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        leaf = frames[-1]
+        own[leaf] = own.get(leaf, 0) + count
+        part = "other"
+        for frame in frames:
+            if "Collector._run_one" in frame or "_run_one (" in frame:
+                source = next((f for f in frames if ".collect (" in f and "Collector" not in f), "")
+                part = "collect " + (source.split(" (")[0] or "?")
+                break
+            found = next((name for name, key in _PARTS if key in frame), None)
+            if found is not None:
+                part = found
+                break
+        parts[part] = parts.get(part, 0) + count
+    busy = {k: v for k, v in parts.items() if k != "other"}
+    return {
+        "samples": total,
+        "parts_percent": {
+            k: round(v / total * 100, 1) for k, v in sorted(parts.items(), key=lambda i: -i[1])
+        },
+        "busy_samples": sum(busy.values()),
+        "top_self_percent": [
+            [k, round(v / total * 100, 1)] for k, v in sorted(own.items(), key=lambda i: -i[1])[:25]
+        ],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Scale curves: simulated time, one process per variant
+
+
+def scale_point(path: str, cycles: int) -> dict[str, Any]:
+    """The daemon's cycle on one variant, in simulated time; run in a process of its own."""
+    from nodescope.config import Config
+    from nodescope.service import Service
+    from nodescope.sim.node import SimulatedNode, make_temp_root
+    from nodescope.sim.scenario import load_scenario
+
+    scenario = load_scenario(path)
+    root = make_temp_root("nodescope-scale-")
+    try:
+        node = SimulatedNode(scenario, root)
+        node.materialise()
+        node.advance_to(0.0)
+        clock = _SimClock()
+        config = Config(roots=node.roots)
+        sources = node.sources()
+        per_source: dict[str, float] = dict.fromkeys((s.name for s in sources), 0.0)
+        for source in sources:
+            _time_calls(source, "collect", per_source, source.name)
+
+        def make(cfg: Config) -> Any:
+            from nodescope.collect import Collector
+
+            collector = Collector.from_config(cfg, sources)
+            collector.clock = clock
+            collector.wall_clock = lambda: 1_750_000_000.0 + clock.now
+            return collector
+
+        service = Service(lambda: config, make_collector=make)
+        parts = {"analyze": 0.0, "render": 0.0}
+        _time_calls(service.analyzer, "analyze", parts, "analyze")
+        _time_calls(service.cache, "update", parts, "render")
+        totals: list[float] = []
+        for i in range(cycles + 1):
+            node.advance_to(float(i))
+            clock.now = float(i)
+            if i == 0:
+                service.run_cycle()
+                for key in per_source:
+                    per_source[key] = 0.0
+                parts.update(analyze=0.0, render=0.0)
+                continue
+            started = time.thread_time()
+            service.run_cycle()
+            totals.append(time.thread_time() - started)
+        _, body = service.cache.body()
+        service.shutdown()
+        procs = sum(1 for e in os.scandir(node.roots.procfs) if e.name.isdigit())
+        threads = sum(
+            len(os.listdir(node.roots.procfs / e.name / "task"))
+            for e in os.scandir(node.roots.procfs)
+            if e.name.isdigit()
+        )
+        return {
+            "scenario": scenario.name,
+            "gpus": len(scenario.hardware.gpus),
+            "nvlinks": sum(g.nvlink_count for g in scenario.hardware.gpus),
+            "processes": procs,
+            "threads": threads,
+            "jobs": len(scenario.jobs),
+            "cycles": cycles,
+            "cpu_ms_per_cycle": round(statistics.fmean(totals) * 1000, 2),
+            "cpu_ms_p50": round(percentile(totals, 50) * 1000, 2),
+            "cpu_ms_max": round(max(totals) * 1000, 2),
+            "sources_ms_per_cycle": {k: round(v / cycles * 1000, 2) for k, v in per_source.items()},
+            "analyze_ms_per_cycle": round(parts["analyze"] / cycles * 1000, 2),
+            "render_ms_per_cycle": round(parts["render"] / cycles * 1000, 2),
+            "series": series_count(body),
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class _SimClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _time_calls(obj: Any, method: str, totals: dict[str, float], key: str) -> None:
+    original: Callable[..., Any] = getattr(obj, method)
+
+    def timed(*a: Any, **kw: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return original(*a, **kw)
+        finally:
+            totals[key] += time.thread_time() - started
+
+    setattr(obj, method, timed)
+
+
+def phase_scale(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(BENCH))
+    import variants
+
+    curves: dict[str, list[dict[str, Any]]] = {}
+    with temp_root("nodescope-variants-") as directory:
+        for curve, (points, build) in variants.CURVES.items():
+            if args.curves and curve not in args.curves:
+                continue
+            for point in points:
+                if args.quick and point not in (points[0], points[-1]):
+                    continue
+                path = variants.write_variant(build(point), directory)
+                print(f"== scale: {curve} = {point}", flush=True)
+                out = subprocess.run(
+                    [PYTHON, str(BENCH / "run.py"), "_scale_point", str(path),
+                     str(args.scale_cycles)],
+                    capture_output=True, text=True, check=False,
+                )  # fmt: skip
+                if out.returncode != 0:
+                    print(out.stderr, file=sys.stderr)
+                    raise RuntimeError(f"scale point {path.name} failed")
+                entry = json.loads(out.stdout.strip().splitlines()[-1])
+                entry["point"] = point
+                curves.setdefault(curve, []).append(entry)
+    slopes: dict[str, Any] = {}
+    element = {"gpus": "gpus", "processes": "threads", "jobs": "jobs", "nvlinks": "nvlinks"}
+    for curve, entries in curves.items():
+        if len(entries) < 2:
+            continue
+        first, last = entries[0], entries[-1]
+        key = element[curve]
+        span = last[key] - first[key]
+        if span:
+            slopes[curve] = {
+                "per": key.rstrip("s"),
+                "us_per_element": round(
+                    (last["cpu_ms_per_cycle"] - first["cpu_ms_per_cycle"]) / span * 1000, 2
+                ),
+                "series_per_element": round((last["series"] - first["series"]) / span, 2),
+            }
+    return {"curves": curves, "cost_per_element": slopes}
+
+
+# --------------------------------------------------------------------------------------------
+# Soak: simulated time, job churn
+
+JOB_ID = re.compile(rb'job_id="([^"]*)"')
+
+
+def soak(args: argparse.Namespace) -> dict[str, Any]:
+    """Runs in a process of its own (so its RSS and descriptors are the daemon's parts')."""
+    sys.path.insert(0, str(BENCH))
+    from daemon import node_sources
+
+    from nodescope.config import Config
+    from nodescope.roots import Roots
+    from nodescope.service import Service
+    from nodescope.sim.nvml_mirror import MirroredNvml
+    from nodescope.sim.run_node import STATE_FILE
+
+    with temp_root("nodescope-soak-") as base:
+        root = base / "node"
+        scenario = args.soak_scenario
+        sim = start_simulator(
+            scenario, root, "--churn-slots", str(args.churn_slots), "--churn-every",
+            str(args.churn_every), stepped=True,
+        )  # fmt: skip
+        assert sim.stdin is not None and sim.stdout is not None
+        try:
+            mirror = MirroredNvml(root / STATE_FILE)
+            clock = _SimClock()
+            config = Config(roots=Roots.under(root))
+            sources = node_sources(mirror)
+
+            def make(cfg: Config) -> Any:
+                from nodescope.collect import Collector
+
+                collector = Collector.from_config(cfg, sources)
+                collector.clock = clock
+                collector.wall_clock = mirror.wall_clock
+                return collector
+
+            service = Service(lambda: config, make_collector=make)
+            pid = os.getpid()
+            warm = args.soak_warmup
+            samples: list[tuple[int, int, int, int]] = []  # cycle, rss, fds, series
+            stale: list[tuple[int, list[str]]] = []
+            checks = 0
+            seen_jobs: set[str] = set()
+            traced: tracemalloc.Snapshot | None = None
+            started = time.monotonic()
+            for cycle in range(args.soak_cycles + 1):
+                t = float(cycle)
+                sim.stdin.write(f"{t}\n")
+                sim.stdin.flush()
+                reply = json.loads(sim.stdout.readline())
+                clock.now = t
+                service.run_cycle()
+                if cycle % args.churn_every == args.churn_every // 2 and cycle > args.churn_every:
+                    _, body = service.cache.body()
+                    labelled = {m.decode() for m in JOB_ID.findall(body)}
+                    seen_jobs |= labelled
+                    leftover = sorted(labelled & set(reply["ended"]))
+                    checks += 1
+                    if leftover:
+                        stale.append((cycle, leftover))
+                if args.soak_tracemalloc and cycle == warm:
+                    tracemalloc.start(8)
+                    traced = tracemalloc.take_snapshot()
+                if cycle % 100 == 0 or cycle == warm:
+                    _, body = service.cache.body()
+                    samples.append((cycle, proc_rss_bytes(pid), proc_fds(pid), series_count(body)))
+                if cycle % 1000 == 0:
+                    print(
+                        f"   soak cycle {cycle}: rss {proc_rss_bytes(pid) / 2**20:.1f} MiB, "
+                        f"{proc_fds(pid)} fds, {time.monotonic() - started:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            elapsed = time.monotonic() - started
+            growth: list[str] = []
+            if args.soak_tracemalloc and traced is not None:
+                stats = tracemalloc.take_snapshot().compare_to(traced, "traceback")
+                growth = [
+                    f"{st.size_diff / 1024:+.1f} KiB {st.count_diff:+d} blocks at "
+                    + " <- ".join(f"{f.filename.split('/')[-1]}:{f.lineno}" for f in st.traceback)
+                    for st in stats[:15]
+                ]
+            service.shutdown()
+            ended = reply["ended"]
+        finally:
+            sim.stdin.close()
+            stop(sim)
+    after = [s for s in samples if s[0] >= warm]
+    # RSS wobbles with the allocator; compare the median of the first and last tenth.
+    tenth = max(1, len(after) // 10)
+    rss_warm = statistics.median(s[1] for s in after[:tenth])
+    rss_end = statistics.median(s[1] for s in after[-tenth:])
+    return {
+        "scenario": Path(scenario).stem,
+        "cycles": args.soak_cycles,
+        "warmup_cycles": warm,
+        "churn": {"slots": args.churn_slots, "every": args.churn_every, "jobs_ended": len(ended)},
+        "elapsed_seconds": round(elapsed, 1),
+        "rss_mib_after_warmup": round(rss_warm / 2**20, 2),
+        "rss_mib_end": round(rss_end / 2**20, 2),
+        "rss_growth_mib": round((rss_end - rss_warm) / 2**20, 2),
+        "rss_mib_max_after_warmup": round(max(s[1] for s in after) / 2**20, 2),
+        "fds_after_warmup": after[0][2],
+        "fds_end": after[-1][2],
+        "series_after_warmup": after[0][3],
+        "series_end": after[-1][3],
+        "series_max": max(s[3] for s in after),
+        "job_ids_seen": len(seen_jobs),
+        "stale_checks": checks,
+        "stale_series": stale[:10],
+        "samples": samples,
+        "tracemalloc_growth": growth,
+        "passed": (rss_end - rss_warm) <= 2**20 and not stale and after[-1][2] <= after[0][2],
+    }
+
+
+def phase_soak(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.soak_scenario:
+        sys.path.insert(0, str(BENCH))
+        import variants
+
+        directory = Path(tempfile.mkdtemp(prefix="nodescope-soak-scenario-"))
+        # dgx-h100 cut down to what a soak needs to run 10,000 cycles in minutes: every kind
+        # of source and series, fewer GPUs and background processes.
+        doc = variants.with_gpus(args.soak_gpus)
+        doc["hardware"]["os"]["background_processes"] = args.soak_processes
+        doc["name"] = f"dgx-h100-soak-{args.soak_gpus}gpu-{args.soak_processes}proc"
+        args.soak_scenario = str(variants.write_variant(doc, directory))
+    print(
+        f"== soak: {args.soak_cycles} cycles of {args.soak_scenario}, a job ends and one "
+        f"starts every {args.churn_every} cycles",
+        flush=True,
+    )
+    cmd = [
+        PYTHON, str(BENCH / "run.py"), "_soak", "--soak-cycles", str(args.soak_cycles),
+        "--soak-warmup", str(args.soak_warmup), "--soak-scenario", args.soak_scenario,
+        "--churn-slots", str(args.churn_slots), "--churn-every", str(args.churn_every),
+        "--soak-gpus", str(args.soak_gpus), "--soak-processes", str(args.soak_processes),
+        *(["--soak-tracemalloc"] if args.soak_tracemalloc else []),
+    ]  # fmt: skip
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError("soak failed")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+TARGETS = {
+    "cpu_ms_per_cycle": 5.0,
+    "rss_mib": 45.0,
+    "scrape_p99_ms_50": 5.0,
+}
+
+
+def report(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [
+        f"Run {m['date']} on {m['cpus']} × {m['cpu']}, {m['memory_gib']} GiB, {m['os']}, "
+        f"kernel {m['kernel']}, Python {m['python']}; {m['node_exporter']}.",
+        f"Load average at start {m['loadavg_start'][0]:.2f}, "
+        f"at end {results.get('loadavg_end', [float('nan')])[0]:.2f}.",
+        "",
+    ]
+    ov = results.get("overhead")
+    if ov and "overhead" in ov:
+        w = ov["overhead"]
+        ns = w["nodescope"]
+        ne = w.get("node_exporter")
+        lines += [
+            f"### Overhead on `{ov['scenario']}` ({w['window_seconds']:.0f} s window, "
+            f"{ns.get('cycles', '?')} cycles, one scrape of each per second)",
+            "",
+            "| | nodescope | node_exporter | ratio | target |",
+            "|---|---:|---:|---:|---|",
+        ]
+        ne_cpu = ne["cpu_ms_per_scrape"] if ne else None
+        ratio = f"{ns['cpu_ms_per_cycle_without_mirror'] / ne_cpu:.2f}" if ne_cpu else "–"
+        lines.append(
+            f"| CPU ms per cycle / per scrape | {ns['cpu_ms_per_cycle_without_mirror']:.2f} "
+            f"| {ne_cpu if ne_cpu is not None else '–'} | {ratio} | ≤ 5 ms and ≤ node_exporter |"
+        )
+        lines.append(
+            f"| RSS MiB (end of window; max) | {ns['rss_mib_end']} ({ns['rss_mib_max']}) | "
+            + (f"{ne['rss_mib_end']} ({ne['rss_mib_max']})" if ne else "–")
+            + " | "
+            + (f"{ns['rss_mib_end'] / ne['rss_mib_end']:.2f}" if ne else "–")
+            + " | ≤ 45 MiB |"
+        )
+        lines.append(
+            f"| series | {ns['series']} | {ne['series'] if ne else '–'} | "
+            + (f"{ns['series'] / ne['series']:.1f}" if ne and ne["series"] else "–")
+            + " | |"
+        )
+        lines.append(f"| /metrics bytes | {ns['bytes']} | {ne['bytes'] if ne else '–'} | | |")
+        lat = ov.get("latency", {})
+        for n in sorted({k for v in lat.values() for k in v}, key=int):
+            a = lat.get("nodescope", {}).get(n)
+            b = lat.get("node_exporter", {}).get(n)
+            cell = lambda x: f"{x['p50_ms']} / {x['p99_ms']}" if x else "–"  # noqa: E731
+            target = "p99 ≤ 5 ms" if n != "1" else ""
+            lines.append(
+                f"| scrape p50 / p99 ms, {n} scraper(s) | {cell(a)} | {cell(b)} | "
+                + (f"{a['p99_ms'] / b['p99_ms']:.2f}" if a and b and b["p99_ms"] else "–")
+                + f" | {target} |"
+            )
+        lines += [
+            "",
+            f"nodescope process CPU per cycle including the NVML mirror's refresh: "
+            f"{ns['cpu_ms_per_cycle']} ms (refresh {ns['nvml_mirror_refresh_ms_per_cycle']} ms); "
+            f"main-thread cycle CPU p50 {ns['main_thread_cycle_ms']['p50']} ms, "
+            f"p99 {ns['main_thread_cycle_ms']['p99']} ms, "
+            f"max {ns['main_thread_cycle_ms']['max']} ms.",
+            f"nodescope RSS over the window (MiB, one sample per second, first/last): "
+            f"{ns['rss_mib_series'][0]} → {ns['rss_mib_series'][-1]}.",
+            "",
+        ]
+    pr = results.get("profile")
+    if pr:
+        lines += [
+            f"### Where the daemon's CPU goes (py-spy, {pr['samples']} samples of busy threads "
+            "at 200 Hz)",
+            "",
+            "| part | % of samples |",
+            "|---|---:|",
+            *(f"| {k} | {v} |" for k, v in pr["parts_percent"].items()),
+            "",
+            "Functions with the most self time (% of samples):",
+            "",
+            *(f"- {name}: {pct}" for name, pct in pr["top_self_percent"][:15]),
+            "",
+        ]
+    sc = results.get("scale")
+    if sc:
+        lines += ["### Scale (simulated time, CPU ms per 1 s cycle at default intervals)", ""]
+        for curve, entries in sc["curves"].items():
+            lines += [
+                f"**{curve}**",
+                "",
+                "| point | GPUs | NVLinks | processes | threads | jobs | series | CPU ms/cycle "
+                "| collect | analyse | render |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+            for e in entries:
+                collect = sum(e["sources_ms_per_cycle"].values())
+                lines.append(
+                    f"| {e['point']} | {e['gpus']} | {e['nvlinks']} | {e['processes']} "
+                    f"| {e['threads']} | {e['jobs']} | {e['series']} | {e['cpu_ms_per_cycle']} "
+                    f"| {collect:.2f} | {e['analyze_ms_per_cycle']} | {e['render_ms_per_cycle']} |"
+                )
+            lines.append("")
+        if sc["cost_per_element"]:
+            lines += ["Cost per element (slope between the end points):", ""]
+            for curve, s in sc["cost_per_element"].items():
+                lines.append(
+                    f"- {curve}: {s['us_per_element']} µs CPU per cycle and "
+                    f"{s['series_per_element']} series per {s['per']}"
+                )
+            lines.append("")
+    so = results.get("soak")
+    if so:
+        lines += [
+            f"### Soak: {so['cycles']} cycles of `{so['scenario']}` in simulated time, "
+            f"{so['churn']['jobs_ended']} jobs ended ({so['elapsed_seconds']:.0f} s)",
+            "",
+            f"- RSS after {so['warmup_cycles']} cycles of warm-up "
+            f"{so['rss_mib_after_warmup']} MiB, "
+            f"at the end {so['rss_mib_end']} MiB: growth {so['rss_growth_mib']} MiB (≤ 1 MiB)",
+            f"- open descriptors {so['fds_after_warmup']} → {so['fds_end']}",
+            f"- series {so['series_after_warmup']} → {so['series_end']} (max {so['series_max']}); "
+            f"{so['job_ids_seen']} job ids seen; series of ended jobs at "
+            f"{so['stale_checks']} mid-period checks: "
+            + ("none" if not so["stale_series"] else f"{so['stale_series']}"),
+            *(f"- grew: {g}" for g in so.get("tracemalloc_growth", [])[:8]),
+            f"- {'PASS' if so['passed'] else 'FAIL'}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_scale_point":
+        print(json.dumps(scale_point(argv[1], int(argv[2]))))
+        return 0
+    parser = argparse.ArgumentParser(description="nodescope overhead benchmark")
+    parser.add_argument("--phases", default="overhead,profile,scale,soak")
+    parser.add_argument("--scenario", default="dgx-h100")
+    parser.add_argument("--warmup", type=float, default=20.0)
+    parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--scrapers", type=int, default=50)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--no-node-exporter", action="store_true")
+    parser.add_argument("--profile-seconds", type=float, default=30.0)
+    parser.add_argument("--scale-cycles", type=int, default=20)
+    parser.add_argument("--curves", nargs="*")
+    parser.add_argument("--quick", action="store_true", help="end points of each curve only")
+    parser.add_argument("--soak-cycles", type=int, default=10000)
+    parser.add_argument("--soak-warmup", type=int, default=1000)
+    parser.add_argument("--soak-scenario", help="scenario (default: dgx-h100 with fewer processes)")
+    parser.add_argument("--soak-processes", type=int, default=200)
+    parser.add_argument("--soak-gpus", type=int, default=2)
+    parser.add_argument(
+        "--soak-tracemalloc", action="store_true", help="report where memory grew (slower)"
+    )
+    parser.add_argument("--churn-slots", type=int, default=4)
+    parser.add_argument("--churn-every", type=int, default=50)
+    parser.add_argument("--out", type=Path, default=BENCH / "results")
+    if argv and argv[0] == "_soak":
+        args = parser.parse_args(argv[1:])
+        print(json.dumps(soak(args)))
+        return 0
+    args = parser.parse_args(argv)
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    results: dict[str, Any] = {"machine": machine(), "command": " ".join(["bench/run.py", *argv])}
+    if "overhead" in phases:
+        results["overhead"] = phase_overhead(args)
+    if "profile" in phases:
+        results["profile"] = phase_profile(args)
+    if "scale" in phases:
+        results["scale"] = phase_scale(args)
+    if "soak" in phases:
+        results["soak"] = phase_soak(args)
+    results["loadavg_end"] = os.getloadavg()
+    text = report(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    (args.out / "results.md").write_text(text + "\n")
+    print()
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

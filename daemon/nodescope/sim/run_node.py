@@ -1,0 +1,125 @@
+"""``python -m nodescope.sim.run_node SCENARIO ROOT``: a simulated node in a process of its own.
+
+Materialises the scenario's node under ``ROOT`` (empty or absent) and keeps it moving, so a
+daemon started separately (``nodescope run --sysfs ROOT/sys --procfs ROOT/proc …``, or the
+benchmark's daemon in ``bench/``) reads files that change under it, with none of the
+simulator's work in the daemon's process. The fake NVML cannot be shared between processes:
+its state is published after every tick to ``ROOT/nvml-state.json``
+(:mod:`nodescope.sim.nvml_mirror`) for a :class:`~nodescope.sim.nvml_mirror.MirroredNvml` to
+follow.
+
+Two ways to run:
+
+* real time (default): one tick of the scenario per ``tick_seconds`` of wall time until
+  SIGTERM/SIGINT; past the scenario's end the node goes on at the rates its open-ended
+  activities leave (as ``nodescope demo`` does). After a stall it jumps to the present.
+* ``--stepped``: for each line ``T`` read on stdin, advance to simulated second ``T`` and
+  answer one JSON line ``{"t": T, "active": [...], "ended": [...]}`` (the churn jobs' ids)
+  when the files are written; exits at end of input. A driver in simulated time (the soak)
+  runs the daemon's cycle between two steps.
+
+``--churn-slots K --churn-every N`` adds K short jobs that take turns, one ending and one
+starting every N ticks (:mod:`nodescope.sim.churn`). "ready" is printed on stdout once the
+node is materialised at t = 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from nodescope.sim.churn import JobChurn
+from nodescope.sim.node import EPOCH, SimulatedNode
+from nodescope.sim.nvml_mirror import XidRecorder, state_document, write_state
+from nodescope.sim.scenario import load_scenario
+
+STATE_FILE = "nvml-state.json"
+
+
+class NodeProcess:
+    """The node, its churn and the NVML state file, advanced together."""
+
+    def __init__(self, node: SimulatedNode, churn: JobChurn | None, state_path: Path) -> None:
+        self.node = node
+        self.churn = churn
+        self.state_path = state_path
+        self.xids = XidRecorder(node.nvml)
+
+    def advance(self, t: float) -> None:
+        self.node.advance_to(t)
+        if self.churn is not None:
+            self.churn.apply(t)
+        document = state_document(self.node.nvml, t, EPOCH, self.xids.drain())
+        write_state(self.state_path, document)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nodescope.sim.run_node",
+        description="Run a simulated node in this process, writing its trees under ROOT.",
+    )
+    parser.add_argument("scenario", help="bundled scenario name or scenario file")
+    parser.add_argument("root", type=Path, help="directory to materialise the node in")
+    parser.add_argument("--stepped", action="store_true", help="advance on stdin lines")
+    parser.add_argument("--tick", type=float, help="seconds per tick (default: the scenario's)")
+    parser.add_argument("--churn-slots", type=int, default=0, metavar="K")
+    parser.add_argument("--churn-every", type=int, default=50, metavar="N")
+    return parser
+
+
+_stop = threading.Event()
+
+
+def _on_stop(signum: int, frame: FrameType | None) -> None:
+    _stop.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    scenario = load_scenario(args.scenario)
+    tick = args.tick or scenario.tick_seconds
+    node = SimulatedNode(scenario, args.root)
+    node.materialise()
+    churn = (
+        JobChurn(node.roots, node.nvml, args.churn_slots, args.churn_every)
+        if args.churn_slots
+        else None
+    )
+    process = NodeProcess(node, churn, args.root / STATE_FILE)
+    process.advance(0.0)
+    print("ready", flush=True)
+    if args.stepped:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            t = float(line)
+            process.advance(t)
+            reply = {
+                "t": t,
+                "active": sorted(churn.active_ids()) if churn else [],
+                "ended": [str(j) for j in churn.ended] if churn else [],
+            }
+            print(json.dumps(reply), flush=True)
+        return 0
+    signal.signal(signal.SIGTERM, _on_stop)
+    signal.signal(signal.SIGINT, _on_stop)
+    started = time.monotonic()
+    n = 0
+    while not _stop.is_set():
+        n += 1
+        if _stop.wait(max(0.0, started + n * tick - time.monotonic())):
+            break
+        # After a stall, jump to the present rather than replaying missed ticks in a burst.
+        n = max(n, int((time.monotonic() - started) / tick))
+        process.advance(round(n * tick, 9))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
