@@ -5,12 +5,12 @@ Raw cumulative counters are counters (Prometheus computes rates). What only the 
 see is exported beside them: the per-sample maxima and the share of samples over the module's
 thresholds in the last window (the interval since the daemon's previous read), and the
 per-sample utilisation and stall-rate distributions as cumulative bucket counters with an
-``le`` label, so ``histogram_quantile()`` works on their ``rate()``.
+``below`` label (the bucket bound: promtool reserves ``le`` for histogram types).
 
 Units: utilisation is a fraction of the link's capacity per direction (the larger of TX and
 RX); stall rates are stall cycles per microsecond. Bucket bounds are the module's log2
 buckets: a value lands in bucket b when it is below 2^b (in 1/65536 of capacity for
-utilisation, in cycles per microsecond for stalls); ``le`` is that bound, rounded to 6 digits.
+utilisation, in cycles per microsecond for stalls); ``below`` is that bound, rounded to 6 digits.
 ``nodescope_nvlink_data_source_info{source="kmod"}`` (the gpu area's, decided by
 :func:`nodescope_exporters.gpu_metrics.nvlink_data_source`) says the module served the NVLink
 figures.
@@ -33,7 +33,9 @@ from nodescope_exporters.catalog import MetricSpec, metric
 
 AREA = NAME
 _LINK = ("device", "link")
-_BUCKET = ("device", "link", "le")
+# The bucket bound is "below", not "le": these are counters per bucket, and promtool keeps
+# "le" for histogram types.
+_BUCKET = ("device", "link", "below")
 
 #: exported log2 bucket indices (bucket b counts values below 2^b)
 UTIL_BUCKETS = tuple(range(10, 18))  # 2^10/65536 = 1.6 % .. 2^17/65536 = 200 %

@@ -584,7 +584,7 @@ def test_nodescope_snapshot_json_shows_module_metrics() -> None:
         collector.close()
         assert 'nodescope_nvlink_data_source_info{source="kmod"} 1.0' in text
         assert 'nodescope_nvlink_kmod_transmit_bytes_total{device="0",link="0"}' in text
-        assert 'nodescope_nvlink_kmod_stall_samples_total{device="0",le="1024",link="0"}' in text
+        assert 'nodescope_nvlink_kmod_stall_samples_total{below="1024",device="0",link="0"}' in text
 
 
 # --------------------------------------------------------------------------------------------

@@ -360,7 +360,7 @@ def test_metrics_of_module_served_links(tmp_path: Path) -> None:
     )
     # Cumulative buckets: values below 2^9 are <= 512; 2^12 adds at 4096; 2^19 only at +Inf.
     for le, count in (("256", 0), ("512", 1), ("2048", 1), ("4096", 2), ("16384", 2), ("+Inf", 3)):
-        line = f'nodescope_nvlink_kmod_stall_samples_total{{device="0",le="{le}",link="0"}}'
+        line = f'nodescope_nvlink_kmod_stall_samples_total{{below="{le}",device="0",link="0"}}'
         assert f"{line} {float(count)}" in text
     assert 'nodescope_nvlink_kmod_utilisation_ratio{device="0",link="0"} 0.2' in text
     assert 'nodescope_nvlink_kmod_stall_cycles_per_microsecond{device="0",link="0"} 700.0' in text
