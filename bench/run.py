@@ -816,11 +816,15 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def phase_soak(args: argparse.Namespace) -> dict[str, Any]:
+    with temp_root("nodescope-soak-scenario-") as directory:
+        return _phase_soak(args, directory)
+
+
+def _phase_soak(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     if not args.soak_scenario:
         sys.path.insert(0, str(BENCH))
         import variants
 
-        directory = Path(tempfile.mkdtemp(prefix="nodescope-soak-scenario-"))
         # dgx-h100 cut down to what a soak needs to run 10,000 cycles in minutes: every kind
         # of source and series, fewer GPUs and background processes.
         doc = variants.with_gpus(args.soak_gpus)
@@ -848,13 +852,6 @@ def phase_soak(args: argparse.Namespace) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # Report
-
-
-TARGETS = {
-    "cpu_ms_per_cycle": 5.0,
-    "rss_mib": 45.0,
-    "scrape_p99_ms_50": 5.0,
-}
 
 
 def report(results: dict[str, Any]) -> str:
@@ -970,6 +967,8 @@ def report(results: dict[str, Any]) -> str:
             f"- RSS after {so['warmup_cycles']} cycles of warm-up "
             f"{so['rss_mib_after_warmup']} MiB, "
             f"at the end {so['rss_mib_end']} MiB: growth {so['rss_growth_mib']} MiB (≤ 1 MiB)",
+            "- RSS every 1,000 cycles (MiB): "
+            + ", ".join(f"{c}: {r / 2**20:.1f}" for c, r, _f, _s in so["samples"] if c % 1000 == 0),
             f"- open descriptors {so['fds_after_warmup']} → {so['fds_end']}",
             f"- series {so['series_after_warmup']} → {so['series_end']} (max {so['series_max']}); "
             f"{so['job_ids_seen']} job ids seen; series of ended jobs at "
@@ -1014,7 +1013,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv[1:])
         print(json.dumps(soak(args)))
         return 0
+    parser.add_argument("--report", type=Path, help="print the report of a results.json")
     args = parser.parse_args(argv)
+    if args.report is not None:
+        print(report(json.loads(args.report.read_text())))
+        return 0
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     results: dict[str, Any] = {"machine": machine(), "command": " ".join(["bench/run.py", *argv])}
     if "overhead" in phases:
