@@ -40,7 +40,7 @@ import json
 import os
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -718,8 +718,11 @@ def read_v1_job(roots: Roots, controller: str, job_id: str, uid: int, directory:
     )
 
 
-def read_others_v2(root: Path, skip: Iterable[Path]) -> tuple[tuple[OtherCgroup, ...], bool]:
-    """Every populated cgroup outside the job directories, with its effective memory.max."""
+def _read_others(
+    root: Path, skip: Iterable[Path], limit_file: str, parse: Callable[[str, str], int | None]
+) -> tuple[tuple[OtherCgroup, ...], bool]:
+    """Every populated cgroup below ``root`` outside the job directories, with its effective
+    memory limit (the tightest ``limit_file`` on its path)."""
     skipped = set(skip)
     others: list[OtherCgroup] = []
     queue: deque[tuple[Path, int | None]] = deque([(root, None)])
@@ -731,9 +734,9 @@ def read_others_v2(root: Path, skip: Iterable[Path]) -> tuple[tuple[OtherCgroup,
         visited += 1
         limit = limit_above
         if current != root:
-            text = read_optional(current / "memory.max")
+            text = read_optional(current / limit_file)
             if text is not None:
-                limit = _tightest(limit, parse_limit(text, str(current / "memory.max")))
+                limit = _tightest(limit, parse(text, str(current / limit_file)))
         procs_path = current / "cgroup.procs"
         text = read_optional(procs_path)
         pids = () if text is None else tuple(sorted(set(parse_ids(text, str(procs_path)))))
@@ -746,32 +749,12 @@ def read_others_v2(root: Path, skip: Iterable[Path]) -> tuple[tuple[OtherCgroup,
     return tuple(others), False
 
 
+def read_others_v2(root: Path, skip: Iterable[Path]) -> tuple[tuple[OtherCgroup, ...], bool]:
+    return _read_others(root, skip, "memory.max", parse_limit)
+
+
 def read_others_v1(hierarchy: Path, skip: Iterable[Path]) -> tuple[tuple[OtherCgroup, ...], bool]:
-    skipped = set(skip)
-    others: list[OtherCgroup] = []
-    queue: deque[tuple[Path, int | None]] = deque([(hierarchy, None)])
-    visited = 0
-    while queue:
-        if visited >= MAX_CGROUPS:
-            return tuple(others), True
-        current, limit_above = queue.popleft()
-        visited += 1
-        limit = limit_above
-        if current != hierarchy:
-            text = read_optional(current / "memory.limit_in_bytes")
-            if text is not None:
-                path = str(current / "memory.limit_in_bytes")
-                limit = _tightest(limit, parse_v1_limit(text, path))
-        procs_path = current / "cgroup.procs"
-        text = read_optional(procs_path)
-        pids = () if text is None else tuple(sorted(set(parse_ids(text, str(procs_path)))))
-        if pids:
-            others.append(OtherCgroup(_relative(hierarchy, current), pids, limit))
-        for name in _subdirectories(current):
-            child = current / name
-            if child not in skipped:
-                queue.append((child, limit))
-    return tuple(others), False
+    return _read_others(hierarchy, skip, "memory.limit_in_bytes", parse_v1_limit)
 
 
 def registrations_dir(roots: Roots) -> Path:
