@@ -63,7 +63,7 @@ def node_sources(mirror: MirroredNvml) -> list[Source]:
     # so the list stays the one replay and demo run.
     shim: Any = SimpleNamespace(nvml=mirror, wall_clock=mirror.wall_clock)
     sources: list[Source] = []
-    for source in SimulatedNode.sources(shim):
+    for source in SimulatedNode.sources(shim, slow_every=None):
         if source.name == "nvml":
             source.close()
             sources.append(MirroredNvmlSource(mirror))

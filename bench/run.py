@@ -573,7 +573,7 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
         node.advance_to(0.0)
         clock = _SimClock()
         config = Config(roots=node.roots)
-        sources = node.sources()
+        sources = node.sources(slow_every=None)
         per_source: dict[str, float] = dict.fromkeys((s.name for s in sources), 0.0)
         for source in sources:
             _time_calls(source, "collect", per_source, source.name)

@@ -796,7 +796,7 @@ def _demo(
     )
     service = Service(
         lambda: config,
-        make_collector=lambda cfg: Collector.from_config(cfg, node.sources()),
+        make_collector=lambda cfg: Collector.from_config(cfg, node.sources(slow_every=None)),
     )
     # The view shows the analysed snapshot (with findings), which the cache is handed.
     view_cache = ViewCache()

@@ -365,10 +365,16 @@ class SimulatedNode:
         self.write_nvlink_snapshot()
         self._started = True
 
-    def sources(self) -> list[Source]:
+    def sources(self, slow_every: int | None = 1) -> list[Source]:
         """The daemon's sources for this node: the tree sources of the registry, the NVML
         source over the fake NVML and the nvlink_counter snapshot's (no netlink: the simulated
-        node has no network namespace)."""
+        node has no network namespace).
+
+        Sources that read their slowly-changing files only every so many runs have a
+        ``slow_every`` attribute. ``slow_every=1`` (the default, what ``replay`` uses) makes
+        them read everything on every run, so a counter that moves at ``t`` shows at ``t``;
+        ``None`` keeps each source's production cadence (``demo`` and the benchmark).
+        """
         from nodescope.sources.link_events import LinkEventsSource
         from nodescope.sources.nvml import NvmlSource
         from nodescope.sources.registry import SOURCES
@@ -384,7 +390,12 @@ class SimulatedNode:
         nvml = NvmlSource(self.nvml, event_wait_ms=50, wall_clock=self.wall_clock)
         # No device or netlink monitor: the node's devices change only in its trees.
         events: list[Source] = [UdevSource(monitor=None), LinkEventsSource(netlink=False)]
-        return [*tree, *events, nvml, SOURCES["nvlink_kmod"].make()]
+        sources: list[Source] = [*tree, *events, nvml, SOURCES["nvlink_kmod"].make()]
+        if slow_every is not None:
+            for source in sources:
+                if hasattr(source, "slow_every"):
+                    source.slow_every = slow_every
+        return sources
 
     def wall_clock(self) -> float:
         return EPOCH + self.t

@@ -33,7 +33,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
     SourceInfo(
         "pci",
         "nodescope.sources.pci",
-        10.0,
+        30.0,
         "PCIe tree, link speed/width, NUMA placement and AER counters from /sys/bus/pci",
     ),
     SourceInfo(
@@ -57,19 +57,19 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
     SourceInfo(
         "cgroups",
         "nodescope.sources.cgroup",
-        5.0,
+        15.0,
         "cgroup v2 tree: memory, PSI, io.stat, cpu.stat, pids",
     ),
     SourceInfo(
         "procs",
         "nodescope.sources.procs",
-        5.0,
+        15.0,
         "Slurm job processes (cgroup.procs) with NCCL_IB_HCA from their environ; TCP counters",
     ),
     SourceInfo(
         "jobs",
         "nodescope.sources.jobs",
-        5.0,
+        15.0,
         "Slurm jobs: job cgroups (v2, SLUID, v1), their processes, threads and figures;"
         " prolog registrations",
     ),
@@ -88,26 +88,26 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
     SourceInfo(
         "probe",
         "nodescope.probe_runner",
-        10.0,
+        30.0,
         "the last bandwidth probe's report (nodescope probe --record, or one the daemon ran)"
         " from /run/nodescope/probe-report.json",
     ),
     SourceInfo(
         "locks",
         "nodescope.sources.locks",
-        5.0,
+        10.0,
         "/proc/locks; contended locks resolved to mount, path, holder and waiters",
     ),
     SourceInfo(
         "threads",
         "nodescope.sources.threads",
-        1.0,
+        5.0,
         "job threads (task/*/stat) every run, all threads every 10th; wchan of D threads",
     ),
     SourceInfo(
         "mountstats",
         "nodescope.sources.mountstats",
-        5.0,
+        10.0,
         "NFS per-op RPC statistics (ops, retransmissions, RTT, execute time) per mount",
     ),
     SourceInfo(
