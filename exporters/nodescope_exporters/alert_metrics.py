@@ -14,10 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from prometheus_client.metrics_core import Metric
-
 from nodescope.model.snapshot import Snapshot
-from nodescope_exporters.catalog import metric
+from nodescope_exporters.catalog import Metric, metric
 
 AREA = "alerts"
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.metrics_core import Metric
-
 from nodescope.model.snapshot import Snapshot
 from nodescope.sources.cgroup import SOURCE_NAME, Cgroup, CgroupTree, Pressure
-from nodescope_exporters.catalog import metric
+from nodescope_exporters.catalog import Metric, metric
 
 AREA = "cgroup"
 #: Built from the ``cgroups`` source alone: reused while it has not run again (every 5 s).

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.metrics_core import Metric
-
 from nodescope.model.snapshot import Snapshot
 from nodescope.sources.diskstats import DisksData, DiskStat
-from nodescope_exporters.catalog import MetricSpec, metric
+from nodescope_exporters.catalog import Metric, MetricSpec, metric
 
 AREA = "disks"
 _DEVICE = ("device",)

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.metrics_core import Metric
-
 from nodescope.model.snapshot import Snapshot
 from nodescope.sources.link_events import LinkEventsData
 from nodescope.sources.locks import LocksData
 from nodescope.sources.mountstats import MountstatsData
 from nodescope.sources.threads import ThreadsData
 from nodescope.sources.udev import ACTIONS, UdevData
-from nodescope_exporters.catalog import metric
+from nodescope_exporters.catalog import Metric, metric
 
 AREA = "events"
 

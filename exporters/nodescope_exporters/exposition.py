@@ -1,33 +1,36 @@
-"""The text exposition format (0.0.4), rendered faster than ``generate_latest``.
+"""The text exposition format (0.0.4) of our :class:`~nodescope_exporters.catalog.Family`.
 
 The output is byte for byte what ``prometheus_client.exposition.generate_latest`` writes for
-the same families (the format: Prometheus' ``docs/instrumenting/exposition_formats.md``; the
-reference: ``prometheus_client/exposition.py``), and a test holds it to that. What changes is
-the cost of a daemon rendering the same few thousand series every second:
+the equivalent prometheus_client families (the format: Prometheus' ``docs/instrumenting/
+exposition_formats.md``; the reference: ``prometheus_client/exposition.py``), and a property
+test holds it to that. prometheus_client itself is not imported: its package pulls in
+``http.server``, ``email`` and ``ssl``, megabytes of a daemon that needs none of it.
 
-* metric and label names are checked and escaped once per name (and per set of label names)
-  instead of once per sample, and label values only when they hold a character to escape;
-* values take a short path to Go's float formatting for the common case;
-* a family object handed in again (an area that reused its families because its inputs did
-  not change, :class:`~nodescope_exporters.prometheus.SnapshotCollector`) reuses its text.
+A daemon renders the same few thousand series every second, so the renderer keeps what the
+previous render made, per family (keyed by its name, type, help and label names):
 
-Nothing of a cycle's series is kept (families are held by weak reference): a cache of
-prefixes or lines would be faster still, but costs megabytes of a daemon's memory budget.
+* each series' line prefix (``name{labels} ``), kept while the series is exported: entries of
+  series absent from a render are dropped, so what is kept is bounded by the live series;
+* the family's whole text, reused while its label values and values are the previous
+  render's (compared as lists and as the bits of their doubles, in C): error counters and
+  info metrics then cost no formatting.
+
+Names are escaped as ``generate_latest`` escapes them by default ("underscores"): a name
+outside the legacy character set has each offending character replaced by ``_``.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import weakref
+from array import array
 from collections.abc import Iterable
 
-from prometheus_client.metrics_core import Metric
+from nodescope_exporters.catalog import Family
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-#: OpenMetrics samples that generate_latest moves to a gauge family of their own at the end.
-_OM_SUFFIXES = ("_created", "_gsum", "_gcount")
+_SPECIAL = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
 
 
 def go_float(value: float) -> str:
@@ -47,9 +50,29 @@ def go_float(value: float) -> str:
     return "+Inf" if d > 0 else "-Inf"
 
 
+def _go_text(text: str) -> str:
+    """:func:`go_float` of a double given as its repr."""
+    special = _SPECIAL.get(text)
+    if special is not None:
+        return special
+    dot = text.find(".")
+    if dot > 6 and text[0] != "-":
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text
+
+
+def go_floats(values: Iterable[float]) -> list[str]:
+    """:func:`go_float` of each value: ``repr`` in C, and Go's form only where it differs
+    (infinities, NaN, and a dot after the 7th character: Go's exponents start at 1e+06)."""
+    return _go_texts(list(map(repr, map(float, values))))
+
+
+def _go_texts(texts: list[str]) -> list[str]:
+    return [t if (len(t) < 9 or t.find(".") < 7) and t[-1] <= "9" else _go_text(t) for t in texts]
+
+
 def _name(name: str, valid: re.Pattern[str], colon: bool) -> str:
-    # generate_latest's default escaping ("underscores"): a name outside the legacy
-    # character set has each offending character replaced by "_".
     if not name or valid.fullmatch(name):
         return name
     return "".join(
@@ -62,114 +85,120 @@ def _name(name: str, valid: re.Pattern[str], colon: bool) -> str:
     )
 
 
-def _metric_name(name: str) -> str:
-    return _name(name, _METRIC_NAME, True)
-
-
 def _label_value(value: str) -> str:
     if "\\" in value or "\n" in value or '"' in value:
         return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return value
 
 
-def _header(metric: Metric) -> str:
-    name, kind = metric.name, metric.type
-    # The munging generate_latest does from OpenMetrics types into the text format.
-    if kind == "counter":
-        name += "_total"
-    elif kind == "info":
-        name += "_info"
-        kind = "gauge"
-    elif kind == "stateset":
-        kind = "gauge"
-    elif kind == "gaugehistogram":
-        kind = "histogram"
-    elif kind == "unknown":
-        kind = "untyped"
-    escaped = _metric_name(name)
-    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-    return f"# HELP {escaped} {doc}\n# TYPE {escaped} {kind}\n"
+def _header(family: Family) -> str:
+    name = _name(family.sample_name, _METRIC_NAME, True)
+    doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {doc}\n# TYPE {name} {family.type}\n"
 
 
-_Layout = tuple[tuple[int, ...], tuple[str, ...]]
+def _prefix(name: str, label_names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    """``name{labels} ``: the labels as prometheus_client's sample has them (a dict of the
+    names zipped with the values), sorted by name."""
+    labels = dict(zip(label_names, values, strict=False))
+    if not labels:
+        return name + " "
+    inner = ",".join(
+        f'{_name(k, _LABEL_NAME, False)}="{_label_value(v)}"' for k, v in sorted(labels.items())
+    )
+    return f"{name}{{{inner}}} "
 
 
-def _layout(keys: tuple[str, ...]) -> _Layout:
-    """For a sample's label names in dict order: the order to write them in (sorted, as
-    generate_latest does) and each one escaped with its ``="`` attached."""
-    order = tuple(sorted(range(len(keys)), key=keys.__getitem__))
-    return order, tuple(f'{_name(k, _LABEL_NAME, False)}="' for k in keys)
+_Key = tuple[str, str, str, tuple[str, ...]]
+
+
+class _Kept:
+    """What a family's previous render made: enough to tell whether it is the same again,
+    its series' line prefixes, and its text."""
+
+    __slots__ = ("bits", "header", "label_values", "prefixes", "text", "timestamps")
+
+    def __init__(
+        self,
+        header: str,
+        label_values: list[tuple[str, ...]],
+        prefixes: list[str],
+        bits: bytes,
+        timestamps: dict[int, float] | None,
+        text: bytes,
+    ) -> None:
+        self.header = header
+        self.label_values = label_values
+        self.prefixes = prefixes
+        self.bits = bits
+        self.timestamps = timestamps
+        self.text = text
 
 
 class TextRenderer:
-    """Renders families to the text format. Keeps nothing of a cycle's series: only the
-    text of families that are handed in again as the same object (held by weak reference)
-    and the escaped forms of names and label name sets. One renderer per cache; not
-    thread-safe."""
+    """Renders families to the text format, reusing what the previous render made (see the
+    module docstring). One renderer per cache; not thread-safe."""
 
     def __init__(self) -> None:
-        #: family object id -> (weak reference to it, its text), from the previous render
-        self._families: dict[int, tuple[weakref.ref[Metric], str]] = {}
-        self._headers: dict[tuple[str, str, str], str] = {}
-        self._names: dict[str, str] = {}
-        self._layouts: dict[tuple[str, ...], _Layout] = {}
+        self._kept: dict[_Key | tuple[_Key, int], _Kept] = {}
 
-    def render(self, metrics: Iterable[Metric]) -> bytes:
-        old_families, families = self._families, {}
-        old_headers, headers = self._headers, {}
-        names, layouts = self._names, self._layouts
-        out: list[str] = []
-        for metric in metrics:
-            seen = old_families.get(id(metric))
-            if seen is not None and seen[0]() is metric:
-                families[id(metric)] = seen
-                out.append(seen[1])
-                continue
-            header_key = (metric.name, metric.type, metric.documentation)
-            header = old_headers.get(header_key) or _header(metric)
-            headers[header_key] = header
-            text = [header]
-            om_names = {metric.name + suffix: suffix for suffix in _OM_SUFFIXES}
-            om_lines: dict[str, list[str]] = {}
-            for s in metric.samples:
-                name = names.get(s.name)
-                if name is None:
-                    name = names[s.name] = _metric_name(s.name)
-                labels = s.labels
-                if labels:
-                    keys = tuple(labels)
-                    layout = layouts.get(keys)
-                    if layout is None:
-                        layout = layouts[keys] = _layout(keys)
-                    order, heads = layout
-                    values = tuple(labels.values())
-                    inner = ",".join([heads[j] + _label_value(values[j]) + '"' for j in order])
-                    line = f"{name}{{{inner}}} {go_float(s.value)}"
-                else:
-                    line = f"{name} {go_float(s.value)}"
-                if s.timestamp is not None:
-                    # Milliseconds, as generate_latest writes them.
-                    line += f" {int(float(s.timestamp) * 1000):d}"
-                suffix = om_names.get(s.name)
-                if suffix is None:
-                    text.append(line)
-                else:
-                    om_lines.setdefault(suffix, []).append(line)
-            for suffix, extra in sorted(om_lines.items()):
-                escaped = _metric_name(metric.name + suffix)
-                doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-                text.append(f"# HELP {escaped} {doc}\n# TYPE {escaped} gauge")
-                text.extend(extra)
-            joined = header + "\n".join(text[1:]) + "\n" if len(text) > 1 else header
-            families[id(metric)] = (weakref.ref(metric), joined)
-            out.append(joined)
-        # Only families someone still holds can come back; the others' text goes now.
-        self._families = {k: v for k, v in families.items() if v[0]() is not None}
-        self._headers = headers
-        if len(names) > 4 * len(headers) + 1024:
-            # Names of series that are gone; the sets of label names are few and bounded.
-            names.clear()
-        return "".join(out).encode("utf-8")
+    def render(self, families: Iterable[Family]) -> bytes:
+        old = self._kept
+        kept: dict[_Key | tuple[_Key, int], _Kept] = {}
+        out: list[bytes] = []
+        for family in families:
+            family_key: _Key = (
+                family.name,
+                family.type,
+                family.documentation,
+                family.label_names,
+            )
+            key: _Key | tuple[_Key, int] = family_key
+            if key in kept:
+                # The same family twice (generate_latest writes both): kept apart.
+                key = (family_key, len(kept))
+            label_values = family.label_values
+            # The doubles' bits, not the values: -0.0 == 0.0, but is written differently.
+            doubles = array("d", family.values)
+            bits = doubles.tobytes()
+            timestamps = family.timestamps
+            last = old.get(key)
+            if last is not None and last.label_values == label_values:
+                if last.bits == bits and last.timestamps == timestamps:
+                    kept[key] = last
+                    out.append(last.text)
+                    continue
+                header, label_values, prefixes = last.header, last.label_values, last.prefixes
+            else:
+                header = _header(family) if last is None else last.header
+                known = (
+                    {} if last is None else dict(zip(last.label_values, last.prefixes, strict=True))
+                )
+                name = _name(family.sample_name, _METRIC_NAME, True)
+                names = family.label_names
+                prefixes = [known.get(lv) or _prefix(name, names, lv) for lv in label_values]
+                # A copy: what is compared next time must not change with the family.
+                label_values = list(label_values)
+            if prefixes:
+                lines = list(map(str.__add__, prefixes, _go_texts(list(map(repr, doubles)))))
+                if timestamps is not None:
+                    for i, ts in timestamps.items():
+                        # Milliseconds, as generate_latest writes them.
+                        lines[i] += f" {int(float(ts) * 1000):d}"
+                text = (header + "\n".join(lines) + "\n").encode()
+            else:
+                text = header.encode()
+            kept[key] = _Kept(
+                header,
+                label_values,
+                prefixes,
+                bits,
+                None if timestamps is None else dict(timestamps),
+                text,
+            )
+            out.append(text)
+        self._kept = kept
+        return b"".join(out)
 
 
-__all__ = ["TextRenderer", "go_float"]
+__all__ = ["TextRenderer", "go_float", "go_floats"]

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.metrics_core import Metric
-
 from nodescope.detectors.traffic import snapshot_attribution
 from nodescope.model.attribution import DIRECTIONS
 from nodescope.model.snapshot import Snapshot
-from nodescope_exporters.catalog import metric
+from nodescope_exporters.catalog import Metric, metric
 
 AREA = "fabric"
 

@@ -3,24 +3,23 @@
 Series are labelled by ``gpu`` (the NVML index) and joined to UUID, name and PCI address
 through ``nodescope_gpu_info``. Cumulative counters are exported as counters; the one PCIe
 figure NVML gives only as a 20 ms snapshot (where fields 197/198 are not supported) is a gauge
-that says so. A GPU NVML lost stops having series, except ``nodescope_gpu_lost_info`` and
-its Xid counters (Xid 79 is how a GPU falls off the bus). Which source served the NVLink
-figures (``nodescope_nvlink_data_source_info``) is decided here, for NVML and the
-nvlink_counter module alike (:func:`nvlink_data_source`).
+that says so. Per NVLink: state, peer, payload bytes and the error counters (what names a
+bad link); bytes with protocol overhead are summed per GPU. A GPU NVML lost stops having
+series, except ``nodescope_gpu_lost_info`` and its Xid counters (Xid 79 is how a GPU falls
+off the bus). Which source served the NVLink figures (``nodescope_nvlink_data_source_info``)
+is decided here, for NVML and the nvlink_counter module alike (:func:`nvlink_data_source`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from prometheus_client.metrics_core import Metric
+from collections.abc import Iterable, Iterator
 
 from nodescope.model.nvlink_graph import NvLinkGraph
 from nodescope.model.snapshot import Snapshot
 from nodescope.sources.nvlink_kmod import NAME as NVLINK_KMOD
 from nodescope.sources.nvlink_kmod import NvlinkKmodData
-from nodescope.sources.nvml import XID_MEANINGS, NvmlData
-from nodescope_exporters.catalog import metric
+from nodescope.sources.nvml import XID_MEANINGS, CounterValue, NvmlData
+from nodescope_exporters.catalog import Metric, metric
 
 AREA = "gpu"
 
@@ -149,15 +148,17 @@ NVLINK_DATA_RX = metric(
 NVLINK_RAW_TX = metric(
     "nodescope_gpu_nvlink_raw_tx_bytes_total",
     "counter",
-    "bytes sent on the NVLink including protocol overhead (NVML field 140)",
-    ("gpu", "link"),
+    "bytes sent on the GPU's NVLinks including protocol overhead (NVML field 140), summed "
+    "over the links",
+    ("gpu",),
     area=AREA,
 )
 NVLINK_RAW_RX = metric(
     "nodescope_gpu_nvlink_raw_rx_bytes_total",
     "counter",
-    "bytes received on the NVLink including protocol overhead (NVML field 141)",
-    ("gpu", "link"),
+    "bytes received on the GPU's NVLinks including protocol overhead (NVML field 141), "
+    "summed over the links",
+    ("gpu",),
     area=AREA,
 )
 NVLINK_ERRORS = metric(
@@ -217,6 +218,22 @@ def _bonded(data: NvmlData) -> Metric:
                 pair = graph.bonded(a.index, b.index)
                 family.add_metric([str(a.index), str(b.index)], 0 if pair is None else pair.links)
     return family
+
+
+def _summed(counters: Iterable[CounterValue | None]) -> int | None:
+    """The sum of the counters present (none: ``None``). Parts that wrap at one known width
+    give their sum modulo that width: the total then wraps as one part would, where a plain
+    sum would fall by one part's wrap and rate() would count the whole rest as new bytes."""
+    present = [c for c in counters if c is not None]
+    if not present:
+        return None
+    total = sum(c.value for c in present)
+    widths = {c.bits for c in present}
+    if len(widths) == 1:
+        (bits,) = widths
+        if bits is not None:
+            total %= 1 << bits
+    return total
 
 
 def nvlink_data_source(snapshot: Snapshot) -> str | None:
@@ -299,16 +316,18 @@ def _nvml_families(data: NvmlData) -> Iterator[Metric]:
                 link_info.add_metric(
                     [g, n, link.remote_type or "", link.remote_pci_address or ""], 1
                 )
-            for family, counter in (
-                (data_tx, link.data_tx),
-                (data_rx, link.data_rx),
-                (raw_tx, link.raw_tx),
-                (raw_rx, link.raw_rx),
-            ):
+            for family, counter in ((data_tx, link.data_tx), (data_rx, link.data_rx)):
                 if counter is not None:
                     family.add_metric([g, n], counter.value)
             for name, value in link.errors:
                 link_errors.add_metric([g, n, name], value)
+        # Protocol overhead per GPU is enough: the payload counters above name the link.
+        for family, total in (
+            (raw_tx, _summed(link.raw_tx for link in gpu.nvlinks)),
+            (raw_rx, _summed(link.raw_rx for link in gpu.nvlinks)),
+        ):
+            if total is not None:
+                family.add_metric([g], total)
     for gone in data.lost:
         lost.add_metric([str(gone.gpu), gone.uuid, gone.pci_address], 1)
     yield from (info, lost, tx, rx, snap, gen, gen_max, width, width_max, replays, util)

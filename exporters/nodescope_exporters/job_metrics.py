@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.metrics_core import Metric
-
 from nodescope.jobs import jobs_of
 from nodescope.model.snapshot import Snapshot
-from nodescope_exporters.catalog import metric
+from nodescope_exporters.catalog import Metric, metric
 
 AREA = "jobs"
 

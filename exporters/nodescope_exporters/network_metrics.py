@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
-
 from nodescope.model.snapshot import Snapshot
 from nodescope.sources.infiniband import (
     ERROR_COUNTERS,
@@ -26,7 +23,7 @@ from nodescope.sources.infiniband import (
     hw_counter_is_gauge,
 )
 from nodescope.sources.netlink import NetdevData
-from nodescope_exporters.catalog import MetricSpec, metric
+from nodescope_exporters.catalog import Metric, MetricSpec, metric
 
 AREA = "network"
 _DEV = ("device",)
@@ -236,13 +233,10 @@ class _Families:
         self._families: dict[str, Metric] = {spec.name: spec.family() for spec in specs}
 
     def add(self, spec: MetricSpec, labels: Sequence[str], value: float) -> None:
-        family = self._families[spec.name]
-        if not isinstance(family, GaugeMetricFamily | CounterMetricFamily):
-            raise TypeError(f"{spec.name}: cannot add samples to {type(family).__name__}")
-        family.add_metric(list(labels), value)
+        self._families[spec.name].add_metric(labels, value)
 
     def non_empty(self) -> Iterator[Metric]:
-        return (family for family in self._families.values() if family.samples)
+        return (family for family in self._families.values() if family.values)
 
 
 def _hw(

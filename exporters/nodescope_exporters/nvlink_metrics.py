@@ -1,11 +1,16 @@
 """Metrics of the ``nvlink_kmod`` source: NVLink counters sampled by the ``nvlink_counter``
 kernel module (``/dev/nvlink_stats``, ABI in ``kmod/include/uapi/linux/nvlink_counter.h``).
 
-Raw cumulative counters are counters (Prometheus computes rates). What only the module can
-see is exported beside them: the per-sample maxima and the share of samples over the module's
-thresholds in the last window (the interval since the daemon's previous read), and the
-per-sample utilisation and stall-rate distributions as cumulative bucket counters with an
-``below`` label (the bucket bound: promtool reserves ``le`` for histogram types).
+Per link, only what the module alone knows: the stall-cycle counter (NVML has none) and the
+per-sample maxima of the last window (the interval since the daemon's previous read), which
+name the link that burst. Everything else is per ``device`` (the register map's device index),
+summed over the device's links: the byte and error counters (NVML exports the same per link,
+``nodescope_gpu_nvlink_*``), the capacity, the number of links read, the samples, and the
+per-sample utilisation and stall-rate distributions as cumulative bucket counters with a
+``below`` label (the bucket bound: promtool reserves ``le`` for histogram types). Averages
+are rates of counters (Prometheus computes them); per-window shares of samples over the
+module's thresholds are not exported: the bucket counters count every sample, where a gauge
+of the last window would show a scrape one window in many.
 
 Units: utilisation is a fraction of the link's capacity per direction (the larger of TX and
 RX); stall rates are stall cycles per microsecond. Bucket bounds are the module's log2
@@ -16,26 +21,27 @@ utilisation, in cycles per microsecond for stalls); ``below`` is that bound, rou
 figures.
 
 Only the buckets between 1.6 % and 200 % utilisation and 64 and 16384 cycles/µs are exported
-(plus ``+Inf``), which bounds the series to 19 per link and histogram.
+(plus ``+Inf``), which bounds the series to 19 per device and histogram.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.metrics_core import Metric
-
-from nodescope import derive
 from nodescope.kmod_abi import COUNTER_NAMES, UTIL_ONE, NvlcRecord
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.nvlink_kmod import NAME, LinkRates, NvlinkKmodData, NvlinkKmodRates
-from nodescope_exporters.catalog import MetricSpec, metric
+from nodescope.sources.nvlink_kmod import NAME, NvlinkKmodData
+from nodescope_exporters.catalog import Metric, MetricSpec, metric
 
 AREA = NAME
 _LINK = ("device", "link")
+_DEVICE = ("device",)
 # The bucket bound is "below", not "le": these are counters per bucket, and promtool keeps
 # "le" for histogram types.
-_BUCKET = ("device", "link", "below")
+_BUCKET = ("device", "below")
+
+#: counters exported per link; the others are summed per device (NVML has them per link)
+PER_LINK_COUNTERS = frozenset({"stall_cycles"})
 
 #: exported log2 bucket indices (bucket b counts values below 2^b)
 UTIL_BUCKETS = tuple(range(10, 18))  # 2^10/65536 = 1.6 % .. 2^17/65536 = 200 %
@@ -82,37 +88,69 @@ MISSED = metric(
 CAPACITY = metric(
     "nodescope_nvlink_kmod_capacity_bytes_per_second",
     "gauge",
-    "configured capacity of the link per direction",
-    _LINK,
+    "configured capacity per direction of the device's links, summed over them (divide by "
+    "nodescope_nvlink_kmod_links for one link's)",
+    _DEVICE,
+    area=AREA,
+)
+LINKS = metric(
+    "nodescope_nvlink_kmod_links",
+    "gauge",
+    "links of the device that the module reads (the register map's links)",
+    _DEVICE,
     area=AREA,
 )
 GONE = metric(
     "nodescope_nvlink_kmod_device_gone",
     "gauge",
-    "1 when the device holding the link's counters stopped answering (all-ones reads) or was "
-    "removed; its counters are no longer read",
-    _LINK,
+    "1 when a device holding counters of the device's links stopped answering (all-ones "
+    "reads) or was removed; its counters are no longer read",
+    _DEVICE,
     area=AREA,
 )
 LINK_SAMPLES = metric(
     "nodescope_nvlink_kmod_link_samples_total",
     "counter",
-    "samples that read this link since its source was configured",
-    _LINK,
+    "samples that read a link of the device since its source was configured, summed over "
+    "the device's links (one per link per sample)",
+    _DEVICE,
     area=AREA,
 )
 _COUNTER_HELP = {
-    "tx_bytes": ("nodescope_nvlink_kmod_transmit_bytes_total", "bytes sent on the link"),
-    "rx_bytes": ("nodescope_nvlink_kmod_receive_bytes_total", "bytes received on the link"),
+    "tx_bytes": (
+        "nodescope_nvlink_kmod_transmit_bytes_total",
+        "bytes sent on the device's links, summed over them",
+    ),
+    "rx_bytes": (
+        "nodescope_nvlink_kmod_receive_bytes_total",
+        "bytes received on the device's links, summed over them",
+    ),
     "stall_cycles": (
         "nodescope_nvlink_kmod_stall_cycles_total",
         "cycles the link stalled (arbitration/credit stall as the register map defines it)",
     ),
-    "replay_errors": ("nodescope_nvlink_kmod_replay_errors_total", "data link replays"),
-    "crc_errors": ("nodescope_nvlink_kmod_crc_errors_total", "CRC errors"),
+    "replay_errors": (
+        "nodescope_nvlink_kmod_replay_errors_total",
+        "data link replays on the device's links, summed over them",
+    ),
+    "crc_errors": (
+        "nodescope_nvlink_kmod_crc_errors_total",
+        "CRC errors on the device's links, summed over them",
+    ),
 }
-COUNTERS: tuple[tuple[int, MetricSpec], ...] = tuple(
-    (i, metric(_COUNTER_HELP[n][0], "counter", _COUNTER_HELP[n][1], _LINK, area=AREA))
+#: (index in COUNTER_NAMES, per link?, spec); only links that have the counter are summed
+COUNTERS: tuple[tuple[int, bool, MetricSpec], ...] = tuple(
+    (
+        i,
+        n in PER_LINK_COUNTERS,
+        metric(
+            _COUNTER_HELP[n][0],
+            "counter",
+            _COUNTER_HELP[n][1],
+            _LINK if n in PER_LINK_COUNTERS else _DEVICE,
+            area=AREA,
+        ),
+    )
     for i, n in enumerate(COUNTER_NAMES)
 )
 WINDOW_MAX_UTIL = metric(
@@ -129,48 +167,20 @@ WINDOW_MAX_STALL = metric(
     _LINK,
     area=AREA,
 )
-WINDOW_OVER_STALL = metric(
-    "nodescope_nvlink_kmod_window_stall_over_threshold_ratio",
-    "gauge",
-    "share of the last window's samples whose stall rate was above the module's threshold",
-    _LINK,
-    area=AREA,
-)
-WINDOW_OVER_UTIL = metric(
-    "nodescope_nvlink_kmod_window_utilisation_over_threshold_ratio",
-    "gauge",
-    "share of the last window's samples whose utilisation was above the module's threshold",
-    _LINK,
-    area=AREA,
-)
 UTIL_HIST = metric(
     "nodescope_nvlink_kmod_utilisation_samples_total",
     "counter",
-    "samples whose utilisation (fraction of capacity) was at most le, since the source was "
-    "configured",
+    "link samples whose utilisation (fraction of capacity) was below the bound, since the "
+    "source was configured, summed over the device's links",
     _BUCKET,
     area=AREA,
 )
 STALL_HIST = metric(
     "nodescope_nvlink_kmod_stall_samples_total",
     "counter",
-    "samples whose stall rate (cycles per microsecond) was at most le, since the source was "
-    "configured",
+    "link samples whose stall rate (cycles per microsecond) was below the bound, since the "
+    "source was configured, summed over the device's links",
     _BUCKET,
-    area=AREA,
-)
-RATE_UTIL = metric(
-    "nodescope_nvlink_kmod_utilisation_ratio",
-    "gauge",
-    "average utilisation (fraction of capacity, max of TX and RX) between the last two reads",
-    _LINK,
-    area=AREA,
-)
-RATE_STALL = metric(
-    "nodescope_nvlink_kmod_stall_cycles_per_microsecond",
-    "gauge",
-    "average stall rate between the last two reads",
-    _LINK,
     area=AREA,
 )
 
@@ -216,14 +226,49 @@ def _counter_value(i: int) -> Callable[[NvlcRecord], float | None]:
     return value
 
 
-_RATES: tuple[tuple[MetricSpec, Callable[[LinkRates], float | None]], ...] = (
-    (RATE_UTIL, lambda lr: lr.utilisation),
-    (RATE_STALL, lambda lr: lr.stall_cycles_per_microsecond),
-)
+def _by_device(records: Iterable[NvlcRecord]) -> dict[int, list[NvlcRecord]]:
+    groups: dict[int, list[NvlcRecord]] = {}
+    for r in records:
+        groups.setdefault(r.device, []).append(r)
+    return groups
 
 
-def _ratio(part: int, whole: int) -> float | None:
-    return part / whole if whole else None
+def _summed_hist(group: list[NvlcRecord], attr: str) -> tuple[int, ...]:
+    return tuple(sum(column) for column in zip(*(getattr(r, attr) for r in group), strict=True))
+
+
+def _device_families(records: Iterable[NvlcRecord]) -> Iterator[Metric]:
+    """The per-device sums. A link whose device went away keeps its last counts in the sums
+    (the module stops reading it), so a sum never goes down and rate() sees no reset."""
+    capacity, links, gone, samples = (
+        CAPACITY.family(),
+        LINKS.family(),
+        GONE.family(),
+        LINK_SAMPLES.family(),
+    )
+    counters = [(i, spec.family()) for i, per_link, spec in COUNTERS if not per_link]
+    hists = (
+        (UTIL_HIST.family(), "util_hist", UTIL_BUCKETS, float(UTIL_ONE)),
+        (STALL_HIST.family(), "stall_hist", STALL_BUCKETS, 1.0),
+    )
+    for device, group in sorted(_by_device(records).items()):
+        d = str(device)
+        capacity.add_metric([d], float(sum(r.capacity_bps for r in group)))
+        links.add_metric([d], float(len(group)))
+        gone.add_metric([d], 1.0 if any(r.device_gone for r in group) else 0.0)
+        samples.add_metric([d], float(sum(r.samples for r in group)))
+        for i, family in counters:
+            name = COUNTER_NAMES[i]
+            # Only the links whose register map names the counter; none: absent, not 0.
+            have = [r.counters[i] for r in group if r.has_counter(name)]
+            if have:
+                family.add_metric([d], float(sum(have)))
+        for family, attr, exported, scale in hists:
+            for below, count in _buckets(_summed_hist(group, attr), exported, scale):
+                family.add_metric([d, below], float(count))
+    yield from (capacity, links, gone, samples)
+    yield from (family for _, family in counters if family.samples)
+    yield from (family for family, _, _, _ in hists)
 
 
 def families(snapshot: Snapshot) -> Iterable[Metric]:
@@ -251,15 +296,10 @@ def families(snapshot: Snapshot) -> Iterable[Metric]:
     records = snap.records
     if not records:
         return
-    yield from _per_link(CAPACITY, records, lambda r: r.capacity_bps)
-    yield from _per_link(GONE, records, lambda r: 1.0 if r.device_gone else 0.0)
-    yield from _per_link(LINK_SAMPLES, records, lambda r: r.samples)
-    for i, spec in COUNTERS:
-        yield from _per_link(
-            spec,
-            records,
-            _counter_value(i),
-        )
+    yield from _device_families(records)
+    for i, per_link, spec in COUNTERS:
+        if per_link:
+            yield from _per_link(spec, records, _counter_value(i))
     yield from _per_link(
         WINDOW_MAX_UTIL,
         records,
@@ -268,30 +308,3 @@ def families(snapshot: Snapshot) -> Iterable[Metric]:
     yield from _per_link(
         WINDOW_MAX_STALL, records, lambda r: r.window_max_stall if r.window_samples else None
     )
-    yield from _per_link(
-        WINDOW_OVER_STALL, records, lambda r: _ratio(r.window_over_stall, r.window_samples)
-    )
-    yield from _per_link(
-        WINDOW_OVER_UTIL, records, lambda r: _ratio(r.window_over_util, r.window_samples)
-    )
-    for spec, attr, exported, scale in (
-        (UTIL_HIST, "util_hist", UTIL_BUCKETS, float(UTIL_ONE)),
-        (STALL_HIST, "stall_hist", STALL_BUCKETS, 1.0),
-    ):
-        family = spec.family()
-        for r in records:
-            for le, count in _buckets(getattr(r, attr), exported, scale):
-                family.add_metric([str(r.device), str(r.link), le], float(count))
-        yield family
-    rates = derive.derived(snapshot, AREA)
-    if isinstance(rates, NvlinkKmodRates):
-        for spec, get in _RATES:
-            family = spec.family()
-            filled = False
-            for lr in rates.links:
-                v = get(lr)
-                if v is not None:
-                    family.add_metric([str(lr.device), str(lr.link)], v)
-                    filled = True
-            if filled:
-                yield family

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.metrics_core import Metric
-
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import DeviceClass, PciDevice, PortRole, Topology
-from nodescope_exporters.catalog import metric
+from nodescope_exporters.catalog import Metric, metric
 
 AREA = "pci"
 #: Built from the ``pci`` source alone: reused while it has not run again (every 10 s).

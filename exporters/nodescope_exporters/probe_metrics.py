@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.metrics_core import Metric
-
 from nodescope.model.probe import ProbeReport
 from nodescope.model.snapshot import Snapshot
 from nodescope.probe_runner import SOURCE_NAME
-from nodescope_exporters.catalog import metric
+from nodescope_exporters.catalog import Metric, metric
 
 AREA = "probe"
 

@@ -1,8 +1,10 @@
 """The Prometheus exposition: a collector that only yields families built from the last
 snapshot, rendered once per cycle into a cache that the HTTP server serves.
 
-No IO happens in ``collect()`` and no state is carried between scrapes; the registry is our
-own ``CollectorRegistry``, never the global one.
+No IO happens in ``collect()`` and no state is carried between scrapes. Nothing here imports
+prometheus_client (the daemon does not load it at all): the families are our own
+(:mod:`nodescope_exporters.catalog`) and so is the renderer
+(:mod:`nodescope_exporters.exposition`).
 """
 
 from __future__ import annotations
@@ -14,11 +16,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
-
 from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope_exporters.catalog import Metric
 from nodescope_exporters.exposition import TextRenderer
 
 log = logging.getLogger("nodescope.exporter")
@@ -67,7 +66,7 @@ def declared_inputs(build: FamilyBuilder) -> tuple[str, ...] | None:
 _InputsKey = tuple[SourceSample | None, ...]
 
 
-class SnapshotCollector(Collector):
+class SnapshotCollector:
     """Yields the families of the snapshot it was last given."""
 
     def __init__(self, builders: list[FamilyBuilder] | None = None) -> None:
@@ -122,8 +121,6 @@ class MetricsCache:
 
     def __init__(self, collector: SnapshotCollector | None = None) -> None:
         self.collector = collector or SnapshotCollector()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self.collector)
         self._lock = threading.Lock()
         self._body = b""
         self._ready = False
@@ -133,7 +130,7 @@ class MetricsCache:
         """Render ``snapshot`` once; scrapes are then served from the cached bytes."""
         self.collector.set_snapshot(snapshot)
         # generate_latest's text, from a renderer that remembers the previous cycle's.
-        body = self._renderer.render(self.registry.collect())
+        body = self._renderer.render(self.collector.collect())
         with self._lock:
             self._body = body
             self._ready = True

@@ -26,8 +26,6 @@ import logging
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +88,10 @@ def alert_document(
 
 
 def _http_post(url: str, body: bytes, timeout: float) -> None:
+    # urllib.request pulls in http.client, email and ssl (megabytes of a daemon's memory):
+    # loaded only once an Alertmanager is configured and an alert is pushed.
+    import urllib.request
+
     request = urllib.request.Request(
         url, data=body, method="POST", headers={"Content-Type": "application/json"}
     )
@@ -257,6 +259,8 @@ class AlertmanagerPusher:
             self._failing = True
         if first:
             reason = f"{type(exc).__name__}: {exc}"
+            import urllib.error  # already loaded by the failed request
+
             if isinstance(exc, urllib.error.HTTPError):
                 reason = f"HTTP {exc.code} {exc.reason}"
             log.warning("push=alertmanager state=failing url=%s error=%r", self.endpoint, reason)

@@ -9,11 +9,9 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator
 
-from prometheus_client.metrics_core import Metric
-
 from nodescope import __version__
 from nodescope.model.snapshot import Snapshot
-from nodescope_exporters.catalog import metric
+from nodescope_exporters.catalog import Metric, metric
 
 AREA = "self"
 

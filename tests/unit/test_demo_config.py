@@ -79,7 +79,9 @@ def test_the_cli_hands_the_file_to_the_demo(
         calls.append(kwargs)
         return 0
 
-    monkeypatch.setattr(nodescope.cli.demo, "demo", fake_demo)
+    import nodescope.sim.driver
+
+    monkeypatch.setattr(nodescope.sim.driver, "demo", fake_demo)
     path = tmp_path / "nodescope.toml"
     path.write_text(SETTINGS)
     assert main(["demo", "--no-tty", "--config", str(path)]) == 0

@@ -9,77 +9,92 @@ import math
 import shutil
 import sys
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-    StateSetMetricFamily,
-    SummaryMetricFamily,
-    UnknownMetricFamily,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import Metric as ClientMetric
+from prometheus_client.utils import floatToGoString
 
 from nodescope import derive
 from nodescope.config import Config
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.service import Service
 from nodescope.sources import base
-from nodescope_exporters.exposition import TextRenderer, go_float
+from nodescope_exporters import exposition
+from nodescope_exporters.catalog import Family, Metric
+from nodescope_exporters.exposition import TextRenderer, go_float, go_floats
 from nodescope_exporters.prometheus import MetricsCache, SnapshotCollector
 
 
 class _Families:
-    def __init__(self, families: Iterable[Metric]) -> None:
+    def __init__(self, families: Iterable[ClientMetric]) -> None:
         self.families = list(families)
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[ClientMetric]:
         return iter(self.families)
 
 
-def reference(families: Iterable[Metric]) -> bytes:
-    return generate_latest(_Families(families))  # type: ignore[arg-type]
+def client_family(family: Family) -> ClientMetric:
+    """The prometheus_client family equivalent to one of ours, built from its lists."""
+    cls = CounterMetricFamily if family.type == "counter" else GaugeMetricFamily
+    out = cls(family.name, family.documentation, labels=family.label_names)
+    stamps = family.timestamps or {}
+    for i, (labels, value) in enumerate(zip(family.label_values, family.values, strict=True)):
+        out.add_metric(list(labels), value, timestamp=stamps.get(i))
+    return out
+
+
+def reference(families: Iterable[Family]) -> bytes:
+    """generate_latest's text of the equivalent prometheus_client families."""
+    return generate_latest(_Families(map(client_family, families)))  # type: ignore[arg-type]
+
+
+def gauge(name: str, labels: Sequence[str] = (), help: str = "help") -> Family:
+    return Family(name, "gauge", help, tuple(labels))
 
 
 # --- the renderer -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "value",
-    [0, 0.0, -0.0, 1, -1, 1.5, 1e-7, 123456.0, 1234567.0, 1.7e14, 2**63, -1e22, 0.1 + 0.2,
-     math.inf, -math.inf, math.nan, True],
-)  # fmt: skip
-def test_values_are_written_as_go_writes_them(value: float) -> None:
-    from prometheus_client.utils import floatToGoString
+_GO_VALUES = [0, 0.0, -0.0, 1, -1, 1.5, 1e-7, 123456.0, 1234567.0, 1.7e14, 2**63, -1e22,
+              0.1 + 0.2, 12345678.25, -12345678.0, 1e16, 5e-324, math.inf, -math.inf, math.nan,
+              True]  # fmt: skip
 
+
+@pytest.mark.parametrize("value", _GO_VALUES)
+def test_values_are_written_as_go_writes_them(value: float) -> None:
     assert go_float(value) == floatToGoString(value)
 
 
-def test_every_family_type_matches_generate_latest() -> None:
-    counter = CounterMetricFamily("c_total", "a\\counter\nhelp", labels=["b", "a"])
-    counter.add_metric(["x", "y"], 3, created=1700000000.5)
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(), st.integers(-(2**70), 2**70)), max_size=20))
+def test_values_in_bulk_are_written_as_go_writes_them(values: list[float]) -> None:
+    assert go_floats(values) == [floatToGoString(v) for v in values]
+    assert go_floats(_GO_VALUES) == [floatToGoString(v) for v in _GO_VALUES]
+
+
+def test_gauges_and_counters_match_generate_latest() -> None:
+    counter = Family("c", "counter", "a\\counter\nhelp", ("b", "a"))
+    counter.add_metric(["x", "y"], 3)
     counter.add_metric(['q"uo\\te', "new\nline"], 1e21)
-    gauge = GaugeMetricFamily("g", "gauge", labels=["z", "a", "m"])
-    gauge.add_metric(["1", "2", "3"], math.nan, timestamp=1700000000.25)
-    gauge.add_metric(["é", "", "-"], -0.0)
-    info = InfoMetricFamily("build", "info", value={"version": "1", "python": "3.11"})
-    states = StateSetMetricFamily("s", "states", value={"a": True, "b": False})
-    hist = HistogramMetricFamily("h", "histogram", labels=["k"])
-    hist.add_metric(["v"], buckets=[("1", 2), ("+Inf", 5)], sum_value=7)
-    summary = SummaryMetricFamily("sm", "summary", count_value=3, sum_value=1.5)
-    unknown = UnknownMetricFamily("u", "untyped", value=2)
-    odd = GaugeMetricFamily("bad.name-x", "invalid characters", labels=["la-bel", "9x"])
+    g = gauge("g", ["z", "a", "m"])
+    g.add_metric(["1", "2", "3"], math.nan, timestamp=1700000000.25)
+    g.add_metric(("é", "", "-"), -0.0)
+    g.add_metric(["x", "y", "z"], 7, timestamp=0)
+    odd = gauge("bad.name-x", ["la-bel", "9x"])
     odd.add_metric(["v", "w"], 1)
-    empty = GaugeMetricFamily("nothing", "no samples")
-    families = [counter, gauge, info, states, hist, summary, unknown, odd, empty]
+    short = gauge("short", ["a", "b"])
+    short.add_metric(["only a"], 2**63)
+    plain = gauge("plain")
+    plain.add_metric([], 1.5)
+    empty = gauge("nothing", ["a"])
+    families = [counter, g, odd, short, plain, empty]
     assert TextRenderer().render(families) == reference(families)
 
 
@@ -89,59 +104,117 @@ _values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(
 
 
 @st.composite
-def families(draw: Any) -> list[Metric]:
-    out: list[Metric] = []
+def families(draw: Any) -> list[Family]:
+    out: list[Family] = []
     for i in range(draw(st.integers(0, 4))):
-        labels = draw(st.lists(_label_names, max_size=3, unique=True))
+        labels = tuple(draw(st.lists(_label_names, max_size=3, unique=True)))
         kind = draw(st.sampled_from(["gauge", "counter"]))
-        name = f"{draw(_names)}_{i}"
-        family: Metric = (
-            GaugeMetricFamily(name, draw(st.text(max_size=20)), labels=labels)
-            if kind == "gauge"
-            else CounterMetricFamily(name, draw(st.text(max_size=20)), labels=labels)
-        )
+        family = Family(f"{draw(_names)}_{i}", kind, draw(st.text(max_size=20)), labels)
         for _ in range(draw(st.integers(0, 4))):
             values = [draw(st.text(max_size=6)) for _ in labels]
             timestamp = draw(st.one_of(st.none(), st.floats(0, 2e9)))
-            family.add_metric(values, draw(_values), timestamp=timestamp)  # type: ignore[call-arg]
+            family.add_metric(values, draw(_values), timestamp=timestamp)
         out.append(family)
     return out
 
 
 @settings(max_examples=200, deadline=None)
-@given(families())
-def test_random_families_match_generate_latest(built: list[Metric]) -> None:
+@given(families(), families())
+def test_random_families_match_generate_latest(first: list[Family], then: list[Family]) -> None:
     renderer = TextRenderer()
-    assert renderer.render(built) == reference(built)
-    # A second render, as the next cycle: the same text from whatever it kept.
-    assert renderer.render(built) == reference(built)
+    assert renderer.render(first) == reference(first)
+    # The next cycles, from what the renderer kept: the same families, then others.
+    assert renderer.render(first) == reference(first)
+    assert renderer.render(then) == reference(then)
+    assert renderer.render(first + then) == reference(first + then)
 
 
-def test_a_family_handed_in_again_reuses_its_text_and_a_new_one_is_rendered() -> None:
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the values the renderer formats."""
+    formatted: list[int] = []
+    real = exposition._go_texts
+
+    def counting(texts: list[str]) -> list[str]:
+        formatted.append(len(texts))
+        return real(texts)
+
+    monkeypatch.setattr(exposition, "_go_texts", counting)
+    return formatted
+
+
+def test_an_unchanged_family_reuses_its_text_and_a_changed_value_shows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    formatted = _counting(monkeypatch)
     renderer = TextRenderer()
-    kept = GaugeMetricFamily("kept", "kept", labels=["a"])
+
+    def cycle(errors: float, temperature: float) -> list[Family]:
+        slow = Family("errors", "counter", "errors", ("gpu",))
+        slow.add_metric(["0"], errors)
+        fast = gauge("temperature", ["gpu"])
+        fast.add_metric(["0"], temperature)
+        return [slow, fast]
+
+    renderer.render(cycle(0, 40))
+    assert formatted == [1, 1]
+    body = renderer.render(cycle(0, 41))
+    assert formatted == [1, 1, 1]  # only the temperature
+    assert body == reference(cycle(0, 41))
+    # -0.0 == 0.0, but Go writes it "-0.0": not taken as unchanged.
+    body = renderer.render(cycle(-0.0, 41))
+    assert b'errors_total{gpu="0"} -0.0\n' in body
+    assert body == reference(cycle(-0.0, 41))
+    assert renderer.render(cycle(1, 41)) == reference(cycle(1, 41))
+
+
+def test_a_family_changed_in_place_is_rendered_again() -> None:
+    renderer = TextRenderer()
+    kept = gauge("kept", ["a"])
     kept.add_metric(["1"], 1)
-    first = renderer.render([kept])
-    # The same object is taken as unchanged (the collector only hands in an area's old
-    # families while its inputs did not change).
-    kept.samples[0] = kept.samples[0]._replace(value=2)
-    assert renderer.render([kept]) == first
-    fresh = GaugeMetricFamily("kept", "kept", labels=["a"])
-    fresh.add_metric(["1"], 2)
-    assert renderer.render([fresh]) == reference([fresh])
+    renderer.render([kept])
+    kept.values[0] = 2
+    assert renderer.render([kept]) == reference([kept])
+    kept.label_values[0] = ("3",)
+    assert renderer.render([kept]) == reference([kept])
+    kept.add_metric(["4"], 4, timestamp=1.5)
+    assert renderer.render([kept]) == reference([kept])
+    kept.timestamps = {1: 2.5}
+    assert renderer.render([kept]) == reference([kept])
 
 
-def test_series_that_went_away_are_not_written() -> None:
+def test_series_that_went_away_are_not_written_nor_kept() -> None:
     renderer = TextRenderer()
-    before = GaugeMetricFamily("nodescope_job_x", "x", labels=["job_id"])
-    before.add_metric(["81730"], 1)
-    before.add_metric(["81731"], 1)
+    before = gauge("nodescope_job_x", ["job_id"])
+    for job in ("81730", "81731", "81732"):
+        before.add_metric([job], 1)
     renderer.render([before])
-    after = GaugeMetricFamily("nodescope_job_x", "x", labels=["job_id"])
+    after = gauge("nodescope_job_x", ["job_id"])
     after.add_metric(["81731"], 1)
+    after.add_metric(["81733"], 2)
     text = renderer.render([after]).decode()
-    assert "81730" not in text
+    assert "81730" not in text and "81733" in text
     assert text == reference([after]).decode()
+    # What is kept of the family is its live series' prefixes alone.
+    (kept,) = renderer._kept.values()
+    assert kept.prefixes == ['nodescope_job_x{job_id="81731"} ', 'nodescope_job_x{job_id="81733"} ']
+    # A family gone from a render is gone from what is kept.
+    renderer.render([gauge("other")])
+    assert len(renderer._kept) == 1
+
+
+def test_families_of_the_same_name_are_both_written() -> None:
+    renderer = TextRenderer()
+    one, two = gauge("same", ["a"]), gauge("same", ["a"])
+    one.add_metric(["1"], 1)
+    two.add_metric(["2"], 2)
+    for _ in range(2):
+        assert renderer.render([one, two]) == reference([one, two])
+    two.values[0] = 3
+    assert renderer.render([one, two]) == reference([one, two])
+    # The same label names under another help or type: another family.
+    other = Family("same", "counter", "help", ("a",))
+    other.add_metric(["1"], 1)
+    assert renderer.render([one, other]) == reference([one, other])
 
 
 # --- areas reused while their inputs did not change ---------------------------------------
@@ -153,7 +226,7 @@ def _area(name: str, inputs: tuple[str, ...] | None) -> tuple[types.ModuleType, 
 
     def families(snapshot: Snapshot) -> Iterable[Metric]:
         calls.append(snapshot.cycle)
-        family = GaugeMetricFamily(f"{name}_cycle", "cycle built at")
+        family = gauge(f"{name}_cycle", help="cycle built at")
         family.add_metric([], snapshot.cycle)
         return [family]
 
@@ -199,7 +272,7 @@ def test_a_failing_area_with_inputs_is_not_served_from_an_older_build() -> None:
     def families(snapshot: Snapshot) -> Iterable[Metric]:
         if state["fail"]:
             raise ValueError("odd data")
-        family = GaugeMetricFamily("flaky", "flaky")
+        family = gauge("flaky")
         family.add_metric([], snapshot.cycle)
         return [family]
 
@@ -254,7 +327,8 @@ def test_the_daemon_cycle_renders_what_generate_latest_renders(tmp_path: Path) -
             node.advance_to(float(t))
             service.run_cycle()
             _, body = service.cache.body()
-            assert body == generate_latest(service.cache.registry)
+            # The cycle's families (areas reused or built again from the same snapshot).
+            assert body == reference(service.cache.collector.collect())
     finally:
         service.shutdown()
         shutil.rmtree(root, ignore_errors=True)

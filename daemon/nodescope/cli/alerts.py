@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -119,6 +117,8 @@ def format_alerts(document: dict[str, Any], out: TextIO) -> None:
 
 
 def fetch(url: str, timeout: float) -> dict[str, Any]:
+    import urllib.request
+
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(f"{url}/api/v1/alerts", timeout=timeout) as response:
         document = json.loads(response.read().decode())
@@ -128,6 +128,9 @@ def fetch(url: str, timeout: float) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: `nodescope run` registers this command and should not load urllib.
+    import urllib.error
+
     try:
         url = base_url(args)
     except ConfigError as exc:

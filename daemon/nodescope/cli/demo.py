@@ -18,7 +18,6 @@ from nodescope import config as config_mod
 from nodescope import logs
 from nodescope.config import DEFAULT_LISTEN, parse_listen
 from nodescope.errors import ConfigError, ParseError
-from nodescope.sim.driver import demo
 
 #: Shows GPU copies and NVMe reads piling onto one root port within its first 30 s.
 DEFAULT_SCENARIO = "root-port-contention"
@@ -86,4 +85,6 @@ def run(args: argparse.Namespace) -> int:
     tty = not args.no_tty and sys.stdout.isatty()
     # A redrawn screen has no room for log lines; plain output keeps the warnings.
     logs.setup("error" if tty else "warning")
+    from nodescope.sim.driver import demo
+
     return demo(scenario, args.listen, duration=args.duration, tty=tty, settings=settings)

@@ -13,11 +13,13 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodescope import logs
 from nodescope.errors import ParseError
-from nodescope.sim.driver import ReplayResult, replay, replay_document, replay_text, temp_dir
+
+if TYPE_CHECKING:
+    from nodescope.sim.driver import ReplayResult
 
 
 def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -39,11 +41,16 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def run_one(scenario: Any) -> ReplayResult:
+    # The simulator is imported only by the commands that run it: `nodescope run` registers
+    # every subcommand and should not carry the simulator in its memory.
+    from nodescope.sim.driver import replay, temp_dir
+
     with tempfile.TemporaryDirectory(prefix="nodescope-replay-", dir=temp_dir()) as root:
         return replay(scenario, Path(root))
 
 
 def run(args: argparse.Namespace) -> int:
+    from nodescope.sim.driver import replay_document, replay_text
     from nodescope.sim.scenario import bundled_scenarios, load_scenario
 
     logs.setup("error")  # source failures are in the timeline; no log noise on stderr

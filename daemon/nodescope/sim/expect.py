@@ -36,8 +36,6 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from nodescope.errors import ParseError
 from nodescope.model.finding import Finding
 
@@ -356,6 +354,10 @@ def parse_exposition(text: str, names: Collection[str]) -> dict[str, dict[Labels
                 kept.append(line)
         elif line and _line_name(line) in wanted:
             kept.append(line)
+    # Imported here: `nodescope run` loads this module (its parser registers `replay`), and
+    # the daemon does not load prometheus_client.
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, dict[Labels, float]] = {name: {} for name in wanted}
     for family in text_string_to_metric_families("\n".join(kept) + "\n"):
         for sample in family.samples:
