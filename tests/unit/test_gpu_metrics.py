@@ -122,7 +122,12 @@ def test_gpu_families_from_a_fake_hgx_node(node: FakeNvml) -> None:
     assert value(s, "nodescope_gpu_compute_processes", gpu="0") == 2
     assert value(s, "nodescope_gpu_process_memory_used_bytes", gpu="0") == (1 << 30) + (1 << 29)
     assert value(s, "nodescope_gpu_nvlink_data_tx_bytes_total", gpu="0", link="5") == 3 * 1024
-    assert value(s, "nodescope_gpu_nvlink_raw_rx_bytes_total", gpu="0", link="5") == 4 * 1024
+    # Bytes with protocol overhead are summed per GPU; the payload bytes stay per link.
+    assert value(s, "nodescope_gpu_nvlink_raw_rx_bytes_total", gpu="0") == 4 * 1024
+    assert not any(
+        name.startswith("nodescope_gpu_nvlink_raw_") and "link" in dict(labels)
+        for name, labels in s
+    )
     assert value(s, "nodescope_gpu_nvlink_errors_total", gpu="0", link="5", counter="replay") == 2
     assert value(s, "nodescope_gpu_nvlink_up", gpu="0", link="6") == 0
     assert (
@@ -171,3 +176,20 @@ def test_gpu_without_nvlink_has_no_nvlink_source_series() -> None:
     s = samples(snapshot_of(data))
     assert not any(name == "nodescope_nvlink_data_source_info" for name, _ in s)
     assert value(s, "nodescope_gpu_compute_processes", gpu="0") == 0
+
+
+def test_summed_nvlink_counters_wrap_as_one_part_would() -> None:
+    width = 42  # a 32-bit KiB field, in bytes
+    wrap = 1 << width
+
+    def cv(value: int, bits: int | None = width) -> nv.CounterValue:
+        return nv.CounterValue(value, None, bits)
+
+    before = gpu_metrics._summed([cv(wrap - 10), cv(5), None])
+    after = gpu_metrics._summed([cv(6), cv(5)])  # the first part wrapped after 16 bytes
+    assert before == wrap - 5 and after == 11
+    # rate() over a counter of that width sees 16 bytes, not a reset of the whole sum.
+    assert before is not None and after is not None and (after - before) % wrap == 16
+    assert gpu_metrics._summed([cv(wrap - 1, 74), cv(5, 42)]) == wrap + 4  # widths differ
+    assert gpu_metrics._summed([cv(3, None), cv(4, None)]) == 7
+    assert gpu_metrics._summed([None, None]) is None

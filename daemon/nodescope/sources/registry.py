@@ -83,7 +83,8 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nvlink_kmod",
         "nodescope.sources.nvlink_kmod",
         1.0,
-        "per-link NVLink counters, maxima and burst histograms from the nvlink_counter module",
+        "NVLink counters, per-link maxima and per-device burst histograms from the"
+        " nvlink_counter module",
     ),
     SourceInfo(
         "probe",
