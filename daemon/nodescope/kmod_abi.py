@@ -1,21 +1,25 @@
 """The ABI of the ``nvlink_counter`` kernel module (``/dev/nvlink_stats``) for Python.
 
-One source of truth: the declarations are generated at import from the module's uapi header
-``kmod/include/uapi/linux/nvlink_counter.h`` (shipped in the package as
-``nodescope/data/nvlink_counter.h``): the header's text, less its includes, include guard and
-ioctl macros, is the cffi ``cdef``; the ioctl numbers are computed from its ``_IO*`` macros with
-the kernel's ``_IOC`` encoding (``include/uapi/asm-generic/ioctl.h``). A test compiles the same
-header with gcc and compares every size and offset with cffi's.
+One source of truth: the module's uapi header ``kmod/include/uapi/linux/nvlink_counter.h``
+(shipped in the package as ``nodescope/data/nvlink_counter.h``). Its declarations reach cffi
+through :mod:`nodescope._nvlink_counter_cffi`, generated from the header by
+:mod:`nodescope.kmod_abi_build` (out-of-line ABI mode, so no C parser is loaded at import; a
+test fails when the generated module is stale); the ioctl numbers are computed from its
+``_IO*`` macros with the kernel's ``_IOC`` encoding (``include/uapi/asm-generic/ioctl.h``). A
+test compiles the same header with gcc and compares every size and offset with cffi's.
 
 Parts:
 
 * :func:`parse_snapshot` — pure: the bytes of one snapshot (a ``read()`` of the device, a
   captured file, the simulated node's file) to typed records. Steps by the sizes in the header,
   so tails added by newer modules are skipped. Bad input raises :class:`ParseError` only.
+  Records are unpacked with a :class:`struct.Struct` whose format is derived from cffi's
+  layout of the structs (a daemon reads 144 of them every second; cffi field access per
+  value costs ten times as much).
 * :func:`encode_snapshot` / :func:`write_snapshot` — the same ABI written out (the simulated
   node's snapshot file; atomic rename).
 * :class:`Device` — the character device: ``GET_VERSION``, a fresh snapshot with ``pread`` at
-  offset 0, and the configuration ioctls (``CAP_SYS_ADMIN``).
+  offset 0, and the configuration ioctls (``CAP_SYS_ADMIN``), with cffi structs.
 """
 
 from __future__ import annotations
@@ -23,19 +27,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import operator
 import os
-import re
+import struct
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cffi  # type: ignore[import-untyped,unused-ignore]
-
+from nodescope._nvlink_counter_cffi import ffi
 from nodescope.errors import ParseError
 
-HEADER_PATH = Path(__file__).parent / "data" / "nvlink_counter.h"
+# Re-exported: the header's path and how it is read belong to the ABI's public face.
+from nodescope.kmod_abi_build import HEADER_PATH as HEADER_PATH
+from nodescope.kmod_abi_build import IoctlDef as IoctlDef
+from nodescope.kmod_abi_build import split_header as split_header
 
 _IOC_NRBITS, _IOC_TYPEBITS, _IOC_SIZEBITS = 8, 8, 14
 _IOC_NRSHIFT = 0
@@ -43,12 +50,6 @@ _IOC_TYPESHIFT = _IOC_NRSHIFT + _IOC_NRBITS
 _IOC_SIZESHIFT = _IOC_TYPESHIFT + _IOC_TYPEBITS
 _IOC_DIRSHIFT = _IOC_SIZESHIFT + _IOC_SIZEBITS
 _IOC_DIRS = {"": 0, "W": 1, "R": 2, "WR": 3}  # _IOC_NONE, _IOC_WRITE, _IOC_READ
-
-_IOCTL_RE = re.compile(
-    r"^#define\s+(\w+)\s+_IO(WR|R|W)?\(\s*(\w+)\s*,\s*(0x[0-9a-fA-F]+|\d+)\s*"
-    r"(?:,\s*struct\s+(\w+)\s*)?\)\s*$"
-)
-_DEFINE_RE = re.compile(r"^#define\s+(\w+)\s+(0x[0-9a-fA-F]+|\d+)\s*$")
 
 
 def ioc(direction: int, type_: int, nr: int, size: int) -> int:
@@ -63,54 +64,8 @@ def ioc(direction: int, type_: int, nr: int, size: int) -> int:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class IoctlDef:
-    name: str
-    direction: str  # "", "R", "W" or "WR", as in the _IO* macro's name
-    nr: int
-    struct: str | None
-
-
-def split_header(text: str) -> tuple[str, tuple[IoctlDef, ...]]:
-    """The header's cffi ``cdef`` text and its ioctl definitions.
-
-    Dropped for cffi: ``#include`` lines, the include guard and the ``_IO*`` macros (cffi only
-    takes integer ``#define``\\ s); ``__u32``/``__u64`` become ``uint32_t``/``uint64_t``.
-    """
-    out: list[str] = []
-    ioctls: list[IoctlDef] = []
-    guard: str | None = None
-    for line in text.splitlines():
-        stripped = line.strip()
-        match = _IOCTL_RE.match(stripped)
-        if match:
-            name, direction, _magic, nr, struct = match.groups()
-            ioctls.append(IoctlDef(name, direction or "", int(nr, 0), struct))
-            out.append("")
-            continue
-        if stripped.startswith("#include"):
-            out.append("")
-            continue
-        if stripped.startswith("#ifndef") and guard is None:
-            guard = stripped.split()[1]
-            out.append("")
-            continue
-        if stripped.startswith("#endif") or (guard and stripped == f"#define {guard}"):
-            out.append("")
-            continue
-        if stripped.startswith("#define") and not _DEFINE_RE.match(stripped):
-            raise ValueError(f"header line cffi cannot take: {stripped!r}")
-        out.append(line)
-    cdef = "\n".join(out)
-    cdef = re.sub(r"\b__u64\b", "uint64_t", cdef)
-    cdef = re.sub(r"\b__u32\b", "uint32_t", cdef)
-    return cdef, tuple(ioctls)
-
-
 HEADER_TEXT = HEADER_PATH.read_text(encoding="utf-8")
 CDEF, IOCTL_DEFS = split_header(HEADER_TEXT)
-ffi = cffi.FFI()
-ffi.cdef(CDEF)
 # Integer #defines are read through a library handle; libc is always there.
 lib: Any = ffi.dlopen(None)
 
@@ -144,11 +99,9 @@ def _ioctl_number(d: IoctlDef) -> int:
 IOCTLS: dict[str, int] = {d.name: _ioctl_number(d) for d in IOCTL_DEFS}
 
 
-def struct_fields(struct: str) -> list[tuple[str, int, int]]:
-    """(name, offset, size) of every field of ``struct <struct>`` as cffi lays it out."""
-    return [
-        (name, f.offset, ffi.sizeof(f.type)) for name, f in ffi.typeof(f"struct {struct}").fields
-    ]
+def struct_fields(name: str) -> list[tuple[str, int, int]]:
+    """(name, offset, size) of every field of ``struct <name>`` as cffi lays it out."""
+    return [(n, f.offset, ffi.sizeof(f.type)) for n, f in ffi.typeof(f"struct {name}").fields]
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,38 +187,104 @@ class NvlcSnapshot:
     records: tuple[NvlcRecord, ...]
 
 
-def _check_fields(cls: type, struct: str) -> None:
-    names = {f.name for f in dataclasses.fields(cls)}
-    c_names = {n for n, _, _ in struct_fields(struct) if not n.startswith("reserved")}
-    if names != c_names:
-        raise RuntimeError(f"{cls.__name__} fields differ from struct {struct}: {names ^ c_names}")
+_set_class = object.__setattr__
 
 
-_check_fields(NvlcHeader, "nvlc_header")
-_check_fields(NvlcRecord, "nvlc_record")
+class _Codec:
+    """One struct of the header as a :class:`struct.Struct` and the dataclass it becomes.
+
+    The format is built from cffi's layout (``offsetof``/``sizeof`` of every field, which the
+    gcc test checks against the C compiler): ``uint32_t`` is ``I``, ``uint64_t`` ``Q``,
+    arrays repeat their item, ``reserved*`` fields and any padding are pad bytes (skipped when
+    read, zero when written). Native byte order, as the module writes it; no implicit
+    alignment, so the offsets are exactly cffi's.
+    """
+
+    def __init__(self, cls: type[Any], name: str) -> None:
+        self.cls = cls
+        self.name = name
+        parts: list[str] = []
+        #: (field name, number of values: 0 for a scalar), in C order, reserved ones left out.
+        layout: list[tuple[str, int]] = []
+        position = 0
+        for field_name, f in ffi.typeof(f"struct {name}").fields:
+            if f.offset > position:
+                parts.append(f"{f.offset - position}x")
+            size = ffi.sizeof(f.type)
+            position = f.offset + size
+            if field_name.startswith("reserved"):
+                parts.append(f"{size}x")
+                continue
+            item = f.type.item if f.type.kind == "array" else f.type
+            code = {4: "I", 8: "Q"}[ffi.sizeof(item)]
+            count = f.type.length if f.type.kind == "array" else 0
+            parts.append(f"{count}{code}" if count else code)
+            layout.append((field_name, count))
+        total = ffi.sizeof(f"struct {name}")
+        if total > position:
+            parts.append(f"{total - position}x")
+        self.format = "=" + "".join(parts)
+        self.struct = struct.Struct(self.format)
+        if self.struct.size != total:
+            raise RuntimeError(f"struct {name}: format {self.format} is not {total} bytes")
+        names = [f.name for f in dataclasses.fields(cls)]
+        c_names = {n for n, _ in layout}
+        if set(names) != c_names:
+            differ = set(names) ^ c_names
+            raise RuntimeError(f"{cls.__name__} fields differ from struct {name}: {differ}")
+        # Where each dataclass field sits in the flat tuple of unpacked values: an index, or a
+        # slice for an array, so one itemgetter call gives the constructor's arguments.
+        items: dict[str, int | slice] = {}
+        index = 0
+        for field_name, count in layout:
+            items[field_name] = slice(index, index + count) if count else index
+            index += count or 1
+        self.counts = dict(layout)
+        self.order = [n for n, _ in layout]
+        self._args: Callable[[tuple[int, ...]], tuple[Any, ...]] = operator.itemgetter(
+            *(items[n] for n in names)
+        )
+        # A frozen dataclass's __init__ sets each field through object.__setattr__, which is
+        # two thirds of the cost of a parsed record. The records are built as instances of a
+        # plain slotted twin (same fields, same order, so the same memory layout) and then
+        # given their class; CPython refuses the assignment (TypeError) for any layout that
+        # differs, so a drift shows at import, and the result is an ordinary frozen record.
+        self._twin: type[Any] = dataclasses.make_dataclass(
+            f"_{cls.__name__}Builder",
+            [(n, Any) for n in names],
+            slots=True,
+            eq=False,
+            repr=False,
+        )
+        self.make(tuple(range(index)))  # the assignment's layout check, once at import
+
+    def make(self, values: tuple[int, ...]) -> Any:
+        record = self._twin(*self._args(values))
+        _set_class(record, "__class__", self.cls)
+        return record
+
+    def unpack_from(self, data: bytes | memoryview, offset: int = 0) -> Any:
+        return self.make(self.struct.unpack_from(data, offset))
+
+    def pack(self, record: Any) -> bytes:
+        values: list[int] = []
+        for name in self.order:
+            value = getattr(record, name)
+            count = self.counts[name]
+            if count:
+                if len(value) != count:
+                    raise ValueError(f"{self.name}.{name} takes {count} values, not {len(value)}")
+                values.extend(value)
+            else:
+                values.append(value)
+        try:
+            return self.struct.pack(*values)
+        except struct.error as exc:
+            raise OverflowError(f"struct {self.name}: {exc}") from None
 
 
-def _from_cdata(cls: type[Any], cdata: Any) -> Any:
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        value = getattr(cdata, f.name)
-        values[f.name] = int(value) if isinstance(value, int) else tuple(int(v) for v in value)
-    return cls(**values)
-
-
-def _to_cdata(struct: str, record: Any) -> Any:
-    cdata = ffi.new(f"struct {struct} *")
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
-        target = getattr(cdata, f.name)
-        if isinstance(value, tuple):
-            if len(value) != len(target):
-                raise ValueError(f"{struct}.{f.name} takes {len(target)} values, not {len(value)}")
-            for i, v in enumerate(value):
-                target[i] = v
-        else:
-            setattr(cdata, f.name, value)
-    return cdata
+_HEADER = _Codec(NvlcHeader, "nvlc_header")
+_RECORD = _Codec(NvlcRecord, "nvlc_record")
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,31 +300,34 @@ def parse_snapshot(data: bytes, source: str = "<snapshot>") -> NvlcSnapshot:
     """
     if len(data) < HEADER_SIZE:
         raise ParseError(source, f"{len(data)} bytes, shorter than a header ({HEADER_SIZE})")
-    head = ffi.new("struct nvlc_header *")
-    ffi.memmove(head, data[:HEADER_SIZE], HEADER_SIZE)
-    if head.magic != MAGIC:
-        raise ParseError(source, f"bad magic {head.magic:#010x}, expected {MAGIC:#010x}")
-    if head.abi_version >> 16 != ABI_MAJOR:
-        raise ParseError(source, f"ABI version {head.abi_version:#x}: major {ABI_MAJOR} only")
-    if head.header_size < HEADER_SIZE:
-        raise ParseError(source, f"header_size {head.header_size} < {HEADER_SIZE}")
-    if head.record_size < RECORD_SIZE:
-        raise ParseError(source, f"record_size {head.record_size} < {RECORD_SIZE}")
-    need = head.header_size + head.record_count * head.record_size
+    header: NvlcHeader = _HEADER.unpack_from(data)
+    if header.magic != MAGIC:
+        raise ParseError(source, f"bad magic {header.magic:#010x}, expected {MAGIC:#010x}")
+    if header.abi_version >> 16 != ABI_MAJOR:
+        raise ParseError(source, f"ABI version {header.abi_version:#x}: major {ABI_MAJOR} only")
+    if header.header_size < HEADER_SIZE:
+        raise ParseError(source, f"header_size {header.header_size} < {HEADER_SIZE}")
+    size = header.record_size
+    if size < RECORD_SIZE:
+        raise ParseError(source, f"record_size {size} < {RECORD_SIZE}")
+    count = header.record_count
+    start = header.header_size
+    need = start + count * size
     if len(data) < need:
         raise ParseError(
             source,
-            f"{len(data)} bytes, header says {head.record_count} records of "
-            f"{head.record_size} after {head.header_size}: {need}",
+            f"{len(data)} bytes, header says {count} records of "
+            f"{size} after {header.header_size}: {need}",
         )
-    header: NvlcHeader = _from_cdata(NvlcHeader, head)
-    records: list[NvlcRecord] = []
-    rec = ffi.new("struct nvlc_record *")
-    for i in range(head.record_count):
-        start = head.header_size + i * head.record_size
-        ffi.memmove(rec, data[start : start + RECORD_SIZE], RECORD_SIZE)
-        records.append(_from_cdata(NvlcRecord, rec))
-    return NvlcSnapshot(header, tuple(records))
+    make = _RECORD.make
+    records: tuple[NvlcRecord, ...]
+    if size == RECORD_SIZE:
+        view = memoryview(data)[start:need]
+        records = tuple([make(values) for values in _RECORD.struct.iter_unpack(view)])
+    else:  # a newer minor version: step over each record's tail
+        unpack = _RECORD.struct.unpack_from
+        records = tuple([make(unpack(data, start + i * size)) for i in range(count)])
+    return NvlcSnapshot(header, records)
 
 
 def encode_snapshot(header: NvlcHeader, records: Sequence[NvlcRecord]) -> bytes:
@@ -322,9 +344,7 @@ def encode_snapshot(header: NvlcHeader, records: Sequence[NvlcRecord]) -> bytes:
         record_size=RECORD_SIZE,
         record_count=len(records),
     )
-    parts = [bytes(ffi.buffer(_to_cdata("nvlc_header", header)))]
-    parts.extend(bytes(ffi.buffer(_to_cdata("nvlc_record", r))) for r in records)
-    return b"".join(parts)
+    return b"".join([_HEADER.pack(header), *(_RECORD.pack(r) for r in records)])
 
 
 def write_snapshot(

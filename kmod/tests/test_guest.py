@@ -583,8 +583,10 @@ def test_nodescope_snapshot_json_shows_module_metrics() -> None:
         text = render(collector.run_cycle(force=True)).decode()
         collector.close()
         assert 'nodescope_nvlink_data_source_info{source="kmod"} 1.0' in text
-        assert 'nodescope_nvlink_kmod_transmit_bytes_total{device="0",link="0"}' in text
-        assert 'nodescope_nvlink_kmod_stall_samples_total{below="1024",device="0",link="0"}' in text
+        # Byte counters and burst histograms per device; stall cycles and peaks per link.
+        assert 'nodescope_nvlink_kmod_transmit_bytes_total{device="0"}' in text
+        assert 'nodescope_nvlink_kmod_stall_cycles_total{device="0",link="0"}' in text
+        assert 'nodescope_nvlink_kmod_stall_samples_total{below="1024",device="0"}' in text
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope import kmod_abi as abi
+from nodescope import kmod_abi_build as build
 from nodescope.collect import Collector
 from nodescope.config import Config
 from nodescope.detectors import nvlink as det
@@ -102,6 +104,90 @@ def test_cffi_layout_equals_the_c_compilers(tmp_path: Path) -> None:
         assert c_fields == [n for n, _, _ in abi.struct_fields(s)]
 
 
+def _without_cffi_version(text: str) -> str:
+    # The backend's version number, not the header, decides this line: another cffi release
+    # writes another number for the same declarations.
+    return re.sub(r"(?m)^    _version = 0x[0-9a-fA-F]+,$", "    _version = ?,", text)
+
+
+def test_generated_module_matches_the_header() -> None:
+    expected = build.generate(HEADER.read_text())
+    current = build.MODULE_PATH.read_text()
+    assert _without_cffi_version(current) == _without_cffi_version(expected), (
+        f"{build.MODULE_PATH.name} is stale: run `{build.REGENERATE}`"
+    )
+    # A changed header changes the generated text (so the comparison above can fail).
+    changed = build.generate(
+        HEADER.read_text().replace("__u64 window_ticks;", "__u32 window_ticks;")
+    )
+    assert _without_cffi_version(changed) != _without_cffi_version(expected)
+
+
+def test_generated_module_holds_every_define() -> None:
+    for name, value in re.findall(
+        r"^#define (NVLC_\w+) (0x[0-9a-fA-F]+|\d+)$", abi.HEADER_TEXT, re.M
+    ):
+        assert getattr(abi.lib, name) == int(value, 0)
+
+
+def test_import_loads_no_c_parser() -> None:
+    code = (
+        "import sys, nodescope.sources.nvlink_kmod\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pycparser', 'cffi')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def _cffi_bytes(struct: str, record: object) -> bytes:
+    """The struct as cffi fills it, field by field: the reference for the struct formats."""
+    cdata = abi.ffi.new(f"struct {struct} *")
+    for f in dataclasses.fields(record):  # type: ignore[arg-type]
+        value = getattr(record, f.name)
+        if isinstance(value, tuple):
+            target = getattr(cdata, f.name)
+            for i, v in enumerate(value):
+                target[i] = v
+        else:
+            setattr(cdata, f.name, value)
+    return bytes(abi.ffi.buffer(cdata))
+
+
+def test_struct_formats_cover_every_byte_cffi_lays_out() -> None:
+    for codec, name in ((abi._HEADER, "nvlc_header"), (abi._RECORD, "nvlc_record")):
+        assert codec.struct.size == abi.ffi.sizeof(f"struct {name}")
+        # A distinct value in every field, to catch a field at the wrong offset.
+        fields = abi.struct_fields(name)
+        values = {n: (i + 1) * 0x01010101 for i, (n, _, _) in enumerate(fields)}
+        kwargs: dict[str, object] = {}
+        for f in dataclasses.fields(codec.cls):
+            count = codec.counts[f.name]
+            base = values[f.name]
+            kwargs[f.name] = tuple(base + j for j in range(count)) if count else base
+        record = codec.cls(**kwargs)
+        data = _cffi_bytes(name, record)
+        assert codec.pack(record) == data
+        assert codec.unpack_from(data) == record
+
+
+def test_parsed_records_are_ordinary_frozen_records() -> None:
+    record = NvlcRecord(device=2, link=7, counters=(1, 2, 3, 4, 5), util_hist=tuple(range(20)))
+    snap = abi.parse_snapshot(abi.encode_snapshot(NvlcHeader(sequence=4), [record]))
+    parsed = snap.records[0]
+    assert type(parsed) is NvlcRecord and type(snap.header) is NvlcHeader
+    assert parsed == record and hash(parsed) == hash(record) and repr(parsed) == repr(record)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parsed.link = 1  # type: ignore[misc]
+    assert dataclasses.replace(parsed, link=8).link == 8
+
+
+def test_out_of_range_values_are_refused() -> None:
+    with pytest.raises(OverflowError):
+        abi.encode_snapshot(NvlcHeader(), [NvlcRecord(device=2**32)])
+
+
 def test_ioctl_encoding_is_the_kernels() -> None:
     # _IOR(0xB7, 0, struct nvlc_version) with the 40-byte struct; _IO(0xB7, 5).
     assert abi.IOCTLS["NVLC_IOC_GET_VERSION"] == (2 << 30) | (40 << 16) | (0xB7 << 8)
@@ -167,6 +253,24 @@ def test_round_trip(header: NvlcHeader, records: list[NvlcRecord]) -> None:
     snap = abi.parse_snapshot(data, "x")
     assert snap.header == dataclasses.replace(header, record_count=len(records))
     assert snap.records == tuple(records)
+
+
+@settings(max_examples=50, deadline=None)
+@given(header_st, st.lists(records_st, max_size=3))
+def test_encoding_equals_cffis(header: NvlcHeader, records: list[NvlcRecord]) -> None:
+    data = abi.encode_snapshot(header, records)
+    full = dataclasses.replace(
+        header,
+        magic=abi.MAGIC,
+        abi_version=abi.ABI_VERSION,
+        header_size=abi.HEADER_SIZE,
+        record_size=abi.RECORD_SIZE,
+        record_count=len(records),
+    )
+    expected = _cffi_bytes("nvlc_header", full) + b"".join(
+        _cffi_bytes("nvlc_record", r) for r in records
+    )
+    assert data == expected
 
 
 def test_encode_refuses_wrong_array_lengths() -> None:
@@ -340,31 +444,53 @@ def _collect_twice(tmp_path: Path, first: NvlcSnapshot, second: NvlcSnapshot) ->
 
 def test_metrics_of_module_served_links(tmp_path: Path) -> None:
     hist = tuple(1 if b in (9, 12, 19) else 0 for b in range(20))
-    first = _snap(1.0, 10, [_record(0, 0, 0, 0), _record(0, 1, 0, 0)])
+    gone_hist = tuple(1 if b in (3, 12) else 0 for b in range(20))
+    first = _snap(1.0, 10, [_record(0, 0, 0, 0), _record(0, 1, 0, 0), _record(1, 0, 0, 0)])
     second = _snap(
         2.0, 10010,
         [_record(0, 0, 5 * GB, 700 * 10**6, window_samples=10000, window_max_util=32768,
-                 window_over_stall=2500, stall_hist=hist),
-         dataclasses.replace(_record(0, 1, 0, 0), flags=1 | (1 << 8))],
+                 window_over_stall=2500, stall_hist=hist, samples=10000),
+         dataclasses.replace(_record(0, 1, 0, 0, samples=4000, stall_hist=gone_hist),
+                             flags=1 | (1 << 8)),
+         _record(1, 0, 1 * GB, 0, samples=10000)],
     )  # fmt: skip
     text = render(_collect_twice(tmp_path, first, second)).decode()
     assert 'nodescope_nvlink_data_source_info{source="kmod"} 1.0' in text
     assert "nodescope_nvlink_kmod_serving 1.0" in text
-    assert 'nodescope_nvlink_kmod_transmit_bytes_total{device="0",link="0"} 5e+09' in text
-    # link 1 only has its TX register mapped: no series for the others (absent, not 0).
+    # Byte and error counters are per device, summed over the links that have the counter:
+    # link 1 only has its TX register mapped, so its replay count (7) is not added.
+    assert 'nodescope_nvlink_kmod_transmit_bytes_total{device="0"} 5e+09' in text
+    assert 'nodescope_nvlink_kmod_receive_bytes_total{device="0"} 2.5e+09' in text
+    assert 'nodescope_nvlink_kmod_replay_errors_total{device="0"} 7.0' in text
+    assert 'nodescope_nvlink_kmod_transmit_bytes_total{device="1"} 1e+09' in text
+    assert 'nodescope_nvlink_kmod_capacity_bytes_per_second{device="0"} 5e+10' in text
+    assert 'nodescope_nvlink_kmod_links{device="0"} 2.0' in text
+    assert 'nodescope_nvlink_kmod_links{device="1"} 1.0' in text
+    assert 'nodescope_nvlink_kmod_link_samples_total{device="0"} 14000.0' in text
+    # One gone link marks its device; the other device is not.
+    assert 'nodescope_nvlink_kmod_device_gone{device="0"} 1.0' in text
+    assert 'nodescope_nvlink_kmod_device_gone{device="1"} 0.0' in text
+    # Per link: what only the module knows (stall cycles, the window's peaks).
+    assert 'nodescope_nvlink_kmod_stall_cycles_total{device="0",link="0"} 7e+08' in text
     assert 'nodescope_nvlink_kmod_stall_cycles_total{device="0",link="1"}' not in text
-    assert 'nodescope_nvlink_kmod_device_gone{device="0",link="1"} 1.0' in text
     assert 'nodescope_nvlink_kmod_window_max_utilisation_ratio{device="0",link="0"} 0.5' in text
-    assert (
-        'nodescope_nvlink_kmod_window_stall_over_threshold_ratio{device="0",link="0"} 0.25' in text
-    )
-    # Cumulative buckets: values below 2^9 are <= 512; 2^12 adds at 4096; 2^19 only at +Inf.
-    for le, count in (("256", 0), ("512", 1), ("2048", 1), ("4096", 2), ("16384", 2), ("+Inf", 3)):
-        line = f'nodescope_nvlink_kmod_stall_samples_total{{below="{le}",device="0",link="0"}}'
+    # Cumulative buckets summed over the device's links: link 0's values below 2^9 are
+    # <= 512, 2^12 adds at 4096, 2^19 only at +Inf; link 1 adds one below 8 and one at 4096.
+    for le, count in (("256", 1), ("512", 2), ("2048", 2), ("4096", 4), ("16384", 4), ("+Inf", 5)):
+        line = f'nodescope_nvlink_kmod_stall_samples_total{{below="{le}",device="0"}}'
         assert f"{line} {float(count)}" in text
-    assert 'nodescope_nvlink_kmod_utilisation_ratio{device="0",link="0"} 0.2' in text
-    assert 'nodescope_nvlink_kmod_stall_cycles_per_microsecond{device="0",link="0"} 700.0' in text
     assert "nodescope_nvlink_kmod_sampling_period_seconds 0.0001" in text
+    # Rates of exported counters and last-window shares are left to Prometheus and the
+    # bucket counters.
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+    dropped = {
+        "nodescope_nvlink_kmod_utilisation_ratio",
+        "nodescope_nvlink_kmod_stall_cycles_per_microsecond",
+        "nodescope_nvlink_kmod_window_stall_over_threshold_ratio",
+        "nodescope_nvlink_kmod_window_utilisation_over_threshold_ratio",
+    }
+    assert not dropped & names
+    assert "nodescope_nvlink_kmod_window_max_stall_cycles_per_microsecond" in names
 
 
 def test_no_module_no_series(tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ from nodescope.model.topology import DeviceClass, PortRole, Topology
 from nodescope.roots import Roots
 from nodescope.sim.lspci import parse_lspci_vvv
 from nodescope.sim.sysfs_tree import materialise
+from nodescope.sources import pci as pci_module
 from nodescope.sources.pci import (
+    SLOW_EVERY,
     PciSource,
     make_source,
     parse_aer,
@@ -327,6 +329,123 @@ def test_source_rereads_only_changing_files_until_the_device_set_changes(mini: P
     source.close()
 
 
+def test_unchanged_tree_gives_the_same_topology_object(mini: Path) -> None:
+    roots = Roots.under(mini)
+    source = make_source()
+    source.slow_every = 3
+    first = source.collect(roots)
+    assert source.collect(roots) is first
+    assert source.collect(roots) is first
+    # The third run after the walk walks again (slow_every): an equal tree is the same object.
+    assert source.collect(roots) is first and source.walks == 2
+    # A counter that moved gives a new topology in which only that function is a new record.
+    gpu_dir = _dir(mini, "0000:18:00.0")
+    (gpu_dir / "aer_dev_fatal").write_text("TLP 1\nTOTAL_ERR_FATAL 1\n")
+    second = source.collect(roots)
+    assert second is not first and second != first
+    assert second.device("0000:18:00.0").aer[1].total == 1
+    moved = [a.bdf for a, b in zip(first.devices, second.devices, strict=True) if a is not b]
+    assert moved == ["0000:18:00.0"]
+    assert source.collect(roots) is second
+    source.close()
+
+
+def test_a_change_read_in_a_failed_run_still_shows(mini: Path) -> None:
+    roots = Roots.under(mini)
+    source = make_source()
+    first = source.collect(roots)
+    nic_speed = _dir(mini, "0000:19:00.0") / "current_link_speed"
+    good = nic_speed.read_text()
+    (_dir(mini, "0000:18:00.0") / "aer_dev_fatal").write_text("TLP 2\nTOTAL_ERR_FATAL 2\n")
+    nic_speed.write_text("garbage\n")  # read after the GPU's: this run fails
+    with pytest.raises(ParseError, match="current_link_speed"):
+        source.collect(roots)
+    nic_speed.write_text(good)
+    second = source.collect(roots)
+    assert second is not first and second.device("0000:18:00.0").aer[1].total == 2
+    source.close()
+
+
+def test_static_files_are_read_again_every_slow_every_runs(mini: Path) -> None:
+    roots = Roots.under(mini)
+    source = make_source()
+    assert source.slow_every == SLOW_EVERY > 1
+    source.slow_every = 3
+    source.collect(roots)
+    (_dir(mini, "0000:18:00.0") / "numa_node").write_text("1\n")
+    for _ in range(2):
+        assert source.collect(roots).device("0000:18:00.0").numa_node == 0
+    assert source.collect(roots).device("0000:18:00.0").numa_node == 1
+    assert source.walks == 2
+    # slow_every=1 (replay, tests): every run reads everything.
+    source.slow_every = 1
+    (_dir(mini, "0000:18:00.0") / "numa_node").write_text("0\n")
+    assert source.collect(roots).device("0000:18:00.0").numa_node == 0
+    assert source.walks == 3
+    source.close()
+
+
+def test_link_state_is_read_again_when_the_device_resumes(mini: Path) -> None:
+    roots = Roots.under(mini)
+    source = make_source()
+    gpu_dir = _dir(mini, "0000:18:00.0")
+    (gpu_dir / "power" / "runtime_status").write_text("suspended\n")
+    link = source.collect(roots).device("0000:18:00.0").link
+    assert link is not None and link.current_speed_gts is None
+    (gpu_dir / "power" / "runtime_status").write_text("active\n")
+    (gpu_dir / "current_link_width").write_text("8\n")
+    link = source.collect(roots).device("0000:18:00.0").link
+    assert link is not None and (link.current_speed_gts, link.current_width) == (32.0, 8)
+    (gpu_dir / "power" / "runtime_status").write_text("garbage\n")
+    with pytest.raises(ParseError, match="runtime_status"):
+        source.collect(roots)
+    source.close()
+
+
+def test_function_links_resolve_like_realpath(mini: Path, tmp_path: Path) -> None:
+    expected = read_topology(Roots.under(mini))
+    # An absolute link (not what the kernel writes) is resolved the slow way.
+    link = mini / "sys" / "bus" / "pci" / "devices" / "0000:18:00.0"
+    target = os.path.realpath(link)
+    link.unlink()
+    link.symlink_to(target)
+    assert read_topology(Roots.under(mini)) == expected
+    # A root reached through a link: relative links are joined to the resolved directory.
+    alias = tmp_path / "alias"
+    alias.symlink_to(mini)
+    assert read_topology(Roots.under(alias)).device("0000:18:00.0").chain == (
+        expected.device("0000:18:00.0").chain
+    )
+
+
+def test_os_names_follow_kernel_and_relative_device_links(tmp_path: Path) -> None:
+    sysfs = tmp_path / "sys"
+    function = sysfs / "devices" / "pci0000:00" / "0000:00:01.0" / "0000:18:00.0"
+    other = sysfs / "devices" / "pci0000:00" / "0000:00:02.0"
+    for d in (function / "infiniband" / "mlx5_0", function / "nvme" / "nvme0", other):
+        d.mkdir(parents=True)
+    cls = sysfs / "class"
+    (cls / "infiniband").mkdir(parents=True)
+    (cls / "nvme").mkdir()
+    (cls / "misc").mkdir()
+    # The kernel's links name the function; the simulated node's go up the tree.
+    (function / "infiniband" / "mlx5_0" / "device").symlink_to("../../../0000:18:00.0")
+    (function / "nvme" / "nvme0" / "device").symlink_to("../..")
+    (cls / "infiniband" / "mlx5_0").symlink_to(
+        "../../devices/pci0000:00/0000:00:01.0/0000:18:00.0/infiniband/mlx5_0"
+    )
+    (cls / "nvme" / "nvme0").symlink_to(function / "nvme" / "nvme0")  # absolute
+    # A link through another link: resolved the slow way.
+    (cls / "misc" / "via").mkdir()
+    (cls / "misc" / "via" / "device").symlink_to(sysfs / "class" / "misc" / "other")
+    (cls / "misc" / "other").symlink_to(other)
+    (cls / "misc" / "none").mkdir()  # no device link: skipped
+    assert pci_module._link_targets(cls / "infiniband") == {"0000:18:00.0": ("mlx5_0",)}
+    assert pci_module._link_targets(cls / "nvme") == {"0000:18:00.0": ("nvme0",)}
+    assert pci_module._link_targets(cls / "misc") == {"0000:00:02.0": ("via",)}
+    assert pci_module._link_targets(cls / "absent") == {}
+
+
 def test_suspended_device_link_is_not_read(mini: Path) -> None:
     gpu_dir = _dir(mini, "0000:18:00.0")
     (gpu_dir / "power" / "runtime_status").write_text("suspended\n")
@@ -362,9 +481,7 @@ def _snapshot(topo: Topology) -> Snapshot:
 
 def test_metrics_of_the_switch_tree(mini: Path) -> None:
     gpu_dir = _dir(mini, "0000:18:00.0")
-    (gpu_dir / "aer_dev_correctable").write_text(
-        "RxErr 3\nBadTLP 1\nBadDLLP 0\nTOTAL_ERR_COR 5\n"
-    )
+    (gpu_dir / "aer_dev_correctable").write_text("RxErr 3\nBadTLP 1\nBadDLLP 0\nTOTAL_ERR_COR 5\n")
     text = render(_snapshot(read_topology(Roots.under(mini))), [pci_metrics.families]).decode()
     assert 'nodescope_pcie_link_speed_gts{bdf="0000:18:00.0"} 32.0' in text
     assert 'nodescope_pcie_link_width_lanes{bdf="0000:16:00.0"} 16.0' in text

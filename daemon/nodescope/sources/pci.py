@@ -18,10 +18,13 @@ Reads, under the sysfs root:
 Formats, pitfalls and the walk are in ``docs/datasources.md`` §2, §4 and §7.
 
 Cost: the tree changes only on hotplug, so :class:`PciSource` keeps the walked structure
-(realpaths, ids, class, NUMA placement, which files exist) and on each run reads only what
-changes — current link speed/width and the AER files — unless the set of entries in
-``bus/pci/devices`` changed. A runtime-suspended function's link files are not read, because
-reading them resumes the device.
+(realpaths, ids, class, capabilities, NUMA placement, which files exist) and on each run
+reads only what changes — runtime status, current link speed/width, the AER files and the OS
+names — unless the set of entries in ``bus/pci/devices`` changed, udev reported a device
+event, or ``slow_every`` runs passed. A function whose files read the same bytes as last run
+keeps its record, and a run where no function changed returns the previous topology object.
+A runtime-suspended function's link files are not read, because reading them resumes the
+device.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from nodescope.model.topology import (
     is_pci_bridge,
 )
 from nodescope.roots import Roots
-from nodescope.sources.base import read_optional, read_text
+from nodescope.sources.base import READ_CHUNK, read_optional, read_text
 from nodescope.sources.udev import topology_generation
 
 SOURCE_NAME = "pci"
@@ -208,15 +211,33 @@ def parse_runtime_status(text: str, source: str = "runtime_status") -> str:
 
 # --- reader -----------------------------------------------------------------------------------
 
+#: ``pci`` runs between two walks of the whole tree when ``bus/pci/devices`` lists the same
+#: functions (at the 30 s default interval, every 5 minutes): ids, class, capabilities and
+#: NUMA placement change only on hotplug, which a changed listing or a udev event already
+#: catches; the periodic walk catches the rest (a function replaced at the same address
+#: while no udev monitor runs).
+SLOW_EVERY = 10
+
+_O_READ = os.O_RDONLY | os.O_CLOEXEC
+
 
 @dataclass(frozen=True, slots=True)
 class _Static:
-    """What a walk learns about one function and what does not change until hotplug."""
+    """What a walk learns about one function and what does not change until hotplug.
+
+    ``device`` has the capabilities (``max_link_*``) but no current link state, AER counters
+    or OS names; the paths are the files read on every run.
+    """
 
     device: PciDevice
-    directory: Path
-    has_current_link: bool
-    aer_severities: tuple[str, ...]
+    directory: str
+    #: ``power/runtime_status``, ``current_link_speed``, ``current_link_width``; None when the
+    #: function has no link worth reading.
+    link_files: tuple[str, str, str] | None
+    #: (severity, path) of the ``aer_dev_*`` files present.
+    aer_files: tuple[tuple[str, str], ...]
+    #: ``<function>/net`` for network functions, whose interfaces are listed every run.
+    net_dir: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +247,32 @@ class _Structure:
     functions: tuple[_Static, ...]
     host_bridges: tuple[PciRoot, ...]
     numa_nodes: tuple[NumaNode, ...]
+
+
+#: What one run reads of a function, as read: runtime status, current link speed and width
+#: (None when absent or not read), the AER files' bytes, network interfaces, IB devices and
+#: NVMe controllers. Equal tuples mean an equal :class:`PciDevice`.
+_Raw = tuple[
+    bytes | None,
+    bytes | None,
+    bytes | None,
+    tuple[bytes | None, ...],
+    tuple[str, ...],
+    tuple[str, ...],
+    tuple[str, ...],
+]
+
+
+@dataclass(slots=True)
+class _Entry:
+    """The last run's reading of one function and the record built from it."""
+
+    static: _Static
+    raw: _Raw | None = None
+    device: PciDevice | None = None
+    #: The last ``runtime_status`` bytes and whether they said ``suspended``.
+    status: bytes | None = None
+    suspended: bool = False
 
 
 def _devices_dir(roots: Roots) -> Path:
@@ -264,20 +311,43 @@ def _read_numa_nodes(roots: Roots) -> tuple[NumaNode, ...]:
     return tuple(sorted(nodes, key=lambda n: n.node))
 
 
-def _required(directory: Path, name: str) -> tuple[str, str]:
-    path = directory / name
-    return read_text(path), str(path)
+def _required(directory: str, name: str) -> tuple[str, str]:
+    path = f"{directory}/{name}"
+    return read_text(path), path
+
+
+def _function_dir(devices_dir: str, devices_real: str, sysfs_real: str, entry: str) -> str:
+    """The realpath of ``bus/pci/devices/<entry>``.
+
+    The kernel's link is relative (``../../../devices/pci0000:00/0000:00:01.0/0000:18:00.0``)
+    and every directory it names below ``devices/`` is a directory, not a link, so joining
+    its text to the resolved ``bus/pci/devices`` is the realpath without an ``lstat`` per
+    component (the walk does this for every function). Anything else is resolved.
+    """
+    link = f"{devices_dir}/{entry}"
+    try:
+        text = os.readlink(link)
+    except OSError:
+        return os.path.realpath(link)
+    real = os.path.normpath(os.path.join(devices_real, text))
+    if os.path.isabs(text) or not real.startswith(f"{sysfs_real}/devices/"):
+        return os.path.realpath(link)
+    return real
+
+
+_NIC_CLASSES = (DeviceClass.ETHERNET, DeviceClass.INFINIBAND)
 
 
 def _walk(roots: Roots, entries: tuple[str, ...]) -> _Structure:
-    devices_dir = _devices_dir(roots)
+    devices_dir = str(_devices_dir(roots))
+    devices_real = os.path.realpath(devices_dir)
     sysfs_real = os.path.realpath(roots.sysfs)
-    found: list[tuple[str, tuple[str, ...], Path]] = []
+    found: list[tuple[str, tuple[str, ...], str]] = []
     for entry in entries:
-        real = os.path.realpath(devices_dir / entry)
+        real = _function_dir(devices_dir, devices_real, sysfs_real, entry)
         relative = os.path.relpath(real, sysfs_real)
-        root, chain = parse_device_path(relative, str(devices_dir / entry))
-        found.append((root, chain, Path(real)))
+        root, chain = parse_device_path(relative, f"{devices_dir}/{entry}")
+        found.append((root, chain, real))
 
     children: dict[str, list[str]] = {}
     root_children: dict[str, list[str]] = {}
@@ -288,41 +358,52 @@ def _walk(roots: Roots, entries: tuple[str, ...]) -> _Structure:
             children.setdefault(chain[-2], []).append(chain[-1])
 
     functions: list[_Static] = []
+    # Functions of one NUMA node share their CPU list: parse each text once per walk.
+    cpulists: dict[str, tuple[int, ...]] = {}
     for root, chain, directory in found:
         bdf = chain[-1]
 
         vendor = parse_hex_id(*_required(directory, "vendor"))
         device_id = parse_hex_id(*_required(directory, "device"))
         class_code = parse_class(*_required(directory, "class"))
-        numa_path = directory / "numa_node"
+        numa_path = f"{directory}/numa_node"
         numa_text = read_optional(numa_path)
-        numa = parse_numa_node(numa_text, str(numa_path)) if numa_text is not None else None
-        cpus_path = directory / "local_cpulist"
+        numa = parse_numa_node(numa_text, numa_path) if numa_text is not None else None
+        cpus_path = f"{directory}/local_cpulist"
         cpus_text = read_optional(cpus_path)
-        cpus = parse_cpulist(cpus_text, str(cpus_path)) if cpus_text is not None else None
+        cpus = None
+        if cpus_text is not None:
+            cpus = cpulists.get(cpus_text)
+            if cpus is None:
+                cpus = cpulists[cpus_text] = parse_cpulist(cpus_text, cpus_path)
 
-        max_speed_path = directory / "max_link_speed"
+        max_speed_path = f"{directory}/max_link_speed"
         max_speed_text = read_optional(max_speed_path)
-        max_width_path = directory / "max_link_width"
+        max_width_path = f"{directory}/max_link_width"
         max_width_text = read_optional(max_width_path)
-        has_current = (directory / "current_link_speed").exists()
+        has_current = os.path.exists(f"{directory}/current_link_speed")
         link: LinkState | None = None
         if max_speed_text is not None or max_width_text is not None or has_current:
             link = LinkState(
                 current_speed_gts=None,
                 current_width=None,
                 max_speed_gts=(
-                    parse_link_speed(max_speed_text, str(max_speed_path))
+                    parse_link_speed(max_speed_text, max_speed_path)
                     if max_speed_text is not None
                     else None
                 ),
                 max_width=(
-                    parse_link_width(max_width_text, str(max_width_path))
+                    parse_link_width(max_width_text, max_width_path)
                     if max_width_text is not None
                     else None
                 ),
             )
-        aer = tuple(s for s in AER_SEVERITIES if (directory / f"aer_dev_{s}").exists())
+        base = directory
+        aer = tuple(
+            (s, f"{base}/aer_dev_{s}")
+            for s in AER_SEVERITIES
+            if os.path.exists(f"{base}/aer_dev_{s}")
+        )
         bridge = is_pci_bridge(class_code)
         record = PciDevice(
             bdf=bdf,
@@ -341,7 +422,15 @@ def _walk(roots: Roots, entries: tuple[str, ...]) -> _Structure:
         # RC-integrated functions have the link files but no link (``Unknown``/0 for their
         # capabilities): never worth a read per run.
         linkless = link is not None and link.max_speed_gts is None and not link.max_width
-        functions.append(_Static(record, directory, has_current and not linkless, aer))
+        link_files = None
+        if link is not None and has_current and not linkless:
+            link_files = (
+                f"{base}/power/runtime_status",
+                f"{base}/current_link_speed",
+                f"{base}/current_link_width",
+            )
+        net_dir = f"{base}/net" if record.device_class in _NIC_CLASSES else None
+        functions.append(_Static(record, base, link_files, aer, net_dir))
 
     host_bridges = []
     for name in sorted({root for root, _, _ in found}):
@@ -364,82 +453,175 @@ def _walk(roots: Roots, entries: tuple[str, ...]) -> _Structure:
     )
 
 
-def _link_targets(base: Path) -> dict[str, list[str]]:
+def _read_bytes(path: str) -> bytes | None:
+    """A file's bytes in one ``read`` (as :func:`read_optional`, undecoded: most runs only
+    compare them with the last run's), ``None`` when it cannot be read."""
+    try:
+        fd = os.open(path, _O_READ)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, READ_CHUNK)
+        if len(data) == READ_CHUNK:
+            chunks = [data]
+            while chunk := os.read(fd, READ_CHUNK):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        return data
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _link_target(base: str, name: str) -> str:
+    """The basename of what ``<base>/<name>/device`` resolves to, from the two links' texts.
+
+    The kernel's ``device`` link names the function (``../../../0000:18:00.0``); a relative
+    link up the tree (``../..``, as from ``<function>/nvme/nvme0``) is joined to the class
+    link's text. Path arithmetic is exact here because the directories below ``devices/``
+    are directories, not links; anything else is resolved the slow way.
+    """
+    device = f"{base}/{name}/device"
+    try:
+        text = os.readlink(device)
+        target = os.path.basename(text)
+        if BDF_RE.match(target):
+            return target
+        joined = os.path.join(os.readlink(f"{base}/{name}"), text)
+        target = os.path.basename(os.path.normpath(joined))
+        if BDF_RE.match(target):
+            return target
+    except OSError:
+        pass
+    return os.path.basename(os.path.realpath(device))
+
+
+def _link_targets(base: Path) -> dict[str, tuple[str, ...]]:
     """``class/<x>/<name>/device`` links, as BDF -> names (non-PCI targets are skipped)."""
-    result: dict[str, list[str]] = {}
+    result: dict[str, tuple[str, ...]] = {}
     try:
         names = sorted(os.listdir(base))
     except OSError:
         return result
+    directory = str(base)
     for name in names:
-        target = os.path.basename(os.path.realpath(base / name / "device"))
+        target = _link_target(directory, name)
         if BDF_RE.match(target):
-            result.setdefault(target, []).append(name)
+            result[target] = (*result.get(target, ()), name)
     return result
 
 
-def _net_interfaces(directory: Path) -> tuple[str, ...]:
+def _listing(directory: str | None) -> tuple[str, ...]:
+    if directory is None:
+        return ()
     try:
-        return tuple(sorted(os.listdir(directory / "net")))
+        return tuple(sorted(os.listdir(directory)))
     except OSError:
         return ()
 
 
-_NIC_CLASSES = (DeviceClass.ETHERNET, DeviceClass.INFINIBAND)
+def _read_function(
+    entry: _Entry, ib: dict[str, tuple[str, ...]], nvme: dict[str, tuple[str, ...]]
+) -> _Raw:
+    """What changes of one function, as read now. A runtime-suspended function's link files
+    are not read: reading them would resume it."""
+    static = entry.static
+    status = speed = width = None
+    if static.link_files is not None:
+        status_path, speed_path, width_path = static.link_files
+        status = _read_bytes(status_path)
+        if status != entry.status:
+            entry.suspended = (
+                status is not None
+                and parse_runtime_status(_text(status), status_path) == "suspended"
+            )
+            entry.status = status
+        if not entry.suspended:
+            speed = _read_bytes(speed_path)
+            width = _read_bytes(width_path)
+    bdf = static.device.bdf
+    return (
+        status,
+        speed,
+        width,
+        tuple(_read_bytes(path) for _, path in static.aer_files),
+        _listing(static.net_dir),
+        ib.get(bdf, ()),
+        nvme.get(bdf, ()),
+    )
 
 
-def _refresh(structure: _Structure) -> Topology:
-    """The topology with the link state, AER counters and OS names read now."""
+def _build(static: _Static, raw: _Raw) -> PciDevice:
+    """The function's record from the static part and one run's reading (pure but for the
+    paths in error messages)."""
+    _status, speed, width, aer_texts, nets, ib, nvme = raw
+    dev = static.device
+    link = dev.link
+    if link is not None and static.link_files is not None:
+        _, speed_path, width_path = static.link_files
+        link = LinkState(
+            current_speed_gts=(
+                parse_link_speed(_text(speed), speed_path) if speed is not None else None
+            ),
+            current_width=parse_link_width(_text(width), width_path) if width is not None else None,
+            max_speed_gts=link.max_speed_gts,
+            max_width=link.max_width,
+        )
+    aer: list[AerRecord] = []
+    for (severity, path), text in zip(static.aer_files, aer_texts, strict=True):
+        if text is not None:
+            aer.append(parse_aer(_text(text), severity, path))
+    return replace(
+        dev, link=link, aer=tuple(aer), net_interfaces=nets, ib_devices=ib, nvme_controllers=nvme
+    )
+
+
+def _adopt(structure: _Structure, entries: dict[str, _Entry]) -> dict[str, _Entry]:
+    """Entries for a freshly walked structure, keeping the last reading of every function
+    whose static part did not change (so an unchanged tree gives the same records)."""
+    adopted: dict[str, _Entry] = {}
+    for static in structure.functions:
+        old = entries.get(static.device.bdf)
+        if old is not None and old.static == static:
+            adopted[static.device.bdf] = old
+        else:
+            adopted[static.device.bdf] = _Entry(static)
+    return adopted
+
+
+def _refresh(
+    structure: _Structure, entries: dict[str, _Entry], previous: Topology | None
+) -> Topology:
+    """The topology with the link state, AER counters and OS names read now; ``previous``
+    itself when nothing differs from the run that built it."""
     roots = structure.roots
     ib = _link_targets(roots.sysfs / "class" / "infiniband")
     nvme = _link_targets(roots.sysfs / "class" / "nvme")
     devices: list[PciDevice] = []
+    changed = False
     for static in structure.functions:
-        dev = static.device
-        directory = static.directory
-        link = dev.link
-        if link is not None and static.has_current_link:
-            status_path = directory / "power" / "runtime_status"
-            status_text = read_optional(status_path)
-            suspended = (
-                status_text is not None
-                and parse_runtime_status(status_text, str(status_path)) == "suspended"
-            )
-            if not suspended:
-                speed_path = directory / "current_link_speed"
-                width_path = directory / "current_link_width"
-                speed_text = read_optional(speed_path)
-                width_text = read_optional(width_path)
-                link = replace(
-                    link,
-                    current_speed_gts=(
-                        parse_link_speed(speed_text, str(speed_path))
-                        if speed_text is not None
-                        else None
-                    ),
-                    current_width=(
-                        parse_link_width(width_text, str(width_path))
-                        if width_text is not None
-                        else None
-                    ),
-                )
-        aer: list[AerRecord] = []
-        for severity in static.aer_severities:
-            path = directory / f"aer_dev_{severity}"
-            text = read_optional(path)
-            if text is not None:
-                aer.append(parse_aer(text, severity, str(path)))
-        nets = _net_interfaces(directory) if dev.device_class in _NIC_CLASSES else ()
-        devices.append(
-            replace(
-                dev,
-                link=link,
-                aer=tuple(aer),
-                net_interfaces=nets,
-                ib_devices=tuple(ib.get(dev.bdf, ())),
-                nvme_controllers=tuple(nvme.get(dev.bdf, ())),
-            )
-        )
+        entry = entries[static.device.bdf]
+        raw = _read_function(entry, ib, nvme)
+        device = entry.device
+        if device is None or raw != entry.raw:
+            device = _build(static, raw)
+            entry.raw, entry.device = raw, device
+            changed = True
+        devices.append(device)
+    if (
+        previous is not None
+        and not changed
+        and previous.roots == structure.host_bridges
+        and previous.numa_nodes == structure.numa_nodes
+        and len(previous.devices) == len(devices)
+        and all(a is b for a, b in zip(previous.devices, devices, strict=True))
+    ):
+        return previous
     return Topology(
         devices=tuple(devices),
         roots=structure.host_bridges,
@@ -449,41 +631,59 @@ def _refresh(structure: _Structure) -> Topology:
 
 def read_topology(roots: Roots) -> Topology:
     """Walk and read the whole PCI tree once (no cache: for the CLI and tests)."""
-    return _refresh(_walk(roots, _list_entries(roots)))
+    structure = _walk(roots, _list_entries(roots))
+    return _refresh(structure, _adopt(structure, {}), None)
 
 
 class PciSource:
-    """The ``pci`` source: walks the tree on the first run and after hotplug, otherwise
-    re-reads only the link state, AER counters and OS names. Hotplug is a change in the
-    listing of ``bus/pci/devices`` or a device event of the udev monitor
-    (:func:`nodescope.sources.udev.mark_topology_stale`: a function replaced at the same
-    address, a driver bound or unbound)."""
+    """The ``pci`` source: walks the tree on the first run, after hotplug and every
+    :attr:`slow_every` runs, otherwise re-reads only the link state, AER counters and OS
+    names. Hotplug is a change in the listing of ``bus/pci/devices`` or a device event of the
+    udev monitor (:func:`nodescope.sources.udev.mark_topology_stale`: a function replaced at
+    the same address, a driver bound or unbound).
+
+    A run that finds nothing changed returns the previous :class:`Topology` object, so
+    what is derived from it can be kept by identity."""
 
     name = SOURCE_NAME
 
     def __init__(self) -> None:
         self._structure: _Structure | None = None
+        self._entries: dict[str, _Entry] = {}
+        self._topology: Topology | None = None
         self._generation = -1
+        self._runs_since_walk = 0
+        #: Runs between walks of an unchanged tree (1: every run).
+        self.slow_every = SLOW_EVERY
         self.walks = 0
 
     def collect(self, roots: Roots) -> Topology:
         entries = _list_entries(roots)
         generation = topology_generation()
         cached = self._structure
+        self._runs_since_walk += 1
         if (
             cached is None
             or cached.roots != roots
             or cached.entries != entries
             or generation != self._generation
+            or self._runs_since_walk >= self.slow_every
         ):
+            if cached is not None and cached.roots != roots:
+                self.close()
             cached = _walk(roots, entries)
+            self._entries = _adopt(cached, self._entries)
             self._structure = cached
             self._generation = generation
+            self._runs_since_walk = 0
             self.walks += 1
-        return _refresh(cached)
+        self._topology = _refresh(cached, self._entries, self._topology)
+        return self._topology
 
     def close(self) -> None:
         self._structure = None
+        self._entries = {}
+        self._topology = None
 
 
 def make_source() -> PciSource:
@@ -491,6 +691,7 @@ def make_source() -> PciSource:
 
 
 __all__ = [
+    "SLOW_EVERY",
     "PciSource",
     "make_source",
     "parse_aer",
