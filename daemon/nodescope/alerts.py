@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from nodescope.config import AlertsSettings, Config
+from nodescope.config import AlertRuleSettings, AlertsSettings, Config
 from nodescope.model.alert import Alert, AlertState, Transition, TransitionKind
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 
@@ -107,25 +107,36 @@ class AlertRules:
         default = AlertRule(settings.for_seconds, settings.resolve_after_seconds)
         per_kind: dict[str, AlertRule] = dict(builtin)
         for kind, over in settings.rules.items():
-            base = per_kind.get(kind, default)
-            per_kind[kind] = AlertRule(
-                for_seconds=base.for_seconds if over.for_seconds is None else over.for_seconds,
-                resolve_after_seconds=(
-                    base.resolve_after_seconds
-                    if over.resolve_after_seconds is None
-                    else over.resolve_after_seconds
-                ),
-                clear_below=base.clear_below if over.clear_below is None else over.clear_below,
-                enabled=base.enabled if over.enabled is None else over.enabled,
-            )
+            per_kind[kind] = _overridden(per_kind.get(kind, default), over)
         return cls(default, per_kind)
+
+
+def _overridden(base: AlertRule, over: AlertRuleSettings) -> AlertRule:
+    """``base`` with the keys an ``[alerts.rules.<kind>]`` table sets."""
+    return AlertRule(
+        for_seconds=base.for_seconds if over.for_seconds is None else over.for_seconds,
+        resolve_after_seconds=(
+            base.resolve_after_seconds
+            if over.resolve_after_seconds is None
+            else over.resolve_after_seconds
+        ),
+        clear_below=base.clear_below if over.clear_below is None else over.clear_below,
+        enabled=base.enabled if over.enabled is None else over.enabled,
+    )
 
 
 def keep_floor(config: Config, kind: str) -> float | None:
     """The lowest ``value`` at which a finding of ``kind`` still matters (the rule's
     ``clear_below``), for detectors that report values in the keep band; ``None``: emit only
     when the raise condition holds."""
-    return AlertRules.from_settings(config.alerts).for_kind(kind).clear_below
+    # The one kind's rule as AlertRules.from_settings makes it, without building every rule:
+    # detectors ask each cycle.
+    settings = config.alerts
+    base = BUILTIN_RULES.get(kind) or AlertRule(
+        settings.for_seconds, settings.resolve_after_seconds
+    )
+    over = settings.rules.get(kind)
+    return (base if over is None else _overridden(base, over)).clear_below
 
 
 @dataclass(frozen=True, slots=True)

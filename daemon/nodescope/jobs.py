@@ -11,7 +11,8 @@ indices), ``SLURM_JOB_GPUS``/``SLURM_STEP_GPUS`` in its processes' environment, 
 cgroup (``devices.list``), or — when nothing else says — the GPUs whose compute processes are
 in its cgroups. A compute process on a GPU of job J that is not in J's cgroups has escaped J.
 
-Pure: reads only the records it is given (and the snapshot, in :func:`jobs_of`).
+Pure: reads only the records it is given (and the snapshot, in :func:`jobs_of`); the
+registry and the placement views of the last records are kept (:mod:`nodescope.memo`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from nodescope.errors import ParseError
+from nodescope.memo import Memo
 from nodescope.model.jobs import GpuUse, JobProcess, JobView, job_views
 from nodescope.model.snapshot import Snapshot
 from nodescope.sources.cgroup import Cgroup
@@ -223,9 +225,27 @@ def gpu_uses(nvml: NvmlData | None) -> tuple[GpuUse, ...]:
     )
 
 
+#: The registry of the last ``jobs`` record and GPU list asked for: the jobs detector, the
+#: job metrics and the hooks ask for the same one, and the ``jobs`` source runs every 15 s.
+_registry = Memo[tuple[Job, ...]]()
+
+
+def registry(data: JobsData | None, gpus: tuple[GpuUse, ...]) -> tuple[Job, ...]:
+    """:func:`build_registry`, computed again only when ``data`` is another object or the
+    GPUs' compute processes changed."""
+    return _registry.get((data,), gpus, lambda: build_registry(data, gpus))
+
+
 def jobs_of(snapshot: Snapshot) -> tuple[Job, ...]:
     """The registry of a snapshot (``jobs`` and ``nvml`` sources)."""
-    return build_registry(snapshot.data(NAME, JobsData), gpu_uses(snapshot.data("nvml", NvmlData)))
+    return registry(snapshot.data(NAME, JobsData), gpu_uses(snapshot.data("nvml", NvmlData)))
+
+
+#: Placement views by the samples they are made of (several detectors ask in one cycle), and
+#: by what they are made of: the ``jobs`` record (every 15 s), the GPUs' compute processes and
+#: the HCA names, which stay the same while NVML and InfiniBand are read every second.
+_views_of_samples = Memo[tuple[JobView, ...]]()
+_views_of_content = Memo[tuple[JobView, ...]]()
 
 
 def placement_views(snapshot: Snapshot) -> tuple[JobView, ...]:
@@ -233,13 +253,26 @@ def placement_views(snapshot: Snapshot) -> tuple[JobView, ...]:
     their GPUs and the HCAs ``NCCL_IB_HCA`` lets them use."""
     data = snapshot.data(NAME, JobsData)
     nvml = snapshot.data("nvml", NvmlData)
+    ib = snapshot.data("infiniband", InfinibandData)
+    return _views_of_samples.get((data, nvml, ib), None, lambda: _placement_views(data, nvml, ib))
+
+
+def _placement_views(
+    data: JobsData | None, nvml: NvmlData | None, ib: InfinibandData | None
+) -> tuple[JobView, ...]:
     if data is None or nvml is None:
         return ()
+    gpus = gpu_uses(nvml)
+    hcas = tuple(d.name for d in ib.devices) if ib is not None else ()
+    return _views_of_content.get((data,), (gpus, hcas), lambda: _job_views(data, gpus, hcas))
+
+
+def _job_views(
+    data: JobsData, gpus: tuple[GpuUse, ...], hcas: tuple[str, ...]
+) -> tuple[JobView, ...]:
     processes = [
         JobProcess(t.pid, job.job_id or job.key, t.cgroup, t.env("NCCL_IB_HCA"))
         for job in data.jobs
         for t in job.tasks
     ]
-    ib = snapshot.data("infiniband", InfinibandData)
-    hcas = [d.name for d in ib.devices] if ib is not None else []
-    return job_views(processes, gpu_uses(nvml), hcas)
+    return job_views(processes, gpus, hcas)

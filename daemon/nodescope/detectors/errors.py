@@ -26,6 +26,7 @@ from __future__ import annotations
 from nodescope import derive
 from nodescope.config import Config
 from nodescope.detectors.common import tcp_evidence, tcp_text
+from nodescope.memo import Memo
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.snapshot import Snapshot
@@ -134,11 +135,12 @@ def nvml_findings(
                         f" {replays_per_second:g}/s){tcp_text(extra)}",
                     )
                 )
-        old_links = {link.link: dict(link.errors) for link in old.nvlinks}
+        old_links = {link.link: link for link in old.nvlinks}
         for link in gpu.nvlinks:
-            prior = old_links.get(link.link)
-            if prior is None:
-                continue
+            before_link = old_links.get(link.link)
+            if before_link is None or before_link.errors == link.errors:
+                continue  # unknown before, or no counter moved: the usual case
+            prior = dict(before_link.errors)
             moved: dict[str, int] = {}
             for name, value in link.errors:
                 if name in prior:
@@ -227,6 +229,10 @@ def ib_findings(
     return findings
 
 
+#: The AER findings of the last pair of topologies: the ``pci`` source reads every 30 s.
+_aer = Memo[list[Finding]]()
+
+
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
     settings = config.detectors
     if not settings.enabled("errors"):
@@ -235,8 +241,12 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
     tcp = tcp_evidence(snapshot)
     pci = snapshot.pair("pci", Topology)
     if pci is not None:
-        findings += aer_findings(
-            *pci, settings.number("errors", "aer_correctable_per_second"), extra_evidence=tcp
+        before, now, seconds = pci
+        threshold = settings.number("errors", "aer_correctable_per_second")
+        findings += _aer.get(
+            (before, now),
+            (seconds, threshold, tcp),
+            lambda: aer_findings(before, now, seconds, threshold, extra_evidence=tcp),
         )
     nvml = snapshot.pair("nvml", NvmlData)
     if nvml is not None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from nodescope import derive
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
+from nodescope.memo import Memo
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.jobs import JobView
@@ -408,6 +409,23 @@ def _loader_finding(
 # --- the detector ---------------------------------------------------------------------------
 
 
+_processes = Memo[tuple[dict[int, str], dict[str, set[int]]]]()
+
+
+def _job_processes(procs: ProcsData | None) -> tuple[dict[int, str], dict[str, set[int]]]:
+    """pid -> job and job -> pids of the ``procs`` source's job processes (read every 15 s;
+    the maps are not modified)."""
+    return _processes.get((procs,), None, lambda: _job_process_maps(procs))
+
+
+def _job_process_maps(procs: ProcsData | None) -> tuple[dict[int, str], dict[str, set[int]]]:
+    job_of = {p.pid: p.job_id for p in procs.processes} if procs is not None else {}
+    pids_of: dict[str, set[int]] = {}
+    for pid, job in job_of.items():
+        pids_of.setdefault(job, set()).add(pid)
+    return job_of, pids_of
+
+
 def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
     section = "hangs"
     activities = job_gpu_activity(
@@ -415,14 +433,18 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
         config.detectors.number(section, "idle_utilisation_ratio"),
         config.detectors.number(section, "idle_bytes_per_second"),
     )
-    if not activities:
+    loader_ratio = config.detectors.number(section, "loader_utilisation_ratio")
+    if not any(
+        not a.lost_gpus
+        and (a.stalled or (a.mean_utilisation is not None and a.mean_utilisation < loader_ratio))
+        for a in activities
+    ):
+        # Every job busy (the usual case): none of the findings below can hold, as
+        # _loader_finding wants a mean utilisation under the ratio; skip gathering evidence.
         return []
-    procs = snapshot.data("procs", ProcsData)
-    job_of = {p.pid: p.job_id for p in procs.processes} if procs is not None else {}
-    pids_of: dict[str, set[int]] = {}
-    for pid, job in job_of.items():
-        pids_of.setdefault(job, set()).add(pid)
+    job_of, pids_of = _job_processes(snapshot.data("procs", ProcsData))
     threads = snapshot.data("threads", ThreadsData)
+    all_blocked = threads.blocked() if threads is not None else ()
     locks = snapshot.data("locks", LocksData)
     nfs_rates = derive.derived(snapshot, "mountstats")
     nfs = nfs_rates if isinstance(nfs_rates, MountstatsRates) else None
@@ -432,9 +454,7 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
         if activity.lost_gpus:
             continue
         job = activity.job_id
-        blocked = tuple(
-            b for b in (threads.blocked() if threads is not None else ()) if b.job_id == job
-        )
+        blocked = tuple(b for b in all_blocked if b.job_id == job)
         if activity.stalled:
             found = _storage_finding(
                 activity,

@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from nodescope.config import Config
-from nodescope.jobs import Job, build_registry, gpu_uses
+from nodescope.jobs import Job, build_registry, gpu_uses, registry
+from nodescope.memo import Memo
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.snapshot import Snapshot
@@ -192,12 +193,24 @@ def evaluate(
     return findings
 
 
+#: The registry of the ``jobs`` source's sample before the latest (the latest is
+#: :func:`nodescope.jobs.registry`'s), and the findings of the last pair of registries.
+_before = Memo[tuple[Job, ...]]()
+_findings = Memo[list[Finding]]()
+
+
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
+    """The registry's form. The registries are the same objects while neither the ``jobs``
+    record nor the GPUs' compute processes changed, and so are the findings (callers do not
+    modify the list)."""
     if not config.detectors.enabled("jobs"):
         return []
     gpus = gpu_uses(snapshot.data("nvml", NvmlData))
-    current = build_registry(snapshot.data(NAME, JobsData), gpus)
+    current = registry(snapshot.data(NAME, JobsData), gpus)
     pair = snapshot.pair(NAME, JobsData)
-    before = build_registry(pair[0], gpus) if pair is not None else None
+    before = None
+    if pair is not None:
+        old = pair[0]
+        before = _before.get((old,), gpus, lambda: build_registry(old, gpus))
     percent = config.detectors.number("jobs", "memory_pressure_percent")
-    return evaluate(before, current, percent)
+    return _findings.get((current, before), percent, lambda: evaluate(before, current, percent))

@@ -24,12 +24,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from nodescope import derive
 from nodescope.config import Config
 from nodescope.errors import ConfigError
 from nodescope.kmod_abi import NvlcSnapshot
+from nodescope.memo import Memo
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.nvlink_kmod import NAME, LinkRates, NvlinkKmodData, snapshot_rates
+from nodescope.sources.nvlink_kmod import (
+    NAME,
+    LinkRates,
+    NvlinkKmodData,
+    NvlinkKmodRates,
+    snapshot_rates,
+)
 
 STALL = "nvlink_arbitration_stall"
 STALL_BURST = "nvlink_stall_burst"
@@ -165,13 +173,37 @@ def evaluate(
     The interval is the module's sample timestamps; snapshots without usable timestamps
     (not increasing) give no rate findings, only device-gone ones.
     """
-    rates = snapshot_rates(prev, cur, 0.0)
+    return _findings(snapshot_rates(prev, cur, 0.0), thresholds)
+
+
+def _dated(prev: NvlcSnapshot, cur: NvlcSnapshot) -> bool:
+    """Whether the module's sample timestamps give the interval (see ``interval_seconds``)."""
+    return cur.header.timestamp_ns > prev.header.timestamp_ns > 0
+
+
+def _findings(rates: NvlinkKmodRates, thresholds: NvlinkThresholds) -> list[Finding]:
     findings: list[Finding] = []
+    seconds = rates.seconds
     for lr in rates.links:
-        if rates.seconds <= 0 and not lr.device_gone:
-            continue
-        findings.extend(_link_findings(lr, rates.seconds, thresholds))
+        if lr.device_gone or (seconds > 0 and _notable(lr, thresholds)):
+            findings.extend(_link_findings(lr, seconds, thresholds))
     return findings
+
+
+def _notable(lr: LinkRates, t: NvlinkThresholds) -> bool:
+    """Whether :func:`_link_findings` finds anything on a link that is not gone: most links
+    are in no band, and this skips building their evidence."""
+    stall = lr.stall_cycles_per_microsecond
+    if stall is not None and (
+        stall >= t.stall_warning_cycles_per_us
+        or (
+            t.burst_findings
+            and float(lr.window_max_stall_cycles_per_microsecond) > t.stall_critical_cycles_per_us
+        )
+    ):
+        return True
+    util = lr.utilisation
+    return util is not None and util >= t.utilisation_warning_ratio
 
 
 def thresholds(config: Config) -> NvlinkThresholds:
@@ -180,6 +212,15 @@ def thresholds(config: Config) -> NvlinkThresholds:
     return NvlinkThresholds.from_mapping(
         {k: v for k, v in table.items() if k != "enabled"}, config.path or "<config>"
     )
+
+
+_bands = Memo[NvlinkThresholds]()
+
+
+def _thresholds(config: Config) -> NvlinkThresholds:
+    """:func:`thresholds`, parsed again only for another ``[detectors]`` table (a reload)."""
+    settings = config.detectors
+    return _bands.get((settings,), config.path, lambda: thresholds(config))
 
 
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
@@ -192,4 +233,9 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
     prev, cur, _seconds = pair
     if prev.snapshot is None or cur.snapshot is None:
         return []
-    return evaluate(prev.snapshot, cur.snapshot, thresholds(config))
+    rates = derive.derived(snapshot, NAME)
+    if not isinstance(rates, NvlinkKmodRates) or not _dated(prev.snapshot, cur.snapshot):
+        return evaluate(prev.snapshot, cur.snapshot, _thresholds(config))
+    # The module's timestamps date the interval, so the source's deriver (whose record the
+    # exporter asks for too) computed exactly what evaluate() would.
+    return _findings(rates, _thresholds(config))

@@ -222,51 +222,45 @@ class Attribution:
 def _direction_load(
     direction: Direction, flows: Iterable[EndpointFlow], capacity: float | None
 ) -> DirectionLoad:
-    moving = [f for f in flows if f.bytes_per_second(direction) > 0]
-    demand = sum(f.bytes_per_second(direction) for f in moving)
-    contributions = sorted(
-        (
-            Contribution(
-                endpoint=f.name,
-                bdf=f.bdf,
-                device_class=f.device_class,
-                direction=direction,
-                bytes_per_second=f.bytes_per_second(direction),
-                share=f.bytes_per_second(direction) / demand if demand > 0 else 0.0,
-            )
-            for f in moving
-        ),
-        key=lambda c: (-c.bytes_per_second, c.endpoint),
+    # Runs for every link and direction each cycle: the attribute reads are spelt out
+    # rather than going through EndpointFlow.bytes_per_second.
+    if direction is Direction.DOWNSTREAM:
+        amounts = [(f.downstream_bytes_per_second, f) for f in flows]
+    else:
+        amounts = [(f.upstream_bytes_per_second, f) for f in flows]
+    moving = [(amount, f) for amount, f in amounts if amount > 0]
+    demand = sum(amount for amount, _f in moving)
+    moving.sort(key=lambda af: (-af[0], af[1].name))
+    contributions = tuple(
+        Contribution(
+            endpoint=f.name,
+            bdf=f.bdf,
+            device_class=f.device_class,
+            direction=direction,
+            bytes_per_second=amount,
+            share=amount / demand if demand > 0 else 0.0,
+        )
+        for amount, f in moving
     )
     utilisation = demand / capacity if capacity else None
-    return DirectionLoad(direction, demand, utilisation, tuple(contributions))
+    return DirectionLoad(direction, demand, utilisation, contributions)
 
 
-def _link_load(
-    name: str,
-    kind: LinkKind,
-    host_bridge: str,
-    numa_node: int | None,
-    depth: int,
-    below: UpstreamLink | None,
-    capacity: float | None,
-    max_capacity: float | None,
-    endpoints: Iterable[str],
-    flows_by_bdf: Mapping[str, EndpointFlow],
-) -> LinkLoad:
-    members = tuple(sorted(set(endpoints)))
-    flows = tuple(flows_by_bdf[b] for b in members if b in flows_by_bdf)
+def _link_load(spec: _LinkSpec, flows_by_bdf: Mapping[str, EndpointFlow]) -> LinkLoad:
+    flows = tuple(flows_by_bdf[b] for b in spec.endpoints if b in flows_by_bdf)
+    below = spec.below
+    capacity = spec.capacity
     return LinkLoad(
-        name=name,
-        kind=kind,
-        host_bridge=host_bridge,
-        numa_node=numa_node,
-        depth=depth,
+        name=spec.name,
+        kind=spec.kind,
+        host_bridge=spec.host_bridge,
+        numa_node=spec.numa_node,
+        depth=spec.depth,
         speed_gts=None if below is None else below.current_speed_gts,
         width=None if below is None else below.current_width,
         capacity_bytes_per_second=capacity,
-        max_capacity_bytes_per_second=max_capacity,
-        endpoints=members,
+        max_capacity_bytes_per_second=spec.max_capacity,
+        endpoints=spec.endpoints,
         flows=flows,
         downstream=_direction_load(Direction.DOWNSTREAM, flows, capacity),
         upstream=_direction_load(Direction.UPSTREAM, flows, capacity),
@@ -287,16 +281,46 @@ def _port_link(topology: Topology, port: PciDevice) -> UpstreamLink | None:
     return None
 
 
-def attribute(topology: Topology, flows: Iterable[EndpointFlow]) -> Attribution:
-    """Attribute ``flows`` to every link of ``topology`` they cross.
+@dataclass(frozen=True, slots=True)
+class _LinkSpec:
+    """What the topology alone says of one link: everything of a :class:`LinkLoad` but the
+    traffic. ``endpoints`` sorted."""
 
-    Flows of functions the topology does not know (a device that left the bus) are dropped.
-    """
-    flows_by_bdf: dict[str, EndpointFlow] = {}
-    for flow in flows:
-        if topology.get(flow.bdf) is not None:
-            flows_by_bdf[flow.bdf] = flow
+    name: str
+    kind: LinkKind
+    host_bridge: str
+    numa_node: int | None
+    depth: int
+    below: UpstreamLink | None
+    capacity: float | None
+    max_capacity: float | None
+    endpoints: tuple[str, ...]
 
+
+class _Index:
+    """The links of one topology and each function's own link, worked out once per topology
+    object: the topology changes only when the hardware does, the traffic every second."""
+
+    __slots__ = ("_own", "links", "topology")
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.links = _link_specs(topology)
+        self._own: dict[str, UpstreamLink | None] = {}
+
+    def own_link(self, bdf: str) -> UpstreamLink | None:
+        """The nearest link above ``bdf`` (``None``: an RC-integrated endpoint)."""
+        try:
+            return self._own[bdf]
+        except KeyError:
+            links = upstream_links(self.topology, bdf)
+            link = self._own[bdf] = links[0] if links else None
+            return link
+
+
+def _link_specs(topology: Topology) -> tuple[_LinkSpec, ...]:
+    """Every port link with a traffic-class function below it, by port BDF, then the host
+    bridges with more than one such root port, by name."""
     members: dict[str, list[str]] = {}
     for dev in topology.devices:
         if dev.device_class not in TRAFFIC_CLASSES or dev.role is PortRole.RC_INTEGRATED_ENDPOINT:
@@ -306,14 +330,14 @@ def attribute(topology: Topology, flows: Iterable[EndpointFlow]) -> Attribution:
             if port is not None and port.role in (PortRole.ROOT_PORT, PortRole.DOWNSTREAM_PORT):
                 members.setdefault(bdf, []).append(dev.bdf)
 
-    links: list[LinkLoad] = []
+    specs: list[_LinkSpec] = []
     root_ports_by_bridge: dict[str, list[tuple[PciDevice, UpstreamLink | None]]] = {}
     for port_bdf in sorted(members):
         port = topology.device(port_bdf)
         below = _port_link(topology, port)
         kind = LinkKind.ROOT_PORT if port.role is PortRole.ROOT_PORT else LinkKind.SWITCH_PORT
-        links.append(
-            _link_load(
+        specs.append(
+            _LinkSpec(
                 port.bdf,
                 kind,
                 port.root,
@@ -322,8 +346,7 @@ def attribute(topology: Topology, flows: Iterable[EndpointFlow]) -> Attribution:
                 below,
                 None if below is None else below.capacity_bytes_per_s,
                 None if below is None else below.max_capacity_bytes_per_s,
-                members[port_bdf],
-                flows_by_bdf,
+                tuple(sorted(set(members[port_bdf]))),
             )
         )
         if kind is LinkKind.ROOT_PORT:
@@ -335,8 +358,8 @@ def attribute(topology: Topology, flows: Iterable[EndpointFlow]) -> Attribution:
             continue  # the root port's link already says everything
         capacities = [b.capacity_bytes_per_s if b else None for _p, b in ports]
         maxima = [b.max_capacity_bytes_per_s if b else None for _p, b in ports]
-        links.append(
-            _link_load(
+        specs.append(
+            _LinkSpec(
                 bridge,
                 LinkKind.HOST_BRIDGE,
                 bridge,
@@ -345,13 +368,37 @@ def attribute(topology: Topology, flows: Iterable[EndpointFlow]) -> Attribution:
                 None,
                 None if None in capacities else sum(c or 0.0 for c in capacities),
                 None if None in maxima else sum(m or 0.0 for m in maxima),
-                [e for p, _b in ports for e in members[p.bdf]],
-                flows_by_bdf,
+                tuple(sorted({e for p, _b in ports for e in members[p.bdf]})),
             )
         )
+    return tuple(specs)
 
-    endpoints = []
-    for bdf in sorted(flows_by_bdf):
-        own = upstream_links(topology, bdf)
-        endpoints.append(EndpointLoad(flows_by_bdf[bdf], own[0] if own else None))
-    return Attribution(tuple(links), tuple(endpoints))
+
+#: The index of the last topology attributed over (identity: the ``pci`` source hands on the
+#: same object until it reads again).
+_last_index: _Index | None = None
+
+
+def _index(topology: Topology) -> _Index:
+    global _last_index
+    index = _last_index
+    if index is None or index.topology is not topology:
+        index = _last_index = _Index(topology)
+    return index
+
+
+def attribute(topology: Topology, flows: Iterable[EndpointFlow]) -> Attribution:
+    """Attribute ``flows`` to every link of ``topology`` they cross.
+
+    Flows of functions the topology does not know (a device that left the bus) are dropped.
+    """
+    flows_by_bdf: dict[str, EndpointFlow] = {}
+    for flow in flows:
+        if topology.get(flow.bdf) is not None:
+            flows_by_bdf[flow.bdf] = flow
+    index = _index(topology)
+    links = tuple(_link_load(spec, flows_by_bdf) for spec in index.links)
+    endpoints = tuple(
+        EndpointLoad(flows_by_bdf[bdf], index.own_link(bdf)) for bdf in sorted(flows_by_bdf)
+    )
+    return Attribution(links, endpoints)
