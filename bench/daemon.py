@@ -3,7 +3,8 @@ node that runs in another process (``python -m nodescope.sim.run_node``).
 
 Everything but NVML is the daemon a node runs: the configuration's defaults (1 s tick, every
 source at its default interval), the Collector, the analysis step, the exposition rendered
-once per cycle and the HTTP server. The sources are the simulated node's
+once per cycle and the HTTP server (a serving process the daemon starts, which the
+benchmark measures with it). The sources are the simulated node's
 (:meth:`nodescope.sim.node.SimulatedNode.sources`: the registry's tree sources reading
 ``ROOT/sys``, ``ROOT/proc``, ``ROOT/sys/fs/cgroup``, ``ROOT/dev``, ``ROOT/run``; no netlink
 or udev monitor) except NVML: the NVML source (with its production settings) runs over a

@@ -9,9 +9,12 @@ Phases (``--phases``, default all):
     ``nodescope run`` at its default 1 s tick and source intervals, NVML mirrored from the
     simulator) and Debian's ``prometheus-node-exporter`` on the same tree with the collectors
     that read what nodescope reads. A quiet window with one scrape of each per second gives
-    the daemon's process CPU per cycle (``/proc/<pid>/stat`` utime+stime) and RSS over time,
-    and node_exporter's CPU per scrape and RSS; then ``/metrics`` latency with 1 scraper and
-    with 50 scrapers that fire together, for both. Prints the ratios.
+    the daemon's process CPU per cycle (``/proc/<pid>/stat`` utime+stime, its serving
+    process's included) and RSS over time (the daemon's and the serving process's, and their
+    PSS), and node_exporter's CPU per scrape and RSS; then ``/metrics`` latency with 1 scraper
+    (gzip as Prometheus asks, and plain) and with 50 scrapers that fire together (gzip), for
+    both, from a load generator that is one thread and one ``selectors`` loop over keep-alive
+    connections. Prints the ratios.
 ``profile``
     py-spy samples the same daemon (not scraped) for ``--profile-seconds`` and the collapsed
     stacks are summed by the daemon's parts (each source's collect, analyse, render) and by
@@ -33,6 +36,7 @@ Results go to stdout (Markdown) and ``--out`` (``results.json``, ``results.md``)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -42,10 +46,10 @@ import shutil
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -90,6 +94,86 @@ def proc_rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def proc_pss_bytes(pid: int) -> int:
+    """Proportional set size (shared pages divided among their users), from smaps_rollup."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def proc_children(pid: int) -> list[int]:
+    """Live children of every thread of ``pid`` (/proc/<pid>/task/<tid>/children)."""
+    children: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+            children.extend(int(c) for c in text.split())
+    except OSError:
+        pass
+    return children
+
+
+def serving_process(pid: int) -> int | None:
+    """The daemon's serving process (nodescope.serving), if it has one."""
+    for child in proc_children(pid):
+        try:
+            if b"serving.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+        except OSError:
+            continue
+    return None
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of a process, of its children that exited (cutime + cstime: a serving process that
+    was replaced still counts) and of its live children."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    own = sum(int(f) for f in fields[11:15]) / CLK_TCK
+    live = 0.0
+    for child in proc_children(pid):
+        try:
+            live += proc_cpu_seconds(child)
+        except OSError:
+            continue
+    return own + live
+
+
+@dataclass
+class Memory:
+    """One sample of a target's memory: the main process and, for nodescope, its serving
+    process."""
+
+    rss: int
+    serving_rss: int = 0
+    pss: int = 0
+    serving_pss: int = 0
+
+    @property
+    def total_rss(self) -> int:
+        return self.rss + self.serving_rss
+
+    @property
+    def total_pss(self) -> int:
+        return self.pss + self.serving_pss
+
+
+def memory(pid: int) -> Memory:
+    sample = Memory(proc_rss_bytes(pid), pss=proc_pss_bytes(pid))
+    child = serving_process(pid)
+    if child is not None:
+        try:
+            sample.serving_rss = proc_rss_bytes(child)
+            sample.serving_pss = proc_pss_bytes(child)
+        except OSError:
+            pass
+    return sample
 
 
 def proc_fds(pid: int) -> int:
@@ -253,80 +337,206 @@ class Target:
     name: str
     port: int
     process: subprocess.Popen[Any]
-    rss: list[int] = field(default_factory=list)
+    memory: list[Memory] = field(default_factory=list)
 
 
-def _latency_single(port: int, seconds: float, max_requests: int) -> list[float]:
-    scraper = Scraper(port)
+def _request(gzip: bool) -> bytes:
+    """A GET of /metrics as Prometheus sends it (with ``Accept-Encoding: gzip``) or plain."""
+    return (
+        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: nodescope-bench\r\n"
+        + (b"Accept-Encoding: gzip\r\n" if gzip else b"")
+        + b"\r\n"
+    )
+
+
+#: SO_TIMESTAMPNS (asm-generic/socket.h, 64-bit time_t): the kernel stamps each received
+#: segment with CLOCK_REALTIME, and recvmsg(2) hands back the stamp of the last one read
+#: (socket(7)). Python's socket module does not name it.
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("qq")
+
+
+class _Exchange:
+    """One response being received on a keep-alive connection."""
+
+    def __init__(self, sock: socket.socket, keep_body: bool) -> None:
+        self.sock = sock
+        self.keep_body = keep_body
+        self.head = b""
+        self.parts: list[bytes] = []
+        self.length = -1
+        self.received = 0
+        self.status = 0
+        self.encoding = ""
+        self.sent_ns = 0
+        self.done_ns = 0
+
+    def feed(self, data: memoryview) -> bool:
+        """Take received bytes; True once the response is complete."""
+        if self.length < 0:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return False
+            lines = self.head[:end].decode("latin-1").split("\r\n")
+            self.status = int(lines[0].split()[1])
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            self.length = int(headers.get("content-length", "0"))
+            self.encoding = headers.get("content-encoding", "")
+            data = memoryview(self.head)[end + 4 :]
+        self.received += len(data)
+        if self.keep_body:
+            self.parts.append(bytes(data))
+        return self.received >= self.length
+
+
+class LoadGenerator:
+    """``n`` keep-alive connections driven by one thread and one :mod:`selectors` loop: a
+    round sends the request on every connection at once and times each response to its last
+    byte. Unlike threads in this process, it never waits for its own GIL to notice that a
+    response has arrived; and a response's end is the kernel's receive timestamp of its last
+    segment, so the time this loop spends on the other 49 responses is not counted in it."""
+
+    def __init__(self, port: int, n: int) -> None:
+        self.port = port
+        self.socks: list[socket.socket | None] = [None] * n
+        self.errors: list[str] = []
+        self.bodies_checked = 0
+        self._buffer = bytearray(1 << 20)
+
+    def _connect(self, index: int) -> socket.socket:
+        sock = self.socks[index]
+        if sock is None:
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=SCRAPE_TIMEOUT)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            sock.setblocking(False)
+            self.socks[index] = sock
+        return sock
+
+    def round(self, gzip: bool, timeout: float = SCRAPE_TIMEOUT) -> list[float]:
+        """Latencies (seconds) of the 200 responses of one round."""
+        import gzip as gzip_module
+        import selectors
+
+        request = _request(gzip)
+        selector = selectors.DefaultSelector()
+        pending: dict[socket.socket, _Exchange] = {}
+        for index in range(len(self.socks)):
+            try:
+                sock = self._connect(index)
+            except OSError as exc:
+                self.errors.append(f"connect: {exc!r}")
+                continue
+            exchange = _Exchange(sock, keep_body=index == 0)
+            pending[sock] = exchange
+        for sock, exchange in pending.items():
+            exchange.sent_ns = time.time_ns()
+            sock.sendall(request)  # about 100 bytes: the socket buffer takes them at once
+            selector.register(sock, selectors.EVENT_READ, exchange)
+        done: list[_Exchange] = []
+        buffer = memoryview(self._buffer)
+        ancillary = socket.CMSG_SPACE(_TIMESPEC.size)
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for key, _mask in selector.select(max(0.0, deadline - time.monotonic())):
+                exchange = key.data
+                try:
+                    size, cmsgs, _flags, _addr = exchange.sock.recvmsg_into([buffer], ancillary)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    size, cmsgs = 0, []
+                    self.errors.append(repr(exc))
+                if not size:
+                    self._drop(exchange.sock, selector, pending)
+                    self.errors.append("connection closed before the response ended")
+                    continue
+                stamp = time.time_ns()
+                for level, kind, data in cmsgs:
+                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                        seconds, nanoseconds = _TIMESPEC.unpack(data[: _TIMESPEC.size])
+                        stamp = seconds * 1_000_000_000 + nanoseconds
+                if exchange.feed(buffer[:size]):
+                    exchange.done_ns = stamp
+                    selector.unregister(exchange.sock)
+                    del pending[exchange.sock]
+                    done.append(exchange)
+        for sock in list(pending):
+            self.errors.append("no response in time")
+            self._drop(sock, selector, pending)
+        selector.close()
+        for exchange in done:
+            if exchange.keep_body and exchange.status == 200:
+                body = b"".join(exchange.parts)
+                if gzip and exchange.encoding != "gzip":
+                    self.errors.append(f"asked for gzip, got {exchange.encoding or 'identity'}")
+                elif exchange.encoding == "gzip":
+                    body = gzip_module.decompress(body)
+                if not body.startswith(b"#") and b"\n" not in body[:4096]:
+                    self.errors.append("the body is not an exposition")
+                self.bodies_checked += 1
+        return [(e.done_ns - e.sent_ns) / 1e9 for e in done if e.status == 200]
+
+    def _drop(self, sock: socket.socket, selector: Any, pending: dict[socket.socket, Any]) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            selector.unregister(sock)
+        pending.pop(sock, None)
+        index = self.socks.index(sock)
+        sock.close()
+        self.socks[index] = None
+
+    def close(self) -> None:
+        for sock in self.socks:
+            if sock is not None:
+                sock.close()
+        self.socks = [None] * len(self.socks)
+
+
+def _latency_single(port: int, seconds: float, max_requests: int, gzip: bool) -> list[float]:
+    """One scraper: sequential GETs on a keep-alive connection, 10 ms apart."""
+    load = LoadGenerator(port, 1)
     latencies: list[float] = []
     deadline = time.monotonic() + seconds
     try:
         while len(latencies) < max_requests and time.monotonic() < deadline:
-            latency, status, _ = scraper.get()
-            if status == 200:
-                latencies.append(latency)
+            latencies.extend(load.round(gzip))
             time.sleep(0.01)
     finally:
-        scraper.close()
+        load.close()
+    _report_errors(load)
     return latencies
 
 
-def _latency_burst(port: int, scrapers: int, seconds: float, max_rounds: int) -> list[float]:
-    """``scrapers`` threads that each scrape once per round, all released together."""
-    barrier = threading.Barrier(scrapers + 1)
+def _latency_burst(
+    port: int, scrapers: int, seconds: float, max_rounds: int, gzip: bool
+) -> list[float]:
+    """``scrapers`` keep-alive connections whose requests are all sent together, once per
+    round, rounds 0.2 s apart."""
+    load = LoadGenerator(port, scrapers)
     latencies: list[float] = []
-    lock = threading.Lock()
-    done = threading.Event()
-    errors: list[str] = []
-
-    def worker() -> None:
-        scraper = Scraper(port)
-        try:
-            while True:
-                barrier.wait()
-                if done.is_set():
-                    return
-                try:
-                    latency, status, _ = scraper.get()
-                except OSError as exc:
-                    with lock:
-                        errors.append(repr(exc))
-                    latency, status = float("nan"), 0
-                if status == 200:
-                    with lock:
-                        latencies.append(latency)
-                barrier.wait()
-        except threading.BrokenBarrierError:
-            return
-        finally:
-            scraper.close()
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(scrapers)]
-    for t in threads:
-        t.start()
     deadline = time.monotonic() + seconds
     rounds = 0
     try:
         while rounds < max_rounds and time.monotonic() < deadline:
-            barrier.wait()  # release the round
-            barrier.wait(timeout=SCRAPE_TIMEOUT * 2)  # everyone finished
+            latencies.extend(load.round(gzip))
             rounds += 1
             time.sleep(0.2)
-        done.set()
-        barrier.wait(timeout=5)
-    except threading.BrokenBarrierError:
-        pass
     finally:
-        done.set()
-        barrier.abort()
-        for t in threads:
-            t.join(5)
-    if errors:
-        print(f"  ({len(errors)} scrape errors, first: {errors[0]})", file=sys.stderr)
+        load.close()
+    _report_errors(load)
     return latencies
 
 
-def _latency_figures(values: list[float]) -> dict[str, float]:
+def _report_errors(load: LoadGenerator) -> None:
+    if load.errors:
+        print(f"  ({len(load.errors)} scrape errors, first: {load.errors[0]})", file=sys.stderr)
+
+
+def _latency_figures(values: list[float]) -> dict[str, Any]:
     return {
         "requests": len(values),
         "p50_ms": round(percentile(values, 50) * 1000, 2),
@@ -391,7 +601,9 @@ def _overhead_window(
         time.sleep(max(0.0, 1.0 - (time.monotonic() % 1.0)))
     print(f"   window {args.window:.0f} s: one scrape of each per second", flush=True)
     start = time.monotonic()
-    cpu0 = {t.name: proc_cpu_seconds(t.process.pid) for t in targets}
+    # nodescope's CPU is the daemon's and its serving process's together.
+    serving0 = {t.name: _serving_cpu(t.process.pid) for t in targets}
+    cpu0 = {t.name: tree_cpu_seconds(t.process.pid) for t in targets}
     scrapes = dict.fromkeys(scrapers, 0)
     bodies: dict[str, bytes] = {}
     scrape_latency: dict[str, list[float]] = {name: [] for name in scrapers}
@@ -402,25 +614,36 @@ def _overhead_window(
             scrapes[target.name] += 1
             scrape_latency[target.name].append(latency)
             bodies[target.name] = body
-            target.rss.append(proc_rss_bytes(target.process.pid))
+            target.memory.append(memory(target.process.pid))
         next_tick += 1.0
         time.sleep(max(0.0, next_tick - time.monotonic()))
     end = time.monotonic()
-    cpu1 = {t.name: proc_cpu_seconds(t.process.pid) for t in targets}
+    cpu1 = {t.name: tree_cpu_seconds(t.process.pid) for t in targets}
+    serving1 = {t.name: _serving_cpu(t.process.pid) for t in targets}
     for s in scrapers.values():
         s.close()
     out: dict[str, Any] = {"window_seconds": round(end - start, 2), "start": start, "end": end}
     for target in targets:
         cpu = cpu1[target.name] - cpu0[target.name]
         body = bodies.get(target.name, b"")
+        rss = [m.total_rss for m in target.memory]
+        last = target.memory[-1]
         out[target.name] = {
             "cpu_seconds": round(cpu, 3),
+            "serving_cpu_seconds": round(serving1[target.name] - serving0[target.name], 3),
             "scrapes": scrapes[target.name],
             "cpu_ms_per_scrape": round(cpu / max(1, scrapes[target.name]) * 1000, 2),
-            "rss_mib_start": round(target.rss[0] / 2**20, 1),
-            "rss_mib_end": round(target.rss[-1] / 2**20, 1),
-            "rss_mib_max": round(max(target.rss) / 2**20, 1),
-            "rss_mib_series": [round(r / 2**20, 1) for r in target.rss],
+            # RSS of the daemon and its serving process together (the serving process shares
+            # the interpreter's pages with the daemon: PSS counts them once).
+            "rss_mib_start": round(rss[0] / 2**20, 1),
+            "rss_mib_end": round(rss[-1] / 2**20, 1),
+            "rss_mib_max": round(max(rss) / 2**20, 1),
+            "rss_mib_series": [round(r / 2**20, 1) for r in rss],
+            "daemon_rss_mib_end": round(last.rss / 2**20, 1),
+            "serving_rss_mib_end": round(last.serving_rss / 2**20, 1),
+            "pss_mib_end": round(last.total_pss / 2**20, 1),
+            "daemon_pss_mib_end": round(last.pss / 2**20, 1),
+            "serving_pss_mib_end": round(last.serving_pss / 2**20, 1),
             "series": series_count(body),
             "bytes": len(body),
             "fds": proc_fds(target.process.pid),
@@ -429,23 +652,43 @@ def _overhead_window(
     return out
 
 
+#: Latency modes: (key, scrapers, gzip). Prometheus asks for gzip; plain for one scraper too.
+LATENCY_MODES = (("1", 1, True), ("1-plain", 1, False), ("burst", 0, True))
+
+
 def _latency(args: argparse.Namespace, targets: list[Target]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for target in targets:
         entry: dict[str, Any] = {}
-        for scrapers in (1, args.scrapers):
-            print(f"   latency: {target.name}, {scrapers} scraper(s)", flush=True)
-            cpu0 = proc_cpu_seconds(target.process.pid)
+        for key, scrapers, gzip in LATENCY_MODES:
+            scrapers = scrapers or args.scrapers
+            key = key if scrapers == 1 else str(scrapers)
+            encoding = "gzip" if gzip else "plain"
+            print(f"   latency: {target.name}, {scrapers} scraper(s), {encoding}", flush=True)
+            cpu0 = tree_cpu_seconds(target.process.pid)
             if scrapers == 1:
-                values = _latency_single(target.port, args.latency_seconds, 300)
+                values = _latency_single(target.port, args.latency_seconds, 300, gzip)
             else:
-                values = _latency_burst(target.port, scrapers, args.latency_seconds * 2, 20)
-            cpu = proc_cpu_seconds(target.process.pid) - cpu0
+                values = _latency_burst(target.port, scrapers, args.latency_seconds * 2, 20, gzip)
+            cpu = tree_cpu_seconds(target.process.pid) - cpu0
             figures = _latency_figures(values)
+            figures["encoding"] = encoding
             figures["process_cpu_seconds"] = round(cpu, 3)
-            entry[str(scrapers)] = figures
+            entry[key] = figures
         out[target.name] = entry
     return out
+
+
+def _serving_cpu(pid: int) -> float:
+    """CPU seconds of the daemon's serving process, from /proc/<pid>/schedstat (nanoseconds:
+    a few milliseconds a second are below /proc/<pid>/stat's 10 ms ticks)."""
+    child = serving_process(pid)
+    if child is None:
+        return 0.0
+    try:
+        return int(Path(f"/proc/{child}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _add_cycle_stats(result: dict[str, Any], stats: dict[str, Any]) -> None:
@@ -461,6 +704,9 @@ def _add_cycle_stats(result: dict[str, Any], stats: dict[str, Any]) -> None:
     ns = overhead["nodescope"]
     ns["cycles"] = len(inside)
     ns["cpu_ms_per_cycle"] = round(ns["cpu_seconds"] / max(1, len(inside)) * 1000, 2)
+    ns["serving_cpu_ms_per_cycle"] = round(
+        ns.get("serving_cpu_seconds", 0.0) / max(1, len(inside)) * 1000, 2
+    )
     ns["nvml_mirror_refresh_ms_per_cycle"] = round(refresh * 1000, 3)
     ns["cpu_ms_per_cycle_without_mirror"] = round(ns["cpu_ms_per_cycle"] - refresh * 1000, 2)
     ns["main_thread_cycle_ms"] = {
@@ -895,15 +1141,20 @@ def report(results: dict[str, Any]) -> str:
         )
         lines.append(f"| /metrics bytes | {ns['bytes']} | {ne['bytes'] if ne else '–'} | | |")
         lat = ov.get("latency", {})
-        for n in sorted({k for v in lat.values() for k in v}, key=int):
+
+        def cell(x: dict[str, Any] | None) -> str:
+            return f"{x['p50_ms']} / {x['p99_ms']}" if x else "–"
+
+        modes = {k for v in lat.values() for k in v}
+        for n in sorted(modes, key=lambda k: (int(k.split("-")[0]), k)):
             a = lat.get("nodescope", {}).get(n)
             b = lat.get("node_exporter", {}).get(n)
-            cell = lambda x: f"{x['p50_ms']} / {x['p99_ms']}" if x else "–"  # noqa: E731
-            target = "p99 ≤ 5 ms" if n != "1" else ""
+            encoding = (a or b or {}).get("encoding", "plain")
             lines.append(
-                f"| scrape p50 / p99 ms, {n} scraper(s) | {cell(a)} | {cell(b)} | "
+                f"| scrape p50 / p99 ms, {n.split('-')[0]} scraper(s), {encoding} "
+                f"| {cell(a)} | {cell(b)} | "
                 + (f"{a['p99_ms'] / b['p99_ms']:.2f}" if a and b and b["p99_ms"] else "–")
-                + f" | {target} |"
+                + " | p99 ≤ 5 ms |"
             )
         lines += [
             "",
@@ -914,6 +1165,18 @@ def report(results: dict[str, Any]) -> str:
             f"max {ns['main_thread_cycle_ms']['max']} ms.",
             f"nodescope RSS over the window (MiB, one sample per second, first/last): "
             f"{ns['rss_mib_series'][0]} → {ns['rss_mib_series'][-1]}.",
+            *(
+                [
+                    f"nodescope's CPU and RSS are the daemon's and its serving process's "
+                    f"together: the serving process took {ns['serving_cpu_ms_per_cycle']} ms of "
+                    f"CPU per cycle; RSS at the end {ns['daemon_rss_mib_end']} + "
+                    f"{ns['serving_rss_mib_end']} = {ns['rss_mib_end']} MiB, PSS (shared pages "
+                    f"counted once) {ns['daemon_pss_mib_end']} + {ns['serving_pss_mib_end']} = "
+                    f"{ns['pss_mib_end']} MiB.",
+                ]
+                if "serving_rss_mib_end" in ns and "serving_cpu_ms_per_cycle" in ns
+                else []
+            ),
             "",
         ]
     pr = results.get("profile")

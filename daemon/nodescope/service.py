@@ -1,5 +1,9 @@
 """The composition root: config, sources, collector, exporter, HTTP server, signals, systemd.
 
+The HTTP server is a serving process of its own (:mod:`nodescope.httpserver`): the daemon
+binds the socket, starts it, and publishes the documents to it after every cycle; READY=1 is
+sent once the first cycle's documents were published. Only the daemon talks to systemd.
+
 Signal handlers only set flags; the loop acts on them. SIGHUP reloads: the new config is read
 and validated first and swapped in only when valid — on error the old config stays and the
 reason is logged. SIGTERM/SIGINT stop the loop; the daemon exits within two seconds.
@@ -130,6 +134,10 @@ class Service:
             self.hooks.observe(snapshot)
         self.cache.update(snapshot)
         self.alerts_cache.update(alerts_document(snapshot))
+        if self.server is not None:
+            # Hands both documents to the serving process (the alerts update already did, so
+            # this is a check that the process is alive; a dead one is restarted here).
+            self.server.publish()
 
     def _sleep_seconds(self) -> float:
         wait = self.config.tick_seconds

@@ -1,14 +1,28 @@
 from __future__ import annotations
 
+import gzip
+import http.client
+import logging
+import os
+import re
+import signal
 import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from nodescope.httpserver import MetricsHTTPServer
+from nodescope.collect import Collector
+from nodescope.config import Config
+from nodescope.httpserver import MAX_SLOTS, JsonCache, MetricsHTTPServer
 from nodescope.model.snapshot import Snapshot, SourceStatus
+from nodescope.roots import Roots
+from nodescope.sdnotify import Notifier
+from nodescope.service import Service
 from nodescope_exporters.prometheus import MetricsCache, SnapshotCollector
 from nodescope_exporters.self_metrics import families
 
@@ -43,6 +57,7 @@ def test_503_until_the_first_cycle_then_cached_exposition(server: MetricsHTTPSer
     assert get(base + "/metrics")[0] == 503
     assert get(base + "/healthz")[0] == 503
     server.cache.update(snapshot())
+    server.publish()
     code, ctype, body = get(base + "/metrics")
     assert code == 200
     assert ctype.startswith("text/plain; version=0.0.4")
@@ -63,6 +78,7 @@ def test_ipv6_loopback_listen() -> None:
     srv.start()
     try:
         srv.cache.update(snapshot())
+        srv.publish()
         assert srv.bound.startswith("[::1]:")
         assert get(f"http://{srv.bound}/metrics")[0] == 200
     finally:
@@ -82,6 +98,7 @@ def test_scrapes_never_collect() -> None:
     srv.start()
     try:
         cache.update(snapshot())
+        srv.publish()
         for _ in range(5):
             get(f"http://{srv.bound}/metrics")
         assert calls == 1
@@ -96,3 +113,196 @@ def test_a_failing_area_does_not_take_the_others_down() -> None:
     cache = MetricsCache(SnapshotCollector([broken, families]))  # type: ignore[list-item]
     body = cache.update(snapshot()).decode()
     assert 'nodescope_source_up{source="disks"} 1.0' in body
+
+
+# -- the serving process -----------------------------------------------------------------------
+
+
+class StubCache(MetricsCache):
+    """An exposition set by the test, as the loop's cache would hold it."""
+
+    def __init__(self) -> None:
+        super().__init__(SnapshotCollector([]))
+        self.current: bytes | None = None
+
+    def set(self, body: bytes) -> None:
+        self.current = body
+
+    def body(self) -> tuple[bool, bytes]:
+        return self.current is not None, self.current or b""
+
+
+def generation(n: int, lines: int = 5000) -> bytes:
+    return "".join(f'x{{gen="{n}",i="{i}"}} {i}\n' for i in range(lines)).encode()
+
+
+def scrape(port: int, conn: http.client.HTTPConnection | None, gz: bool) -> tuple[int, bytes]:
+    assert conn is not None
+    conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"} if gz else {})
+    response = conn.getresponse()
+    body = response.read()
+    if response.getheader("Content-Encoding") == "gzip":
+        body = gzip.decompress(body)
+    return response.status, body
+
+
+@pytest.fixture
+def stub_server() -> Iterator[tuple[MetricsHTTPServer, StubCache]]:
+    cache = StubCache()
+    srv = MetricsHTTPServer(("127.0.0.1", 0), cache, JsonCache())
+    srv.start()
+    yield srv, cache
+    srv.stop()
+
+
+def port_of(srv: MetricsHTTPServer) -> int:
+    return int(srv.bound.rsplit(":", 1)[1])
+
+
+def test_bind_errors_are_the_daemons() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            MetricsHTTPServer(taken.getsockname(), MetricsCache())
+
+
+def test_gzip_from_the_serving_process(stub_server: tuple[MetricsHTTPServer, StubCache]) -> None:
+    srv, cache = stub_server
+    cache.set(generation(1))
+    srv.publish()
+    conn = http.client.HTTPConnection("127.0.0.1", port_of(srv), timeout=5)
+    conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+    response = conn.getresponse()
+    assert response.getheader("Content-Encoding") == "gzip"
+    assert gzip.decompress(response.read()) == generation(1)
+    conn.close()
+
+
+def test_documents_are_swapped_whole_under_load(
+    stub_server: tuple[MetricsHTTPServer, StubCache],
+) -> None:
+    srv, cache = stub_server
+    cache.set(generation(0))
+    srv.publish()
+    port = port_of(srv)
+    stop = threading.Event()
+    problems: list[str] = []
+    seen: list[int] = []
+
+    def scraper(gz: bool) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        last = -1
+        while not stop.is_set():
+            status, body = scrape(port, conn, gz)
+            gens = set(re.findall(rb'gen="(\d+)"', body))
+            if status != 200 or len(gens) != 1 or body.count(b"\n") != 5000:
+                problems.append(f"status {status}, generations {gens}")
+                return
+            n = int(gens.pop())
+            if n < last:
+                problems.append(f"generation {n} after {last}")
+            last = n
+            seen.append(n)
+        conn.close()
+
+    threads = [threading.Thread(target=scraper, args=(i % 2 == 0,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for n in range(1, 60):
+        cache.set(generation(n))
+        srv.publish()
+        time.sleep(0.01)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert not problems
+    assert len(set(seen)) > 5  # the scrapes did see the documents change
+    # The memfds are reused (a publish every 10 ms while 8 scrapers take the CPU: a few).
+    assert srv.process is not None and srv.process.publisher.memfds <= MAX_SLOTS
+
+
+def test_a_killed_serving_process_is_replaced_on_the_same_socket(
+    stub_server: tuple[MetricsHTTPServer, StubCache], caplog: pytest.LogCaptureFixture
+) -> None:
+    srv, cache = stub_server
+    cache.set(b"x 1\n")
+    srv.publish()
+    assert srv.process is not None
+    first = srv.process.pid
+    os.kill(first, signal.SIGKILL)
+    srv.process.proc.wait(5)
+    # Meanwhile a connection waits in the backlog; the next publish (a cycle) restarts.
+    with caplog.at_level(logging.INFO, logger="nodescope.http"):
+        srv.publish()
+    assert srv.process.pid != first
+    assert "event=serving_exited" in caplog.text and "signal=SIGKILL" in caplog.text
+    assert get(f"http://{srv.bound}/metrics")[2] == "x 1\n"
+
+
+def serving_process_running(srv: MetricsHTTPServer) -> bool:
+    return srv.process is not None and srv.process.exit_status() is None
+
+
+def test_a_serving_process_that_keeps_dying_is_restarted_with_a_delay(
+    stub_server: tuple[MetricsHTTPServer, StubCache],
+) -> None:
+    srv, cache = stub_server
+    cache.set(b"x 1\n")
+    for _ in range(2):
+        assert srv.process is not None
+        os.kill(srv.process.pid, signal.SIGKILL)
+        srv.process.proc.wait(5)
+        srv.publish()
+    # Two quick exits: the third start waits a second.
+    assert not serving_process_running(srv)
+    time.sleep(1.1)
+    srv.publish()
+    assert serving_process_running(srv)
+    assert get(f"http://{srv.bound}/metrics")[0] == 200
+
+
+def test_stop_ends_the_serving_process_and_it_does_not_talk_to_systemd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NOTIFY_SOCKET", "/nonexistent/notify")
+    srv = MetricsHTTPServer(("127.0.0.1", 0), MetricsCache())
+    srv.start()
+    assert srv.process is not None
+    proc = srv.process.proc
+    environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+    srv.stop()
+    assert proc.returncode == 0  # it exited by itself on the channel's end of file
+    assert b"NOTIFY_SOCKET" not in environ
+
+
+def test_a_reload_that_moves_the_listen_address_serves_there_at_once(tmp_path: Path) -> None:
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    roots = Roots.under(tmp_path)
+    (tmp_path / "run").mkdir()
+    configs = [Config(listen=f"127.0.0.1:{port}", roots=roots) for port in ports]
+    current = [configs[0]]
+    service = Service(
+        lambda: current[0],
+        notifier=Notifier(address=""),
+        make_collector=lambda cfg: Collector.from_config(cfg, []),
+    )
+    service.start_server()
+    try:
+        service.run_cycle()
+        assert get(f"http://127.0.0.1:{ports[0]}/metrics")[0] == 200
+        old = service.server.process if service.server is not None else None
+        current[0] = configs[1]
+        assert service.reload()
+        # The new serving process has the last cycle's documents before the next cycle.
+        code, _, body = get(f"http://127.0.0.1:{ports[1]}/metrics")
+        assert code == 200 and "nodescope_cycles_total 1.0" in body
+        assert old is not None and old.proc.returncode == 0
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=2)
+    finally:
+        service.shutdown()

@@ -1,0 +1,867 @@
+"""The serving process: answers ``/metrics``, ``/api/v1/alerts``, ``/healthz`` and ``/`` from
+the documents the daemon published last, so that a scrape never waits for the daemon's
+interpreter (a collection cycle holds its GIL for tens of milliseconds).
+
+The daemon (:class:`nodescope.httpserver.MetricsHTTPServer`) binds the listening socket and
+runs this file as a script, ``python -I -S serving.py --listen-fd N --control-fd M``: the
+standard library only, nothing else of nodescope, one thread and one :mod:`selectors` loop.
+
+The control channel is an ``AF_UNIX``/``SOCK_SEQPACKET`` pair (one packet per message):
+
+- daemon → here, one packet per publish: :data:`PUBLISH` (slot, exposition length, alerts
+  length; :data:`NOT_READY` for a document that does not exist yet) with a memfd attached
+  (``SCM_RIGHTS``, unix(7)) that holds the exposition followed by the alerts JSON;
+- here → daemon: :data:`RELEASE` (slot) once nothing here uses that memfd any more, so the
+  daemon may write later documents into it. The exposition is not copied here: it is sent
+  from the memfd with sendfile(2) (a response in flight keeps its memfd, so a slow client
+  gets the cycle it asked for, whole) and read only to be compressed. A cycle nobody scrapes
+  costs this process one message.
+
+End of file on the channel (the daemon closed it, exited or was killed) ends this process: it
+never outlives the daemon. SIGINT, SIGTERM and SIGHUP are ignored for the same reason: a stop
+of the unit or a Ctrl-C reaches the daemon, which ends this process by closing the channel.
+
+HTTP/1.1 as RFC 9112 defines it, without what a scrape target does not need: GET and HEAD,
+keep-alive (HTTP/1.0 clients get it when they ask), pipelined requests answered in order,
+request bodies only with a Content-Length (read and dropped), no chunked requests.
+``Content-Encoding: gzip`` (RFC 9110 §8.4 and §12.5.3) is sent when Accept-Encoding allows it
+and the body is worth it; a document is compressed at most once, on its first gzip request,
+or as soon as it is published while gzip requests keep coming (a new exposition is then served
+only once its compressed form is ready, so both encodings of one request always show the same
+cycle). Compression runs in steps between the loop's turns: requests that do not need it are
+answered meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+
+# Only what a socket server needs is imported (not typing, argparse or logging: each would add
+# close to 1 MiB to this process's 12), so the annotations below stay strings.
+
+#: daemon → serving process: slot of the attached memfd, then the exposition's and the
+#: alerts document's lengths (the alerts follow the exposition in the memfd).
+PUBLISH = struct.Struct("<Iqq")
+#: serving process → daemon: the slot whose memfd is no longer used here.
+RELEASE = struct.Struct("<I")
+NOT_READY = -1
+
+# The classic text format: every name nodescope exports is a legal legacy name, and every
+# Prometheus release (Debian 12 ships 2.42) parses it.
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain"
+HTML_TYPE = "text/html; charset=utf-8"
+
+INDEX = b"""<html><head><title>nodescope</title></head><body>
+<h1>nodescope</h1><p><a href="/metrics">/metrics</a>
+&middot; <a href="/api/v1/alerts">/api/v1/alerts</a> &middot; <a href="/healthz">/healthz</a></p>
+</body></html>
+"""
+
+#: Connections served at once; at the limit a new one replaces the longest idle one (a stuck
+#: or hostile client cannot lock Prometheus out), or is closed when none is idle.
+MAX_CONNECTIONS = 256
+#: A request line and headers larger than this get 431 (real scrapers send about 300 bytes).
+MAX_REQUEST_HEAD = 8192
+MAX_REQUEST_BODY = 65536
+#: A keep-alive connection with nothing to do is closed after this long; Prometheus scrapes
+#: at most every few minutes and reconnects when it must.
+IDLE_SECONDS = 300.0
+#: A request must arrive whole within this long of its first byte, a response must make
+#: progress within WRITE_STALL_SECONDS.
+REQUEST_SECONDS = 10.0
+WRITE_STALL_SECONDS = 30.0
+SWEEP_SECONDS = 1.0
+#: Request heads remembered with what they parse to (see Server._parse).
+PARSED_HEADS = 64
+
+#: Level 1: about 3 ms for an 800 KB exposition, 14:1; level 6 takes 2.5 times as long for
+#: 15 % fewer bytes.
+GZIP_LEVEL = 1
+#: Bodies smaller than this are always sent as they are.
+MIN_GZIP_BYTES = 1024
+#: Input compressed per turn of the loop (about half a millisecond at level 1).
+COMPRESS_STEP = 128 * 1024
+#: While gzip requests came in within this long, a new exposition is compressed as soon as it
+#: is published (a scraper every second or a burst of them never waits for it); otherwise on
+#: its first gzip request (a scraper every 15 s pays one compression per scrape, not 15).
+EAGER_SECONDS = 3.0
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
+}
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def log(message: str) -> None:
+    """One ``key=value`` line on stderr, in the daemon's format (journald adds the rest)."""
+    print(f"level=ERROR logger=nodescope.serving {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Documents
+
+
+class Slot:
+    """A memfd the daemon published: held open while a document in it may still be sent or
+    read, then closed and handed back (:data:`RELEASE`) so the daemon may write into it."""
+
+    __slots__ = ("_release", "fd", "number", "retired", "users")
+
+    def __init__(self, fd: int, number: int, release: Callable[[int], None]) -> None:
+        self.fd = fd
+        self.number = number
+        self._release = release
+        #: Responses being sent from it.
+        self.users = 0
+        #: Neither current nor pending any more: no new response will use it.
+        self.retired = False
+
+    def hold(self) -> None:
+        self.users += 1
+
+    def drop(self) -> None:
+        self.users -= 1
+        self._maybe_release()
+
+    def retire(self) -> None:
+        self.retired = True
+        self._maybe_release()
+
+    def _maybe_release(self) -> None:
+        if self.retired and self.users <= 0 and self.fd != -1:
+            os.close(self.fd)
+            self.fd = -1
+            self._release(self.number)
+
+
+class Body:
+    """One response body, as bytes or as a range of a published memfd (sent with sendfile(2),
+    read only to be compressed), and, once computed, its gzip form."""
+
+    __slots__ = ("_data", "content_type", "gzip", "offset", "size", "slot")
+
+    def __init__(
+        self,
+        data: bytes | None,
+        content_type: str,
+        *,
+        slot: Slot | None = None,
+        offset: int = 0,
+        size: int = 0,
+    ) -> None:
+        self._data = data
+        self.content_type = content_type
+        self.slot = slot
+        self.offset = offset
+        self.size = len(data) if data is not None else size
+        self.gzip: bytes | None = None
+
+    @property
+    def data(self) -> bytes:
+        if self._data is None:
+            assert self.slot is not None and self.slot.fd != -1
+            self._data = _pread(self.slot.fd, self.size, self.offset)
+        return self._data
+
+    @property
+    def negotiable(self) -> bool:
+        return self.size >= MIN_GZIP_BYTES
+
+
+class Documents:
+    """What the daemon published last: ``None`` for a document that does not exist yet."""
+
+    __slots__ = ("alerts", "metrics", "slot")
+
+    def __init__(self, metrics: Body | None, alerts: Body | None, slot: Slot | None = None) -> None:
+        self.metrics = metrics
+        self.alerts = alerts
+        #: The memfd the exposition is sent from.
+        self.slot = slot
+
+    def retire(self) -> None:
+        if self.slot is not None:
+            self.slot.retire()
+
+
+class FileRange:
+    """The part of a memfd-backed body still to send on a connection."""
+
+    __slots__ = ("offset", "remaining", "slot")
+
+    def __init__(self, slot: Slot, offset: int, remaining: int) -> None:
+        self.slot = slot
+        self.offset = offset
+        self.remaining = remaining
+
+
+_NOT_READY_METRICS = Body(b"no collection cycle has completed yet\n", TEXT_TYPE)
+_NOT_READY_ALERTS = Body(b'{"error": "no analysis cycle has completed yet"}\n', JSON_TYPE)
+_HEALTHY = Body(b"ok\n", TEXT_TYPE)
+_STARTING = Body(b"starting\n", TEXT_TYPE)
+_INDEX = Body(INDEX, HTML_TYPE)
+_NOT_FOUND = Body(b"not found\n", TEXT_TYPE)
+
+
+def route(method: str, path: str, current: Documents) -> tuple[int, Body, str]:
+    """(status, body, extra header lines) of a request, from the current documents."""
+    if method not in ("GET", "HEAD"):
+        return 405, Body(f"{method} is not allowed\n".encode(), TEXT_TYPE), "Allow: GET, HEAD\r\n"
+    if path == "/metrics":
+        if current.metrics is None:
+            return 503, _NOT_READY_METRICS, ""
+        return 200, current.metrics, ""
+    if path == "/api/v1/alerts":
+        if current.alerts is None:
+            return 503, _NOT_READY_ALERTS, ""
+        return 200, current.alerts, ""
+    if path == "/healthz":
+        return (200, _HEALTHY, "") if current.metrics is not None else (503, _STARTING, "")
+    if path == "/":
+        return 200, _INDEX, ""
+    return 404, _NOT_FOUND, ""
+
+
+class Compression:
+    """gzip of one body, a step at a time."""
+
+    def __init__(self, body: Body) -> None:
+        self.body = body
+        self._z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # 31: a gzip member
+        self._offset = 0
+        self._parts: list[bytes] = []
+
+    def step(self) -> bool:
+        """Compress the next piece; True once the body's gzip form is set."""
+        data = self.body.data
+        piece = memoryview(data)[self._offset : self._offset + COMPRESS_STEP]
+        self._parts.append(self._z.compress(piece))
+        self._offset += len(piece)
+        if self._offset < len(data):
+            return False
+        self._parts.append(self._z.flush())
+        self.body.gzip = b"".join(self._parts)
+        self._parts = []
+        return True
+
+
+# --------------------------------------------------------------------------------------------
+# Requests
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class Request:
+    __slots__ = ("gzip", "http10", "keep_alive", "method", "path")
+
+    def __init__(self, method: str, path: str, keep_alive: bool, http10: bool, gzip: bool) -> None:
+        self.method = method
+        self.path = path
+        self.keep_alive = keep_alive
+        #: HTTP/1.0: keep-alive is announced only when the client asked for it.
+        self.http10 = http10
+        #: Whether Accept-Encoding allows gzip.
+        self.gzip = gzip
+
+
+def accepts_gzip(header: str) -> bool:
+    """Whether an Accept-Encoding value (RFC 9110 §12.5.3) allows gzip."""
+    allowed = False
+    for item in header.split(","):
+        coding, _, params = item.strip().partition(";")
+        coding = coding.strip().lower()
+        if coding not in ("gzip", "x-gzip", "*"):
+            continue
+        weight = 1.0
+        for param in params.split(";"):
+            name, _, value = param.strip().partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        if coding == "*" and allowed:
+            continue  # an explicit gzip entry wins over the wildcard
+        allowed = weight > 0
+        if coding != "*":
+            return allowed
+    return allowed
+
+
+def parse_request(buffer: bytes | bytearray) -> tuple[Request, int] | None:
+    """The first request in ``buffer`` and the bytes it takes (head and body), or None while
+    it is incomplete. Raises :class:`BadRequest` with the status to answer before closing."""
+    start = 0
+    # RFC 9112 §2.2: empty lines before a request line are ignored.
+    while buffer.startswith(b"\r\n", start) or buffer.startswith(b"\n", start):
+        start += 2 if buffer.startswith(b"\r\n", start) else 1
+    end = buffer.find(b"\n\r\n", start)
+    bare = buffer.find(b"\n\n", start)
+    if bare != -1 and (end == -1 or bare < end):
+        head_end, body_start = bare, bare + 2
+    elif end != -1:
+        head_end, body_start = end, end + 3
+    else:
+        if len(buffer) - start > MAX_REQUEST_HEAD:
+            raise BadRequest(431)
+        return None
+    if head_end - start > MAX_REQUEST_HEAD:
+        raise BadRequest(431)
+    lines = bytes(buffer[start:head_end]).decode("latin-1").split("\n")
+    parts = lines[0].strip().split()
+    if len(parts) != 3:
+        raise BadRequest(400)
+    method, target, version = parts
+    if not version.startswith("HTTP/1."):
+        raise BadRequest(505 if version.startswith("HTTP/") else 400)
+    http10 = version == "HTTP/1.0"
+    connection = ""
+    encoding = ""
+    length = 0
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or name != name.strip():
+            raise BadRequest(400)
+        name = name.lower()
+        value = value.strip()
+        if name == "connection":
+            connection = value.lower()
+        elif name == "accept-encoding":
+            encoding = f"{encoding},{value}" if encoding else value
+        elif name == "content-length":
+            if not (value.isascii() and value.isdigit()):  # latin-1 has "²", a digit
+                raise BadRequest(400)
+            length = int(value)
+            if length > MAX_REQUEST_BODY:
+                raise BadRequest(413)
+        elif name == "transfer-encoding":
+            raise BadRequest(501)
+    if len(buffer) < body_start + length:
+        return None
+    tokens = {t.strip() for t in connection.split(",")}
+    keep_alive = "keep-alive" in tokens if http10 else "close" not in tokens
+    path = target.split("?", 1)[0]
+    if path.startswith(("http://", "https://")):  # absolute form (RFC 9112 §3.2.2)
+        path = "/" + path.split("://", 1)[1].partition("/")[2]
+    return Request(method, path, keep_alive, http10, accepts_gzip(encoding)), body_start + length
+
+
+# --------------------------------------------------------------------------------------------
+# The loop
+
+
+class Connection:
+    __slots__ = ("close_after", "events", "inbuf", "last", "out", "sock", "started", "waiting")
+
+    def __init__(self, sock: socket.socket, now: float) -> None:
+        self.sock = sock
+        self.inbuf = bytearray()
+        self.out: deque[memoryview | FileRange] = deque()
+        self.last = now
+        #: When the request being received started (its first byte), or None.
+        self.started: float | None = None
+        self.close_after = False
+        #: A request parked until the gzip form of what it asks for is ready.
+        self.waiting: Request | None = None
+        self.events = selectors.EVENT_READ
+
+    @property
+    def idle(self) -> bool:
+        return not self.inbuf and not self.out and self.waiting is None
+
+
+_LISTEN = "listen"
+_CONTROL = "control"
+
+
+class Server:
+    def __init__(
+        self,
+        listener: socket.socket,
+        control: socket.socket,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.listener = listener
+        self.control = control
+        self.clock = clock
+        listener.setblocking(False)
+        control.setblocking(False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(listener, selectors.EVENT_READ, _LISTEN)
+        self.selector.register(control, selectors.EVENT_READ, _CONTROL)
+        self.listening = True
+        self.connections: dict[int, Connection] = {}
+        self.current = Documents(None, None)
+        #: A published exposition that becomes current once its gzip form is ready.
+        self.pending: Documents | None = None
+        self.job: Compression | None = None
+        self.parked: list[Connection] = []
+        self.gzip_requested_at = -EAGER_SECONDS
+        self._parsed: dict[bytes, Request] = {}
+        self.running = True
+        self._date_second = -1
+        self._date = ""
+        self._next_sweep = clock() + SWEEP_SECONDS
+
+    def run(self) -> None:
+        while self.running:
+            self.turn(0.0 if self.job is not None else SWEEP_SECONDS)
+        self.close()
+
+    def turn(self, timeout: float) -> None:
+        """One turn of the loop: events, then a step of compression, then timeouts."""
+        events = self.selector.select(timeout)
+        # The control channel first: a document published before a request arrived is the
+        # one that request gets.
+        events.sort(key=lambda event: event[0].data != _CONTROL)
+        for key, mask in events:
+            if key.data == _CONTROL:
+                self._on_control()
+            elif key.data == _LISTEN:
+                self._on_accept()
+            else:
+                conn: Connection = key.data
+                if conn.sock.fileno() == -1:
+                    continue  # closed earlier in this turn
+                try:
+                    if mask & selectors.EVENT_WRITE and self._write(conn) and not conn.out:
+                        self._process_input(conn)
+                    if mask & selectors.EVENT_READ and conn.sock.fileno() != -1:
+                        self._on_readable(conn)
+                except Exception as exc:  # one client's trouble must not end the others'
+                    log(f"event=connection_failed error={exc!r}")
+                    self._close(conn)
+            if not self.running:
+                return
+        if self.job is not None:
+            self._compress_step()
+        now = self.clock()
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_SECONDS
+            self._sweep(now)
+
+    def close(self) -> None:
+        for conn in list(self.connections.values()):
+            self._close(conn)
+        self.selector.close()
+
+    # -- documents -----------------------------------------------------------------------
+    def _on_control(self) -> None:
+        received: list[tuple[int, int, int, int]] = []
+        while True:
+            try:
+                message, fds, _flags, _addr = socket.recv_fds(self.control, PUBLISH.size, 4)
+            except BlockingIOError:
+                break
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                for fd in fds:
+                    os.close(fd)
+                self.running = False  # the daemon is gone
+                break
+            if len(message) != PUBLISH.size or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                log(f"event=bad_control_message bytes={len(message)} fds={len(fds)}")
+                continue
+            slot, metrics_len, alerts_len = PUBLISH.unpack(message)
+            received.append((slot, fds[0], metrics_len, alerts_len))
+        # Only the newest of several queued publishes is used; the others are handed back.
+        for index, (number, fd, metrics_len, alerts_len) in enumerate(received):
+            slot = Slot(fd, number, self._release)
+            if index < len(received) - 1:
+                slot.retire()
+                continue
+            try:
+                # The exposition stays in the memfd (sent from there, read only to be
+                # compressed): a cycle nobody scrapes costs this process nothing more.
+                alerts = None
+                if alerts_len >= 0:
+                    alerts = Body(_pread(fd, alerts_len, max(0, metrics_len)), JSON_TYPE)
+            except OSError as exc:
+                log(f"event=publish_unreadable error={exc!r}")
+                slot.retire()
+                continue
+            if metrics_len < 0:
+                slot.retire()
+                self.publish(Documents(None, alerts))
+            else:
+                metrics = Body(None, METRICS_TYPE, slot=slot, size=metrics_len)
+                self.publish(Documents(metrics, alerts, slot))
+
+    def _release(self, number: int) -> None:
+        # Unsent, the daemon makes a new memfd when it has none released.
+        with contextlib.suppress(OSError):
+            self.control.send(RELEASE.pack(number))
+
+    def publish(self, docs: Documents) -> None:
+        if self.pending is not None:
+            # Superseded before its compression finished: the newer documents become current
+            # at once, so a publish rate above the compression rate cannot freeze them.
+            self.pending.retire()
+            self.pending = None
+            self.job = None
+            self._swap(docs)
+            return
+        eager = (
+            docs.metrics is not None
+            and docs.metrics.negotiable
+            and self.clock() - self.gzip_requested_at < EAGER_SECONDS
+        )
+        if eager:
+            assert docs.metrics is not None
+            self.pending = docs
+            self.job = Compression(docs.metrics)
+        else:
+            self._swap(docs)
+
+    def _swap(self, docs: Documents) -> None:
+        if self.current is not docs:
+            self.current.retire()
+        self.current = docs
+        if self.job is not None and self.job.body is not docs.metrics:
+            self.job = None  # nothing current needs it any more
+        self._resume_parked()
+
+    def _compress_step(self) -> None:
+        job = self.job
+        assert job is not None
+        if not job.step():
+            return
+        self.job = None
+        if self.pending is not None and job.body is self.pending.metrics:
+            docs, self.pending = self.pending, None
+            self._swap(docs)
+        else:
+            self._resume_parked()
+
+    def _resume_parked(self) -> None:
+        parked, self.parked = self.parked, []
+        for conn in parked:
+            request, conn.waiting = conn.waiting, None
+            if request is None or conn.sock.fileno() == -1:
+                continue
+            self._respond(conn, request)
+            if conn.sock.fileno() != -1:
+                self._process_input(conn)
+
+    # -- connections ---------------------------------------------------------------------
+    def _on_accept(self) -> None:
+        for _ in range(64):
+            try:
+                sock, _addr = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors or memory: stop accepting until the next sweep, or
+                    # the loop would spin on a listening socket that stays readable.
+                    log(f"event=accept_failed error={exc!r}")
+                    self.selector.unregister(self.listener)
+                    self.listening = False
+                return
+            now = self.clock()
+            if len(self.connections) >= MAX_CONNECTIONS:
+                idle = [c for c in self.connections.values() if c.idle]
+                if not idle:
+                    sock.close()
+                    continue
+                self._close(min(idle, key=lambda c: c.last))
+            sock.setblocking(False)
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(sock, now)
+            self.connections[sock.fileno()] = conn
+            self.selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _on_readable(self, conn: Connection) -> None:
+        try:
+            data = conn.sock.recv(16384)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if not data:
+            self._close(conn)
+            return
+        now = self.clock()
+        if not conn.inbuf:
+            conn.started = now
+        conn.last = now
+        conn.inbuf += data
+        if conn.waiting is not None or conn.out:
+            # Pipelined behind a response not yet sent: read on, within bounds.
+            if len(conn.inbuf) > MAX_REQUEST_HEAD + MAX_REQUEST_BODY:
+                self._close(conn)
+            return
+        self._process_input(conn)
+
+    def _process_input(self, conn: Connection) -> None:
+        if conn.sock.fileno() == -1:
+            return
+        # One request at a time: the next is parsed once the previous response is sent, so a
+        # client that pipelines without reading holds one response's worth of memory here.
+        while conn.inbuf and not conn.out and conn.waiting is None and not conn.close_after:
+            try:
+                parsed = self._parse(conn.inbuf)
+            except BadRequest as exc:
+                conn.inbuf.clear()
+                body = Body(f"{_REASONS[exc.status].lower()}\n".encode(), TEXT_TYPE)
+                self._send(conn, exc.status, body, False, False, "", keep_alive=False)
+                break
+            if parsed is None:
+                break
+            request, used = parsed
+            del conn.inbuf[:used]
+            conn.started = self.clock() if conn.inbuf else None
+            self._respond(conn, request)
+            if conn.sock.fileno() == -1:
+                return
+        self._set_events(conn)
+
+    def _parse(self, buffer: bytearray) -> tuple[Request, int] | None:
+        """:func:`parse_request`, remembering the heads it parsed: a scraper sends the same
+        bytes every time, and a look-up costs a tenth of a parse."""
+        end = buffer.find(b"\r\n\r\n")
+        if end == -1:
+            return parse_request(buffer)
+        head = bytes(buffer[: end + 4])
+        known = self._parsed.get(head)
+        if known is not None:
+            return known, len(head)
+        parsed = parse_request(buffer)
+        if parsed is not None and parsed[1] == len(head):  # no body, no leading empty line
+            if len(self._parsed) >= PARSED_HEADS:
+                self._parsed.clear()
+            self._parsed[head] = parsed[0]
+        return parsed
+
+    def _respond(self, conn: Connection, request: Request) -> None:
+        status, body, extra = route(request.method, request.path, self.current)
+        gzip = request.gzip and body.negotiable
+        if gzip:
+            if body is self.current.metrics:
+                self.gzip_requested_at = self.clock()
+            if body.gzip is None and not self._compress_now_or_park(conn, body, request):
+                return
+        self._send(
+            conn, status, body, gzip, request.method == "HEAD", extra,
+            keep_alive=request.keep_alive, http10=request.http10,
+        )  # fmt: skip
+
+    def _compress_now_or_park(self, conn: Connection, body: Body, request: Request) -> bool:
+        """Whether ``body.gzip`` is ready now; otherwise the request waits for it."""
+        if body.size <= COMPRESS_STEP:
+            Compression(body).step()
+            return True
+        conn.waiting = request
+        self.parked.append(conn)
+        if self.job is None:
+            self.job = Compression(body)
+        self._set_events(conn)
+        return False
+
+    def _send(
+        self,
+        conn: Connection,
+        status: int,
+        body: Body,
+        gzip: bool,
+        head_only: bool,
+        extra: str,
+        *,
+        keep_alive: bool,
+        http10: bool = False,
+    ) -> None:
+        compressed = gzip and body.gzip is not None
+        length = len(body.gzip) if compressed and body.gzip is not None else body.size
+        head = (
+            f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+            f"Date: {self._http_date()}\r\nServer: nodescope\r\n"
+            f"Content-Type: {body.content_type}\r\nContent-Length: {length}\r\n"
+            + ("Content-Encoding: gzip\r\n" if compressed else "")
+            + ("Vary: Accept-Encoding\r\n" if body.negotiable else "")
+            + ("" if keep_alive and not http10 else
+               "Connection: keep-alive\r\n" if keep_alive else "Connection: close\r\n")
+            + extra
+            + "\r\n"
+        )  # fmt: skip
+        conn.out.append(memoryview(head.encode("latin-1")))
+        if head_only or not length:
+            pass
+        elif compressed and body.gzip is not None:
+            conn.out.append(memoryview(body.gzip))
+        elif body.slot is not None and body._data is None:
+            body.slot.hold()
+            conn.out.append(FileRange(body.slot, body.offset, body.size))
+        else:
+            conn.out.append(memoryview(body.data))
+        if not keep_alive:
+            conn.close_after = True
+        self._write(conn)
+
+    def _write(self, conn: Connection) -> bool:
+        """Send what the socket takes now; False when the connection was closed (a write
+        failed, or the last response of a ``Connection: close`` exchange went out)."""
+        out = conn.out
+        while out:
+            first = out[0]
+            try:
+                if isinstance(first, FileRange):
+                    sent = os.sendfile(
+                        conn.sock.fileno(), first.slot.fd, first.offset, first.remaining
+                    )
+                    if not sent:
+                        raise OSError(errno.EIO, "the memfd ended early")
+                else:
+                    views: list[memoryview] = []
+                    for item in out:
+                        if not isinstance(item, memoryview) or len(views) == 16:
+                            break
+                        views.append(item)
+                    sent = conn.sock.sendmsg(views)
+            except BlockingIOError:
+                break
+            except OSError:
+                self._close(conn)
+                return False
+            conn.last = self.clock()
+            if isinstance(first, FileRange):
+                first.offset += sent
+                first.remaining -= sent
+                if not first.remaining:
+                    out.popleft()
+                    first.slot.drop()
+                continue
+            while sent:
+                head = out[0]
+                assert isinstance(head, memoryview)
+                if len(head) <= sent:
+                    sent -= len(head)
+                    out.popleft()
+                else:
+                    out[0] = head[sent:]
+                    sent = 0
+        if not out and conn.close_after:
+            self._close(conn)
+            return False
+        self._set_events(conn)
+        return True
+
+    def _set_events(self, conn: Connection) -> None:
+        if conn.sock.fileno() == -1:
+            return
+        events = selectors.EVENT_WRITE if conn.out else selectors.EVENT_READ
+        if events != conn.events:
+            conn.events = events
+            self.selector.modify(conn.sock, events, conn)
+
+    def _close(self, conn: Connection) -> None:
+        fd = conn.sock.fileno()
+        if fd == -1:
+            return
+        self.connections.pop(fd, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(conn.sock)
+        conn.sock.close()
+        for item in conn.out:
+            if isinstance(item, FileRange):
+                item.slot.drop()
+        conn.out.clear()
+        conn.waiting = None
+
+    def _sweep(self, now: float) -> None:
+        if not self.listening:
+            self.selector.register(self.listener, selectors.EVENT_READ, _LISTEN)
+            self.listening = True
+        for conn in list(self.connections.values()):
+            if conn.waiting is not None:
+                continue
+            if conn.out:
+                expired = now - conn.last > WRITE_STALL_SECONDS
+            elif conn.started is not None:
+                expired = now - conn.started > REQUEST_SECONDS
+            else:
+                expired = now - conn.last > IDLE_SECONDS
+            if expired:
+                self._close(conn)
+
+    def _http_date(self) -> str:
+        now = int(time.time())
+        if now != self._date_second:
+            t = time.gmtime(now)
+            self._date_second = now
+            self._date = (
+                f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+                f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+            )
+        return self._date
+
+
+def _pread(fd: int, length: int, offset: int) -> bytes:
+    parts: list[bytes] = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            raise OSError(errno.EIO, f"memfd ends {length} bytes early")
+        parts.append(chunk)
+        length -= len(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``serving.py --listen-fd N --control-fd M``; the daemon is the only caller."""
+    args = sys.argv[1:] if argv is None else argv
+    fds: dict[str, int] = {}
+    for name, value in zip(args[::2], args[1::2], strict=False):
+        if name in ("--listen-fd", "--control-fd") and value.isdigit():
+            fds[name] = int(value)
+    if len(fds) != 2 or len(args) != 4:
+        print("usage: serving.py --listen-fd N --control-fd M", file=sys.stderr)
+        return 2
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    listener = socket.socket(fileno=fds["--listen-fd"])
+    control = socket.socket(fileno=fds["--control-fd"])
+    server = Server(listener, control)
+    try:
+        server.run()
+    except Exception:
+        import traceback  # only now: it pulls in linecache and tokenize
+
+        log(f"event=serving_failed error={traceback.format_exc()!r}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The benchmark's load generator (bench/run.py) against the daemon's HTTP server: it must
+time every response of a round and notice what a scraper would."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodescope.httpserver import JsonCache, MetricsHTTPServer
+from nodescope_exporters.prometheus import MetricsCache, SnapshotCollector
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+bench = importlib.import_module("run")  # bench/run.py: a script, not a package
+
+
+class FixedCache(MetricsCache):
+    def __init__(self, body: bytes) -> None:
+        super().__init__(SnapshotCollector([]))
+        self.fixed = body
+
+    def body(self) -> tuple[bool, bytes]:
+        return True, self.fixed
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    body = b"# HELP x x\n" + b"".join(b'x{i="%d"} %d\n' % (i, i) for i in range(3000))
+    srv = MetricsHTTPServer(("127.0.0.1", 0), FixedCache(body), JsonCache())
+    srv.start()
+    yield int(srv.bound.rsplit(":", 1)[1])
+    srv.stop()
+
+
+@pytest.mark.parametrize("gzip", [True, False])
+def test_a_round_times_every_response(port: int, gzip: bool) -> None:
+    load = bench.LoadGenerator(port, 10)
+    try:
+        for _ in range(3):  # keep-alive: the same connections every round
+            latencies = load.round(gzip)
+            assert len(latencies) == 10
+            assert all(0 < t < 5 for t in latencies)
+    finally:
+        load.close()
+    assert load.errors == [] and load.bodies_checked == 3
+
+
+def test_a_response_split_across_reads_is_put_back_together() -> None:
+    exchange: Any = bench._Exchange(None, keep_body=True)
+    assert exchange.feed(memoryview(b"HTTP/1.1 200 OK\r\nContent-")) is False
+    assert exchange.feed(memoryview(b"Length: 3\r\n\r\nab")) is False
+    assert exchange.feed(memoryview(b"c")) is True
+    assert (exchange.status, exchange.parts) == (200, [b"ab", b"c"])
+
+
+def test_the_report_names_each_latency_mode() -> None:
+    figures = {"requests": 1, "p50_ms": 0.2, "p99_ms": 0.9, "max_ms": 1.0}
+    results: dict[str, Any] = {
+        "machine": {"date": "d", "cpus": 2, "cpu": "c", "memory_gib": 1, "os": "o",
+                    "kernel": "k", "python": "p", "node_exporter": "n",
+                    "loadavg_start": [0.0]},
+        "overhead": {
+            "scenario": "dgx-h100",
+            "overhead": {"window_seconds": 20, "nodescope": {
+                "cycles": 20, "cpu_ms_per_cycle_without_mirror": 4.0, "cpu_ms_per_cycle": 4.5,
+                "nvml_mirror_refresh_ms_per_cycle": 0.5, "rss_mib_end": 50, "rss_mib_max": 51,
+                "rss_mib_series": [50, 50], "series": 5000, "bytes": 400000,
+                "main_thread_cycle_ms": {"p50": 4, "p99": 5, "max": 6},
+                "serving_cpu_ms_per_cycle": 0.3, "daemon_rss_mib_end": 40,
+                "serving_rss_mib_end": 10, "pss_mib_end": 38, "daemon_pss_mib_end": 32,
+                "serving_pss_mib_end": 6}},
+            "latency": {"nodescope": {
+                "1": {**figures, "encoding": "gzip"},
+                "1-plain": {**figures, "encoding": "plain"},
+                "50": {**figures, "encoding": "gzip"},
+            }},
+        },
+    }  # fmt: skip
+    text = bench.report(results)
+    assert "| scrape p50 / p99 ms, 1 scraper(s), gzip | 0.2 / 0.9 |" in text
+    assert "| scrape p50 / p99 ms, 1 scraper(s), plain |" in text
+    assert "| scrape p50 / p99 ms, 50 scraper(s), gzip |" in text
+    assert "40 + 10 = 50 MiB" in text and "32 + 6 = 38 MiB" in text
