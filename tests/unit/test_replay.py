@@ -108,7 +108,7 @@ class ToyNode:
         self.advanced.append(t)
         self._diskstats()
 
-    def sources(self) -> list[Source]:
+    def sources(self, slow_every: int | None = 1) -> list[Source]:
         self.made = [diskstats.make_source(), FlakySource(self)]
         return self.made
 
