@@ -947,3 +947,149 @@ def test_exposition_passes_promtool_lint(slurm_node: Roots) -> None:
         [promtool, "check", "metrics"], input=body, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Cadence: static files every slow_every walks, new cgroups at once, the shared walk
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _source(slow_every: int) -> tuple[cgroup.CgroupSource, _Clock]:
+    clock = _Clock()
+    source = make_source()
+    source.shared = cgroup.SharedWalk(clock)
+    source.slow_every = slow_every
+    return source, clock
+
+
+def _memory_max(tree: CgroupTree, path: str) -> int | None:
+    found = tree.get(path)
+    assert found is not None and found.memory_max is not None
+    return found.memory_max.value
+
+
+def test_static_files_are_read_on_the_slow_walks(slurm_node: Roots) -> None:
+    source, _ = _source(slow_every=3)
+    first = source.collect(slurm_node)
+    assert first == read_tree(slurm_node)
+    (slurm_node.cgroupfs / JOB / "memory.max").write_text(f"{32 << 30}\n")
+    (slurm_node.cgroupfs / JOB / "memory.current").write_text(f"{20 << 30}\n")
+    second = source.collect(slurm_node)
+    # The dynamic file shows at once, the limit only on the next slow walk (the 4th).
+    job = second.get("/" + JOB)
+    assert job is not None and job.memory_current == 20 << 30
+    assert _memory_max(second, "/" + JOB) == 64 << 30
+    assert _memory_max(source.collect(slurm_node), "/" + JOB) == 64 << 30
+    fourth = source.collect(slurm_node)
+    assert _memory_max(fourth, "/" + JOB) == 32 << 30
+    # Everything read again: the same records as a walk that reads every file.
+    assert fourth == read_tree(slurm_node)
+
+
+def test_slow_every_one_reads_every_file_on_every_walk(slurm_node: Roots) -> None:
+    source, _ = _source(slow_every=1)
+    source.collect(slurm_node)
+    (slurm_node.cgroupfs / JOB / "memory.max").write_text("max\n")
+    (slurm_node.cgroupfs / JOB / "memory.events.local").write_text("oom_kill 2\n")
+    tree = source.collect(slurm_node)
+    assert _memory_max(tree, "/" + JOB) is None
+    assert tree == read_tree(slurm_node)
+
+
+def test_a_new_or_remade_cgroup_is_read_in_full_at_once(slurm_node: Roots) -> None:
+    source, _ = _source(slow_every=100)
+    source.collect(slurm_node)
+    step = slurm_node.cgroupfs / JOB / "step_1"
+    _write(step, _child(1 << 20, procs="6000\n", memory_max=str(2 << 30)))
+    tree = source.collect(slurm_node)
+    assert _memory_max(tree, f"/{JOB}/step_1") == 2 << 30
+    # Removed and made again under the same name (a new inode: made while the old one
+    # still exists): no stale limit.
+    _write(step.with_name("new"), _child(1 << 20, procs="6001\n", memory_max=str(3 << 30)))
+    shutil.rmtree(step)
+    step.with_name("new").rename(step)
+    tree = source.collect(slurm_node)
+    assert _memory_max(tree, f"/{JOB}/step_1") == 3 << 30
+    assert tree == read_tree(slurm_node)
+
+
+def test_events_local_is_read_when_the_hierarchical_events_change(slurm_node: Roots) -> None:
+    source, _ = _source(slow_every=100)
+    source.collect(slurm_node)
+    task = slurm_node.cgroupfs / TASK
+    oom = "low 0\nhigh 0\nmax 1\noom 1\noom_kill 1\noom_group_kill 0\n"
+    (task / "memory.events.local").write_text(oom)
+    tree = source.collect(slurm_node)
+    # A local event without its hierarchical count cannot happen; the file is not read.
+    found = tree.get("/" + TASK)
+    assert found is not None and found.memory_events_local is not None
+    assert found.memory_events_local.oom_kill == 0
+    (task / "memory.events").write_text(oom)
+    found = source.collect(slurm_node).get("/" + TASK)
+    assert found is not None and found.memory_events is not None
+    assert found.memory_events.oom_kill == 1
+    assert found.memory_events_local is not None and found.memory_events_local.oom_kill == 1
+
+
+def test_unchanged_cgroups_keep_their_records(slurm_node: Roots) -> None:
+    source, _ = _source(slow_every=100)
+    first = source.collect(slurm_node)
+    (slurm_node.cgroupfs / TASK / "cpu.stat").write_text("usage_usec 5000\n")
+    second = source.collect(slurm_node)
+    before, after = first.get("/" + TASK), second.get("/" + TASK)
+    assert before is not None and after is not None and after.cpu_stat is not None
+    assert after.cpu_stat.usage_usec == 5000 and before != after
+    assert second.get("/" + JOB) is first.get("/" + JOB)
+    assert second == read_tree(slurm_node)
+
+
+def test_no_thread_is_read_where_no_process_is(slurm_node: Roots) -> None:
+    source, _ = _source(slow_every=100)
+    source.collect(slurm_node)
+    step = slurm_node.cgroupfs / JOB / "step_0"
+    (step / "cgroup.threads").write_text("77\n")  # not a state the kernel allows
+    found = source.collect(slurm_node).get(f"/{JOB}/step_0")
+    assert found is not None and found.nr_threads == 0
+    assert read_tree(slurm_node).get(f"/{JOB}/step_0") != found
+
+
+def test_the_shared_walk_is_handed_once_and_only_while_fresh(slurm_node: Roots) -> None:
+    clock = _Clock()
+    shared = cgroup.SharedWalk(clock)
+    leader, follower, other = object(), object(), object()
+    walks = shared.walker.walks
+    tree = shared.tree(slurm_node, leader, 10, lead=True)
+    assert shared.tree(slurm_node, follower, 10) is tree
+    assert shared.latest(slurm_node, other, 10) is tree
+    assert shared.walker.walks == walks + 1
+    # Asked again, the follower walks for itself; that walk is not handed on.
+    own = shared.tree(slurm_node, follower, 10)
+    assert own is not tree and shared.walker.walks == walks + 2
+    assert shared.latest(slurm_node, follower, 10) is None
+    # A new leader walk, too old by the time it is asked for.
+    tree = shared.tree(slurm_node, leader, 10, lead=True)
+    clock.now += cgroup.SHARE_SECONDS * 2
+    assert shared.latest(slurm_node, follower, 10) is None
+    assert shared.tree(slurm_node, follower, 10) is not tree
+    # Reading everything on every run means walking for oneself.
+    tree = shared.tree(slurm_node, leader, 1, lead=True)
+    assert shared.latest(slurm_node, other, 1) is None
+    assert shared.tree(slurm_node, other, 1) is not tree
+
+
+def test_the_shared_walk_keeps_the_id_lists_for_the_followers(slurm_node: Roots) -> None:
+    source, _ = _source(slow_every=10)
+    bare = source.collect(slurm_node)
+    full = source.shared.tree(slurm_node, object(), 10)
+    task_bare, task_full = bare.get("/" + TASK), full.get("/" + TASK)
+    assert task_bare is not None and task_bare.procs is None
+    assert task_full is not None and task_full.procs == (5001, 5002, 5001)
+    assert full == read_tree(slurm_node, keep_pids=True)
+    assert bare == read_tree(slurm_node)

@@ -896,3 +896,122 @@ def test_escaped_nccl_threads_scenario(tmp_path: Path) -> None:
         "job_cgroup_escape{job=81750}",
         "job_memory_limit_not_applied{job=81750}",
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The jobs from the shared cgroup walk
+
+
+def _from_directories(roots: Roots) -> tuple[list[JobCgroup], tuple[Any, ...]]:
+    """Jobs and other cgroups as the directory readers find them, one file at a time."""
+    root = roots.cgroupfs
+    found = source.find_v2_jobs(root)
+    jobs = [source.read_v2_job(roots, root, *entry) for entry in found]
+    others, truncated = source.read_others_v2(root, (d for *_, d in found))
+    assert not truncated
+    return [j for j in jobs if j is not None], others
+
+
+def test_the_walk_gives_what_the_directories_give(tmp_path: Path) -> None:
+    roots = v2_tree(tmp_path)
+    # A limit above the job directories: the walk finds it on the way up.
+    _write(roots.cgroupfs / SCOPE / "memory.max", f"{16 * GIB}\n")
+    data = read_jobs(roots)
+    jobs, others = _from_directories(roots)
+    assert sorted(data.jobs, key=lambda j: j.key) == sorted(jobs, key=lambda j: j.key)
+    assert data.others == others
+    assert data.jobs[0].memory_limit_bytes == GIB
+    assert data.jobs[1].memory_limit_bytes == 8 * GIB
+    assert data.jobs[1].tasks[0].memory_max_bytes == 8 * GIB
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_jobs_source_takes_the_cgroups_walk_of_its_cycle(tmp_path: Path) -> None:
+    from nodescope.sources import cgroup
+
+    roots = v2_tree(tmp_path)
+    shared = cgroup.SharedWalk(_Clock())
+    cgroups = cgroup.make_source()
+    cgroups.shared = shared
+    jobs = source.JobsSource(slow_every=10, shared=shared)
+    cgroups.collect(roots)
+    walks = shared.walker.walks
+    assert jobs.collect(roots) == read_jobs(roots)
+    assert shared.walker.walks == walks  # no walk of its own
+    assert jobs.collect(roots) == read_jobs(roots)
+    assert shared.walker.walks == walks + 1  # the same walk is not handed twice
+
+
+def test_environments_are_read_for_new_processes_and_on_slow_runs(tmp_path: Path) -> None:
+    from nodescope.sources import cgroup
+
+    roots = v2_tree(tmp_path)
+    jobs = source.JobsSource(slow_every=3, shared=cgroup.SharedWalk(_Clock()))
+
+    def task(data: JobsData, pid: int) -> JobTask:
+        return next(t for j in data.jobs for t in j.tasks if t.pid == pid)
+
+    assert task(jobs.collect(roots), 101).env("NCCL_IB_HCA") == "mlx5_0"
+    environ = roots.procfs / "101" / "environ"
+    environ.write_bytes(environ.read_bytes().replace(b"mlx5_0", b"mlx5_1"))
+    # A new process of the job is read at once.
+    _write(
+        roots.cgroupfs / SCOPE / "job_42" / "step_0" / "user" / "task_0" / "cgroup.procs",
+        "101\n104\n",
+    )
+    _process(roots.procfs, 104, "python3", {"NCCL_IB_HCA": "mlx5_4"}, f"/{SCOPE}/job_42")
+    second = jobs.collect(roots)
+    assert task(second, 104).env("NCCL_IB_HCA") == "mlx5_4"
+    assert task(second, 101).env("NCCL_IB_HCA") == "mlx5_0"
+    assert task(jobs.collect(roots), 101).env("NCCL_IB_HCA") == "mlx5_0"
+    fourth = jobs.collect(roots)
+    assert task(fourth, 101).env("NCCL_IB_HCA") == "mlx5_1"
+    assert fourth == read_jobs(roots)
+    # Every run reads them when told to read everything.
+    jobs.slow_every = 1
+    environ.write_bytes(environ.read_bytes().replace(b"mlx5_1", b"mlx5_2"))
+    assert task(jobs.collect(roots), 101).env("NCCL_IB_HCA") == "mlx5_2"
+
+
+@pytest.mark.parametrize("name", ["escaped-nccl-threads", "allreduce-hang-nfs-lock"])
+def test_production_cadence_reads_what_reading_everything_reads(tmp_path: Path, name: str) -> None:
+    """On a simulated node whose limits and environments do not change, the sources at their
+    production cadence (shared walk, static files and environments every tenth run) give the
+    records that reading every file gives, run after run, while the counters move."""
+    from nodescope.sim.node import SimulatedNode
+    from nodescope.sim.scenario import load_scenario
+    from nodescope.sources import cgroup, procs, threads
+    from nodescope.sources.base import Source
+
+    node = SimulatedNode(load_scenario(name), tmp_path / "root")
+    node.materialise()
+    shared = cgroup.SharedWalk(_Clock())
+    cgroups = cgroup.make_source()
+    cgroups.shared = shared
+    production: list[Source] = [
+        cgroups,
+        procs.ProcsSource(shared=shared),
+        threads.ThreadsSource(shared=shared),
+        source.JobsSource(shared=shared),
+    ]
+    reference: list[Source] = [
+        cgroup.CgroupSource(slow_every=1, shared=cgroup.SharedWalk()),
+        procs.ProcsSource(slow_every=1, shared=cgroup.SharedWalk()),
+        threads.ThreadsSource(shared=cgroup.SharedWalk()),
+        source.JobsSource(slow_every=1, shared=cgroup.SharedWalk()),
+    ]
+    walks = []
+    for t in range(0, 26, 5):
+        node.advance_to(float(t))
+        before = shared.walker.walks
+        for fast, full in zip(production, reference, strict=True):
+            assert fast.collect(node.roots) == full.collect(node.roots), (fast.name, t)
+        walks.append(shared.walker.walks - before)
+    assert walks == [1] * len(walks)  # one walk per cycle for cgroups, procs, threads, jobs

@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 
 from nodescope.errors import ParseError
 from nodescope.roots import Roots
+from nodescope.sources.cgroup import read_tree
 from nodescope.sources.procs import (
     ProcsData,
+    ProcsSource,
     TcpCounters,
     job_id_of,
+    job_members,
     make_source,
     parse_environ,
     parse_pids,
@@ -119,3 +122,44 @@ def test_read_procs_on_a_tree(tmp_path: Path) -> None:
 
 def test_read_procs_without_cgroup_v2_or_snmp(tmp_path: Path) -> None:
     assert read_procs(Roots.under(tmp_path)) == ProcsData((), None)
+
+
+def test_job_processes_from_the_cgroups_walk(tmp_path: Path) -> None:
+    roots = Roots.under(tmp_path)
+    cg = roots.cgroupfs
+    _write(cg / "cgroup.controllers", "cpu memory\n")
+    job = cg / "system.slice" / "slurmstepd.scope" / "job_81770"
+    _write(job / "step_0" / "user" / "task_0" / "cgroup.procs", "4242\n4243\n4242\n")
+    _write(job / "step_0" / "slurm" / "cgroup.procs", "4200\n4299\n")
+    _write(cg / "user.slice" / "job_1" / "cgroup.procs", "1000\n")  # a job, elsewhere
+    for pid, hca in ((4242, "mlx5_6"), (4243, "mlx5_7"), (4200, ""), (1000, "mlx5_0")):
+        _write(roots.procfs / str(pid) / "environ", f"NCCL_IB_HCA={hca}\0PATH=/bin\0")
+    tree = read_tree(roots, keep_pids=True)
+    assert [(job, path) for job, path, _ in job_members(tree)] == [
+        ("1", "/user.slice/job_1"),
+        ("81770", "/system.slice/slurmstepd.scope/job_81770"),
+    ]
+    assert read_procs(roots, tree) == read_procs(roots)
+    assert len(read_procs(roots).processes) == 4
+
+
+def test_environments_are_read_for_new_processes_and_on_slow_runs(tmp_path: Path) -> None:
+    roots = Roots.under(tmp_path)
+    _write(roots.cgroupfs / "cgroup.controllers", "cpu memory\n")
+    procs = roots.cgroupfs / "job_5" / "cgroup.procs"
+    _write(procs, "10\n")
+    _write(roots.procfs / "10" / "environ", "NCCL_IB_HCA=mlx5_0\0")
+    source = ProcsSource(slow_every=2)
+
+    def hcas() -> list[str | None]:
+        return [p.nccl_ib_hca for p in source.collect(roots).processes]
+
+    assert hcas() == ["mlx5_0"]
+    _write(roots.procfs / "10" / "environ", "NCCL_IB_HCA=mlx5_1\0")
+    _write(roots.procfs / "11" / "environ", "NCCL_IB_HCA=mlx5_2\0")
+    _write(procs, "10\n11\n")
+    assert hcas() == ["mlx5_0", "mlx5_2"]  # the new process at once, the known one later
+    assert hcas() == ["mlx5_1", "mlx5_2"]
+    (roots.procfs / "11" / "environ").unlink()  # exited: gone from cgroup.procs too
+    _write(procs, "10\n")
+    assert hcas() == ["mlx5_1"]

@@ -12,12 +12,15 @@ from hypothesis import strategies as st
 
 from nodescope.errors import ParseError
 from nodescope.roots import Roots
+from nodescope.sources.cgroup import read_tree
 from nodescope.sources.threads import (
     BlockedThread,
     TaskStat,
     ThreadsSource,
+    job_pids,
     make_source,
     parse_stat,
+    parse_stat_summary,
     parse_wchan,
     read_process_threads,
 )
@@ -177,3 +180,58 @@ def test_parse_stat_fuzz_structured(tid: int, comm: str, state: str, rest: list[
 def test_parse_wchan_fuzz(text: str) -> None:
     with contextlib.suppress(ParseError):
         parse_wchan(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# /proc/<pid>/stat first: one read for a process with one thread
+
+
+def test_parse_stat_summary() -> None:
+    assert parse_stat_summary(STAT) == ("NCCL (Progress) 0", "D", 15)
+    for bad in ("", "1 (a) S 1 2\n", "1 (a) Y" + " 0" * 20, "x (a) S" + " 0" * 20, STAT * 2):
+        with pytest.raises(ParseError):
+            parse_stat_summary(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_parse_stat_summary_fuzz(text: str) -> None:
+    with contextlib.suppress(ParseError):
+        parse_stat_summary(text)
+
+
+def _process_stat(pid: int, comm: str, state: str, threads: int) -> str:
+    fields = _stat(pid, comm, state).split()
+    fields[19] = str(threads)  # num_threads, field 20
+    return " ".join(fields) + "\n"
+
+
+def test_a_process_with_one_thread_costs_one_read(tmp_path: Path) -> None:
+    roots = _tree(tmp_path)
+    expected = ThreadsSource().collect(roots)
+    (roots.procfs / "200" / "stat").write_text(_process_stat(200, "rsync", "D", 1))
+    (roots.procfs / "101" / "stat").write_text(_process_stat(101, "python3", "S", 1))
+    # Several threads: each thread's own line counts, not the leader's state.
+    (roots.procfs / "100" / "stat").write_text(_process_stat(100, "python3", "S", 3))
+    (roots.procfs / "1" / "stat").write_text(_process_stat(1, "systemd", "S", 1))
+    assert ThreadsSource().collect(roots) == expected
+    # The one-thread processes' task/ directories are not read any more.
+    for pid in (200, 101, 1):
+        (roots.procfs / str(pid) / "task" / str(pid) / "stat").unlink()
+    assert ThreadsSource().collect(roots) == expected
+
+
+def test_slow_every_sets_the_host_walk_cadence(tmp_path: Path) -> None:
+    roots = _tree(tmp_path)
+    source = make_source()
+    assert source.slow_every == source.host_every == 10
+    source.slow_every = 1
+    assert [source.collect(roots).host_age_runs for _ in range(3)] == [0, 0, 0]
+    with pytest.raises(ValueError):
+        source.slow_every = 0
+
+
+def test_job_pids_from_the_cgroups_walk(tmp_path: Path) -> None:
+    roots = _tree(tmp_path)
+    tree = read_tree(roots, keep_pids=True)
+    assert job_pids(roots, tree) == job_pids(roots) == {"7": (100, 101, 102)}

@@ -16,6 +16,13 @@ Formats are defined by the kernel:
 The parsers are pure and raise only :class:`~nodescope.errors.ParseError`. The walk reads
 only files that the directory listing shows, so files a controller does not provide cost
 nothing and parse to ``None`` ("absent"), never to 0.
+
+What a walk costs is one ``read`` per file, so a walk reads what can have changed: the
+:data:`STATIC_FILES` (limits, controllers, type) when a cgroup is first seen or made again
+under the same name (a new inode) and every ``slow_every`` walks; ``memory.events.local``
+when ``memory.events`` moved; ``cgroup.threads`` only where ``cgroup.procs`` lists a process;
+the other files on every walk, parsed again only when their text changed. One walk serves
+the ``cgroups``, ``jobs``, ``procs`` and ``threads`` sources of a cycle (:class:`SharedWalk`).
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
+import time
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from nodescope.errors import ParseError
 from nodescope.roots import Roots
@@ -626,14 +635,228 @@ def read_proc_cgroup(roots: Roots, pid: int | str = "self") -> ProcCgroup | None
     return None if text is None else parse_proc_cgroup(text, str(path))
 
 
-def _read_file(directory: Path, files: frozenset[str], name: str) -> tuple[str, str] | None:
-    if name not in files:
-        return None
-    # A string path: a cgroup walk reads thousands of files, and a Path per file costs more
-    # than reading it.
-    path = f"{directory}/{name}"
-    text = read_optional(path)
-    return None if text is None else (text, path)
+#: Files that change only when someone sets a limit or the cgroup's role: read when a cgroup
+#: is first seen (or was made again under the same name) and on every ``slow_every``-th walk.
+STATIC_FILES = ("cgroup.controllers", "cgroup.type", "memory.high", "memory.max", "pids.max")
+
+#: Default of :attr:`CgroupSource.slow_every` (and of the jobs source): walks between two
+#: reads of the :data:`STATIC_FILES`.
+SLOW_EVERY = 10
+
+#: A walk at most this old (monotonic seconds) is handed to a source that has not had it yet
+#: instead of walking again: the ``cgroups``, ``jobs`` and ``procs`` sources run one after
+#: the other in the same cycle, and a cycle is a second apart.
+SHARE_SECONDS = 0.25
+
+_NO_IDS: tuple[int, ...] = ()
+
+#: The parsed :data:`STATIC_FILES`: controllers, type, memory.high, memory.max, pids.max.
+_Static = tuple[tuple[str, ...] | None, str | None, Limit | None, Limit | None, Limit | None]
+
+
+class _Memo:
+    """What one walk learned about one cgroup directory and the next walk reuses: the static
+    files, the text and parsed value of every other file (a file whose text did not change is
+    not parsed again), and the records built from them (reused while every input is the
+    same object)."""
+
+    __slots__ = ("bare", "inode", "inputs", "parsed", "record", "static", "texts")
+
+    def __init__(self, inode: int) -> None:
+        self.inode = inode
+        self.static: _Static | None = None
+        self.texts: dict[str, str] = {}
+        self.parsed: dict[str, object] = {}
+        self.inputs: tuple[object, ...] | None = None
+        self.record: Cgroup | None = None
+        self.bare: Cgroup | None = None
+
+    def bare_record(self) -> Cgroup:
+        """The record without the id lists (what the ``cgroups`` source exports)."""
+        assert self.record is not None
+        if self.bare is None:
+            record = self.record
+            self.bare = (
+                record
+                if record.procs is None and record.threads is None
+                else replace(record, procs=None, threads=None)
+            )
+        return self.bare
+
+
+def _read_memo(
+    directory: str,
+    path: str,
+    depth: int,
+    files: frozenset[str],
+    nr_children: int,
+    memo: _Memo,
+    slow: bool,
+) -> Cgroup | None:
+    """Read one cgroup directory whose listing gave ``files`` into ``memo``; its record (with
+    the id lists), or ``None`` when it vanished between the listing and the reads.
+
+    On a ``slow`` read (or the first of this directory) every file is read; otherwise the
+    :data:`STATIC_FILES` are taken from the memo, and ``memory.events.local`` is read only when
+    ``memory.events`` changed: every local event also counts in the hierarchical file
+    (``mm/memcontrol.c`` ``memcg_memory_event()``), so an unchanged ``memory.events`` means an
+    unchanged ``memory.events.local``.
+    """
+    texts = memo.texts
+    parsed = memo.parsed
+
+    def text_of(name: str) -> tuple[str, str] | None:
+        if name not in files:
+            return None
+        # A string path: a cgroup walk reads thousands of files, and a Path per file costs
+        # more than reading it.
+        full = f"{directory}/{name}"
+        text = read_optional(full)
+        if text is None:
+            # Unreadable now: what it held before must not stand in for it.
+            texts.pop(name, None)
+            parsed.pop(name, None)
+            return None
+        return text, full
+
+    def one(name: str, parse: Callable[[str, str], object]) -> object:
+        found = text_of(name)
+        if found is None:
+            return None
+        text, full = found
+        if texts.get(name) == text:
+            return parsed[name]
+        value = parse(text, full)
+        texts[name] = text
+        parsed[name] = value
+        return value
+
+    static = memo.static
+    if slow or static is None:
+        controllers_file = text_of("cgroup.controllers")
+        if controllers_file is None and "cgroup.controllers" in files:
+            return None
+        type_file = text_of("cgroup.type")
+        high, most, pids_most = (
+            None if (found := text_of(name)) is None else Limit(parse_limit(*found))
+            for name in ("memory.high", "memory.max", "pids.max")
+        )
+        static = (
+            None if controllers_file is None else parse_controllers(*controllers_file),
+            None if type_file is None else parse_cgroup_type(*type_file),
+            high,
+            most,
+            pids_most,
+        )
+        memo.static = static
+    controllers, cgroup_type, memory_high, memory_max, pids_max = static
+
+    events = cast(CgroupEvents | None, one("cgroup.events", parse_cgroup_events))
+    if events is None and not slow and "cgroup.events" in files:
+        return None  # vanished: the static files that would have said so were not read
+    procs: tuple[int, ...] | None
+    threads: tuple[int, ...] | None
+    if events is not None and events.populated is False:
+        # Nothing lives here or below: skip reading the id lists.
+        procs = None if cgroup_type == "threaded" else _NO_IDS
+        threads = _NO_IDS
+    else:
+        # A threaded cgroup refuses to list processes (EOPNOTSUPP), which reads as absent.
+        procs = (
+            None
+            if cgroup_type == "threaded"
+            else cast(tuple[int, ...] | None, one("cgroup.procs", parse_ids))
+        )
+        if procs == () and cgroup_type is not None and not slow:
+            # No process here: no thread either. A domain cgroup holds whole processes, and
+            # a threaded domain's cgroup.procs lists every process of its threaded subtree.
+            threads = _NO_IDS
+        else:
+            threads = cast(tuple[int, ...] | None, one("cgroup.threads", parse_ids))
+
+    old_events = texts.get("memory.events")
+    memory_events = cast(MemoryEvents | None, one("memory.events", parse_memory_events))
+    if (
+        slow
+        or memory_events is None
+        or old_events is None
+        or texts.get("memory.events") != old_events
+        or "memory.events.local" not in parsed
+        or "memory.events.local" not in files
+    ):
+        memory_events_local = one("memory.events.local", parse_memory_events)
+    else:
+        memory_events_local = parsed["memory.events.local"]
+
+    inputs = (
+        depth,
+        nr_children,
+        static,
+        events,
+        procs,
+        threads,
+        memory_events,
+        memory_events_local,
+        one("memory.current", parse_value),
+        one("memory.peak", parse_value),
+        one("memory.stat", parse_key_values),
+        one("cpu.stat", parse_cpu_stat),
+        one("io.stat", parse_io_stat),
+        one("pids.current", parse_value),
+        one("pids.events", parse_key_values),
+        one("cpu.pressure", parse_pressure),
+        one("memory.pressure", parse_pressure),
+        one("io.pressure", parse_pressure),
+        one("irq.pressure", parse_pressure),
+    )
+    if inputs == memo.inputs and memo.record is not None and memo.record.path == path:
+        return memo.record
+    (
+        *_,
+        memory_current,
+        memory_peak,
+        memory_stat,
+        cpu_stat,
+        io_stat,
+        pids_current,
+        pids_events,
+        cpu_pressure,
+        memory_pressure,
+        io_pressure,
+        irq_pressure,
+    ) = inputs
+    record = Cgroup(
+        path=path,
+        depth=depth,
+        type=cgroup_type,
+        controllers=controllers,
+        nr_children=nr_children,
+        events=events,
+        nr_procs=None if procs is None else len(set(procs)),
+        nr_threads=None if threads is None else len(set(threads)),
+        procs=procs,
+        threads=threads,
+        memory_current=cast(int | None, memory_current),
+        memory_peak=cast(int | None, memory_peak),
+        memory_high=memory_high,
+        memory_max=memory_max,
+        memory_events=memory_events,
+        memory_events_local=cast(MemoryEvents | None, memory_events_local),
+        memory_stat=cast(KeyValues | None, memory_stat),
+        cpu_stat=cast(CpuStat | None, cpu_stat),
+        io_stat=cast(IoStat | None, io_stat),
+        pids_current=cast(int | None, pids_current),
+        pids_max=pids_max,
+        pids_events=cast(KeyValues | None, pids_events),
+        cpu_pressure=cast(Pressure | None, cpu_pressure),
+        memory_pressure=cast(Pressure | None, memory_pressure),
+        io_pressure=cast(Pressure | None, io_pressure),
+        irq_pressure=cast(Pressure | None, irq_pressure),
+    )
+    memo.inputs = inputs
+    memo.record = record
+    memo.bare = None
+    return record
 
 
 def read_cgroup(
@@ -644,102 +867,115 @@ def read_cgroup(
     nr_children: int,
     keep_pids: bool = False,
 ) -> Cgroup | None:
-    """Read one cgroup directory whose listing gave ``files``; ``None`` when it vanished
-    between the listing and the reads."""
-    controllers_file = _read_file(directory, files, "cgroup.controllers")
-    if controllers_file is None and "cgroup.controllers" in files:
+    """Read one cgroup directory whose listing gave ``files``, every file of it; ``None`` when
+    it vanished between the listing and the reads."""
+    memo = _Memo(0)
+    record = _read_memo(str(directory), path, depth, files, nr_children, memo, slow=True)
+    if record is None:
         return None
-    controllers = None if controllers_file is None else parse_controllers(*controllers_file)
-
-    def one(name: str) -> tuple[str, str] | None:
-        return _read_file(directory, files, name)
-
-    type_file = one("cgroup.type")
-    cgroup_type = None if type_file is None else parse_cgroup_type(*type_file)
-    events_file = one("cgroup.events")
-    events = None if events_file is None else parse_cgroup_events(*events_file)
-
-    procs: tuple[int, ...] | None
-    threads: tuple[int, ...] | None
-    if events is not None and events.populated is False:
-        # Nothing lives here or below: skip reading the id lists.
-        procs = None if cgroup_type == "threaded" else ()
-        threads = ()
-    else:
-        # A threaded cgroup refuses to list processes (EOPNOTSUPP), which reads as absent.
-        procs_file = None if cgroup_type == "threaded" else one("cgroup.procs")
-        procs = None if procs_file is None else parse_ids(*procs_file)
-        threads_file = one("cgroup.threads")
-        threads = None if threads_file is None else parse_ids(*threads_file)
-
-    def value(name: str) -> int | None:
-        found = one(name)
-        return None if found is None else parse_value(*found)
-
-    def limit(name: str) -> Limit | None:
-        found = one(name)
-        return None if found is None else Limit(parse_limit(*found))
-
-    def memory_events(name: str) -> MemoryEvents | None:
-        found = one(name)
-        return None if found is None else parse_memory_events(*found)
-
-    def pressure(name: str) -> Pressure | None:
-        found = one(name)
-        return None if found is None else parse_pressure(*found)
-
-    memory_stat = one("memory.stat")
-    cpu_stat = one("cpu.stat")
-    io_stat = one("io.stat")
-    pids_events = one("pids.events")
-    return Cgroup(
-        path=path,
-        depth=depth,
-        type=cgroup_type,
-        controllers=controllers,
-        nr_children=nr_children,
-        events=events,
-        nr_procs=None if procs is None else len(set(procs)),
-        nr_threads=None if threads is None else len(set(threads)),
-        procs=procs if keep_pids else None,
-        threads=threads if keep_pids else None,
-        memory_current=value("memory.current"),
-        memory_peak=value("memory.peak"),
-        memory_high=limit("memory.high"),
-        memory_max=limit("memory.max"),
-        memory_events=memory_events("memory.events"),
-        memory_events_local=memory_events("memory.events.local"),
-        memory_stat=None if memory_stat is None else parse_key_values(*memory_stat),
-        cpu_stat=None if cpu_stat is None else parse_cpu_stat(*cpu_stat),
-        io_stat=None if io_stat is None else parse_io_stat(*io_stat),
-        pids_current=value("pids.current"),
-        pids_max=limit("pids.max"),
-        pids_events=None if pids_events is None else parse_key_values(*pids_events),
-        cpu_pressure=pressure("cpu.pressure"),
-        memory_pressure=pressure("memory.pressure"),
-        io_pressure=pressure("io.pressure"),
-        irq_pressure=pressure("irq.pressure"),
-    )
+    return record if keep_pids else memo.bare_record()
 
 
-def _list_dir(directory: Path) -> tuple[frozenset[str], list[str]] | None:
-    """(file names, subdirectory names) of a cgroup directory; ``None`` when it is gone.
-    Symlinks are neither followed nor read: cgroupfs has none, a fixture tree might."""
+def _list_dir(directory: str) -> tuple[frozenset[str], list[tuple[str, int]]] | None:
+    """(file names, sorted (subdirectory name, inode)) of a cgroup directory; ``None`` when it
+    is gone. Symlinks are neither followed nor read: cgroupfs has none, a fixture tree might.
+    The inode tells a cgroup made again under the same name from the one read before."""
     files: set[str] = set()
-    subdirs: list[str] = []
+    subdirs: list[tuple[str, int]] = []
     try:
         with os.scandir(directory) as entries:
             for entry in entries:
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        subdirs.append(entry.name)
+                        subdirs.append((entry.name, entry.inode()))
                     elif entry.is_file(follow_symlinks=False):
                         files.add(entry.name)
                 except OSError:
                     continue
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return frozenset(files), sorted(subdirs)
+    subdirs.sort()
+    return frozenset(files), subdirs
+
+
+class CgroupWalker:
+    """Walks one v2 hierarchy breadth first, at most ``max_cgroups`` cgroups and ``max_depth``
+    levels below the root (``None``: no depth limit), keeping a :class:`_Memo` per cgroup
+    between walks. Records keep the id lists; :meth:`bare` drops them."""
+
+    def __init__(self, max_depth: int | None = None, max_cgroups: int = DEFAULT_MAX_CGROUPS):
+        self.max_depth = max_depth
+        self.max_cgroups = max_cgroups
+        self.walks = 0
+        self._root: str | None = None
+        self._memos: dict[str, _Memo] = {}
+        self._last: dict[int, _Memo] = {}  # id(record) → memo of the latest walk
+
+    def walk(self, roots: Roots, slow_every: int = 1) -> CgroupTree:
+        """One walk; the static files of known cgroups are read on every ``slow_every``-th
+        walk (the first included)."""
+        slow = self.walks % max(1, slow_every) == 0
+        self.walks += 1
+        hierarchy = find_v2_root(roots.cgroupfs)
+        if hierarchy.path is None:
+            self._root, self._memos, self._last = None, {}, {}
+            return CgroupTree("none", None, (), self.max_depth, self.max_cgroups)
+        root = str(hierarchy.path)
+        old = self._memos if root == self._root else {}
+        memos: dict[str, _Memo] = {}
+        last: dict[int, _Memo] = {}
+        cgroups: list[Cgroup] = []
+        truncated = False
+        depth_limited = False
+        try:
+            root_inode = os.stat(root).st_ino
+        except OSError:
+            root_inode = 0
+        queue: deque[tuple[str, str, int, int]] = deque([("/", root, 0, root_inode)])
+        while queue:
+            if len(cgroups) >= self.max_cgroups:
+                truncated = True
+                break
+            path, directory, depth, inode = queue.popleft()
+            listing = _list_dir(directory)
+            if listing is None:
+                continue  # removed since its parent was listed
+            files, subdirs = listing
+            memo = old.get(path)
+            if memo is None or memo.inode != inode:
+                memo = _Memo(inode)
+            cgroup = _read_memo(directory, path, depth, files, len(subdirs), memo, slow)
+            if cgroup is None:
+                continue
+            memos[path] = memo
+            last[id(cgroup)] = memo
+            cgroups.append(cgroup)
+            if self.max_depth is not None and depth >= self.max_depth:
+                depth_limited = depth_limited or bool(subdirs)
+                continue
+            prefix = "" if path == "/" else path
+            for name, child_inode in subdirs:
+                queue.append((f"{prefix}/{name}", f"{directory}/{name}", depth + 1, child_inode))
+        self._root, self._memos, self._last = root, memos, last
+        return CgroupTree(
+            hierarchy.mode,
+            root,
+            tuple(cgroups),
+            self.max_depth,
+            self.max_cgroups,
+            truncated=truncated,
+            depth_limited=depth_limited,
+        )
+
+    def bare(self, tree: CgroupTree) -> CgroupTree:
+        """``tree`` (this walker's latest) without the id lists."""
+        cgroups = tuple(
+            memo.bare_record()
+            if (memo := self._last.get(id(c))) is not None
+            else replace(c, procs=None, threads=None)
+            for c in tree.cgroups
+        )
+        return replace(tree, cgroups=cgroups)
 
 
 def read_tree(
@@ -748,59 +984,109 @@ def read_tree(
     max_cgroups: int = DEFAULT_MAX_CGROUPS,
     keep_pids: bool = False,
 ) -> CgroupTree:
-    """Walk the v2 hierarchy breadth first, at most ``max_cgroups`` cgroups and ``max_depth``
-    levels below the root (``None``: no depth limit)."""
-    hierarchy = find_v2_root(roots.cgroupfs)
-    if hierarchy.path is None:
-        return CgroupTree("none", None, (), max_depth, max_cgroups)
-    cgroups: list[Cgroup] = []
-    truncated = False
-    depth_limited = False
-    queue: deque[tuple[str, Path, int]] = deque([("/", hierarchy.path, 0)])
-    while queue:
-        if len(cgroups) >= max_cgroups:
-            truncated = True
-            break
-        path, directory, depth = queue.popleft()
-        listing = _list_dir(directory)
-        if listing is None:
-            continue  # removed since its parent was listed
-        files, subdirs = listing
-        cgroup = read_cgroup(directory, path, depth, files, len(subdirs), keep_pids)
-        if cgroup is None:
-            continue
-        cgroups.append(cgroup)
-        if max_depth is not None and depth >= max_depth:
-            depth_limited = depth_limited or bool(subdirs)
-            continue
-        prefix = "" if path == "/" else path
-        for name in subdirs:
-            queue.append((f"{prefix}/{name}", directory / name, depth + 1))
-    return CgroupTree(
-        hierarchy.mode,
-        str(hierarchy.path),
-        tuple(cgroups),
-        max_depth,
-        max_cgroups,
-        truncated=truncated,
-        depth_limited=depth_limited,
-    )
+    """Walk the v2 hierarchy breadth first, every file of every cgroup, at most
+    ``max_cgroups`` cgroups and ``max_depth`` levels below the root (``None``: no depth
+    limit)."""
+    walker = CgroupWalker(max_depth, max_cgroups)
+    tree = walker.walk(roots)
+    return tree if keep_pids else walker.bare(tree)
+
+
+class SharedWalk:
+    """One :class:`CgroupWalker` of the whole tree (no depth limit, the default bound) for
+    every source that reads the cgroup tree. The ``cgroups`` source (the one that runs first
+    in a cycle) walks on every run; a walk it made at most :data:`SHARE_SECONDS` ago is
+    handed once to each other source that asks (``jobs``, ``procs``), which otherwise walks
+    for itself. Only the leader's walks are handed on: a follower that missed the leader's
+    walk of its cycle must not give its own to the leader of the next cycle.
+
+    Sharing is off when the asking source reads everything on every run (``slow_every`` 1,
+    as in replays and tests): then every source walks for itself.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.walker = CgroupWalker()
+        self._lock = threading.Lock()
+        self._tree: CgroupTree | None = None
+        self._cgroupfs: Path | None = None
+        self._taken = 0.0
+        self._takers: set[int] = set()
+
+    def tree(
+        self,
+        roots: Roots,
+        taker: object,
+        slow_every: int,
+        keep_pids: bool = True,
+        lead: bool = False,
+    ) -> CgroupTree:
+        """A walk for ``taker``: a new one when it leads, else the leader's latest when
+        ``taker`` has not had it and it is fresh, else a new one; ``keep_pids``: records
+        with the id lists."""
+        with self._lock:
+            tree = self._tree_locked(roots, taker, slow_every, lead)
+            return tree if keep_pids else self.walker.bare(tree)
+
+    def latest(self, roots: Roots, taker: object, slow_every: int) -> CgroupTree | None:
+        """The leader's latest walk (with the id lists) when ``taker`` may have it (as
+        :meth:`tree` would hand it), else ``None``: for a source that has a cheaper way to
+        read what it needs than a whole walk."""
+        with self._lock:
+            if self._shareable(roots, taker, slow_every):
+                self._takers.add(id(taker))
+                return self._tree
+            return None
+
+    def _shareable(self, roots: Roots, taker: object, slow_every: int) -> bool:
+        return (
+            slow_every > 1
+            and self._tree is not None
+            and self._cgroupfs == roots.cgroupfs
+            and id(taker) not in self._takers
+            and self.clock() - self._taken <= SHARE_SECONDS
+        )
+
+    def _tree_locked(self, roots: Roots, taker: object, slow_every: int, lead: bool) -> CgroupTree:
+        if not lead and self._tree is not None and self._shareable(roots, taker, slow_every):
+            self._takers.add(id(taker))
+            return self._tree
+        tree = self.walker.walk(roots, slow_every)
+        if lead:
+            self._tree, self._cgroupfs, self._taken = tree, roots.cgroupfs, self.clock()
+            self._takers = set()
+        return tree
+
+
+#: The walk the ``cgroups``, ``jobs`` and ``procs`` sources share (see :class:`SharedWalk`).
+SHARED = SharedWalk()
 
 
 @dataclass
 class CgroupSource:
-    """The ``cgroups`` source: one walk of the v2 tree per run."""
+    """The ``cgroups`` source: one walk of the v2 tree per run, shared with the ``jobs`` and
+    ``procs`` sources when they run in the same cycle (see :class:`SharedWalk`); the limits
+    and identities of known cgroups are read every ``slow_every`` runs."""
 
     max_depth: int | None = None
     max_cgroups: int = DEFAULT_MAX_CGROUPS
     keep_pids: bool = False
     name: str = SOURCE_NAME
+    slow_every: int = SLOW_EVERY
+    shared: SharedWalk = field(default_factory=lambda: SHARED, repr=False, compare=False)
+    _own: CgroupWalker | None = field(default=None, init=False, repr=False, compare=False)
 
     def collect(self, roots: Roots) -> CgroupTree:
-        return read_tree(roots, self.max_depth, self.max_cgroups, self.keep_pids)
+        if self.max_depth is None and self.max_cgroups == DEFAULT_MAX_CGROUPS:
+            return self.shared.tree(roots, self, self.slow_every, self.keep_pids, lead=True)
+        # Other bounds than the shared walk's: a walk of its own.
+        if self._own is None:
+            self._own = CgroupWalker(self.max_depth, self.max_cgroups)
+        tree = self._own.walk(roots, self.slow_every)
+        return tree if self.keep_pids else self._own.bare(tree)
 
     def close(self) -> None:
-        return None
+        self._own = None
 
 
 def make_source(

@@ -30,6 +30,11 @@ Reads, under the injected roots:
 * the prolog's registrations, ``<run>/nodescope/jobs/<id>.json`` (written by
   :mod:`nodescope.hooks`; JSON, ``format`` ``nodescope-registration/1``).
 
+On a v2 host the job cgroups and the other cgroups come from the walk the ``cgroups``
+source made in the same cycle (:class:`~nodescope.sources.cgroup.SharedWalk`), so no cgroup
+file is read twice; the kept environment of a known process is read again every
+``slow_every`` runs (:class:`EnvironMemo`).
+
 Job cgroups do not exist yet while the prolog runs and are gone when the epilog runs: the
 registry joins the two views by job id.
 """
@@ -49,10 +54,14 @@ from nodescope.errors import ParseError
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
 from nodescope.sources.cgroup import (
+    SHARED,
+    SLOW_EVERY,
     Cgroup,
+    CgroupTree,
     CpuStat,
     Limit,
     MemoryEvents,
+    SharedWalk,
     find_v2_root,
     parse_ids,
     parse_key_values,
@@ -60,6 +69,7 @@ from nodescope.sources.cgroup import (
     parse_proc_cgroup,
     parse_value,
     read_cgroup,
+    read_tree,
 )
 
 NAME = "jobs"
@@ -428,27 +438,55 @@ def _ancestor_limit_v2(root: Path, directory: Path) -> int | None:
 
 
 def _read_comm(roots: Roots, pid: int, tid: int | None = None) -> str | None:
-    base = roots.procfs / str(pid)
-    path = base / "comm" if tid is None else base / "task" / str(tid) / "comm"
-    text = read_optional(path)
+    base = f"{roots.procfs}/{pid}"
+    text = read_optional(f"{base}/comm" if tid is None else f"{base}/task/{tid}/comm")
     return None if text is None else text.rstrip("\n")
 
 
 def _task_ids(roots: Roots, pid: int) -> list[int] | None:
     try:
-        with os.scandir(roots.procfs / str(pid) / "task") as entries:
+        with os.scandir(f"{roots.procfs}/{pid}/task") as entries:
             return [int(e.name) for e in entries if e.name.isdigit()]
     except OSError:
         return None
 
 
 def _thread_cgroup(roots: Roots, pid: int, tid: int, v1_controller: str | None) -> str | None:
-    path = roots.procfs / str(pid) / "task" / str(tid) / "cgroup"
+    path = f"{roots.procfs}/{pid}/task/{tid}/cgroup"
     text = read_optional(path)
     if text is None:
         return None
-    parsed = parse_proc_cgroup(text, str(path))
+    parsed = parse_proc_cgroup(text, path)
     return parsed.v2_path if v1_controller is None else parsed.v1_path(v1_controller)
+
+
+class EnvironMemo:
+    """The kept environment of each job process, read when the pid is first seen and on every
+    ``refresh``: a process's ``environ`` is the block it was started with (``execve`` sets it),
+    so reading it each run only re-reads the same bytes. Pids not seen in a run are forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[tuple[str, str], ...]] = {}
+        self._seen: dict[int, tuple[tuple[str, str], ...]] = {}
+        self.refresh = True
+
+    def get(self, roots: Roots, pid: int) -> tuple[tuple[str, str], ...] | None:
+        """The kept environment of ``pid``; ``None`` when it cannot be read."""
+        environ = None if self.refresh else self._kept.get(pid)
+        if environ is None:
+            path = f"{roots.procfs}/{pid}/environ"
+            text = read_optional(path)
+            if text is None:
+                return None
+            environ = parse_environ(text, path)
+        self._seen[pid] = environ
+        return environ
+
+    def end_run(self) -> None:
+        """Keep only what this run saw."""
+        self._kept, self._seen = self._seen, {}
+        self.refresh = False
 
 
 def _read_task(
@@ -460,13 +498,14 @@ def _read_task(
     memory_max: int | None,
     slurm_internal: bool,
     v1_controller: str | None,
+    environ_memo: EnvironMemo | None = None,
 ) -> JobTask | None:
-    environ_path = roots.procfs / str(pid) / "environ"
-    environ_text = read_optional(environ_path)
     tids = _task_ids(roots, pid)
-    if environ_text is None and tids is None:
+    memo = environ_memo if environ_memo is not None and tids is not None else EnvironMemo()
+    kept = memo.get(roots, pid)
+    if kept is None and tids is None:
         return None  # exited since the listing
-    environ = () if environ_text is None else parse_environ(environ_text, str(environ_path))
+    environ = () if kept is None else kept
     escaped: list[EscapedThread] = []
     if tids is not None and job_threads and len(tids) <= MAX_THREADS_CHECKED:
         for tid in sorted(tids):
@@ -511,7 +550,7 @@ def read_v2_job(
 ) -> JobCgroup | None:
     """Read one v2 job directory and every cgroup below it."""
     above = _ancestor_limit_v2(root, directory)
-    cgroups: list[tuple[Path, Cgroup, int | None]] = []  # (dir, cgroup, effective limit)
+    cgroups: list[tuple[str, Cgroup, int | None]] = []  # (below the job, cgroup, limit)
     queue: deque[tuple[Path, int, int | None]] = deque([(directory, 0, above)])
     base_depth = len(directory.relative_to(root).parts)
     while queue and len(cgroups) < MAX_JOB_CGROUPS:
@@ -526,26 +565,38 @@ def read_v2_job(
         if cgroup is None:
             continue
         effective = _tightest(limit_above, _limit_value(cgroup))
-        cgroups.append((current, cgroup, effective))
+        cgroups.append((current.relative_to(directory).as_posix(), cgroup, effective))
         queue.extend((current / name, depth + 1, effective) for name in subdirs)
+    return _v2_job(roots, key, job_id, layout, cgroups, None)
+
+
+def _v2_job(
+    roots: Roots,
+    key: str,
+    job_id: str | None,
+    layout: Layout,
+    cgroups: list[tuple[str, Cgroup, int | None]],
+    environ_memo: EnvironMemo | None,
+) -> JobCgroup | None:
+    """A v2 job from its cgroups in walk order, the job's own first: (path below the job
+    directory, ``.`` for itself; the record with its id lists; the effective memory limit)."""
     if not cgroups:
         return None
     threads = frozenset(t for _, c, _ in cgroups for t in (c.threads or ()))
-    members: dict[int, tuple[Path, Cgroup, int | None]] = {}
-    for current, cgroup, effective in cgroups:
+    members: dict[int, tuple[str, Cgroup, int | None]] = {}
+    for relative, cgroup, effective in cgroups:
         for pid in cgroup.procs or ():
-            members.setdefault(pid, (current, cgroup, effective))
+            members.setdefault(pid, (relative, cgroup, effective))
         if cgroup.procs is None and cgroup.type == "threaded":
             # Threaded cgroups list threads only; their processes sit in the threaded domain
             # above, which may be outside the job.
             for tid in cgroup.threads or ():
                 tgid = _tgid(roots, tid)
                 if tgid is not None:
-                    members.setdefault(tgid, (current, cgroup, effective))
+                    members.setdefault(tgid, (relative, cgroup, effective))
     tasks: list[JobTask] = []
     for pid in sorted(members):
-        current, cgroup, effective = members[pid]
-        relative = current.relative_to(directory).as_posix()
+        relative, cgroup, effective = members[pid]
         task = _read_task(
             roots,
             pid,
@@ -555,13 +606,14 @@ def read_v2_job(
             effective,
             _is_slurm_internal(relative),
             None,
+            environ_memo,
         )
         if task is not None:
             tasks.append(task)
     steps = tuple(
         JobStep(step, c.path, c)
-        for d, c, _ in cgroups
-        if d.parent == directory and (step := step_of(d.name)) is not None
+        for relative, c, _ in cgroups
+        if relative != "." and "/" not in relative and (step := step_of(relative)) is not None
     )
     limits = [_limit_value(c) for _, c, _ in cgroups]
     if job_id is None:
@@ -578,6 +630,74 @@ def read_v2_job(
         memory_limit_bytes=_tightest(*limits),
         gpu_minors=None,
     )
+
+
+def _v2_from_tree(
+    roots: Roots, tree: CgroupTree, environ_memo: EnvironMemo | None
+) -> tuple[list[JobCgroup], bool, tuple[OtherCgroup, ...]]:
+    """(jobs, whether any job directory was found, the other cgroups) from a whole walk of
+    the v2 tree: what :func:`find_v2_jobs`, :func:`read_v2_job` and :func:`read_others_v2`
+    find by reading the directories, without reading any cgroup file again."""
+    assert tree.root is not None
+    root_name = Path(tree.root).name
+    kids: dict[str, list[Cgroup]] = {}
+    for cgroup in tree.cgroups[1:]:
+        kids.setdefault(cgroup.parent_path or "/", []).append(cgroup)
+    # The search of find_v2_jobs: job directories within MAX_SEARCH_DEPTH, not inside a job.
+    found: list[tuple[str, str | None, Layout, Cgroup]] = []
+    searched: dict[str, int] = {"/": 0}
+    for cgroup in tree.cgroups[1:]:
+        parent = cgroup.parent_path or "/"
+        depth = searched.get(parent)
+        if depth is None:
+            continue
+        in_scope = (root_name if parent == "/" else parent.rsplit("/", 1)[-1]).endswith(
+            "slurmstepd.scope"
+        )
+        name = cgroup.name
+        number = job_dir_id(name)
+        if number is not None:
+            found.append((name, number, "v2", cgroup))
+        elif in_scope and is_sluid_dir(name):
+            found.append((name, None, "v2-sluid", cgroup))
+        elif depth + 1 < MAX_SEARCH_DEPTH:
+            searched[cgroup.path] = depth + 1
+    jobs: list[JobCgroup] = []
+    for key, job_id, layout, top in found:
+        above: int | None = None
+        parent_path = top.parent_path
+        while parent_path is not None and parent_path != "/":
+            ancestor = tree.get(parent_path)
+            above = _tightest(above, _limit_value(ancestor))
+            parent_path = None if ancestor is None else ancestor.parent_path
+        cgroups: list[tuple[str, Cgroup, int | None]] = []
+        queue: deque[tuple[Cgroup, int | None]] = deque([(top, above)])
+        prefix = len(top.path) + 1
+        while queue and len(cgroups) < MAX_JOB_CGROUPS:
+            current, limit_above = queue.popleft()
+            effective = _tightest(limit_above, _limit_value(current))
+            cgroups.append((current.path[prefix:] or ".", current, effective))
+            queue.extend((child, effective) for child in kids.get(current.path, ()))
+        read = _v2_job(roots, key, job_id, layout, cgroups, environ_memo)
+        if read is not None:
+            jobs.append(read)
+    # The index of read_others_v2: every cgroup outside the job directories.
+    skipped = {top.path for *_, top in found}
+    limits: dict[str, int | None] = {"/": None}
+    others: list[OtherCgroup] = []
+    for cgroup in tree.cgroups:
+        if cgroup.path == "/":
+            limit = None
+        else:
+            up = cgroup.parent_path or "/"
+            if up not in limits or cgroup.path in skipped:
+                continue
+            limit = _tightest(limits[up], _limit_value(cgroup))
+            limits[cgroup.path] = limit
+        pids = tuple(sorted(set(cgroup.procs or ())))
+        if pids:
+            others.append(OtherCgroup(cgroup.path, pids, limit))
+    return jobs, bool(found), tuple(others)
 
 
 def _v1_value(path: Path) -> int | None:
@@ -783,11 +903,23 @@ def _job_order(job: str) -> tuple[int, str]:
     return (int(job), job) if job.isdigit() else (1 << 62, job)
 
 
-def read_jobs(roots: Roots) -> JobsData:
+def read_jobs(
+    roots: Roots, tree: CgroupTree | None = None, environ_memo: EnvironMemo | None = None
+) -> JobsData:
+    """Every job of the node. ``tree``: a whole walk of the v2 hierarchy with the id lists
+    (read here when not given); ``environ_memo``: kept environments of known processes."""
     registrations = read_registrations(roots)
+    if tree is None:
+        tree = read_tree(roots, keep_pids=True)
     hierarchy = find_v2_root(roots.cgroupfs)
     jobs: list[JobCgroup] = []
-    if hierarchy.path is not None:
+    if hierarchy.path is not None and tree.mode != "none" and not tree.truncated:
+        jobs, any_found, others = _v2_from_tree(roots, tree, environ_memo)
+        if any_found or hierarchy.mode == "unified":
+            return JobsData("v2", tuple(_sorted(jobs)), registrations, others, False)
+        jobs = []
+    elif hierarchy.path is not None:
+        # A tree too large for one walk: search and read the job directories themselves.
         found = find_v2_jobs(hierarchy.path)
         for key, job_id, layout, directory in found:
             job = read_v2_job(roots, hierarchy.path, key, job_id, layout, directory)
@@ -814,13 +946,29 @@ def _sorted(jobs: list[JobCgroup]) -> list[JobCgroup]:
 
 
 class JobsSource:
+    """Jobs from the cgroup walk it shares with the ``cgroups`` source (see
+    :class:`~nodescope.sources.cgroup.SharedWalk`); the static cgroup files and the
+    environments of known processes are read every ``slow_every`` runs."""
+
     name = NAME
 
+    def __init__(self, slow_every: int = SLOW_EVERY, shared: SharedWalk = SHARED) -> None:
+        self.slow_every = slow_every
+        self.shared = shared
+        self._environ = EnvironMemo()
+        self._runs = 0
+
     def collect(self, roots: Roots) -> JobsData:
-        return read_jobs(roots)
+        self._environ.refresh = self._runs % max(1, self.slow_every) == 0
+        self._runs += 1
+        tree = self.shared.tree(roots, self, self.slow_every)
+        data = read_jobs(roots, tree, self._environ)
+        self._environ.end_run()
+        return data
 
     def close(self) -> None:
-        return None
+        self._environ = EnvironMemo()
+        self._runs = 0
 
 
 def make_source() -> JobsSource:

@@ -4,13 +4,15 @@ Reads, under the injected roots:
 
 * the cgroup v2 hierarchy (``roots.cgroupfs``; ``Documentation/admin-guide/cgroup-v2.rst``):
   the job cgroups Slurm's cgroup/v2 plugin makes (``.../slurmstepd.scope/job_<id>/``,
-  ``docs/datasources.md`` §5) and ``cgroup.procs`` of every cgroup below them. Which pids a
+  ``docs/datasources.md`` §5) and ``cgroup.procs`` of every cgroup below them, taken from the
+  walk of the ``cgroups`` source when it ran in the same cycle. Which pids a
   job has comes from there: the relation ``/proc/<pid>/cgroup`` states from the process's
   side, read once per cgroup instead of once per process of the node;
 * ``/proc/<pid>/environ`` of those processes only (``fs/proc/base.c`` ``environ_read``:
   ``NAME=value`` entries separated by NUL bytes, as the process's initial environment).
   Only :data:`KEPT_VARIABLES` are kept; the rest of an environment (tokens, keys) is dropped
-  at parse time and never stored;
+  at parse time and never stored. The block is set at ``execve``: it is read for a new pid
+  and every ``slow_every`` runs (:class:`HcaMemo`);
 * ``/proc/net/snmp`` (``net/ipv4/proc.c`` ``snmp_seq_show``): per protocol group a header
   line of field names and a line of values, ``Tcp: RtoAlgorithm ... RetransSegs ...``. The
   TCP segment counters are the evidence that a stall lies in the PCIe domain and not on the
@@ -30,7 +32,14 @@ from nodescope.model.counters import counter_rate
 from nodescope.model.jobs import JobProcess
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
-from nodescope.sources.cgroup import find_v2_root
+from nodescope.sources.cgroup import (
+    SHARED,
+    SLOW_EVERY,
+    Cgroup,
+    CgroupTree,
+    SharedWalk,
+    find_v2_root,
+)
 
 NAME = "procs"
 
@@ -154,49 +163,142 @@ def _subdirectories(path: Path) -> list[str]:
 
 def find_job_cgroups(root: Path) -> list[tuple[str, Path]]:
     """(job id, directory) of every ``job_<id>`` cgroup within :data:`MAX_SEARCH_DEPTH`."""
-    found: list[tuple[str, Path]] = []
-    queue: deque[tuple[Path, int]] = deque([(root, 0)])
+    return [(job, Path(directory)) for job, directory in find_job_dirs(str(root))]
+
+
+def find_job_dirs(root: str) -> list[tuple[str, str]]:
+    """:func:`find_job_cgroups` with string paths (no ``Path`` per directory)."""
+    found: list[tuple[str, str]] = []
+    queue: deque[tuple[str, int]] = deque([(root, 0)])
     visited = 0
     while queue and visited < MAX_DIRECTORIES:
         directory, depth = queue.popleft()
         visited += 1
-        for name in _subdirectories(directory):
+        try:
+            with os.scandir(directory) as entries:
+                names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        except OSError:
+            continue
+        for name in names:
             job = job_id_of(name)
             if job is not None:
-                found.append((job, directory / name))
+                found.append((job, f"{directory}/{name}"))
             elif depth + 1 < MAX_SEARCH_DEPTH:
-                queue.append((directory / name, depth + 1))
+                queue.append((f"{directory}/{name}", depth + 1))
     return found
 
 
-def _job_processes(roots: Roots, job: str, job_dir: Path, root: Path) -> list[JobProcess]:
+def job_members(tree: CgroupTree) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(job id, cgroup path, sorted pids of every cgroup below it) of the ``job_<id>``
+    cgroups that :func:`find_job_cgroups` finds, from a whole walk with the id lists."""
+    return [
+        (job, path, tuple(sorted({pid for c in cgroups for pid in c.procs or ()})))
+        for job, path, cgroups in _job_subtrees(tree)
+    ]
+
+
+def _job_subtrees(tree: CgroupTree) -> list[tuple[str, str, list[Cgroup]]]:
+    """(job id, cgroup path, its cgroups in walk order) in one pass over the walk (breadth
+    first: a parent comes before its children)."""
+    found: list[tuple[str, str, list[Cgroup]]] = []
+    searched: dict[str, int] = {"/": 0}
+    within: dict[str, list[Cgroup]] = {}  # cgroup path → the cgroups of its job
+    for cgroup in tree.cgroups[1:]:
+        parent = cgroup.parent_path or "/"
+        members = within.get(parent)
+        if members is not None:
+            members.append(cgroup)
+            within[cgroup.path] = members
+            continue
+        depth = searched.get(parent)
+        if depth is None:
+            continue
+        job = job_id_of(cgroup.name)
+        if job is not None:
+            members = [cgroup]
+            within[cgroup.path] = members
+            found.append((job, cgroup.path, members))
+        elif depth + 1 < MAX_SEARCH_DEPTH:
+            searched[cgroup.path] = depth + 1
+    return found
+
+
+class HcaMemo:
+    """``NCCL_IB_HCA`` of each job process, read from its ``environ`` when the pid is first
+    seen and on every ``refresh`` (the block is fixed at ``execve``); pids not seen in a run
+    are forgotten."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, str | None] = {}
+        self._seen: dict[int, str | None] = {}
+        self.refresh = True
+
+    def get(self, roots: Roots, pid: int) -> tuple[bool, str | None]:
+        """(whether the process exists, its ``NCCL_IB_HCA``)."""
+        if not self.refresh and pid in self._kept:
+            hca = self._kept[pid]
+        else:
+            path = f"{roots.procfs}/{pid}/environ"
+            environ = read_optional(path)
+            if environ is None:
+                return False, None  # exited since the listing
+            hca = dict(parse_environ(environ, path)).get("NCCL_IB_HCA")
+        self._seen[pid] = hca
+        return True, hca
+
+    def end_run(self) -> None:
+        self._kept, self._seen = self._seen, {}
+        self.refresh = False
+
+
+def _job_processes(
+    roots: Roots, job: str, job_dir: Path, root: Path, memo: HcaMemo
+) -> list[JobProcess]:
     processes: list[JobProcess] = []
-    queue: deque[Path] = deque([job_dir])
+    queue: deque[str] = deque([str(job_dir)])
+    prefix = len(str(root))
     visited = 0
     while queue and visited < MAX_DIRECTORIES:
         directory = queue.popleft()
         visited += 1
-        procs_path = directory / "cgroup.procs"
+        procs_path = f"{directory}/cgroup.procs"
         text = read_optional(procs_path)
         if text is not None:
-            cgroup = "/" + directory.relative_to(root).as_posix()
-            for pid in parse_pids(text, str(procs_path)):
-                environ_path = roots.procfs / str(pid) / "environ"
-                environ = read_optional(environ_path)
-                if environ is None:
-                    continue  # exited since the listing
-                env = dict(parse_environ(environ, str(environ_path)))
-                processes.append(JobProcess(pid, job, cgroup, env.get("NCCL_IB_HCA")))
-        queue.extend(directory / name for name in _subdirectories(directory))
+            cgroup = directory[prefix:] or "/"
+            processes.extend(_processes(roots, job, cgroup, parse_pids(text, procs_path), memo))
+        queue.extend(f"{directory}/{name}" for name in _subdirectories(Path(directory)))
     return processes
 
 
-def read_procs(roots: Roots) -> ProcsData:
-    hierarchy = find_v2_root(roots.cgroupfs)
+def _processes(
+    roots: Roots, job: str, cgroup: str, pids: tuple[int, ...], memo: HcaMemo
+) -> list[JobProcess]:
     processes: list[JobProcess] = []
-    if hierarchy.path is not None:
-        for job, job_dir in find_job_cgroups(hierarchy.path):
-            processes.extend(_job_processes(roots, job, job_dir, hierarchy.path))
+    for pid in pids:
+        alive, hca = memo.get(roots, pid)
+        if alive:
+            processes.append(JobProcess(pid, job, cgroup, hca))
+    return processes
+
+
+def read_procs(
+    roots: Roots, tree: CgroupTree | None = None, memo: HcaMemo | None = None
+) -> ProcsData:
+    """The job processes and the TCP counters; the job cgroups from ``tree`` (a whole walk
+    with the id lists) when given, else from the directories."""
+    memo = HcaMemo() if memo is None else memo
+    processes: list[JobProcess] = []
+    if tree is not None and tree.mode != "none" and not tree.truncated:
+        for job, _, cgroups in _job_subtrees(tree):
+            for cgroup in cgroups:
+                if cgroup.procs:
+                    pids = tuple(sorted(set(cgroup.procs)))
+                    processes.extend(_processes(roots, job, cgroup.path, pids, memo))
+    else:
+        hierarchy = find_v2_root(roots.cgroupfs)
+        if hierarchy.path is not None:
+            for job, job_dir in find_job_cgroups(hierarchy.path):
+                processes.extend(_job_processes(roots, job, job_dir, hierarchy.path, memo))
     snmp_path = roots.procfs / "net" / "snmp"
     snmp = read_optional(snmp_path)
     tcp = None if snmp is None else parse_snmp(snmp, str(snmp_path))
@@ -204,13 +306,27 @@ def read_procs(roots: Roots) -> ProcsData:
 
 
 class ProcsSource:
+    """Job processes from the cgroup walk of the ``cgroups`` source when it ran in this
+    cycle; ``environ`` of known processes every ``slow_every`` runs."""
+
     name = NAME
 
+    def __init__(self, slow_every: int = SLOW_EVERY, shared: SharedWalk = SHARED) -> None:
+        self.slow_every = slow_every
+        self.shared = shared
+        self._memo = HcaMemo()
+        self._runs = 0
+
     def collect(self, roots: Roots) -> ProcsData:
-        return read_procs(roots)
+        self._memo.refresh = self._runs % max(1, self.slow_every) == 0
+        self._runs += 1
+        data = read_procs(roots, self.shared.latest(roots, self, self.slow_every), self._memo)
+        self._memo.end_run()
+        return data
 
     def close(self) -> None:
-        return None
+        self._memo = HcaMemo()
+        self._runs = 0
 
 
 def make_source() -> ProcsSource:

@@ -4,7 +4,10 @@ Reads, under the injected roots (``docs/datasources.md`` §6):
 
 * the Slurm job cgroups (``.../job_<id>/``, found as the ``procs`` source finds them) and
   their ``cgroup.procs``: which processes belong to which job;
-* ``<procfs>/<pid>/task/<tid>/stat`` of every thread of those processes
+* ``<procfs>/<pid>/stat`` of those processes (the same line for the whole process: the
+  leader's state and, in field 20, ``num_threads``): a process with one thread needs nothing
+  more, as its one thread is the leader;
+* ``<procfs>/<pid>/task/<tid>/stat`` of every thread of the processes with several
   (``fs/proc/array.c`` ``do_task_stat``): ``tid (comm) state ppid …`` — split at the **last**
   ``)``, as the name may hold spaces and parentheses. ``/proc/<pid>/stat`` shows only the
   thread-group leader, so a rank whose main thread runs while its checkpoint thread sleeps
@@ -14,7 +17,9 @@ Reads, under the injected roots (``docs/datasources.md`` §6):
   thread's wait channel says nothing a hang diagnosis needs, and each read costs a symbol
   lookup in the kernel.
 
-Every :attr:`ThreadsSource.host_every` runs (and on the first) it also walks every process
+The job cgroups' ``cgroup.procs`` come from the walk of the ``cgroups`` source when it ran in
+the same cycle (:class:`~nodescope.sources.cgroup.SharedWalk`). Every
+:attr:`ThreadsSource.host_every` runs (and on the first) it also walks every process
 of the host, to find ``D`` threads outside jobs (a stuck ``rsync``, a kernel flusher); in
 between, the last host walk's result is carried along with its age in runs.
 """
@@ -31,8 +36,8 @@ from pathlib import Path
 from nodescope.errors import ParseError
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
-from nodescope.sources.cgroup import find_v2_root
-from nodescope.sources.procs import find_job_cgroups, parse_pids
+from nodescope.sources.cgroup import SHARED, CgroupTree, SharedWalk, find_v2_root
+from nodescope.sources.procs import find_job_dirs, job_members, parse_pids
 
 NAME = "threads"
 
@@ -153,6 +158,28 @@ def parse_wchan(text: str, source: str = "wchan") -> str | None:
     return symbol
 
 
+def parse_stat_summary(text: str, source: str = "/proc/self/stat") -> tuple[str, str, int]:
+    """(comm, state, num_threads) of a ``/proc/<pid>/stat`` line: the process's name, the
+    state of its leader thread and how many threads it has (field 20)."""
+    line = text.rstrip("\n")
+    open_paren = line.find(" (")
+    close_paren = line.rfind(")")
+    if "\n" in line or open_paren < 0 or close_paren < open_paren:
+        raise ParseError(source, "not one 'pid (comm) state ...' line", 1)
+    if not _PID.fullmatch(line[:open_paren]):
+        raise ParseError(source, f"not a pid: {line[:open_paren]!r}", 1)
+    rest = line[close_paren + 1 :].split(maxsplit=18)
+    if len(rest) < 18:
+        raise ParseError(source, f"{len(rest)} fields after the name, expected at least 18", 1)
+    state = rest[0]
+    if len(state) != 1 or state not in STATES:
+        raise ParseError(source, f"unknown task state {state!r}", 1)
+    threads = rest[17]
+    if not threads.isdigit() or not threads.isascii():
+        raise ParseError(source, f"field 20: not a thread count: {threads!r}", 1)
+    return line[open_paren + 2 : close_paren], state, int(threads)
+
+
 # --- readers (IO) ---------------------------------------------------------------------------
 
 
@@ -188,20 +215,81 @@ def read_process_threads(
     return stats, blocked
 
 
-def job_pids(roots: Roots) -> dict[str, tuple[int, ...]]:
-    """job id → the pids of every cgroup below the job's cgroup."""
+def _wchan(path: str) -> str | None:
+    text = read_optional(path)
+    return None if text is None else parse_wchan(text, path)
+
+
+def count_process_threads(
+    procfs: str, pid: int, job_id: str | None, states: Counter[str], blocked: list[BlockedThread]
+) -> int:
+    """Count the states of ``pid``'s threads into ``states`` and add its ``D`` threads to
+    ``blocked``; the number of threads (0: the process is gone).
+
+    ``/proc/<pid>/stat`` comes first: for a process with one thread its state is that
+    thread's, so only the processes with several threads cost a ``task/`` listing and a read
+    per thread (most processes of a node have one).
+    """
+    stat_path = f"{procfs}/{pid}/stat"
+    text = read_optional(stat_path)
+    if text is not None:
+        comm, state, count = parse_stat_summary(text, stat_path)
+        if count == 1:
+            states[state] += 1
+            if state == "D":
+                wchan = _wchan(f"{procfs}/{pid}/task/{pid}/wchan")
+                blocked.append(BlockedThread(pid, pid, comm, wchan, job_id))
+            return 1
+    task_dir = f"{procfs}/{pid}/task"
+    threads = 0
+    for tid in _numeric_entries(task_dir):
+        path = f"{task_dir}/{tid}/stat"
+        thread_text = read_optional(path)
+        if thread_text is None:
+            continue  # exited since the listing
+        stat = parse_stat(thread_text, path)
+        threads += 1
+        states[stat.state] += 1
+        if stat.state == "D":
+            wchan = _wchan(f"{task_dir}/{tid}/wchan")
+            blocked.append(BlockedThread(pid, tid, stat.comm, wchan, job_id))
+    return threads
+
+
+def _job_procs_files(root: str) -> list[tuple[str, list[str]]]:
+    """(job id, the ``cgroup.procs`` paths of its cgroups) of every ``job_<id>`` cgroup, as
+    :func:`~nodescope.sources.procs.find_job_cgroups` finds them."""
+    found: list[tuple[str, list[str]]] = []
+    for job, job_dir in find_job_dirs(root):
+        files: list[str] = []
+        queue = [job_dir]
+        while queue:
+            directory = queue.pop()
+            files.append(f"{directory}/cgroup.procs")
+            try:
+                with os.scandir(directory) as entries:
+                    queue.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+            except OSError:
+                continue
+        found.append((job, files))
+    return found
+
+
+def job_pids(roots: Roots, tree: CgroupTree | None = None) -> dict[str, tuple[int, ...]]:
+    """job id → the pids of every cgroup below the job's cgroup; from ``tree`` (a whole walk
+    with the id lists) when given."""
+    if tree is not None:
+        return {job: pids for job, _, pids in job_members(tree)}
     hierarchy = find_v2_root(roots.cgroupfs)
     if hierarchy.path is None:
         return {}
     out: dict[str, set[int]] = {}
-    for job, job_dir in find_job_cgroups(hierarchy.path):
+    for job, files in _job_procs_files(str(hierarchy.path)):
         pids = out.setdefault(job, set())
-        for dirpath, _dirs, files in os.walk(job_dir):
-            if "cgroup.procs" in files:
-                path = Path(dirpath) / "cgroup.procs"
-                text = read_optional(path)
-                if text is not None:
-                    pids.update(parse_pids(text, str(path)))
+        for path in files:
+            text = read_optional(path)
+            if text is not None:
+                pids.update(parse_pids(text, path))
     return {job: tuple(sorted(pids)) for job, pids in out.items()}
 
 
@@ -209,13 +297,10 @@ def _job_threads(roots: Roots, job: str, pids: Iterable[int]) -> JobThreads:
     states: Counter[str] = Counter()
     blocked: list[BlockedThread] = []
     processes = 0
+    procfs = str(roots.procfs)
     for pid in pids:
-        stats, stuck = read_process_threads(roots, pid, job)
-        if not stats:
-            continue
-        processes += 1
-        states.update(s.state for s in stats)
-        blocked.extend(stuck)
+        if count_process_threads(procfs, pid, job, states, blocked):
+            processes += 1
     return JobThreads(
         job_id=job,
         processes=processes,
@@ -231,9 +316,11 @@ def read_host_blocked(
     """(threads on the host, its ``D`` threads) from a walk of every process."""
     threads = 0
     blocked: list[BlockedThread] = []
-    for pid in _numeric_entries(roots.procfs):
-        stats, stuck = read_process_threads(roots, pid, job_of.get(pid))
-        threads += len(stats)
+    states: Counter[str] = Counter()
+    procfs = str(roots.procfs)
+    for pid in _numeric_entries(procfs):
+        stuck: list[BlockedThread] = []
+        threads += count_process_threads(procfs, pid, job_of.get(pid), states, stuck)
         if len(blocked) < MAX_BLOCKED:
             blocked.extend(stuck[: MAX_BLOCKED - len(blocked)])
     return threads, tuple(blocked)
@@ -244,20 +331,33 @@ def _job_order(job: str) -> tuple[int, str]:
 
 
 class ThreadsSource:
-    """Jobs every run; the whole host on the first run and every ``host_every`` runs."""
+    """Jobs every run; the whole host on the first run and every ``host_every`` runs (also
+    settable as ``slow_every``). The job pids come from the cgroup walk of the ``cgroups``
+    source when it ran in this cycle, else from the jobs' ``cgroup.procs``."""
 
     name = NAME
 
-    def __init__(self, host_every: int = HOST_EVERY) -> None:
+    def __init__(self, host_every: int = HOST_EVERY, shared: SharedWalk = SHARED) -> None:
         if host_every < 1:
             raise ValueError("host_every must be at least 1")
         self.host_every = host_every
+        self.shared = shared
         self._runs = 0
         self._host: tuple[int, tuple[BlockedThread, ...]] | None = None
         self._host_run = 0
 
+    @property
+    def slow_every(self) -> int:
+        return self.host_every
+
+    @slow_every.setter
+    def slow_every(self, value: int) -> None:
+        if value < 1:
+            raise ValueError("slow_every must be at least 1")
+        self.host_every = value
+
     def collect(self, roots: Roots) -> ThreadsData:
-        pids = job_pids(roots)
+        pids = job_pids(roots, self.shared.latest(roots, self, self.host_every))
         jobs = tuple(_job_threads(roots, job, pids[job]) for job in sorted(pids, key=_job_order))
         if self._host is None or self._runs - self._host_run >= self.host_every:
             job_of = {pid: job for job, members in pids.items() for pid in members}
