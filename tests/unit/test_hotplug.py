@@ -268,6 +268,44 @@ def test_udev_source_events_and_listing(tmp_path: Path) -> None:
     source.close()
 
 
+def test_udev_source_returns_its_last_record_while_nothing_changed(tmp_path: Path) -> None:
+    devices = tmp_path / "sys" / "bus" / "pci" / "devices"
+    (devices / "0000:01:00.0").mkdir(parents=True)
+    (devices / "0000:01:00.0" / "class").write_text("0x030200\n")
+    roots = Roots.under(tmp_path)
+    source = UdevSource(monitor=None)
+    first = source.collect(roots)
+    # Nothing happened: the very same record, so what is built from it is reused.
+    assert source.collect(roots) is first
+    # A device appears: a new record that knows it.
+    (devices / "0000:02:00.0").mkdir()
+    (devices / "0000:02:00.0" / "class").write_text("0x030200\n")
+    second = source.collect(roots)
+    assert second is not first
+    assert source.collect(roots) is second
+    # An event: a new record carrying it, then the next quiet run drops it from `recent`.
+    source._enqueue(
+        event_from_properties(
+            {
+                "ACTION": "change",
+                "DEVPATH": "/devices/pci0000:00/0000:02:00.0",
+                "SUBSYSTEM": "pci",
+                "PCI_CLASS": "30200",
+                "PCI_SLOT_NAME": "0000:02:00.0",
+            }
+        )
+    )
+    third = source.collect(roots)
+    assert third.events == (("pci", "change", 1),) and len(third.recent) == 1
+    fourth = source.collect(roots)
+    assert fourth is not third and fourth.recent == () and fourth.events == third.events
+    assert source.collect(roots) is fourth
+    # The topology marked stale (another source's hot-plug path): a new record.
+    udev.mark_topology_stale()
+    assert source.collect(roots) is not fourth
+    source.close()
+
+
 # --- link events ----------------------------------------------------------------------------
 
 

@@ -265,11 +265,16 @@ def _read_class(roots: Roots, bdf: str) -> int | None:
         return None
 
 
-def _pci_listing(roots: Roots) -> set[str] | None:
+def _pci_names(roots: Roots) -> list[str] | None:
     try:
-        return {n for n in os.listdir(roots.sysfs / "bus" / "pci" / "devices") if _BDF.fullmatch(n)}
+        return os.listdir(f"{roots.sysfs}/bus/pci/devices")
     except OSError:
         return None
+
+
+def _pci_listing(roots: Roots) -> set[str] | None:
+    names = _pci_names(roots)
+    return None if names is None else {n for n in names if _BDF.fullmatch(n)}
 
 
 class UdevSource:
@@ -290,6 +295,11 @@ class UdevSource:
         self._gpus: set[str] = set()
         self._present: set[str] | None = None
         self._classes: dict[str, int | None] = {}
+        # The raw listing and the record of the last run: a run that saw no event, the same
+        # listing and the same topology generation returns that record again, so what is
+        # built from it downstream is reused.
+        self._last_names: list[str] | None = None
+        self._last: UdevData | None = None
 
     def _enqueue(self, event: UdevEvent) -> None:
         with self._lock:
@@ -325,7 +335,22 @@ class UdevSource:
                 if event.action == "remove":
                     self._removals[event.pci_slot] += 1
                     removed_by_event.add(event.pci_slot)
-        listing = _pci_listing(roots)
+        names = _pci_names(roots)
+        generation = topology_generation()
+        last = self._last
+        if (
+            not events
+            and last is not None
+            and not last.recent
+            and last.dropped == dropped
+            and last.topology_generation == generation
+            and last.monitor == (self.monitor_source if self._monitor is not None else None)
+            and names is not None
+            and names == self._last_names
+        ):
+            return last
+        self._last_names = names
+        listing = None if names is None else {n for n in names if _BDF.fullmatch(n)}
         if listing is not None:
             for bdf in listing - set(self._classes):
                 self._classes[bdf] = _read_class(roots, bdf)
@@ -341,15 +366,17 @@ class UdevSource:
                     del self._classes[bdf]
             self._present = listing
         missing = sorted(self._gpus - (listing or set())) if listing is not None else []
-        return UdevData(
+        data = UdevData(
             monitor=self.monitor_source if self._monitor is not None else None,
             events=tuple((s, a, n) for (s, a), n in sorted(self._counts.items())),
             gpu_removals=tuple(GpuRemovals(b, n) for b, n in sorted(self._removals.items())),
             gpus_missing=tuple(missing),
             recent=tuple(events[-MAX_RECENT:]),
             dropped=dropped,
-            topology_generation=topology_generation(),
+            topology_generation=generation,
         )
+        self._last = data
+        return data
 
     def close(self) -> None:
         monitor, self._monitor = self._monitor, None
