@@ -102,7 +102,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
     SourceInfo(
         "threads",
         "nodescope.sources.threads",
-        5.0,
+        10.0,
         "job threads (task/*/stat) every run, all threads every 10th; wchan of D threads",
     ),
     SourceInfo(
