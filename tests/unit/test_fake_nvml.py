@@ -130,6 +130,68 @@ def test_field_values_are_real_structs_with_per_field_returns(fake: FakeNvml) ->
     assert link9.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
 
 
+def test_field_values_hold_the_bytes_pynvml_attribute_writes_would(fake: FakeNvml) -> None:
+    """The fake builds the array from bytes; NVML and pynvml fill it field by field. Both
+    must leave the same memory, so a reader can take either path."""
+    now = 1_750_000_000_123_456
+    fake._clock_us = lambda: now
+    gpu = fake.gpus[1]
+    gpu.pcie_counter_bits = 32
+    gpu.pcie_tx_bytes = (1 << 32) + 77
+    gpu.pcie_rx_bytes = 1 << 20
+    for n, link in enumerate(gpu.links):
+        link.data_tx_kib, link.raw_rx_kib = 10 + n, (1 << 64) + n
+    gpu.unsupported.add(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX)
+    asked: list[object] = [
+        pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,  # a bare id: scope 0
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 3),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF),  # all links summed
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX, 1),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, 1),  # unsupported
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 4),  # past the last link
+        (pynvml.NVML_FI_DEV_ECC_CURRENT, 0),  # a field the fake does not serve
+    ]
+    ok, ui, ull = (
+        pynvml.NVML_SUCCESS,
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+    )
+    fid_tx, fid_rx = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+    data_tx = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+    expected_rows: list[tuple[int, int, int, int, str, int]] = [
+        (fid_tx, 0, ok, ui, "uiVal", 77),
+        (fid_rx, 0, ok, ui, "uiVal", 1 << 20),
+        (data_tx, 3, ok, ull, "ullVal", 13),
+        (data_tx, 0xFFFFFFFF, ok, ull, "ullVal", 10 + 11 + 12 + 13),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX, 1, ok, ull, "ullVal", 1),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, 1, pynvml.NVML_ERROR_NOT_SUPPORTED, 0, "", 0),
+        (
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            4,
+            pynvml.NVML_ERROR_INVALID_ARGUMENT,
+            0,
+            "",
+            0,
+        ),
+        (pynvml.NVML_FI_DEV_ECC_CURRENT, 0, pynvml.NVML_ERROR_NOT_SUPPORTED, 0, "", 0),
+    ]
+    expected = (pynvml.c_nvmlFieldValue_t * len(expected_rows))()
+    for value, (fid, scope, ret, vtype, member, number) in zip(
+        expected, expected_rows, strict=True
+    ):
+        value.fieldId, value.scopeId, value.latencyUsec = fid, scope, 0
+        value.nvmlReturn = ret
+        if ret == ok:
+            value.valueType, value.timestamp = vtype, now
+            setattr(value.value, member, number)
+    values = fake.nvmlDeviceGetFieldValues(fake.handle(1), asked)
+    assert type(values) is type(expected)
+    assert bytes(values) == bytes(expected)
+    assert fake.field_requests[-1] == (1, [(fid_tx, 0), *asked[1:]])
+    assert len(fake.nvmlDeviceGetFieldValues(fake.handle(1), [])) == 0
+
+
 def test_32_bit_pcie_counter_wraps_and_says_so(fake: FakeNvml) -> None:
     fake.gpus[0].pcie_counter_bits = 32
     fake.gpus[0].pcie_tx_bytes = (1 << 32) + 5

@@ -317,6 +317,139 @@ def test_built_tree_bad_file_names_its_path(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------
+# The source: traffic every run, the rest every slow_every runs
+
+
+def _bump(path: Path, add: int) -> None:
+    path.write_text(f"{int(path.read_text()) + add}\n")
+
+
+@pytest.fixture
+def capture_copy(tmp_path: Path) -> Path:
+    shutil.copytree(CAPTURE / "sys", tmp_path / "sys")
+    return tmp_path / "sys" / "class" / "infiniband"
+
+
+def test_source_reads_fault_counters_and_port_state_every_slow_every_runs(
+    capture_copy: Path,
+) -> None:
+    roots = Roots.under(capture_copy.parents[2])
+    source = ib.InfinibandSource()
+    assert source.slow_every == ib.SLOW_EVERY == 10
+    first = source.collect(roots)
+    port_dir = capture_copy / "mlx5_0" / "ports" / "1"
+    _bump(port_dir / "counters" / "port_xmit_data", 1000)
+    _bump(port_dir / "counters" / "symbol_error", 2)
+    _bump(port_dir / "counters" / "unicast_xmit_packets", 5)
+    _bump(port_dir / "hw_counters" / "out_of_buffer", 3)
+    (port_dir / "state").write_text("1: DOWN\n")
+    before = first.devices[0].ports[0]
+    xmit_words = (before.xmit_bytes or 0) // 4
+    for run in range(2, 11):
+        port = source.collect(roots).devices[0].ports[0]
+        counter = port.counter("port_xmit_data")
+        assert counter is not None and counter.value == xmit_words + 1000, run
+        assert port.counter("symbol_error") == before.counter("symbol_error")
+        assert port.counter("unicast_xmit_packets") == before.counter("unicast_xmit_packets")
+        assert port.hw_counters == before.hw_counters
+        assert port.state == ib.PortState(4, "ACTIVE")
+    eleventh = source.collect(roots)
+    assert eleventh == ib.read_infiniband(roots)
+    port = eleventh.devices[0].ports[0]
+    symbol, old_symbol = port.counter("symbol_error"), before.counter("symbol_error")
+    assert symbol is not None and old_symbol is not None
+    assert symbol.value == old_symbol.value + 2
+    assert port.state == ib.PortState(1, "DOWN")
+    source.close()
+
+
+def test_source_with_slow_every_1_reads_everything_every_run(capture_copy: Path) -> None:
+    roots = Roots.under(capture_copy.parents[2])
+    source = ib.InfinibandSource(slow_every=1)
+    source.collect(roots)
+    _bump(capture_copy / "mlx5_1" / "ports" / "1" / "counters" / "link_downed", 1)
+    _bump(capture_copy / "mlx5_1" / "ports" / "1" / "hw_counters" / "out_of_sequence", 4)
+    (capture_copy / "mlx5_1" / "ports" / "1" / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    assert source.collect(roots) == ib.read_infiniband(roots)
+
+
+def test_source_between_full_reads_equals_a_full_read_while_only_traffic_moves(
+    capture_copy: Path,
+) -> None:
+    roots = Roots.under(capture_copy.parents[2])
+    source = ib.InfinibandSource(slow_every=1000)
+    source.collect(roots)
+    for run in range(4):
+        for dev in ("mlx5_0", "mlx5_4", "mlx5_bond_0"):
+            counters = capture_copy / dev / "ports" / "1" / "counters"
+            for name in ib.TRAFFIC_COUNTERS:
+                _bump(counters / name, 10**run + len(name))
+        assert source.collect(roots) == ib.read_infiniband(roots), run
+
+
+def test_source_fast_run_recomputes_widths_and_drops_vanished_counters(tmp_path: Path) -> None:
+    roots = _legacy_tree(tmp_path, 5)
+    source = ib.InfinibandSource()
+    source.collect(roots)
+    port_dir = tmp_path / "sys/devices/pci0000:00/0000:00:01.0/0000:17:00.0/infiniband/mlx4_0"
+    counters = port_dir / "ports" / "1" / "counters"
+    # Beyond 32 bits: the data counters are proven 64-bit, as a full read finds.
+    (counters / "port_xmit_data").write_text(f"{1 << 33}\n")
+    (counters / "port_rcv_data").write_text("N/A (no PMA)\n")
+    port = source.collect(roots).devices[0].ports[0]
+    assert port.counter("port_xmit_data") == ib.Counter("port_xmit_data", 1 << 33, 64)
+    assert port.counter("port_rcv_data") is None and port.rcv_bytes is None
+    assert port == ib.read_infiniband(roots).devices[0].ports[0]
+    (counters / "port_xmit_data").write_text("12 words\n")
+    with pytest.raises(ParseError) as err:
+        source.collect(roots)
+    assert err.value.source.endswith("mlx4_0/ports/1/counters/port_xmit_data")
+
+
+def test_source_reads_a_new_device_in_full_at_once_and_drops_a_gone_one(
+    capture_copy: Path,
+) -> None:
+    roots = Roots.under(capture_copy.parents[2])
+    moved = capture_copy.parent / "mlx5_9.away"
+    (capture_copy / "mlx5_9").rename(moved)
+    source = ib.InfinibandSource()
+    first = source.collect(roots)
+    assert "mlx5_9" not in [d.name for d in first.devices]
+    _bump(moved / "ports" / "1" / "counters" / "symbol_error", 7)
+    moved.rename(capture_copy / "mlx5_9")
+    (capture_copy / "mlx5_1").rename(capture_copy.parent / "mlx5_1.away")
+    second = source.collect(roots)  # a run between full reads
+    assert [d.name for d in second.devices] == [d.name for d in ib.read_infiniband(roots).devices]
+    assert "mlx5_1" not in [d.name for d in second.devices]
+    (new,) = [d for d in second.devices if d.name == "mlx5_9"]
+    assert new == ib.read_device(capture_copy / "mlx5_9")
+
+
+def test_source_resolves_the_pci_function_again_when_a_link_changes(tmp_path: Path) -> None:
+    roots = _legacy_tree(tmp_path, 5)
+    source = ib.InfinibandSource(slow_every=1)
+    assert source.collect(roots).devices[0].pci_address == "0000:17:00.0"
+    pci = tmp_path / "sys" / "devices" / "pci0000:00" / "0000:00:01.0"
+    (pci / "0000:18:00.0").mkdir()
+    dev = pci / "0000:17:00.0" / "infiniband" / "mlx4_0"
+    (dev / "device").unlink()
+    (dev / "device").symlink_to("../../../0000:18:00.0")
+    assert source.collect(roots).devices[0].pci_address == "0000:18:00.0"
+    assert source.collect(roots) == ib.read_infiniband(roots)
+
+
+def test_registry_and_simulated_node_make_the_source_with_their_cadence() -> None:
+    from nodescope.sim.node import SimulatedNode
+    from nodescope.sim.scenario import load_scenario
+
+    assert isinstance(SOURCES["infiniband"].make(), ib.InfinibandSource)
+    node = SimulatedNode(load_scenario("dgx-h100"), Path("/nonexistent-nodescope-sim"))
+    (every_run,) = [s for s in node.sources() if isinstance(s, ib.InfinibandSource)]
+    (production,) = [s for s in node.sources(slow_every=None) if isinstance(s, ib.InfinibandSource)]
+    assert (every_run.slow_every, production.slow_every) == (1, ib.SLOW_EVERY)
+
+
+# ------------------------------------------------------------------------------------------
 # Rates
 
 
@@ -488,6 +621,34 @@ def test_parse_rate_round_trip(rate10: int, lanes: int, speed: str | None) -> No
 @given(value=st.integers(0, 2**64 - 1))
 def test_parse_counter_round_trip(value: int) -> None:
     assert ib.parse_counter(f"{value}\n", "c") == value
+
+
+def _parsed_or_error(parse: object, *args: str) -> object:
+    assert callable(parse)
+    try:
+        return parse(*args)
+    except ParseError as exc:
+        return ("ParseError", exc.source, exc.line)
+
+
+@settings(max_examples=300, deadline=None)
+@example(data="٣\n".encode())
+@example(data=b"1_000\n")
+@example(data=b" 7 \n")
+@example(data=b"0" * 41)
+@example(data=b"\xff12\n")
+@given(
+    data=st.one_of(
+        st.binary(max_size=45),
+        st.text(max_size=45).map(str.encode),
+        st.integers(0, 2**70).map(lambda v: f"{v}\n".encode()),
+    )
+)
+def test_counter_value_short_way_answers_as_parse_counter(data: bytes) -> None:
+    text = data.decode("utf-8", errors="replace")
+    assert _parsed_or_error(ib._counter_value, data, "/d", "n") == _parsed_or_error(
+        ib.parse_counter, text, "/d/n"
+    )
 
 
 # ------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ real captures, the derived rates and NV# link counting."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import subprocess
@@ -12,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -177,7 +179,7 @@ def test_not_supported_is_remembered_per_gpu_and_call(node: FakeNvml) -> None:
 def test_not_supported_error_counter_is_asked_once_per_gpu(node: FakeNvml) -> None:
     node.gpus = node.gpus[:1]
     node.gpus[0].unsupported.add("nvmlDeviceGetNvLinkErrorCounter:3")
-    src = nv.NvmlSource(node, watch_xids=False)
+    src = nv.NvmlSource(node, watch_xids=False, slow_every=1)
     src.collect(NO_FILES)
     src.collect(NO_FILES)
     # 18 links × 3 supported counters × 2 cycles, plus the one unsupported call.
@@ -196,7 +198,7 @@ def test_processes_and_utilisation(node: FakeNvml) -> None:
 
 def test_link_peer_is_read_when_the_link_comes_up_not_every_cycle(node: FakeNvml) -> None:
     node.gpus[0].links[2].active = False
-    src = nv.NvmlSource(node, watch_xids=False)
+    src = nv.NvmlSource(node, watch_xids=False, slow_every=1)
     first = src.collect(NO_FILES).gpus[0].nvlinks[2]
     assert first.active is False and first.remote_pci_address is None
     src.collect(NO_FILES)
@@ -230,10 +232,10 @@ def test_gpu_lost_mid_run_records_an_event_and_drops_the_gpu(node: FakeNvml) -> 
 
 def test_lost_in_a_field_return_counts_as_lost() -> None:
     class LostField(FakeNvml):
-        def _fill(self, gpu: FakeGpu, out: object, fid: int, scope: int, now: int) -> None:
-            super()._fill(gpu, out, fid, scope, now)
+        def _field(self, gpu: FakeGpu, fid: int, scope: int) -> tuple[int, int, int]:
             if gpu.uuid.endswith("1001"):
-                out.nvmlReturn = pynvml.NVML_ERROR_GPU_IS_LOST  # type: ignore[attr-defined]
+                return pynvml.NVML_ERROR_GPU_IS_LOST, 0, 0
+            return super()._field(gpu, fid, scope)
 
     src = nv.NvmlSource(LostField(hgx_h100(2)), watch_xids=False)
     data = src.collect(NO_FILES)
@@ -497,6 +499,193 @@ def test_field_value_reads_the_member_named_by_value_type(
     value.valueType = value_type
     setattr(value.value, member, number)
     assert nv.field_value(value) == (number, bits)
+
+
+def real_field_values(
+    rows: list[tuple[int, int, int, int, int, str, int | float]],
+) -> ctypes.Array[Any]:
+    """An array of pynvml's own structs, filled attribute by attribute as NVML and pynvml
+    fill them: (fieldId, scopeId, timestamp, nvmlReturn, valueType, member, number)."""
+    values: ctypes.Array[Any] = (pynvml.c_nvmlFieldValue_t * len(rows))()
+    for value, (fid, scope, stamp, ret, vtype, member, number) in zip(values, rows, strict=True):
+        value.fieldId, value.scopeId, value.timestamp = fid, scope, stamp
+        value.latencyUsec = 3
+        value.nvmlReturn, value.valueType = ret, vtype
+        setattr(value.value, member, number)
+    return values
+
+
+ALL_VALUE_TYPES = [
+    (pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", -2.5),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", (1 << 32) - 2),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, "ulVal", 1 << 40),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", (1 << 64) - 3),
+    (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -(1 << 50)),
+    (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "siVal", -7),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "usVal", 65535),
+]
+
+
+def test_field_columns_from_memory_match_pynvml_attribute_reads() -> None:
+    rows = [
+        (197 + i, i, 1_700_000_000_000_000 + i, pynvml.NVML_SUCCESS, vtype, member, number)
+        for i, (vtype, member, number) in enumerate(ALL_VALUE_TYPES)
+    ]
+    rows.append((138, 17, 0, pynvml.NVML_ERROR_NOT_SUPPORTED, 0, "ullVal", 0))
+    values = real_field_values(rows)
+    from_memory = nv.field_columns(values)
+    by_attribute = nv.field_columns(list(values))  # not a ctypes array: read attribute-wise
+    assert [list(c) for c in from_memory] == [list(c) for c in by_attribute]
+    assert len(from_memory) == len(nv.FIELD_COLUMNS)
+    for value, row in zip(values, zip(*from_memory, strict=True), strict=True):
+        fid, scope, stamp, latency, vtype, ret, union = row
+        assert (fid, scope, stamp, latency) == (value.fieldId, value.scopeId, value.timestamp, 3)
+        assert (vtype, ret) == (value.valueType, value.nvmlReturn)
+        if ret == pynvml.NVML_SUCCESS:
+            assert nv.row_value(vtype, union) == nv.field_value(value)
+    with pytest.raises(ValueError, match="valueType 99"):
+        nv.row_value(99, 0)
+
+
+def test_fields_of_every_value_type_give_the_counters_of_their_member() -> None:
+    class Typed(FakeNvml):
+        """PCIe fields of GPU 0 answered in one value type after another."""
+
+        kind = 0
+
+        def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Any) -> Any:
+            super().nvmlDeviceGetFieldValues(handle, fieldIds)
+            vtype, member, number = ALL_VALUE_TYPES[self.kind]
+            ok = pynvml.NVML_SUCCESS
+            return real_field_values(
+                [(fid, scope, 5_000_000, ok, vtype, member, number) for fid, scope in fieldIds]
+            )
+
+    fake = Typed(hgx_h100(1, 1))
+    src = nv.NvmlSource(fake, watch_xids=False)
+    widths = {"dVal": None, "uiVal": 32, "ulVal": 64, "ullVal": 64, "sllVal": 63, "siVal": 31}
+    for kind, (_vtype, member, number) in enumerate(ALL_VALUE_TYPES):
+        fake.kind = kind
+        gpu = src.collect(NO_FILES).gpus[0]
+        if number < 0:  # a negative count is no count
+            assert gpu.pcie_tx is None and gpu.nvlinks[0].data_tx is None
+            continue
+        bits = widths.get(member, 16)
+        assert gpu.pcie_tx == nv.CounterValue(int(number), 5_000_000, bits)
+        assert gpu.nvlinks[0].data_tx == nv.CounterValue(
+            int(number) * 1024, 5_000_000, None if bits is None else bits + 10
+        )
+
+
+# ---- slow counters ------------------------------------------------------------------------
+
+
+def fixed_clock_fake(gpus: int = 2, links: int = 3) -> FakeNvml:
+    return FakeNvml(hgx_h100(gpus, links), clock_us=lambda: 1_750_000_000_000_000)
+
+
+def test_production_cadence_reads_fault_counters_every_slow_every_runs() -> None:
+    fake = fixed_clock_fake()
+    src = nv.NvmlSource(fake, watch_xids=False)
+    assert src.slow_every == nv.SLOW_EVERY == 10
+    first = src.collect(NO_FILES)
+    asked = fake.calls["nvmlDeviceGetNvLinkErrorCounter"]
+    assert asked == 2 * 3 * 4  # the first run reads everything
+    gpu, link = fake.gpus[1], fake.gpus[1].links[2]
+    link.errors[2] = 5  # crc_flit
+    gpu.replay_counter, gpu.curr_gen = 7, 4
+    link.data_tx_kib = 11
+    for run in range(2, 11):
+        data = src.collect(NO_FILES)
+        sample = data.gpus[1]
+        # Byte counters move every run; the fault counters keep their last reading.
+        assert sample.nvlinks[2].data_tx == nv.CounterValue(11 * 1024, 1_750_000_000_000_000, 74)
+        assert dict(sample.nvlinks[2].errors)["crc_flit"] == 0, run
+        assert (sample.pcie_replays, sample.pcie_gen_current) == (0, 5)
+        assert sample.nvlinks == tuple(
+            dataclasses.replace(old, data_tx=new.data_tx)
+            for old, new in zip(first.gpus[1].nvlinks, sample.nvlinks, strict=True)
+        )
+    assert fake.calls["nvmlDeviceGetNvLinkErrorCounter"] == asked
+    # Discovery probes one link past the last; the first run reads each link's state.
+    assert fake.calls["nvmlDeviceGetNvLinkState"] == 2 * 4 + 2 * 3
+    eleventh = src.collect(NO_FILES).gpus[1]
+    assert dict(eleventh.nvlinks[2].errors)["crc_flit"] == 5
+    assert (eleventh.pcie_replays, eleventh.pcie_gen_current) == (7, 4)
+    assert fake.calls["nvmlDeviceGetNvLinkErrorCounter"] == 2 * asked
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 2 * 11
+
+
+def test_slow_every_1_reads_fault_counters_every_run() -> None:
+    fake = fixed_clock_fake()
+    src = nv.NvmlSource(fake, watch_xids=False, slow_every=1)
+    src.collect(NO_FILES)
+    fake.gpus[0].links[1].errors[1] = 2  # recovery
+    fake.gpus[0].links[0].active = False
+    fake.gpus[0].replay_counter = 3
+    gpu = src.collect(NO_FILES).gpus[0]
+    assert dict(gpu.nvlinks[1].errors)["recovery"] == 2
+    assert gpu.nvlinks[0].active is False and gpu.pcie_replays == 3
+
+
+def test_carried_records_equal_fresh_ones_while_nothing_slow_moves() -> None:
+    fresh_fake, slow_fake = fixed_clock_fake(), fixed_clock_fake()
+    fresh = nv.NvmlSource(fresh_fake, watch_xids=False, slow_every=1)
+    slow = nv.NvmlSource(slow_fake, watch_xids=False, slow_every=4)
+    for run in range(9):
+        for fake in (fresh_fake, slow_fake):
+            fake.gpus[run % 2].links[run % 3].raw_rx_kib += 100 * run
+            fake.gpus[1].pcie_rx_bytes += 4096
+            fake.gpus[0].processes = [FakeProcess(1000 + run, 1 << 20)]
+            fake.gpus[0].gpu_util = 10 * run
+        assert slow.collect(NO_FILES) == fresh.collect(NO_FILES), run
+    assert slow_fake.calls["nvmlDeviceGetNvLinkErrorCounter"] == 3 * 2 * 3 * 4  # runs 1, 5, 9
+    assert fresh_fake.calls["nvmlDeviceGetNvLinkErrorCounter"] == 9 * 2 * 3 * 4
+
+
+def test_a_lost_gpu_makes_the_next_run_read_everything() -> None:
+    fake = fixed_clock_fake(3)
+    src = nv.NvmlSource(fake, watch_xids=False)
+    src.collect(NO_FILES)
+    src.collect(NO_FILES)
+    fake.gpus[2].links[0].errors[0] = 9
+    fake.gpus[1].lost = True
+    assert [g.index for g in src.collect(NO_FILES).gpus] == [0, 2]
+    after = src.collect(NO_FILES).gpus[1]
+    assert after.index == 2 and dict(after.nvlinks[0].errors)["replay"] == 9
+    # ... and the cadence starts again from there.
+    fake.gpus[2].links[0].errors[0] = 10
+    assert dict(src.collect(NO_FILES).gpus[1].nvlinks[0].errors)["replay"] == 9
+
+
+def test_gpus_found_at_reinitialisation_are_read_in_full_at_once() -> None:
+    fake = fixed_clock_fake(1)
+    clock = Clock()
+    src = nv.NvmlSource(fake, watch_xids=False, retry_seconds=1, clock=clock)
+    src.collect(NO_FILES)
+    src.collect(NO_FILES)
+    fake.nvmlShutdown()
+    with pytest.raises(nv.NvmlUnavailable):
+        src.collect(NO_FILES)
+    fake.gpus = hgx_h100(2, 3)
+    fake.gpus[1].links[1].errors[3] = 4
+    fake.gpus[0].replay_counter = 6
+    clock.now += 2
+    data = src.collect(NO_FILES)
+    assert len(data.gpus) == 2
+    assert dict(data.gpus[1].nvlinks[1].errors)["crc_data"] == 4
+    assert data.gpus[0].pcie_replays == 6
+    assert all(link.active and link.remote_pci_address for g in data.gpus for link in g.nvlinks)
+
+
+def test_the_simulated_node_sets_slow_every_on_the_nvml_source() -> None:
+    from nodescope.sim.node import SimulatedNode
+    from nodescope.sim.scenario import load_scenario
+
+    node = SimulatedNode(load_scenario("dgx-h100"), Path("/nonexistent-nodescope-sim"))
+    (every_run,) = [s for s in node.sources() if isinstance(s, nv.NvmlSource)]
+    (production,) = [s for s in node.sources(slow_every=None) if isinstance(s, nv.NvmlSource)]
+    assert (every_run.slow_every, production.slow_every) == (1, nv.SLOW_EVERY)
 
 
 # ---- rates and NV# ------------------------------------------------------------------------

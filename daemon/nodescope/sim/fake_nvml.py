@@ -20,7 +20,8 @@ It behaves like the real binding where the source depends on it:
 * ``nvmlDeviceGetFieldValues`` fills each ``c_nvmlFieldValue_t`` with its own
   ``nvmlReturn``, ``valueType``, ``value`` and ``timestamp`` (µs since the epoch) and
   succeeds as a call, as NVML does when any value was filled (nvml.h,
-  ``nvmlDeviceGetFieldValues``);
+  ``nvmlDeviceGetFieldValues``); the array is pynvml's ``c_nvmlFieldValue_t * n``, built
+  from the bytes the attributes would hold;
 * a link index past the GPU's links raises ``NVMLError_InvalidArgument``; a lost GPU raises
   ``NVMLError_GpuIsLost`` from every call on its handle; ``nvmlEventSetWait`` raises
   ``NVMLError_Timeout`` when nothing arrived in time.
@@ -32,10 +33,11 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import struct
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,55 @@ FI_PCIE_RX_BYTES = pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 
 _HANDLE_BASE = 0x7E5700000000
 _EVENT_SET_BASE = 0x7E5800000000
+_U64 = (1 << 64) - 1
+
+#: The names under which FakeGpu.unsupported lists one error counter of
+#: nvmlDeviceGetNvLinkErrorCounter, by counter.
+_ERROR_COUNTER_CALLS = tuple(
+    f"nvmlDeviceGetNvLinkErrorCounter:{counter}"
+    for counter in range(pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA + 1)
+)
+
+_NVLINK_FIELD_ATTRS = {
+    FI_NVLINK_DATA_TX: "data_tx_kib",
+    FI_NVLINK_DATA_RX: "data_rx_kib",
+    FI_NVLINK_RAW_TX: "raw_tx_kib",
+    FI_NVLINK_RAW_RX: "raw_rx_kib",
+}
+
+#: ``c_nvmlFieldValue_t`` (nvml.h): fieldId, scopeId, timestamp, latencyUsec, valueType,
+#: nvmlReturn and the 8 bytes of the ``c_nvmlValue_t`` union, in native layout.
+_FIELD_VALUE = struct.Struct("@IIqqII8s")
+
+
+def _record(member: str) -> struct.Struct:
+    # The union's members all start at its first byte; the rest of its 8 bytes stay zero.
+    return struct.Struct(f"@IIqqII{member}{8 - struct.calcsize('@' + member)}x")
+
+
+#: valueType -> the whole c_nvmlFieldValue_t with the union member that valueType names.
+_RECORDS = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: _record("d"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: _record("I"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: _record("L"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: _record("Q"),
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: _record("q"),
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: _record("i"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: _record("H"),
+}
+_NO_VALUE = bytes(8)
+
+
+def _check_field_value_layout() -> None:
+    """The fake builds field values from bytes: pynvml's struct must have nvml.h's layout."""
+    cls = pynvml.c_nvmlFieldValue_t
+    names = ("fieldId", "scopeId", "timestamp", "latencyUsec", "valueType", "nvmlReturn", "value")
+    offsets = [getattr(cls, name).offset for name in names]
+    if offsets != [0, 4, 8, 16, 24, 28, 32] or ctypes.sizeof(cls) != _FIELD_VALUE.size:
+        raise ImportError(f"pynvml's c_nvmlFieldValue_t is not laid out as in nvml.h: {offsets}")
+
+
+_check_field_value_layout()
 
 
 @dataclass
@@ -122,9 +173,13 @@ def _raise(code: int) -> None:
 
 def _pointer_address(pointer: Any) -> int | None:
     try:
-        value = ctypes.cast(pointer, ctypes.c_void_p).value
-    except (TypeError, ctypes.ArgumentError):
-        return None
+        # A pointer object's own bytes are the address: a quarter of the cost of a cast.
+        value = ctypes.c_void_p.from_buffer(pointer).value
+    except (TypeError, ValueError):
+        try:
+            value = ctypes.cast(pointer, ctypes.c_void_p).value
+        except (TypeError, ctypes.ArgumentError):
+            return None
     return None if value is None else int(value)
 
 
@@ -201,13 +256,15 @@ class FakeNvml:
             _raise(pynvml.NVML_ERROR_UNINITIALIZED)
 
     def _gpu(self, handle: Any, name: str) -> tuple[int, FakeGpu]:
-        self._enter(name)
+        self.calls[name] += 1
+        if self._refcount <= 0:
+            _raise(pynvml.NVML_ERROR_UNINITIALIZED)
         address = _pointer_address(handle)
-        if address is None or address < _HANDLE_BASE or (address - _HANDLE_BASE) % 0x100:
+        if address is None:
             _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         assert address is not None
-        index = (address - _HANDLE_BASE) // 0x100
-        if index >= len(self.gpus):
+        index, rest = divmod(address - _HANDLE_BASE, 0x100)
+        if index < 0 or rest or index >= len(self.gpus):
             _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self.gpus[index]
         if gpu.lost:
@@ -294,59 +351,56 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
         index, gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
-        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
-        requested: list[tuple[int, int]] = []
-        now = self._clock_us()
-        for i, wanted in enumerate(fieldIds):
-            field_id, scope_id = wanted if isinstance(wanted, tuple) else (wanted, 0)
-            requested.append((field_id, scope_id))
-            value = values[i]
-            value.fieldId = field_id
-            value.scopeId = scope_id
-            value.latencyUsec = 0
-            self._fill(gpu, value, field_id, scope_id, now)
+        requested = [w if isinstance(w, tuple) else (w, 0) for w in fieldIds]
         self.field_requests.append((index, requested))
-        return values
+        now = self._clock_us()
+        links, unsupported = gpu.links, gpu.unsupported
+        ok, ull, u64 = pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, _U64
+        ull_record, throughput = _RECORDS[ull], _NVLINK_FIELD_ATTRS
+        records: list[bytes] = []
+        for field_id, scope_id in requested:
+            attr = throughput.get(field_id)
+            if attr is not None and 0 <= scope_id < len(links) and field_id not in unsupported:
+                # One link's throughput counter: 72 of the 74 fields an H100 is asked for.
+                number = getattr(links[scope_id], attr) & u64
+                records.append(ull_record.pack(field_id, scope_id, now, 0, ull, ok, number))
+                continue
+            ret, value_type, number = self._field(gpu, field_id, scope_id)
+            if ret == ok:
+                record = _RECORDS[value_type]
+                records.append(record.pack(field_id, scope_id, now, 0, value_type, ret, number))
+            else:
+                # A field that failed has only its ids and its return filled in.
+                records.append(_FIELD_VALUE.pack(field_id, scope_id, 0, 0, 0, ret, _NO_VALUE))
+        # The array is built from its bytes: filling pynvml's structs attribute by attribute
+        # costs more than the simulated node's whole NVML read. The layout is nvml.h's, checked
+        # against pynvml's declaration (_check_field_value_layout).
+        array_type = pynvml.c_nvmlFieldValue_t * len(records)
+        return array_type.from_buffer_copy(b"".join(records)) if records else array_type()
 
-    def _fill(self, gpu: FakeGpu, out: Any, field_id: int, scope_id: int, now: int) -> None:
+    def _field(self, gpu: FakeGpu, field_id: int, scope_id: int) -> tuple[int, int, int]:
+        """One field of ``gpu``: (nvmlReturn, valueType, number). A per-link throughput
+        field of a link the GPU has is answered before this, in the same way."""
         if field_id in gpu.unsupported:
-            out.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-            return
-        number: int
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
         if field_id in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
             raw = gpu.pcie_tx_bytes if field_id == FI_PCIE_TX_BYTES else gpu.pcie_rx_bytes
             number = raw & ((1 << gpu.pcie_counter_bits) - 1)
             if gpu.pcie_counter_bits <= 32:
-                out.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-                out.value.uiVal = number
-            else:
-                out.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                out.value.ullVal = number
-        elif field_id in (FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX, FI_NVLINK_RAW_TX, FI_NVLINK_RAW_RX):
-            if not gpu.links:
-                out.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-                return
-            if scope_id == 0xFFFFFFFF:
-                links: Iterable[FakeLink] = gpu.links
-            elif scope_id < len(gpu.links):
-                links = (gpu.links[scope_id],)
-            else:
-                out.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
-                return
-            attr = {
-                FI_NVLINK_DATA_TX: "data_tx_kib",
-                FI_NVLINK_DATA_RX: "data_rx_kib",
-                FI_NVLINK_RAW_TX: "raw_tx_kib",
-                FI_NVLINK_RAW_RX: "raw_rx_kib",
-            }[field_id]
-            number = sum(getattr(link, attr) for link in links) & ((1 << 64) - 1)
-            out.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-            out.value.ullVal = number
+                return pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, number
+            return pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, number
+        attr = _NVLINK_FIELD_ATTRS.get(field_id)
+        if attr is None:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
+        if not gpu.links:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
+        if scope_id == 0xFFFFFFFF:
+            number = sum(getattr(link, attr) for link in gpu.links)
+        elif scope_id < len(gpu.links):
+            number = getattr(gpu.links[scope_id], attr)
         else:
-            out.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-            return
-        out.nvmlReturn = pynvml.NVML_SUCCESS
-        out.timestamp = now
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0, 0
+        return pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, number & _U64
 
     # ---- NVLink -------------------------------------------------------------------------
 
@@ -368,7 +422,7 @@ class FakeNvml:
         fake_link = self._link(gpu, link)
         if not 0 <= counter <= pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA:
             _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if f"nvmlDeviceGetNvLinkErrorCounter:{counter}" in gpu.unsupported:
+        if gpu.unsupported and _ERROR_COUNTER_CALLS[counter] in gpu.unsupported:
             _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return fake_link.errors.get(counter, 0)
 

@@ -23,6 +23,10 @@ Formats are defined by the kernel in ``drivers/infiniband/core/sysfs.c`` and doc
   ``watermark_*``).
 
 A counter file that cannot be read (a failed MAD) or reads ``N/A (no PMA)`` is absent.
+
+The source (:class:`InfinibandSource`) reads the traffic counters of every port on every run
+and the rest of the tree every ``slow_every`` runs (:data:`SLOW_EVERY` by default), carrying
+the last values in between; a device that appears is read in full at once.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import TypeVar
 from nodescope.errors import ParseError
 from nodescope.model.counters import counter_delta
 from nodescope.roots import Roots
-from nodescope.sources.base import FunctionSource, Source, read_optional
+from nodescope.sources.base import Source
 
 NAME = "infiniband"
 
@@ -80,6 +84,7 @@ _FIXED_BITS: dict[str, int] = {
     "port_xmit_wait": 32,
     **dict.fromkeys(EXTENDED_ONLY_COUNTERS, 64),
 }
+_EXTENDED_ONLY = frozenset(EXTENDED_ONLY_COUNTERS)
 #: hw_counters entries that are gauges, not counters.
 HW_GAUGE_PREFIXES: tuple[str, ...] = ("active_", "watermark_")
 
@@ -285,11 +290,21 @@ def counter_bits(name: str, values: dict[str, int]) -> int | None:
     if fixed is not None:
         return fixed
     if name in DATA_COUNTERS:
-        extended = any(n in values for n in EXTENDED_ONLY_COUNTERS) or any(
-            values.get(n, 0) >= 1 << 32 for n in DATA_COUNTERS
-        )
-        return 64 if extended else 32
+        return _data_counter_bits(values)
     return None
+
+
+def _data_counter_bits(values: dict[str, int]) -> int:
+    """The width of the port's data and packet counters (see :func:`counter_bits`)."""
+    extended = any(n in values for n in EXTENDED_ONLY_COUNTERS) or any(
+        values.get(n, 0) >= 1 << 32 for n in DATA_COUNTERS
+    )
+    return 64 if extended else 32
+
+
+def _counters(values: dict[str, int]) -> tuple[Counter, ...]:
+    """The ``counters/`` files of a port with their widths, in the order of ``values``."""
+    return tuple(Counter(n, v, counter_bits(n, values)) for n, v in values.items())
 
 
 def hw_counter_is_gauge(name: str) -> bool:
@@ -307,32 +322,90 @@ def pci_address_from_path(path: str) -> str | None:
 
 # --------------------------------------------------------------------------------------------
 # Reader
+#
+# A full read opens about 55 files per HCA port. Paths are strings (pathlib's joins cost
+# more than the reads), and files are opened relative to their directory's descriptor, so
+# the kernel resolves the long /sys/class/infiniband/<dev> -> /sys/devices/... path once per
+# directory. No descriptor is kept between runs: files are replaced, devices come and go.
+
+_O_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_O_FILE = os.O_RDONLY | os.O_CLOEXEC
+#: A sysfs attribute is at most one page (``sysfs_emit``).
+_ATTRIBUTE_BYTES = 4096
 
 
-def _listdir(path: Path) -> list[str]:
+def _listdir(path: Path | str) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except (FileNotFoundError, NotADirectoryError, PermissionError):
         return []
 
 
-def _read_values(directory: Path) -> tuple[dict[str, int], int | None]:
-    """Integer files of a ``counters``/``hw_counters`` directory, and ``lifespan`` apart."""
+def _open_dir(path: str, dir_fd: int | None = None) -> int | None:
+    try:
+        return os.open(path, _O_DIRECTORY, dir_fd=dir_fd)
+    except OSError:
+        return None
+
+
+def _read_bytes_at(dir_fd: int, name: str) -> bytes | None:
+    """The bytes of ``name`` in the directory ``dir_fd``, read in one ``read`` (``stat``
+    sizes lie for sysfs files); ``None`` when it cannot be opened or read, as
+    :func:`sources.base.read_optional` has it (a failed MAD is a read error)."""
+    try:
+        fd = os.open(name, _O_FILE, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, _ATTRIBUTE_BYTES)
+        if len(data) == _ATTRIBUTE_BYTES:  # not sysfs: a longer regular file
+            chunks = [data]
+            while chunk := os.read(fd, _ATTRIBUTE_BYTES):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data
+
+
+def _read_at(dir_fd: int, name: str) -> str | None:
+    data = _read_bytes_at(dir_fd, name)
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def _counter_value(data: bytes, directory: str, name: str) -> int | None:
+    """:func:`parse_counter` of a file's bytes, with a short way for the common text:
+    ASCII digits and a newline."""
+    body = data[:-1] if data.endswith(b"\n") else data
+    if 0 < len(body) <= 40 and body.isdigit():  # bytes.isdigit: ASCII digits only
+        return int(body)
+    return parse_counter(data.decode("utf-8", errors="replace"), f"{directory}/{name}")
+
+
+def _read_values_at(dir_fd: int, sub: str, path: str) -> tuple[dict[str, int], int | None]:
+    """Integer files of the ``counters``/``hw_counters`` directory ``sub`` of ``dir_fd``
+    (``path`` names it in errors), and ``lifespan`` apart."""
     values: dict[str, int] = {}
     lifespan: int | None = None
-    for name in _listdir(directory):
-        # A string path: a port has dozens of counter files, read every second.
-        path = f"{directory}/{name}"
-        text = read_optional(path)
-        if text is None:
-            continue
-        value = parse_counter(text, path)
-        if value is None:
-            continue
-        if name == "lifespan":
-            lifespan = value
-        else:
-            values[name] = value
+    fd = _open_dir(sub, dir_fd)
+    if fd is None:
+        return values, lifespan
+    try:
+        for name in sorted(os.listdir(fd)):
+            data = _read_bytes_at(fd, name)
+            if data is None:
+                continue
+            value = _counter_value(data, path, name)
+            if value is None:
+                continue
+            if name == "lifespan":
+                lifespan = value
+            else:
+                values[name] = value
+    finally:
+        os.close(fd)
     return values, lifespan
 
 
@@ -341,30 +414,44 @@ def _hw_counters(values: dict[str, int]) -> tuple[Counter, ...]:
     return tuple(Counter(name, value, 64) for name, value in values.items())
 
 
-def _read_parsed(path: Path, parse: Callable[[str, str], T]) -> T | None:
-    text = read_optional(path)
-    return None if text is None else parse(text, str(path))
+def _parsed_at(
+    dir_fd: int | None, directory: str, name: str, parse: Callable[[str, str], T]
+) -> T | None:
+    text = None if dir_fd is None else _read_at(dir_fd, name)
+    return None if text is None else parse(text, f"{directory}/{name}")
 
 
-def read_port(device: str, port_dir: Path) -> IbPort:
+def read_port(device: str, port_dir: Path | str) -> IbPort:
+    port_dir = str(port_dir)
     try:
-        port = int(port_dir.name)
+        port = int(port_dir.rpartition("/")[2])
     except ValueError as exc:
-        raise ParseError(str(port_dir), "port directory name is not a number") from exc
-
-    values, _ = _read_values(port_dir / "counters")
-    counters = tuple(Counter(n, v, counter_bits(n, values)) for n, v in values.items())
-    hw_values, lifespan = _read_values(port_dir / "hw_counters")
+        raise ParseError(port_dir, "port directory name is not a number") from exc
+    fd = _open_dir(port_dir)
+    try:
+        values: dict[str, int] = {}
+        hw_values: dict[str, int] = {}
+        lifespan: int | None = None
+        if fd is not None:
+            values, _ = _read_values_at(fd, "counters", f"{port_dir}/counters")
+            hw_values, lifespan = _read_values_at(fd, "hw_counters", f"{port_dir}/hw_counters")
+        state = _parsed_at(fd, port_dir, "state", parse_state)
+        phys_state = _parsed_at(fd, port_dir, "phys_state", parse_state)
+        rate = _parsed_at(fd, port_dir, "rate", parse_rate)
+        link_layer = _parsed_at(fd, port_dir, "link_layer", parse_link_layer)
+    finally:
+        if fd is not None:
+            os.close(fd)
     xmit = values.get("port_xmit_data")
     rcv = values.get("port_rcv_data")
     return IbPort(
         device=device,
         port=port,
-        state=_read_parsed(port_dir / "state", parse_state),
-        phys_state=_read_parsed(port_dir / "phys_state", parse_state),
-        rate=_read_parsed(port_dir / "rate", parse_rate),
-        link_layer=_read_parsed(port_dir / "link_layer", parse_link_layer),
-        counters=counters,
+        state=state,
+        phys_state=phys_state,
+        rate=rate,
+        link_layer=link_layer,
+        counters=_counters(values),
         hw_counters=_hw_counters(hw_values),
         hw_counters_lifespan_ms=lifespan,
         xmit_bytes=None if xmit is None else xmit * 4,
@@ -372,35 +459,183 @@ def read_port(device: str, port_dir: Path) -> IbPort:
     )
 
 
-def read_device(device_dir: Path) -> IbDevice:
-    name = device_dir.name
+def _pci_address(device_dir: str) -> str | None:
+    link = f"{device_dir}/device"
+    return pci_address_from_path(os.path.realpath(link)) if os.path.exists(link) else None
 
-    link = device_dir / "device"
-    pci_address = pci_address_from_path(os.path.realpath(link)) if link.exists() else None
-    hw_values, _ = _read_values(device_dir / "hw_counters")
-    ports_dir = device_dir / "ports"
+
+def read_device(
+    device_dir: Path | str, pci_address: Callable[[str], str | None] = _pci_address
+) -> IbDevice:
+    """One RDMA device; ``pci_address`` resolves the PCI function behind ``<dev>/device``."""
+    device_dir = str(device_dir)
+    name = device_dir.rpartition("/")[2]
+    fd = _open_dir(device_dir)
+    try:
+        hw_values: dict[str, int] = {}
+        if fd is not None:
+            hw_values, _ = _read_values_at(fd, "hw_counters", f"{device_dir}/hw_counters")
+        node_guid = _parsed_at(fd, device_dir, "node_guid", parse_node_guid)
+        fw_ver = _parsed_at(fd, device_dir, "fw_ver", parse_attribute)
+        hca_type = _parsed_at(fd, device_dir, "hca_type", parse_attribute)
+        board_id = _parsed_at(fd, device_dir, "board_id", parse_attribute)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    ports_dir = f"{device_dir}/ports"
     port_names = sorted((p for p in _listdir(ports_dir) if _PORT_RE.fullmatch(p)), key=int)
     return IbDevice(
         name=name,
-        node_guid=_read_parsed(device_dir / "node_guid", parse_node_guid),
-        fw_ver=_read_parsed(device_dir / "fw_ver", parse_attribute),
-        hca_type=_read_parsed(device_dir / "hca_type", parse_attribute),
-        board_id=_read_parsed(device_dir / "board_id", parse_attribute),
-        pci_address=pci_address,
-        netdevs=tuple(_listdir(link / "net")),
+        node_guid=node_guid,
+        fw_ver=fw_ver,
+        hca_type=hca_type,
+        board_id=board_id,
+        pci_address=pci_address(device_dir),
+        netdevs=tuple(_listdir(f"{device_dir}/device/net")),
         hw_counters=_hw_counters(hw_values),
-        ports=tuple(read_port(name, ports_dir / p) for p in port_names),
+        ports=tuple(read_port(name, f"{ports_dir}/{p}") for p in port_names),
     )
 
 
 def read_infiniband(roots: Roots) -> InfinibandData:
     """Every RDMA device under ``<sysfs>/class/infiniband``; none when the class is absent."""
-    base = roots.sysfs / "class" / "infiniband"
-    return InfinibandData(tuple(read_device(base / name) for name in _listdir(base)))
+    base = f"{roots.sysfs}/class/infiniband"
+    return InfinibandData(tuple(read_device(f"{base}/{name}") for name in _listdir(base)))
+
+
+#: Runs between two full reads of a device at production cadence (see InfinibandSource).
+SLOW_EVERY = 10
+
+#: ``counters/`` files read on every run: the port's bytes, packets and transmit waits. The
+#: error counters and the unicast/multicast split of the packets are read every
+#: ``slow_every`` runs: a counters/ file is a PerfMgmt MAD to the HCA on every read.
+TRAFFIC_COUNTERS: frozenset[str] = frozenset((*DATA_COUNTERS, "port_xmit_wait"))
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+class InfinibandSource:
+    """The ``infiniband`` source: every run reads each port's traffic counters
+    (:data:`TRAFFIC_COUNTERS`); every ``slow_every`` runs it reads the whole tree: error
+    counters, ``hw_counters``, the port's ``state``, ``phys_state``, ``rate`` and
+    ``link_layer`` (which change when the link goes down or retrains, as the error counters
+    say too), identities, netdevs, the port list. A device that appeared is read in full at
+    once; one that went is dropped. Between full reads a port's other values are those of
+    the last full read.
+
+    The PCI function behind ``<dev>/device`` is resolved again only when the texts of the
+    two links that lead to it (``class/infiniband/<dev>`` and ``<dev>/device``) changed:
+    the resolved path is a function of them, and resolving costs a ``stat`` per component.
+    """
+
+    name = NAME
+
+    def __init__(self, slow_every: int = SLOW_EVERY) -> None:
+        self.slow_every = slow_every
+        # Runs left until the next full read; 0 makes the next run read everything.
+        self._slow_left = 0
+        self._base = ""
+        self._devices: dict[str, IbDevice] = {}
+        self._links: dict[str, tuple[tuple[str | None, str | None], str | None]] = {}
+
+    def collect(self, roots: Roots) -> InfinibandData:
+        base = f"{roots.sysfs}/class/infiniband"
+        if base != self._base:
+            self._base, self._devices, self._slow_left = base, {}, 0
+        full = self._slow_left <= 0
+        self._slow_left = max(self.slow_every, 1) - 1 if full else self._slow_left - 1
+        devices: dict[str, IbDevice] = {}
+        for name in _listdir(base):
+            known = self._devices.get(name)
+            if full or known is None:
+                devices[name] = read_device(f"{base}/{name}", self._pci_address)
+            else:
+                devices[name] = _refresh_device(f"{base}/{name}", known)
+        self._devices = devices
+        for gone in self._links.keys() - devices.keys():
+            del self._links[gone]
+        return InfinibandData(tuple(devices.values()))
+
+    def _pci_address(self, device_dir: str) -> str | None:
+        name = device_dir.rpartition("/")[2]
+        texts = (_readlink(device_dir), _readlink(f"{device_dir}/device"))
+        cached = self._links.get(name)
+        if cached is not None and cached[0] == texts and None not in texts:
+            return cached[1]
+        address = _pci_address(device_dir)
+        self._links[name] = (texts, address)
+        return address
+
+    def close(self) -> None:
+        self._devices, self._links = {}, {}
+
+
+def _refresh_device(device_dir: str, device: IbDevice) -> IbDevice:
+    """``device`` with the values read on every run taken again."""
+    ports = tuple(_refresh_port(f"{device_dir}/ports/{p.port}", p) for p in device.ports)
+    return IbDevice(
+        device.name,
+        device.node_guid,
+        device.fw_ver,
+        device.hca_type,
+        device.board_id,
+        device.pci_address,
+        device.netdevs,
+        device.hw_counters,
+        ports,
+    )
+
+
+def _refresh_port(port_dir: str, port: IbPort) -> IbPort:
+    """``port`` with its traffic counters read again."""
+    fresh: dict[str, int | None] = {}
+    fd = _open_dir(port_dir)
+    try:
+        counters_dir = f"{port_dir}/counters"
+        for counter in port.counters:
+            name = counter.name
+            if name in TRAFFIC_COUNTERS:
+                data = None if fd is None else _read_bytes_at(fd, f"counters/{name}")
+                fresh[name] = None if data is None else _counter_value(data, counters_dir, name)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    # counter_bits over the values a full read would have: the carried ones and these.
+    extended = any(c.name in _EXTENDED_ONLY for c in port.counters) or any(
+        (fresh.get(n) or 0) >= 1 << 32 for n in DATA_COUNTERS
+    )
+    data_bits = 64 if extended else 32
+    counters: list[Counter] = []
+    for counter in port.counters:
+        name = counter.name
+        if name not in fresh:
+            counters.append(counter)  # not traffic: its width does not depend on values
+        elif (value := fresh[name]) is not None:  # None: gone or no PMA, absent
+            counters.append(Counter(name, value, _FIXED_BITS.get(name, data_bits)))
+    xmit = fresh.get("port_xmit_data")
+    rcv = fresh.get("port_rcv_data")
+    return IbPort(
+        port.device,
+        port.port,
+        port.state,
+        port.phys_state,
+        port.rate,
+        port.link_layer,
+        tuple(counters),
+        port.hw_counters,
+        port.hw_counters_lifespan_ms,
+        None if xmit is None else xmit * 4,
+        None if rcv is None else rcv * 4,
+    )
 
 
 def make_source() -> Source:
-    return FunctionSource(NAME, read_infiniband)
+    return InfinibandSource()
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,15 @@ The call surface and the formats are those of ``pynvml.py`` (nvidia-ml-py 13.615
   32 bits, ``unsigned long long`` 64 bits); nvml.h states no width, so a driver that reports
   them as 64-bit values is taken to wrap at 2^64. All fields of one GPU are read in ONE call
   per cycle; each value carries its own timestamp (µs since the epoch), which the rates use.
+  The returned ``c_nvmlFieldValue_t`` array is decoded in bulk from its memory (the layout
+  of ``nvml.h``, checked against pynvml's ctypes declaration at import); pynvml's
+  per-attribute access costs microseconds per value, and a GPU has 74 of them.
+* What moves only on faults or link retraining is read every ``slow_every`` runs
+  (:data:`SLOW_EVERY` by default) and carried in the records between reads: the NVLink
+  states and DL error counters (four calls per link: 576 calls on an 8-GPU HGX), the PCIe
+  link generation and width, the PCIe replay counter. The first run, a re-initialisation
+  and a lost GPU make the next run read everything. Byte counters, utilisation and
+  processes are read every run.
 * ``nvmlDeviceGetPcieThroughput`` is "a byte counter over a 20ms interval" in KB/s: a 20 ms
   snapshot, not an average over the poll interval. It is read only where fields 197/198 are
   not supported, and the record says so (``pcie_bytes_source = "throughput-20ms"``). KB is
@@ -48,9 +57,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import os
 import re
+import struct
+import sys
 import threading
 import time
 from collections import Counter as _Counter
@@ -78,6 +90,7 @@ FI_NVLINK_RAW_RX = 141
 FI_PCIE_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES, bytes, "can be wrapped"
 FI_PCIE_RX_BYTES = 198
 NVLINK_FIELDS = (FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX, FI_NVLINK_RAW_TX, FI_NVLINK_RAW_RX)
+_PCIE_FIELDS = frozenset({(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0)})
 
 #: NVML_NVLINK_ERROR_DL_* counters read per link, by the name the record gives them.
 NVLINK_ERROR_COUNTERS: tuple[tuple[str, int], ...] = (
@@ -86,6 +99,15 @@ NVLINK_ERROR_COUNTERS: tuple[tuple[str, int], ...] = (
     ("crc_flit", 2),  # NVML_NVLINK_ERROR_DL_CRC_FLIT: flow-control digit CRC errors
     ("crc_data", 3),  # NVML_NVLINK_ERROR_DL_CRC_DATA: data CRC errors
 )
+
+_ERROR_COUNTER_KEYS = tuple(
+    (name, counter, f"nvmlDeviceGetNvLinkErrorCounter:{name}")
+    for name, counter in NVLINK_ERROR_COUNTERS
+)
+
+#: Runs between two reads of the NVLink states and error counters, the PCIe link
+#: generation and width and the PCIe replay counter (see the module docstring).
+SLOW_EVERY = 10
 
 #: nvmlDeviceGetNvLinkRemoteDeviceType values (nvml.h nvmlIntNvLinkDeviceType_t).
 REMOTE_TYPES = {0: "gpu", 1: "ibmnpu", 2: "switch", 0xFF: "unknown"}
@@ -147,6 +169,51 @@ _VALUE_MEMBERS: dict[int, tuple[str, int | None]] = {
     5: ("siVal", 31),
     6: ("usVal", 16),
 }
+# valueType -> (the union member's native struct format, width in bits): every member of
+# the c_nvmlValue_t union starts at its first byte.
+_VALUE_FORMATS: dict[int, tuple[struct.Struct, int | None]] = {
+    0: (struct.Struct("@d"), None),
+    1: (struct.Struct("@I"), 32),
+    2: (struct.Struct("@L"), ctypes.sizeof(ctypes.c_ulong) * 8),
+    3: (struct.Struct("@Q"), 64),
+    4: (struct.Struct("@q"), 63),
+    5: (struct.Struct("@i"), 31),
+    6: (struct.Struct("@H"), 16),
+}
+_VALUE_TYPE_ULL = 3
+_UNION_BYTES = 8
+
+#: ``c_nvmlFieldValue_t`` (nvml.h) as one native struct: fieldId, scopeId, timestamp,
+#: latencyUsec, valueType, nvmlReturn, and the 8 bytes of the value union as an unsigned
+#: 64-bit number (the ``ullVal`` member; the others are decoded from its bytes).
+_FIELD_ROW = "IIqqIIQ"
+_FIELD_ROW_SIZE = struct.calcsize("@" + _FIELD_ROW)
+#: The columns of :func:`field_columns`, in this order.
+FIELD_COLUMNS = (
+    "fieldId",
+    "scopeId",
+    "timestamp",
+    "latencyUsec",
+    "valueType",
+    "nvmlReturn",
+    "value",
+)
+
+
+def _field_value_layout_matches() -> bool:
+    """Whether pynvml declares ``c_nvmlFieldValue_t`` with nvml.h's layout, so an array of
+    them can be unpacked from its memory; otherwise values are read attribute by attribute."""
+    cls = pynvml.c_nvmlFieldValue_t
+    names = ("fieldId", "scopeId", "timestamp", "latencyUsec", "valueType", "nvmlReturn", "value")
+    try:
+        placed = [(getattr(cls, name).offset, getattr(cls, name).size) for name in names]
+    except AttributeError:
+        return False
+    expected = [(0, 4), (4, 4), (8, 8), (16, 8), (24, 4), (28, 4), (32, _UNION_BYTES)]
+    return placed == expected and ctypes.sizeof(cls) == _FIELD_ROW_SIZE
+
+
+_FIELD_ROWS_FROM_MEMORY = _field_value_layout_matches()
 
 
 class NvmlAdapter(Protocol):
@@ -413,6 +480,57 @@ def field_value(value: Any) -> tuple[int | float, int | None]:
     return number, bits
 
 
+@functools.lru_cache(maxsize=16)
+def _field_array_layout(count: int) -> struct.Struct:
+    # Native alignment repeats every row: each row is 40 bytes, a multiple of 8.
+    return struct.Struct("@" + _FIELD_ROW * count)
+
+
+def field_columns(values: Any) -> tuple[Sequence[int], ...]:
+    """The results of ``nvmlDeviceGetFieldValues`` as the seven columns named by
+    :data:`FIELD_COLUMNS`; ``value`` is the union's 8 bytes as an unsigned 64-bit number
+    (see :func:`row_value`).
+
+    pynvml returns a ctypes array of ``c_nvmlFieldValue_t``: it is unpacked from its memory
+    in one call (pynvml's attribute access costs microseconds a value, and an H100 has 74;
+    one flat tuple rather than a tuple per value also spares the garbage collector).
+    Anything else is read attribute by attribute into the same columns.
+    """
+    if (
+        _FIELD_ROWS_FROM_MEMORY
+        and isinstance(values, ctypes.Array)
+        and values._type_ is pynvml.c_nvmlFieldValue_t
+    ):
+        flat = _field_array_layout(len(values)).unpack(values)
+        width = len(FIELD_COLUMNS)
+        return tuple(flat[column::width] for column in range(width))
+    rows = [
+        (
+            int(v.fieldId),
+            int(v.scopeId),
+            int(v.timestamp),
+            int(v.latencyUsec),
+            int(v.valueType),
+            int(v.nvmlReturn),
+            int.from_bytes(bytes(v.value)[:_UNION_BYTES], sys.byteorder),
+        )
+        for v in values
+    ]
+    return tuple([row[column] for row in rows] for column in range(len(FIELD_COLUMNS)))
+
+
+def row_value(value_type: int, union: int) -> tuple[int | float, int | None]:
+    """The number of a field row and its width in bits: the member of the value union that
+    ``valueType`` names, decoded from the union's bytes (``union`` as
+    :func:`field_columns` gives them)."""
+    decoder = _VALUE_FORMATS.get(value_type)
+    if decoder is None:
+        raise ValueError(f"unknown NVML valueType {value_type}")
+    fmt, bits = decoder
+    number: int | float = fmt.unpack_from(union.to_bytes(_UNION_BYTES, sys.byteorder))[0]
+    return number, bits
+
+
 # --------------------------------------------------------------------------------------------
 # The source
 
@@ -423,6 +541,58 @@ class _Link:
     active: bool | None = None
     remote_type: str | None = None
     remote_pci_address: str | None = None
+    #: the error counters of the last slow read, carried until the next one
+    errors: tuple[tuple[str, int], ...] = ()
+    #: the throughput fields of this link, as (fieldId, scopeId)
+    field_keys: tuple[tuple[int, int], ...] = ()
+    #: the keys its per-link calls are remembered under when NOT_SUPPORTED
+    call_keys: tuple[str, str, str] = ("", "", "")
+
+    def __post_init__(self) -> None:
+        self.field_keys = tuple((fid, self.index) for fid in NVLINK_FIELDS)
+        self.call_keys = (
+            f"nvmlDeviceGetNvLinkState:{self.index}",
+            f"nvmlDeviceGetNvLinkRemoteDeviceType:{self.index}",
+            f"nvmlDeviceGetNvLinkRemotePciInfo:{self.index}",
+        )
+
+
+@dataclass(frozen=True)
+class _FieldPlan:
+    """The fields asked of one GPU every run and where each lands in the answer: the
+    positions in ``wanted`` of the PCIe fields and of each link's four throughput fields
+    (``None`` for a field not asked because it is unsupported)."""
+
+    wanted: list[tuple[int, int]]
+    #: per position: a NVLink throughput field, counted in KiB
+    kib: list[bool]
+    pcie: tuple[int | None, int | None]
+    links: list[tuple[int | None, ...]]
+
+    @classmethod
+    def make(cls, links: Sequence[_Link], unsupported: set[tuple[int, int]]) -> _FieldPlan:
+        wanted = [(fid, 0) for fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)]
+        for link in links:
+            wanted.extend(link.field_keys)
+        wanted = [w for w in wanted if w not in unsupported]
+        at = {key: i for i, key in enumerate(wanted)}
+        return cls(
+            wanted=wanted,
+            kib=[fid in NVLINK_FIELDS for fid, _ in wanted],
+            pcie=(at.get((FI_PCIE_TX_BYTES, 0)), at.get((FI_PCIE_RX_BYTES, 0))),
+            links=[tuple(at.get(key) for key in link.field_keys) for link in links],
+        )
+
+
+@dataclass
+class _SlowGpu:
+    """What a slow read gives a GPU, carried in its records until the next one."""
+
+    pcie_gen_current: int | None
+    pcie_width_current: int | None
+    pcie_gen_max: int | None
+    pcie_width_max: int | None
+    pcie_replays: int | None
 
 
 @dataclass
@@ -437,6 +607,26 @@ class _Gpu:
     unsupported_calls: set[str] = field(default_factory=set)
     unsupported_fields: set[tuple[int, int]] = field(default_factory=set)
     lost: bool = False
+    #: the last slow read; None until the first
+    slow: _SlowGpu | None = None
+    #: the fields asked every run; rebuilt when one turns out unsupported
+    plan: _FieldPlan | None = None
+    _unsupported_names: tuple[int, int, tuple[str, ...]] = field(
+        default=(0, 0, ()), init=False, repr=False
+    )
+
+    def unsupported_names(self) -> tuple[str, ...]:
+        """The calls and fields that answered NOT_SUPPORTED, sorted, as the record has them."""
+        calls, fields, names = self._unsupported_names
+        # The sets only grow: their sizes tell whether the names are still those.
+        if (calls, fields) != (len(self.unsupported_calls), len(self.unsupported_fields)):
+            names = tuple(
+                sorted(self.unsupported_calls)
+                + [f"field:{fid}:{scope}" for fid, scope in sorted(self.unsupported_fields)]
+            )
+            calls, fields = len(self.unsupported_calls), len(self.unsupported_fields)
+            self._unsupported_names = (calls, fields, names)
+        return names
 
 
 class _GpuLost(Exception):
@@ -505,7 +695,8 @@ class NvmlSource:
 
     ``clock`` paces initialisation retries; ``wall_clock`` stamps events.
     ``event_wait_ms`` bounds one ``nvmlEventSetWait`` of the Xid thread, and so how long
-    :meth:`close` waits for it.
+    :meth:`close` waits for it. ``slow_every`` is the number of runs between two reads of
+    what moves only on faults (1: every run reads everything).
     """
 
     name = NAME
@@ -519,8 +710,12 @@ class NvmlSource:
         watch_xids: bool = True,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        slow_every: int = SLOW_EVERY,
     ) -> None:
         self.nvml = nvml
+        self.slow_every = slow_every
+        # Runs left until the next slow read; 0 makes the next run read everything.
+        self._slow_left = 0
         self.retry_seconds = retry_seconds
         self.event_wait_ms = event_wait_ms
         self.watch_xids = watch_xids
@@ -595,6 +790,7 @@ class NvmlSource:
             )
         self._device_count = count
         self._gpus = gpus
+        self._slow_left = 0
 
     def _discover_links(self, handle: Any) -> list[_Link]:
         """Links are probed once: NVML answers INVALID_ARGUMENT past the GPU's last link
@@ -697,12 +893,14 @@ class NvmlSource:
     def collect(self, roots: Roots) -> NvmlData:
         self._ensure_init()
         self._start_watcher()
+        slow = self._slow_left <= 0
+        self._slow_left = max(self.slow_every, 1) - 1 if slow else self._slow_left - 1
         samples: list[GpuSample] = []
         for gpu in self._gpus:
             if gpu.lost:
                 continue
             try:
-                samples.append(self._read_gpu(gpu))
+                samples.append(self._read_gpu(gpu, slow))
             except _GpuLost as lost:
                 gpu.lost = True
                 self._record_lost(gpu.index, gpu.uuid, gpu.pci_address, lost.where)
@@ -736,6 +934,8 @@ class NvmlSource:
         self._events.append(
             NvmlEvent("gpu_lost", index, uuid, pci_address, self.wall_clock(), where)
         )
+        # The GPUs left may have gone through the same fault: read all of them next run.
+        self._slow_left = 0
 
     def _call(self, gpu: _Gpu, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
         """One NVML call for ``gpu``; ``None`` when it has no answer this time.
@@ -761,55 +961,105 @@ class NvmlSource:
             log.debug("source=nvml gpu=%d call=%s error=%r", gpu.index, key, _error_name(exc))
             return None
 
-    def _read_fields(self, gpu: _Gpu) -> dict[tuple[int, int], CounterValue]:
-        wanted: list[tuple[int, int]] = [(fid, 0) for fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)]
-        for link in gpu.links:
-            wanted.extend((fid, link.index) for fid in NVLINK_FIELDS)
-        wanted = [w for w in wanted if w not in gpu.unsupported_fields]
+    def _read_fields(self, gpu: _Gpu) -> tuple[_FieldPlan, list[CounterValue | None]]:
+        """The counters of ``gpu``'s fields, in the order of the plan they were asked by."""
+        plan = gpu.plan
+        if plan is None:
+            plan = gpu.plan = _FieldPlan.make(gpu.links, gpu.unsupported_fields)
+        wanted = plan.wanted
+        result: list[CounterValue | None] = [None] * len(wanted)
         if not wanted:
-            return {}
+            return plan, result
         values = self._call(
             gpu, "nvmlDeviceGetFieldValues", self.nvml.nvmlDeviceGetFieldValues, gpu.handle, wanted
         )
         if values is None:
             if "nvmlDeviceGetFieldValues" in gpu.unsupported_calls:
                 gpu.unsupported_fields.update(wanted)
-            return {}
-        result: dict[tuple[int, int], CounterValue] = {}
-        for key, value in zip(wanted, values, strict=False):
-            ret = int(value.nvmlReturn)
-            if ret == pynvml.NVML_SUCCESS:
-                try:
-                    number, bits = field_value(value)
-                except ValueError as exc:
-                    log.debug("source=nvml gpu=%d field=%s error=%r", gpu.index, key, str(exc))
-                    continue
-                kib = key[0] in NVLINK_FIELDS
-                if isinstance(number, float):
-                    count, width = int(number), None
-                else:
-                    count, width = number, bits
-                if count < 0:
-                    continue
+                gpu.plan = None
+            return plan, result
+        _fids, _scopes, stamps, _latency, vtypes, rets, unions = field_columns(values)
+        success, ull, count = pynvml.NVML_SUCCESS, _VALUE_TYPE_ULL, len(wanted)
+        if len(rets) == count and rets.count(success) == count and vtypes.count(ull) == count:
+            # Every field an unsigned long long, as on current drivers: 74 per H100 a run.
+            return plan, [
+                CounterValue(union << 10, stamp if stamp > 0 else None, 74)
+                if kib
+                else CounterValue(union, stamp if stamp > 0 else None, 64)
+                for kib, stamp, union in zip(plan.kib, stamps, unions, strict=True)
+            ]
+        for i, (kib, stamp, vtype, ret, union) in enumerate(
+            zip(plan.kib, stamps, vtypes, rets, unions, strict=False)
+        ):
+            if ret == success and vtype == ull:
                 if kib:
-                    count *= 1024
-                    width = None if width is None else width + 10
-                stamp = int(value.timestamp)
-                result[key] = CounterValue(count, stamp if stamp > 0 else None, width)
-            elif ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                    result[i] = CounterValue(union << 10, stamp if stamp > 0 else None, 74)
+                else:
+                    result[i] = CounterValue(union, stamp if stamp > 0 else None, 64)
+            else:
+                result[i] = self._odd_field(gpu, wanted[i], kib, stamp, vtype, ret, union)
+        return plan, result
+
+    def _odd_field(
+        self,
+        gpu: _Gpu,
+        key: tuple[int, int],
+        kib: bool,
+        stamp: int,
+        vtype: int,
+        ret: int,
+        union: int,
+    ) -> CounterValue | None:
+        """A field that failed or is not an ``unsigned long long``."""
+        if ret != pynvml.NVML_SUCCESS:
+            if ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
                 gpu.unsupported_fields.add(key)
+                gpu.plan = None
             elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise _GpuLost(f"nvmlDeviceGetFieldValues field {key[0]}: GPU is lost")
-        return result
+            return None
+        try:
+            number, width = row_value(vtype, union)
+            count = int(number)  # a double has no width: width is None
+        except (ValueError, OverflowError) as exc:  # an unknown type, NaN, infinity
+            log.debug("source=nvml gpu=%d field=%s error=%r", gpu.index, key, str(exc))
+            return None
+        if count < 0:
+            return None
+        if kib:
+            count *= 1024
+            width = None if width is None else width + 10
+        return CounterValue(count, stamp if stamp > 0 else None, width)
 
-    def _read_gpu(self, gpu: _Gpu) -> GpuSample:
+    def _read_slow(self, gpu: _Gpu) -> _SlowGpu:
+        """The PCIe link and replay counter of ``gpu``, and the state, peer and error
+        counters of each of its links (kept on the links)."""
+        h, nvml = gpu.handle, self.nvml
+
+        def simple(fn: Callable[[Any], int]) -> int | None:
+            value = self._call(gpu, fn.__name__, fn, h)
+            return None if value is None else int(value)
+
+        slow = _SlowGpu(
+            pcie_gen_current=simple(nvml.nvmlDeviceGetCurrPcieLinkGeneration),
+            pcie_width_current=simple(nvml.nvmlDeviceGetCurrPcieLinkWidth),
+            pcie_gen_max=simple(nvml.nvmlDeviceGetMaxPcieLinkGeneration),
+            pcie_width_max=simple(nvml.nvmlDeviceGetMaxPcieLinkWidth),
+            pcie_replays=simple(nvml.nvmlDeviceGetPcieReplayCounter),
+        )
+        for link in gpu.links:
+            self._read_link(gpu, link)
+        return slow
+
+    def _read_gpu(self, gpu: _Gpu, slow: bool) -> GpuSample:
         h = gpu.handle
-        fields = self._read_fields(gpu)
-        pcie_tx = fields.get((FI_PCIE_TX_BYTES, 0))
-        pcie_rx = fields.get((FI_PCIE_RX_BYTES, 0))
+        plan, fields = self._read_fields(gpu)
+        tx_at, rx_at = plan.pcie
+        pcie_tx = None if tx_at is None else fields[tx_at]
+        pcie_rx = None if rx_at is None else fields[rx_at]
         snapshot: PcieSnapshot | None = None
         pcie_source: str | None = "fields" if pcie_tx is not None and pcie_rx is not None else None
-        if {(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0)} & gpu.unsupported_fields:
+        if not _PCIE_FIELDS.isdisjoint(gpu.unsupported_fields):
             call, fn = "nvmlDeviceGetPcieThroughput", self.nvml.nvmlDeviceGetPcieThroughput
             tx = self._call(gpu, call, fn, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
             rx = self._call(gpu, call, fn, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
@@ -821,11 +1071,6 @@ class NvmlSource:
                 pcie_source = "throughput-20ms"
 
         nvml = self.nvml
-
-        def simple(fn: Callable[[Any], int]) -> int | None:
-            value = self._call(gpu, fn.__name__, fn, h)
-            return None if value is None else int(value)
-
         util = self._call(
             gpu, "nvmlDeviceGetUtilizationRates", nvml.nvmlDeviceGetUtilizationRates, h
         )
@@ -855,6 +1100,23 @@ class NvmlSource:
                 key=lambda p: p.pid,
             )
         )
+        carried = gpu.slow
+        if slow or carried is None:
+            carried = gpu.slow = self._read_slow(gpu)
+        nvlinks = [
+            NvLinkSample(
+                link.index,
+                link.active,
+                link.remote_type,
+                link.remote_pci_address,
+                None if data_tx is None else fields[data_tx],
+                None if data_rx is None else fields[data_rx],
+                None if raw_tx is None else fields[raw_tx],
+                None if raw_rx is None else fields[raw_rx],
+                link.errors,
+            )
+            for link, (data_tx, data_rx, raw_tx, raw_rx) in zip(gpu.links, plan.links, strict=True)
+        ]
         return GpuSample(
             index=gpu.index,
             uuid=gpu.uuid,
@@ -864,76 +1126,43 @@ class NvmlSource:
             pcie_rx=pcie_rx,
             pcie_snapshot=snapshot,
             pcie_bytes_source=pcie_source,
-            pcie_gen_current=simple(nvml.nvmlDeviceGetCurrPcieLinkGeneration),
-            pcie_width_current=simple(nvml.nvmlDeviceGetCurrPcieLinkWidth),
-            pcie_gen_max=simple(nvml.nvmlDeviceGetMaxPcieLinkGeneration),
-            pcie_width_max=simple(nvml.nvmlDeviceGetMaxPcieLinkWidth),
-            pcie_replays=simple(nvml.nvmlDeviceGetPcieReplayCounter),
+            pcie_gen_current=carried.pcie_gen_current,
+            pcie_width_current=carried.pcie_width_current,
+            pcie_gen_max=carried.pcie_gen_max,
+            pcie_width_max=carried.pcie_width_max,
+            pcie_replays=carried.pcie_replays,
             gpu_util_percent=None if util is None else int(util.gpu),
             memory_util_percent=None if util is None else int(util.memory),
             decoder_util_percent=media["decoder"],
             encoder_util_percent=media["encoder"],
             jpeg_util_percent=media["jpeg"],
             processes=processes,
-            nvlinks=tuple(self._read_link(gpu, link, fields) for link in gpu.links),
-            unsupported=tuple(
-                sorted(gpu.unsupported_calls)
-                + [f"field:{fid}:{scope}" for fid, scope in sorted(gpu.unsupported_fields)]
-            ),
+            nvlinks=tuple(nvlinks),
+            unsupported=gpu.unsupported_names(),
         )
 
-    def _read_link(
-        self, gpu: _Gpu, link: _Link, fields: dict[tuple[int, int], CounterValue]
-    ) -> NvLinkSample:
+    def _read_link(self, gpu: _Gpu, link: _Link) -> None:
+        """The state, peer (when the link came up) and error counters of one link."""
         h, n, nvml = gpu.handle, link.index, self.nvml
-        state = self._call(
-            gpu, f"nvmlDeviceGetNvLinkState:{n}", nvml.nvmlDeviceGetNvLinkState, h, n
-        )
+        state_key, type_key, remote_key = link.call_keys
+        state = self._call(gpu, state_key, nvml.nvmlDeviceGetNvLinkState, h, n)
         active = None if state is None else bool(state)
         if active and (not link.active or link.remote_type is None):
             # The peer of a link changes only when the link retrains: read it when the link
             # comes up, not every cycle.
-            kind = self._call(
-                gpu,
-                f"nvmlDeviceGetNvLinkRemoteDeviceType:{n}",
-                nvml.nvmlDeviceGetNvLinkRemoteDeviceType,
-                h,
-                n,
-            )
-            remote = self._call(
-                gpu,
-                f"nvmlDeviceGetNvLinkRemotePciInfo:{n}",
-                nvml.nvmlDeviceGetNvLinkRemotePciInfo,
-                h,
-                n,
-            )
+            kind = self._call(gpu, type_key, nvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, n)
+            remote = self._call(gpu, remote_key, nvml.nvmlDeviceGetNvLinkRemotePciInfo, h, n)
             link.remote_type = None if kind is None else REMOTE_TYPES.get(int(kind), "unknown")
             link.remote_pci_address = None if remote is None else _pci_address_of(remote)
         link.active = active
         errors: list[tuple[str, int]] = []
-        for name, counter in NVLINK_ERROR_COUNTERS:
+        read_counter = nvml.nvmlDeviceGetNvLinkErrorCounter
+        for name, counter, key in _ERROR_COUNTER_KEYS:
             # NOT_SUPPORTED for one counter is a property of the GPU, not of one link.
-            value = self._call(
-                gpu,
-                f"nvmlDeviceGetNvLinkErrorCounter:{name}",
-                nvml.nvmlDeviceGetNvLinkErrorCounter,
-                h,
-                n,
-                counter,
-            )
+            value = self._call(gpu, key, read_counter, h, n, counter)
             if value is not None:
                 errors.append((name, int(value)))
-        return NvLinkSample(
-            link=n,
-            active=active,
-            remote_type=link.remote_type,
-            remote_pci_address=link.remote_pci_address,
-            data_tx=fields.get((FI_NVLINK_DATA_TX, n)),
-            data_rx=fields.get((FI_NVLINK_DATA_RX, n)),
-            raw_tx=fields.get((FI_NVLINK_RAW_TX, n)),
-            raw_rx=fields.get((FI_NVLINK_RAW_RX, n)),
-            errors=tuple(errors),
-        )
+        link.errors = tuple(errors)
 
 
 def _pci_address_of(info: Any) -> str:
