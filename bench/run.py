@@ -370,6 +370,9 @@ class _Exchange:
         self.encoding = ""
         self.sent_ns = 0
         self.done_ns = 0
+        self.chunked = False
+        self.raw = bytearray()
+        self.pos = 0
 
     def feed(self, data: memoryview) -> bool:
         """Take received bytes; True once the response is complete."""
@@ -384,13 +387,34 @@ class _Exchange:
             for line in lines[1:]:
                 name, _, value = line.partition(":")
                 headers[name.strip().lower()] = value.strip()
+            # Go's net/http (node_exporter) streams a gzip body in chunks, without a length.
+            self.chunked = headers.get("transfer-encoding", "").lower() == "chunked"
             self.length = int(headers.get("content-length", "0"))
             self.encoding = headers.get("content-encoding", "")
             data = memoryview(self.head)[end + 4 :]
+        if self.chunked:
+            return self._feed_chunked(data)
         self.received += len(data)
         if self.keep_body:
             self.parts.append(bytes(data))
         return self.received >= self.length
+
+    def _feed_chunked(self, data: memoryview) -> bool:
+        self.raw += data
+        while True:
+            line_end = self.raw.find(b"\r\n", self.pos)
+            if line_end < 0:
+                return False
+            size = int(bytes(self.raw[self.pos : line_end]).split(b";")[0], 16)
+            start = line_end + 2
+            if size == 0:
+                # The last chunk, no trailers: an empty line ends the response.
+                return self.raw.find(b"\r\n", start) == start
+            if len(self.raw) < start + size + 2:
+                return False
+            if self.keep_body:
+                self.parts.append(bytes(self.raw[start : start + size]))
+            self.pos = start + size + 2
 
 
 class LoadGenerator:

@@ -57,6 +57,17 @@ def test_a_response_split_across_reads_is_put_back_together() -> None:
     assert (exchange.status, exchange.parts) == (200, [b"ab", b"c"])
 
 
+def test_a_chunked_response_ends_at_its_last_chunk() -> None:
+    # node_exporter (Go's net/http) sends a gzip body in chunks, without Content-Length.
+    exchange: Any = bench._Exchange(None, keep_body=True)
+    head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert exchange.feed(memoryview(head + b"3\r\nabc\r\n1")) is False
+    assert exchange.feed(memoryview(b"0\r\n0123456789abcdef\r\n0\r\n")) is False
+    assert exchange.feed(memoryview(b"\r\n")) is True
+    assert b"".join(exchange.parts) == b"abc0123456789abcdef"
+    assert exchange.encoding == "gzip"
+
+
 def test_the_report_names_each_latency_mode() -> None:
     figures = {"requests": 1, "p50_ms": 0.2, "p99_ms": 0.9, "max_ms": 1.0}
     results: dict[str, Any] = {
