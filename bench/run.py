@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import http.client
 import json
 import os
@@ -866,6 +867,8 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
             clock.now = float(i)
             if i == 0:
                 service.run_cycle()
+                # As Service.run does after its first cycle.
+                gc.freeze()
                 for key in per_source:
                     per_source[key] = 0.0
                 parts.update(analyze=0.0, render=0.0)
@@ -1021,6 +1024,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 reply = json.loads(sim.stdout.readline())
                 clock.now = t
                 service.run_cycle()
+                if cycle == 0:
+                    gc.freeze()  # as Service.run does after its first cycle
                 if cycle % args.churn_every == args.churn_every // 2 and cycle > args.churn_every:
                     _, body = service.cache.body()
                     labelled = {m.decode() for m in JOB_ID.findall(body)}
@@ -1282,7 +1287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--no-node-exporter", action="store_true")
     parser.add_argument("--profile-seconds", type=float, default=30.0)
-    parser.add_argument("--scale-cycles", type=int, default=20)
+    parser.add_argument("--scale-cycles", type=int, default=60)
     parser.add_argument("--curves", nargs="*")
     parser.add_argument("--quick", action="store_true", help="end points of each curve only")
     parser.add_argument("--soak-cycles", type=int, default=10000)
