@@ -363,6 +363,46 @@ def test_source_reads_fault_counters_and_port_state_every_slow_every_runs(
     source.close()
 
 
+def test_port_rates_take_fault_counters_over_the_span_between_full_reads(
+    capture_copy: Path,
+) -> None:
+    roots = Roots.under(capture_copy.parents[2])
+    now = [0.0]
+    source = ib.InfinibandSource(clock=lambda: now[0])
+    port_dir = capture_copy / "mlx5_0" / "ports" / "1"
+    records = []
+    for second in range(21):
+        now[0] = float(second)
+        _bump(port_dir / "counters" / "port_xmit_data", 1000)
+        _bump(port_dir / "counters" / "symbol_error", 2)
+        _bump(port_dir / "hw_counters" / "out_of_buffer", 3)
+        records.append(source.collect(roots))
+    assert [r.slow is not None and r.slow.fresh for r in records] == [
+        s % 10 == 0 for s in range(21)
+    ]
+
+    def rates(second: int) -> ib.PortRates:
+        found = ib.port_rates(records[second - 1], records[second], 1.0).port("mlx5_0", 1)
+        assert found is not None
+        return found
+
+    def counter(port: ib.PortRates, name: str) -> float | None:
+        return next(c.per_second for c in (*port.counters, *port.hw_counters) if c.name == name)
+
+    for second in range(1, 10):  # one full read so far: the fault counters have no rate
+        assert counter(rates(second), "symbol_error") is None
+        assert rates(second).errors_per_second is None
+        assert counter(rates(second), "port_xmit_data") == 1000.0
+    for second in range(10, 21):  # every cycle: the change between the two reads, per second
+        port = rates(second)
+        assert counter(port, "symbol_error") == 2.0, second
+        assert counter(port, "out_of_buffer") == 3.0, second
+        assert port.errors_per_second == 2.0, second
+        assert counter(port, "port_xmit_data") == 1000.0, second
+        assert ib.port_rates(records[second - 1], records[second], 1.0).slow_seconds == 10.0
+    source.close()
+
+
 def test_source_with_slow_every_1_reads_everything_every_run(capture_copy: Path) -> None:
     roots = Roots.under(capture_copy.parents[2])
     source = ib.InfinibandSource(slow_every=1)

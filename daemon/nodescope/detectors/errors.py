@@ -19,6 +19,12 @@ latest). Counter arithmetic (wraps, resets) is :mod:`nodescope.model.counters`'.
 
 These findings hold while the increase is the latest one seen; an alert rule with
 ``for_seconds = 0`` turns them into alerts at once.
+
+NVML's link error and replay counters and InfiniBand's error counters are read only every
+``slow_every`` runs of their sources and carried in between: their change is taken between
+the two latest reads of them, over the span between those reads (``nvml.slow_pair``,
+``InfinibandRates.slow_seconds``), so an error rate that persists shows on every cycle at
+its average over that span, not ten times higher on one cycle in ten.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from nodescope.model.finding import Finding, Severity
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import AerRecord, Topology
 from nodescope.sources.infiniband import InfinibandRates, PortRates
-from nodescope.sources.nvml import NvmlData
+from nodescope.sources.nvml import NvmlData, slow_pair
 
 AER = "pcie_aer_errors"
 REPLAYS = "gpu_pcie_replays"
@@ -184,7 +190,8 @@ def ib_findings(
     rates: InfinibandRates, symbol_errors_per_second: float, xmit_wait_per_second: float
 ) -> list[Finding]:
     findings: list[Finding] = []
-    seconds = rates.seconds
+    # The error counters' rates are over the span between the source's two full reads.
+    seconds = rates.seconds if rates.slow_seconds is None else rates.slow_seconds
     for port in rates.ports:
         subjects = {"hca": port.device, "port": str(port.port)}
         where = f"{port.device} port {port.port}"
@@ -249,9 +256,14 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
             lambda: aer_findings(before, now, seconds, threshold, extra_evidence=tcp),
         )
     nvml = snapshot.pair("nvml", NvmlData)
-    if nvml is not None:
+    # The counters these findings compare are read on the source's slow cadence: compare
+    # the two latest reads of them, over the span between those reads.
+    nvml_slow = None if nvml is None else slow_pair(*nvml)
+    if nvml is not None and nvml_slow is not None:
         findings += nvml_findings(
-            *nvml,
+            nvml_slow[0],
+            nvml[1],
+            nvml_slow[1],
             settings.number("errors", "pcie_replays_per_second"),
             settings.number("errors", "nvlink_errors_per_second"),
             extra_evidence=tcp,

@@ -375,6 +375,7 @@ class SimulatedNode:
         them read everything on every run, so a counter that moves at ``t`` shows at ``t``;
         ``None`` keeps each source's production cadence (``demo`` and the benchmark).
         """
+        from nodescope.sources.infiniband import InfinibandSource
         from nodescope.sources.link_events import LinkEventsSource
         from nodescope.sources.nvml import NvmlSource
         from nodescope.sources.registry import SOURCES
@@ -391,6 +392,11 @@ class SimulatedNode:
         # No device or netlink monitor: the node's devices change only in its trees.
         events: list[Source] = [UdevSource(monitor=None), LinkEventsSource(netlink=False)]
         sources: list[Source] = [*tree, *events, nvml, SOURCES["nvlink_kmod"].make()]
+        for source in tree:
+            if isinstance(source, InfinibandSource):
+                # Its slow counters' span is timed on the node's clock, as NVML's is: replay
+                # and the soak run simulated time faster than real time.
+                source.clock = self.wall_clock
         if slow_every is not None:
             for source in sources:
                 if hasattr(source, "slow_every"):

@@ -26,20 +26,26 @@ A counter file that cannot be read (a failed MAD) or reads ``N/A (no PMA)`` is a
 
 The source (:class:`InfinibandSource`) reads the traffic counters of every port on every run
 and the rest of the tree every ``slow_every`` runs (:data:`SLOW_EVERY` by default), carrying
-the last values in between; a device that appears is read in full at once.
+the last values in between; a device that appears makes that run a full read. Each record
+says when its other values were read and holds the record of the full read before
+(``InfinibandData.slow``): :func:`port_rates` takes the rates of every counter but the
+traffic ones over the span between the two full reads.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
 from nodescope.errors import ParseError
 from nodescope.model.counters import counter_delta
+from nodescope.model.slow import SlowRead, SlowReads
+from nodescope.model.slow import slow_pair as _slow_pair
 from nodescope.roots import Roots
 from nodescope.sources.base import Source
 
@@ -193,6 +199,9 @@ class IbDevice:
 @dataclass(frozen=True, slots=True)
 class InfinibandData:
     devices: tuple[IbDevice, ...]
+    #: when the values other than the traffic counters were read (the source's clock), and
+    #: the record of the full read before; ``None`` in a record that does not say
+    slow: SlowRead[InfinibandData] | None = field(default=None, compare=False, repr=False)
 
     def ports(self) -> Iterable[IbPort]:
         for device in self.devices:
@@ -524,9 +533,10 @@ class InfinibandSource:
     (:data:`TRAFFIC_COUNTERS`); every ``slow_every`` runs it reads the whole tree: error
     counters, ``hw_counters``, the port's ``state``, ``phys_state``, ``rate`` and
     ``link_layer`` (which change when the link goes down or retrains, as the error counters
-    say too), identities, netdevs, the port list. A device that appeared is read in full at
-    once; one that went is dropped. Between full reads a port's other values are those of
-    the last full read.
+    say too), identities, netdevs, the port list. A device that appeared makes the run a
+    full read, so all carried values come from one read at one time; one that went is
+    dropped. Between full reads a port's other values are those of the last full read, and
+    the record says when that was on ``clock`` (see :func:`port_rates`).
 
     The PCI function behind ``<dev>/device`` is resolved again only when the texts of the
     two links that lead to it (``class/infiniband/<dev>`` and ``<dev>/device``) changed:
@@ -535,10 +545,14 @@ class InfinibandSource:
 
     name = NAME
 
-    def __init__(self, slow_every: int = SLOW_EVERY) -> None:
+    def __init__(
+        self, slow_every: int = SLOW_EVERY, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.slow_every = slow_every
+        self.clock = clock
         # Runs left until the next full read; 0 makes the next run read everything.
         self._slow_left = 0
+        self._slow_reads = SlowReads[InfinibandData]()
         self._base = ""
         self._devices: dict[str, IbDevice] = {}
         self._links: dict[str, tuple[tuple[str | None, str | None], str | None]] = {}
@@ -547,19 +561,25 @@ class InfinibandSource:
         base = f"{roots.sysfs}/class/infiniband"
         if base != self._base:
             self._base, self._devices, self._slow_left = base, {}, 0
-        full = self._slow_left <= 0
+            self._slow_reads.clear()
+        names = _listdir(base)
+        full = self._slow_left <= 0 or not self._devices.keys() >= set(names)
         self._slow_left = max(self.slow_every, 1) - 1 if full else self._slow_left - 1
         devices: dict[str, IbDevice] = {}
-        for name in _listdir(base):
-            known = self._devices.get(name)
-            if full or known is None:
+        if full:
+            at = self.clock()
+            for name in names:
                 devices[name] = read_device(f"{base}/{name}", self._pci_address)
-            else:
-                devices[name] = _refresh_device(f"{base}/{name}", known)
+        else:
+            for name in names:
+                devices[name] = _refresh_device(f"{base}/{name}", self._devices[name])
         self._devices = devices
         for gone in self._links.keys() - devices.keys():
             del self._links[gone]
-        return InfinibandData(tuple(devices.values()))
+        record = InfinibandData(tuple(devices.values()))
+        if full:
+            return replace(record, slow=self._slow_reads.read(record, at))
+        return replace(record, slow=self._slow_reads.carried())
 
     def _pci_address(self, device_dir: str) -> str | None:
         name = device_dir.rpartition("/")[2]
@@ -650,8 +670,11 @@ class CounterRate:
 
 @dataclass(frozen=True, slots=True)
 class PortRates:
-    """Per-second figures of one port over one interval; ``None`` where not knowable
-    (counter absent, reset, or saturated)."""
+    """Per-second figures of one port; ``None`` where not knowable (counter absent, reset,
+    or saturated, or no two full reads yet). The traffic figures (:data:`TRAFFIC_COUNTERS`)
+    are over the interval between the two records, the others (``errors_per_second``, the
+    other ``counters`` and the ``hw_counters``) over the span between the two full reads
+    (``InfinibandRates.slow_seconds``)."""
 
     device: str
     port: int
@@ -673,6 +696,9 @@ class PortRates:
 class InfinibandRates:
     seconds: float
     ports: tuple[PortRates, ...]
+    #: the span the rates of all but the traffic counters are over: ``seconds`` when both
+    #: records read everything; ``None`` before two full reads
+    slow_seconds: float | None = None
 
     def port(self, device: str, port: int) -> PortRates | None:
         for rates in self.ports:
@@ -694,18 +720,34 @@ def _rate(
     return None if delta is None else delta * scale / seconds
 
 
-def _port_rates(prev: IbPort, cur: IbPort, seconds: float) -> PortRates:
+def _port_rates(
+    prev: IbPort, cur: IbPort, seconds: float, slow_prev: IbPort | None, slow_seconds: float
+) -> PortRates:
+    """``slow_prev`` is the port at the full read before the one ``cur`` carries, taken
+    ``slow_seconds`` before it (``None``: not in that read, or none yet)."""
+
     def rate(name: str, scale: int = 1) -> float | None:
         return _rate(prev.counter(name), cur.counter(name), seconds, scale)
+
+    def counter_rate(counter: Counter) -> float | None:
+        if counter.name in TRAFFIC_COUNTERS:
+            return _rate(prev.counter(counter.name), counter, seconds)
+        if slow_prev is None:
+            return None
+        return _rate(slow_prev.counter(counter.name), counter, slow_seconds)
 
     xmit_bps = rate("port_xmit_data", 4)
     rcv_bps = rate("port_rcv_data", 4)
     capacity = cur.rate.bytes_per_second if cur.rate is not None else None
-    error_deltas = [
-        d
-        for name in ERROR_COUNTERS
-        if (d := _delta(prev.counter(name), cur.counter(name))) is not None
-    ]
+    error_deltas = (
+        []
+        if slow_prev is None
+        else [
+            d
+            for name in ERROR_COUNTERS
+            if (d := _delta(slow_prev.counter(name), cur.counter(name))) is not None
+        ]
+    )
     return PortRates(
         device=cur.device,
         port=cur.port,
@@ -716,28 +758,56 @@ def _port_rates(prev: IbPort, cur: IbPort, seconds: float) -> PortRates:
         xmit_wait_per_second=rate("port_xmit_wait"),
         xmit_utilization=None if xmit_bps is None or not capacity else xmit_bps / capacity,
         rcv_utilization=None if rcv_bps is None or not capacity else rcv_bps / capacity,
-        errors_per_second=sum(error_deltas) / seconds if error_deltas else None,
-        counters=tuple(
-            CounterRate(c.name, _rate(prev.counter(c.name), c, seconds)) for c in cur.counters
-        ),
+        errors_per_second=sum(error_deltas) / slow_seconds if error_deltas else None,
+        counters=tuple(CounterRate(c.name, counter_rate(c)) for c in cur.counters),
         hw_counters=tuple(
-            CounterRate(c.name, _rate(prev.hw_counter(c.name), c, seconds))
+            CounterRate(
+                c.name,
+                None if slow_prev is None else _rate(slow_prev.hw_counter(c.name), c, slow_seconds),
+            )
             for c in cur.hw_counters
             if not hw_counter_is_gauge(c.name)
         ),
     )
 
 
+def slow_pair(
+    previous: InfinibandData, current: InfinibandData, seconds: float
+) -> tuple[InfinibandData, float] | None:
+    """The record to take the change of ``current``'s counters other than the traffic ones
+    against, and the seconds between them: ``previous`` (read ``seconds`` before) when both
+    were full reads, else the record of the full read before the one ``current`` carries
+    (see :mod:`nodescope.model.slow`)."""
+    return _slow_pair(previous, previous.slow, current.slow, seconds)
+
+
 def port_rates(prev: InfinibandData, cur: InfinibandData, seconds: float) -> InfinibandRates:
-    """Rates of every port present in both samples (a port that appeared has none yet)."""
+    """Rates of every port present in both samples (a port that appeared has none yet);
+    the counters read only on full reads over the span between the two latest."""
     if seconds <= 0:
         return InfinibandRates(seconds, ())
     before = {(p.device, p.port): p for p in prev.ports()}
+    slow = slow_pair(prev, cur, seconds)
+    if slow is None:
+        slow_before: dict[tuple[str, int], IbPort] = {}
+        slow_seconds = None
+    else:
+        slow_before = (
+            before if slow[0] is prev else {(p.device, p.port): p for p in slow[0].ports()}
+        )
+        slow_seconds = slow[1]
     return InfinibandRates(
         seconds,
         tuple(
-            _port_rates(before[(p.device, p.port)], p, seconds)
+            _port_rates(
+                before[key],
+                p,
+                seconds,
+                slow_before.get(key),
+                seconds if slow_seconds is None else slow_seconds,
+            )
             for p in cur.ports()
-            if (p.device, p.port) in before
+            if (key := (p.device, p.port)) in before
         ),
+        slow_seconds,
     )

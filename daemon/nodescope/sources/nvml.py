@@ -26,7 +26,9 @@ The call surface and the formats are those of ``pynvml.py`` (nvidia-ml-py 13.615
   states and DL error counters (four calls per link: 576 calls on an 8-GPU HGX), the PCIe
   link generation and width, the PCIe replay counter. The first run, a re-initialisation
   and a lost GPU make the next run read everything. Byte counters, utilisation and
-  processes are read every run.
+  processes are read every run. Each record says when its slow values were read (on
+  ``wall_clock``) and holds the record of the slow read before (``NvmlData.slow``), so the
+  error rates are taken over the span between the two reads (:func:`slow_pair`).
 * ``nvmlDeviceGetPcieThroughput`` is "a byte counter over a 20ms interval" in KB/s: a 20 ms
   snapshot, not an average over the poll interval. It is read only where fields 197/198 are
   not supported, and the record says so (``pcie_bytes_source = "throughput-20ms"``). KB is
@@ -56,6 +58,7 @@ NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors) gives the meanings in
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import functools
 import logging
@@ -77,6 +80,8 @@ import pynvml
 from nodescope.errors import ParseError
 from nodescope.model.counters import counter_rate
 from nodescope.model.nvlink_graph import BondedPair, NvLinkGraph
+from nodescope.model.slow import SlowRead, SlowReads
+from nodescope.model.slow import slow_pair as _slow_pair
 from nodescope.roots import Roots
 
 NAME = "nvml"
@@ -371,6 +376,20 @@ class NvmlData:
     events: tuple[NvmlEvent, ...]
     #: which source served the NVLink figures of this record
     nvlink_data_source: str = "nvml"
+    #: when the slowly-read values (link states and error counters, PCIe link and replays)
+    #: were read, on the source's ``wall_clock``, and the record of the read before;
+    #: ``None`` in a record that does not say (see :func:`slow_pair`)
+    slow: SlowRead[NvmlData] | None = field(default=None, compare=False, repr=False)
+
+
+def slow_pair(
+    previous: NvmlData, current: NvmlData, seconds: float
+) -> tuple[NvmlData, float] | None:
+    """The record to take the change of the slowly-read counters (NVLink errors, PCIe
+    replays) of ``current`` against, and the seconds between them: ``previous`` (read
+    ``seconds`` before) when both read those counters, else the record of the slow read
+    before the one ``current`` carries (see :mod:`nodescope.model.slow`)."""
+    return _slow_pair(previous, previous.slow, current.slow, seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -693,7 +712,7 @@ class KmsgReader:
 class NvmlSource:
     """The ``nvml`` source: one adapter object with the pynvml surface, initialised lazily.
 
-    ``clock`` paces initialisation retries; ``wall_clock`` stamps events.
+    ``clock`` paces initialisation retries; ``wall_clock`` stamps events and slow reads.
     ``event_wait_ms`` bounds one ``nvmlEventSetWait`` of the Xid thread, and so how long
     :meth:`close` waits for it. ``slow_every`` is the number of runs between two reads of
     what moves only on faults (1: every run reads everything).
@@ -716,6 +735,7 @@ class NvmlSource:
         self.slow_every = slow_every
         # Runs left until the next slow read; 0 makes the next run read everything.
         self._slow_left = 0
+        self._slow_reads = SlowReads[NvmlData]()
         self.retry_seconds = retry_seconds
         self.event_wait_ms = event_wait_ms
         self.watch_xids = watch_xids
@@ -895,6 +915,9 @@ class NvmlSource:
         self._start_watcher()
         slow = self._slow_left <= 0
         self._slow_left = max(self.slow_every, 1) - 1 if slow else self._slow_left - 1
+        # The wall clock is the one the simulated node drives; spans are taken between two
+        # of its readings ten seconds apart, and one that went back gives no span.
+        slow_at = self.wall_clock() if slow else 0.0
         samples: list[GpuSample] = []
         for gpu in self._gpus:
             if gpu.lost:
@@ -919,7 +942,7 @@ class NvmlSource:
                     self._xid_counts.items(), key=lambda kv: (kv[0][1], kv[0][2])
                 )
             )
-        return NvmlData(
+        record = NvmlData(
             device_count=self._device_count,
             gpus=tuple(samples),
             lost=tuple(self._lost),
@@ -927,6 +950,9 @@ class NvmlSource:
             xid_source=xid_source,
             events=tuple(self._events),
         )
+        if slow:
+            return dataclasses.replace(record, slow=self._slow_reads.read(record, slow_at))
+        return dataclasses.replace(record, slow=self._slow_reads.carried())
 
     def _record_lost(self, index: int, uuid: str, pci_address: str, where: str) -> None:
         log.warning("source=nvml gpu=%d uuid=%s event=gpu_lost where=%r", index, uuid, where)
