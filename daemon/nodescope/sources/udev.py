@@ -272,11 +272,6 @@ def _pci_names(roots: Roots) -> list[str] | None:
         return None
 
 
-def _pci_listing(roots: Roots) -> set[str] | None:
-    names = _pci_names(roots)
-    return None if names is None else {n for n in names if _BDF.fullmatch(n)}
-
-
 class UdevSource:
     """``monitor``: ``"kernel"``, ``"udev"`` or ``None`` (listing only). A monitor that cannot
     start (no netlink access, pyudev missing) is logged once and the listing goes on."""
