@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,3 +79,50 @@ def read_optional(path: Path | str) -> str | None:
 def read_strip(path: Path | str) -> str | None:
     text = read_optional(path)
     return None if text is None else text.strip()
+
+
+Environ = tuple[tuple[str, str], ...]
+
+
+def kept_environ(text: str, kept: Container[str]) -> Environ:
+    """The variables named in ``kept`` of a NUL-separated environment block, in file order.
+
+    An entry without ``=`` (a process may overwrite its environment block) names nothing and
+    is skipped; nothing else is kept, so secrets never enter a snapshot.
+    """
+    found: list[tuple[str, str]] = []
+    for entry in text.split("\0"):
+        name, sep, value = entry.partition("=")
+        if sep and name in kept:
+            found.append((name, value))
+    return tuple(found)
+
+
+class EnvironMemo:
+    """The kept environment of each process (``parse`` picks the variables), read when its
+    pid is first seen and on every ``refresh``: a process's ``environ`` is the block it was
+    started with (``execve`` sets it), so reading it each run only re-reads the same bytes.
+    Pids not seen in a run are forgotten."""
+
+    def __init__(self, parse: Callable[[str, str], Environ]) -> None:
+        self._parse = parse
+        self._kept: dict[int, Environ] = {}
+        self._seen: dict[int, Environ] = {}
+        self.refresh = True
+
+    def get(self, roots: Roots, pid: int) -> Environ | None:
+        """The kept environment of ``pid``; ``None`` when it cannot be read (it exited)."""
+        environ = None if self.refresh else self._kept.get(pid)
+        if environ is None:
+            path = f"{roots.procfs}/{pid}/environ"
+            text = read_optional(path)
+            if text is None:
+                return None
+            environ = self._parse(text, path)
+        self._seen[pid] = environ
+        return environ
+
+    def end_run(self) -> None:
+        """Keep only what this run saw."""
+        self._kept, self._seen = self._seen, {}
+        self.refresh = False

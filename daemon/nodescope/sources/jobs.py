@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 from nodescope.errors import ParseError
 from nodescope.roots import Roots
-from nodescope.sources.base import read_optional
+from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_optional
 from nodescope.sources.cgroup import (
     SHARED,
     SLOW_EVERY,
@@ -236,18 +236,10 @@ class JobsData:
 # Parsers (pure)
 
 
-def parse_environ(text: str, source: str = "/proc/self/environ") -> tuple[tuple[str, str], ...]:
-    """The :data:`KEPT_VARIABLES` of a NUL-separated environment, in file order.
-
-    An entry without ``=`` (a process may overwrite its environment block) names nothing and
-    is skipped; nothing else is kept, so secrets never enter a snapshot.
-    """
-    kept: list[tuple[str, str]] = []
-    for entry in text.split("\0"):
-        name, sep, value = entry.partition("=")
-        if sep and name in KEPT_VARIABLES:
-            kept.append((name, value))
-    return tuple(kept)
+def parse_environ(text: str, source: str = "/proc/self/environ") -> Environ:
+    """The :data:`KEPT_VARIABLES` of a NUL-separated environment, in file order
+    (:func:`~nodescope.sources.base.kept_environ`)."""
+    return kept_environ(text, KEPT_VARIABLES)
 
 
 def parse_gpu_list(value: str, source: str = "SLURM_JOB_GPUS") -> tuple[int, ...]:
@@ -460,35 +452,6 @@ def _thread_cgroup(roots: Roots, pid: int, tid: int, v1_controller: str | None) 
     return parsed.v2_path if v1_controller is None else parsed.v1_path(v1_controller)
 
 
-class EnvironMemo:
-    """The kept environment of each job process, read when the pid is first seen and on every
-    ``refresh``: a process's ``environ`` is the block it was started with (``execve`` sets it),
-    so reading it each run only re-reads the same bytes. Pids not seen in a run are forgotten.
-    """
-
-    def __init__(self) -> None:
-        self._kept: dict[int, tuple[tuple[str, str], ...]] = {}
-        self._seen: dict[int, tuple[tuple[str, str], ...]] = {}
-        self.refresh = True
-
-    def get(self, roots: Roots, pid: int) -> tuple[tuple[str, str], ...] | None:
-        """The kept environment of ``pid``; ``None`` when it cannot be read."""
-        environ = None if self.refresh else self._kept.get(pid)
-        if environ is None:
-            path = f"{roots.procfs}/{pid}/environ"
-            text = read_optional(path)
-            if text is None:
-                return None
-            environ = parse_environ(text, path)
-        self._seen[pid] = environ
-        return environ
-
-    def end_run(self) -> None:
-        """Keep only what this run saw."""
-        self._kept, self._seen = self._seen, {}
-        self.refresh = False
-
-
 def _read_task(
     roots: Roots,
     pid: int,
@@ -501,7 +464,11 @@ def _read_task(
     environ_memo: EnvironMemo | None = None,
 ) -> JobTask | None:
     tids = _task_ids(roots, pid)
-    memo = environ_memo if environ_memo is not None and tids is not None else EnvironMemo()
+    memo = (
+        environ_memo
+        if environ_memo is not None and tids is not None
+        else EnvironMemo(parse_environ)
+    )
     kept = memo.get(roots, pid)
     if kept is None and tids is None:
         return None  # exited since the listing
@@ -955,7 +922,7 @@ class JobsSource:
     def __init__(self, slow_every: int = SLOW_EVERY, shared: SharedWalk = SHARED) -> None:
         self.slow_every = slow_every
         self.shared = shared
-        self._environ = EnvironMemo()
+        self._environ = EnvironMemo(parse_environ)
         self._runs = 0
 
     def collect(self, roots: Roots) -> JobsData:
@@ -967,7 +934,7 @@ class JobsSource:
         return data
 
     def close(self) -> None:
-        self._environ = EnvironMemo()
+        self._environ = EnvironMemo(parse_environ)
         self._runs = 0
 
 

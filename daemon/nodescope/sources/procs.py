@@ -12,7 +12,7 @@ Reads, under the injected roots:
   ``NAME=value`` entries separated by NUL bytes, as the process's initial environment).
   Only :data:`KEPT_VARIABLES` are kept; the rest of an environment (tokens, keys) is dropped
   at parse time and never stored. The block is set at ``execve``: it is read for a new pid
-  and every ``slow_every`` runs (:class:`HcaMemo`);
+  and every ``slow_every`` runs (:class:`EnvironMemo`);
 * ``/proc/net/snmp`` (``net/ipv4/proc.c`` ``snmp_seq_show``): per protocol group a header
   line of field names and a line of values, ``Tcp: RtoAlgorithm ... RetransSegs ...``. The
   TCP segment counters are the evidence that a stall lies in the PCIe domain and not on the
@@ -31,7 +31,7 @@ from nodescope.errors import ParseError
 from nodescope.model.counters import counter_rate
 from nodescope.model.jobs import JobProcess
 from nodescope.roots import Roots
-from nodescope.sources.base import read_optional
+from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_optional
 from nodescope.sources.cgroup import (
     SHARED,
     SLOW_EVERY,
@@ -91,18 +91,10 @@ class ProcsRates:
 # --- parsers (pure) -------------------------------------------------------------------------
 
 
-def parse_environ(text: str, source: str = "/proc/self/environ") -> tuple[tuple[str, str], ...]:
-    """The :data:`KEPT_VARIABLES` of a NUL-separated environment, in file order.
-
-    An entry without ``=`` (a process may overwrite its environment block) is skipped: it
-    cannot name a variable.
-    """
-    kept: list[tuple[str, str]] = []
-    for entry in text.split("\0"):
-        name, sep, value = entry.partition("=")
-        if sep and name in KEPT_VARIABLES:
-            kept.append((name, value))
-    return tuple(kept)
+def parse_environ(text: str, source: str = "/proc/self/environ") -> Environ:
+    """The :data:`KEPT_VARIABLES` of a NUL-separated environment, in file order
+    (:func:`~nodescope.sources.base.kept_environ`)."""
+    return kept_environ(text, KEPT_VARIABLES)
 
 
 def parse_pids(text: str, source: str = "cgroup.procs") -> tuple[int, ...]:
@@ -223,36 +215,8 @@ def _job_subtrees(tree: CgroupTree) -> list[tuple[str, str, list[Cgroup]]]:
     return found
 
 
-class HcaMemo:
-    """``NCCL_IB_HCA`` of each job process, read from its ``environ`` when the pid is first
-    seen and on every ``refresh`` (the block is fixed at ``execve``); pids not seen in a run
-    are forgotten."""
-
-    def __init__(self) -> None:
-        self._kept: dict[int, str | None] = {}
-        self._seen: dict[int, str | None] = {}
-        self.refresh = True
-
-    def get(self, roots: Roots, pid: int) -> tuple[bool, str | None]:
-        """(whether the process exists, its ``NCCL_IB_HCA``)."""
-        if not self.refresh and pid in self._kept:
-            hca = self._kept[pid]
-        else:
-            path = f"{roots.procfs}/{pid}/environ"
-            environ = read_optional(path)
-            if environ is None:
-                return False, None  # exited since the listing
-            hca = dict(parse_environ(environ, path)).get("NCCL_IB_HCA")
-        self._seen[pid] = hca
-        return True, hca
-
-    def end_run(self) -> None:
-        self._kept, self._seen = self._seen, {}
-        self.refresh = False
-
-
 def _job_processes(
-    roots: Roots, job: str, job_dir: Path, root: Path, memo: HcaMemo
+    roots: Roots, job: str, job_dir: Path, root: Path, memo: EnvironMemo
 ) -> list[JobProcess]:
     processes: list[JobProcess] = []
     queue: deque[str] = deque([str(job_dir)])
@@ -271,22 +235,22 @@ def _job_processes(
 
 
 def _processes(
-    roots: Roots, job: str, cgroup: str, pids: tuple[int, ...], memo: HcaMemo
+    roots: Roots, job: str, cgroup: str, pids: tuple[int, ...], memo: EnvironMemo
 ) -> list[JobProcess]:
     processes: list[JobProcess] = []
     for pid in pids:
-        alive, hca = memo.get(roots, pid)
-        if alive:
-            processes.append(JobProcess(pid, job, cgroup, hca))
+        environ = memo.get(roots, pid)
+        if environ is not None:  # else it exited since the listing
+            processes.append(JobProcess(pid, job, cgroup, dict(environ).get("NCCL_IB_HCA")))
     return processes
 
 
 def read_procs(
-    roots: Roots, tree: CgroupTree | None = None, memo: HcaMemo | None = None
+    roots: Roots, tree: CgroupTree | None = None, memo: EnvironMemo | None = None
 ) -> ProcsData:
     """The job processes and the TCP counters; the job cgroups from ``tree`` (a whole walk
     with the id lists) when given, else from the directories."""
-    memo = HcaMemo() if memo is None else memo
+    memo = EnvironMemo(parse_environ) if memo is None else memo
     processes: list[JobProcess] = []
     if tree is not None and tree.mode != "none" and not tree.truncated:
         for job, _, cgroups in _job_subtrees(tree):
@@ -314,7 +278,7 @@ class ProcsSource:
     def __init__(self, slow_every: int = SLOW_EVERY, shared: SharedWalk = SHARED) -> None:
         self.slow_every = slow_every
         self.shared = shared
-        self._memo = HcaMemo()
+        self._memo = EnvironMemo(parse_environ)
         self._runs = 0
 
     def collect(self, roots: Roots) -> ProcsData:
@@ -325,7 +289,7 @@ class ProcsSource:
         return data
 
     def close(self) -> None:
-        self._memo = HcaMemo()
+        self._memo = EnvironMemo(parse_environ)
         self._runs = 0
 
 
