@@ -12,7 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.memo import Memo
+from nodescope.model.snapshot import Snapshot
 
 log = logging.getLogger("nodescope.derive")
 
@@ -30,10 +31,10 @@ DERIVERS: dict[str, str] = {
 }
 
 _loaded: dict[str, Deriver] = {}
-#: source -> (previous sample, current sample, derived record) of the last pair derived: the
-#: detectors and several exporter areas ask for the same pair within a cycle, and a source on
-#: a 5 or 10 s interval keeps its pair for several cycles; derivers are pure.
-_last: dict[str, tuple[SourceSample, SourceSample, Any]] = {}
+#: source -> the derived record of the last pair of samples derived: the detectors and several
+#: exporter areas ask for the same pair within a cycle, and a source on a 5 or 10 s interval
+#: keeps its pair for several cycles; derivers are pure.
+_last: dict[str, Memo[Any]] = {}
 
 
 def deriver(source: str) -> Deriver | None:
@@ -55,16 +56,14 @@ def derived(snapshot: Snapshot, source: str) -> Any | None:
     seconds = cur.monotonic - prev.monotonic
     if seconds <= 0:
         return None
-    last = _last.get(source)
-    if last is not None and last[0] is prev and last[1] is cur:
-        return last[2]
     fn = deriver(source)
     if fn is None:
         return None
+    memo = _last.get(source)
+    if memo is None:
+        memo = _last[source] = Memo()
     try:
-        result = fn(prev.data, cur.data, seconds)
-        _last[source] = (prev, cur, result)
-        return result
+        return memo.get((prev, cur), None, lambda: fn(prev.data, cur.data, seconds))
     except Exception as exc:  # a bad pair of samples costs that source's rates, nothing more
         log.warning("source=%s derive_error=%r", source, f"{type(exc).__name__}: {exc}")
         return None

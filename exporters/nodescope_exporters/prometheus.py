@@ -14,8 +14,10 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from types import ModuleType
 
+from nodescope.memo import Memo
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope_exporters.catalog import Metric
 from nodescope_exporters.exposition import TextRenderer
@@ -66,14 +68,20 @@ def declared_inputs(build: FamilyBuilder) -> tuple[str, ...] | None:
 _InputsKey = tuple[SourceSample | None, ...]
 
 
+def _build_all(build: FamilyBuilder, snapshot: Snapshot) -> list[Metric]:
+    return list(build(snapshot))
+
+
 class SnapshotCollector:
     """Yields the families of the snapshot it was last given."""
 
     def __init__(self, builders: list[FamilyBuilder] | None = None) -> None:
         self._builders = builders if builders is not None else load_areas()
         self._inputs = [declared_inputs(build) for build in self._builders]
-        # Per area that declares its inputs: the samples it was last built from, and what.
-        self._reuse: dict[int, tuple[_InputsKey, list[Metric]]] = {}
+        # Per area that declares its inputs: what it built from the samples it last saw.
+        self._reuse: dict[int, Memo[list[Metric]]] = {
+            index: Memo() for index, inputs in enumerate(self._inputs) if inputs is not None
+        }
         self._snapshot: Snapshot | None = None
         self._failing: set[str] = set()
 
@@ -86,22 +94,19 @@ class SnapshotCollector:
             return
         for index, build in enumerate(self._builders):
             inputs = self._inputs[index]
-            key: _InputsKey = ()
-            if inputs is not None:
-                key = tuple(
-                    sample
-                    for name in inputs
-                    for sample in (snapshot.current.get(name), snapshot.previous.get(name))
-                )
-                last = self._reuse.get(index)
-                if last is not None and all(a is b for a, b in zip(last[0], key, strict=True)):
-                    # Its sources did not run since: the very same families (and text).
-                    yield from last[1]
-                    continue
             # An area that fails on odd data loses its own families for this cycle; the
             # others are still exported. Built whole first, so no half area is yielded.
             try:
-                built = list(build(snapshot))
+                if inputs is None:
+                    built = list(build(snapshot))
+                else:
+                    key: _InputsKey = tuple(
+                        sample
+                        for name in inputs
+                        for sample in (snapshot.current.get(name), snapshot.previous.get(name))
+                    )
+                    # Its sources did not run since: the very same families (and text).
+                    built = self._reuse[index].get(key, None, partial(_build_all, build, snapshot))
             except Exception as exc:
                 area = getattr(build, "__module__", repr(build))
                 if area not in self._failing:
@@ -111,8 +116,6 @@ class SnapshotCollector:
                     self._failing.add(area)
                 continue
             self._failing.discard(getattr(build, "__module__", repr(build)))
-            if inputs is not None:
-                self._reuse[index] = (key, built)
             yield from built
 
 
