@@ -1,4 +1,4 @@
-"""nodescope's overhead benchmark (issue 10): ``sudo bash bench/run.sh`` runs it; see
+"""nodescope's overhead benchmark (issue 10): ``bash bench/run.sh`` runs it; see
 docs/performance.md for what it measures and the last results.
 
 Phases (``--phases``, default all):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# nodescope's overhead benchmark (docs/performance.md): `sudo bash bench/run.sh [ARGS]`.
+# nodescope's overhead benchmark (docs/performance.md): `bash bench/run.sh [ARGS]`.
 # Installs what it needs when missing — Debian's prometheus-node-exporter (the comparison),
 # the project's virtual environment .venv, py-spy in it (the profile phase) — then runs
 # bench/run.py with ARGS (default: every phase; `--help` lists them). Not part of the tests.

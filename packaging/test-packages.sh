@@ -9,7 +9,7 @@
 #     `systemd-analyze security --offline=yes` scores it at or below MAX_EXPOSURE,
 #   - reinstalls both packages (the upgrade path of the maintainer scripts), then purges them
 #     and checks that nothing of theirs is left.
-# Called by tests/integration/test_packages.py; runs alone too: sudo bash packaging/test-packages.sh
+# Called by tests/integration/test_packages.py; runs alone too: bash packaging/test-packages.sh
 #
 # The root is debootstrap's minbase plus the packages' own Depends (read from the built .debs,
 # so a dependency the code needs but the control file lacks fails here), linux-headers-amd64
