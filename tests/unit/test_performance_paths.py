@@ -25,7 +25,6 @@ from nodescope import derive
 from nodescope.config import Config
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.service import Service
-from nodescope.sources import base
 from nodescope_exporters import exposition
 from nodescope_exporters.catalog import Family, Metric
 from nodescope_exporters.exposition import TextRenderer, go_float, go_floats
@@ -380,18 +379,3 @@ def test_attribution_of_an_analysed_copy_is_not_computed_again(
     newer = Snapshot(2, 2.0, 0.0, current={"pci": SourceSample("pci", 2.0, 0.0, data=None)})
     traffic.snapshot_attribution(newer)
     assert len(calls) == 2
-
-
-# --- reading files ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "size", [0, 1, base.READ_CHUNK - 1, base.READ_CHUNK, 3 * base.READ_CHUNK + 5]
-)
-def test_files_of_any_size_are_read_whole(tmp_path: Path, size: int) -> None:
-    path = tmp_path / "f"
-    data = bytes((i * 7) % 95 + 32 for i in range(size))
-    path.write_bytes(data)
-    assert base.read_text(path) == data.decode()
-    assert base.read_text(str(path)) == data.decode()
-    assert base.read_optional(str(tmp_path / "absent")) is None

@@ -39,13 +39,19 @@ class SourceSample:
 
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
-    """Health of one source over the daemon's life, for self-metrics."""
+    """Health of one source over the daemon's life, for self-metrics.
+
+    ``skipped_total`` counts, per reason, the records its parsers skipped as malformed;
+    ``timeouts_total`` the runs that overran their deadline.
+    """
 
     source: str
     up: bool
     runs_total: int
     errors_total: int
     interval: float
+    skipped_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    timeouts_total: int = 0
 
 
 def _frozen(m: Mapping[str, T]) -> Mapping[str, T]:

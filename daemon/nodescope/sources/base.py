@@ -1,14 +1,32 @@
-"""The contract every source implements, and the helpers they share for reading files."""
+"""The contract every source implements, and the helpers they share for reading files
+(:mod:`nodescope.fileio` does the reading)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from nodescope.fileio import (
+    KERNEL_FILE,
+    PROC_ENVIRON,
+    FileKind,
+    read_optional,
+    read_text,
+)
 from nodescope.roots import Roots
+
+__all__ = [
+    "Environ",
+    "EnvironMemo",
+    "FunctionSource",
+    "Source",
+    "kept_environ",
+    "read_optional",
+    "read_strip",
+    "read_text",
+]
 
 
 class Source(Protocol):
@@ -41,43 +59,10 @@ class FunctionSource:
         return None
 
 
-#: Bytes asked for per ``read``. Python allocates the whole buffer before the call: 1 MiB
-#: would be an mmap and munmap per file (glibc maps blocks over 128 KiB), several times the
-#: cost of reading a small sysfs file; 64 KiB comes from the heap and holds any sysfs
-#: attribute (one page at most) and nearly every procfs file in one call.
-READ_CHUNK = 1 << 16
-
-
-def read_text(path: Path | str) -> str:
-    """Read a sysfs/procfs file in one ``read``: ``stat`` sizes lie for pseudo files."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, READ_CHUNK)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if len(chunk) < READ_CHUNK:
-                break
-        return b"".join(chunks).decode("utf-8", errors="replace")
-    finally:
-        os.close(fd)
-
-
-def read_optional(path: Path | str) -> str | None:
-    """The file's text, or ``None`` when it does not exist or cannot be read.
-
-    Optional files parse to "absent", not to zero.
-    """
-    try:
-        return read_text(path)
-    except (FileNotFoundError, NotADirectoryError, PermissionError, OSError):
-        return None
-
-
-def read_strip(path: Path | str) -> str | None:
-    text = read_optional(path)
+def read_strip(path: Path | str, kind: FileKind = KERNEL_FILE) -> str | None:
+    """:func:`read_optional` without the whitespace around it (sysfs attributes end in a
+    newline, some drivers' in several)."""
+    text = read_optional(path, kind)
     return None if text is None else text.strip()
 
 
@@ -115,7 +100,7 @@ class EnvironMemo:
         environ = None if self.refresh else self._kept.get(pid)
         if environ is None:
             path = f"{roots.procfs}/{pid}/environ"
-            text = read_optional(path)
+            text = read_optional(path, PROC_ENVIRON)
             if text is None:
                 return None
             environ = self._parse(text, path)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from nodescope.errors import ParseError
+from nodescope.fileio import PROC_PROCESS
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
 
@@ -631,7 +632,7 @@ def find_v2_root(cgroupfs: Path) -> V2Hierarchy:
 def read_proc_cgroup(roots: Roots, pid: int | str = "self") -> ProcCgroup | None:
     """``/proc/<pid>/cgroup``, or ``None`` when the process is gone."""
     path = roots.procfs / str(pid) / "cgroup"
-    text = read_optional(path)
+    text = read_optional(path, PROC_PROCESS)
     return None if text is None else parse_proc_cgroup(text, str(path))
 
 

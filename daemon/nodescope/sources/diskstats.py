@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from nodescope.errors import ParseError
+from nodescope.fileio import PROC_TABLE
 from nodescope.model.counters import counter_delta
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_strip, read_text
@@ -321,7 +322,7 @@ def read_disks(roots: Roots, nvme: tuple[NvmeNamespace, ...] | None = None) -> D
     """Read /proc/diskstats, /sys/block and /proc/uptime; map NVMe disks unless ``nvme`` (a
     mapping read earlier for the same disks) is given."""
     path = roots.procfs / "diskstats"
-    stats = parse_diskstats(read_text(path), str(path))
+    stats = parse_diskstats(read_text(path, PROC_TABLE), str(path))
     whole = select_whole_disks(stats, read_block_entries(roots))
     if nvme is None:
         nvme = read_nvme_map(roots, (d.name for d in whole))

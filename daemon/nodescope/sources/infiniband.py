@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nodescope.errors import ParseError
+from nodescope.fileio import SYSFS_ATTRIBUTE, read_optional_bytes
 from nodescope.model.counters import counter_delta
 from nodescope.model.slow import SlowRead, SlowReads
 from nodescope.model.slow import slow_pair as _slow_pair
@@ -338,9 +339,6 @@ def pci_address_from_path(path: str) -> str | None:
 # directory. No descriptor is kept between runs: files are replaced, devices come and go.
 
 _O_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_O_FILE = os.O_RDONLY | os.O_CLOEXEC
-#: A sysfs attribute is at most one page (``sysfs_emit``).
-_ATTRIBUTE_BYTES = 4096
 
 
 def _listdir(path: Path | str) -> list[str]:
@@ -358,25 +356,10 @@ def _open_dir(path: str, dir_fd: int | None = None) -> int | None:
 
 
 def _read_bytes_at(dir_fd: int, name: str) -> bytes | None:
-    """The bytes of ``name`` in the directory ``dir_fd``, read in one ``read`` (``stat``
-    sizes lie for sysfs files); ``None`` when it cannot be opened or read, as
-    :func:`sources.base.read_optional` has it (a failed MAD is a read error)."""
-    try:
-        fd = os.open(name, _O_FILE, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, _ATTRIBUTE_BYTES)
-        if len(data) == _ATTRIBUTE_BYTES:  # not sysfs: a longer regular file
-            chunks = [data]
-            while chunk := os.read(fd, _ATTRIBUTE_BYTES):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data
+    """The bytes of ``name`` in the directory ``dir_fd``; ``None`` when it cannot be opened,
+    read or is refused, as :func:`sources.base.read_optional` has it (a failed MAD is a read
+    error)."""
+    return read_optional_bytes(name, SYSFS_ATTRIBUTE, dir_fd=dir_fd)
 
 
 def _read_at(dir_fd: int, name: str) -> str | None:

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nodescope.errors import ParseError
+from nodescope.fileio import CGROUP_LIST, CGROUP_STAT, PROC_PROCESS
 from nodescope.roots import Roots
 from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_optional
 from nodescope.sources.cgroup import (
@@ -422,7 +423,7 @@ def _ancestor_limit_v2(root: Path, directory: Path) -> int | None:
     limit: int | None = None
     current = directory.parent
     while current != root and root in current.parents:
-        text = read_optional(current / "memory.max")
+        text = read_optional(current / "memory.max", CGROUP_STAT)
         if text is not None:
             limit = _tightest(limit, parse_limit(text, str(current / "memory.max")))
         current = current.parent
@@ -431,7 +432,7 @@ def _ancestor_limit_v2(root: Path, directory: Path) -> int | None:
 
 def _read_comm(roots: Roots, pid: int, tid: int | None = None) -> str | None:
     base = f"{roots.procfs}/{pid}"
-    text = read_optional(f"{base}/comm" if tid is None else f"{base}/task/{tid}/comm")
+    text = read_optional(f"{base}/comm" if tid is None else f"{base}/task/{tid}/comm", PROC_PROCESS)
     return None if text is None else text.rstrip("\n")
 
 
@@ -445,7 +446,7 @@ def _task_ids(roots: Roots, pid: int) -> list[int] | None:
 
 def _thread_cgroup(roots: Roots, pid: int, tid: int, v1_controller: str | None) -> str | None:
     path = f"{roots.procfs}/{pid}/task/{tid}/cgroup"
-    text = read_optional(path)
+    text = read_optional(path, PROC_PROCESS)
     if text is None:
         return None
     parsed = parse_proc_cgroup(text, path)
@@ -508,7 +509,7 @@ def _job_id_from_tasks(tasks: Iterable[JobTask]) -> str | None:
 
 def _tgid(roots: Roots, tid: int) -> int | None:
     path = roots.procfs / str(tid) / "status"
-    text = read_optional(path)
+    text = read_optional(path, PROC_PROCESS)
     return None if text is None else parse_status_tgid(text, str(path))
 
 
@@ -745,12 +746,12 @@ def read_v1_job(roots: Roots, controller: str, job_id: str, uid: int, directory:
         current = queue.popleft()
         dirs.append(current)
         procs_path = current / "cgroup.procs"
-        text = read_optional(procs_path)
+        text = read_optional(procs_path, CGROUP_LIST)
         relative = current.relative_to(directory).as_posix()
         for pid in () if text is None else parse_ids(text, str(procs_path)):
             members.setdefault(pid, (_relative(hierarchy, current), relative))
         tasks_path = current / "tasks"
-        tasks_text = read_optional(tasks_path)
+        tasks_text = read_optional(tasks_path, CGROUP_LIST)
         if tasks_text is not None:
             threads.update(parse_ids(tasks_text, str(tasks_path)))
         queue.extend(current / name for name in _subdirectories(current))
@@ -821,11 +822,11 @@ def _read_others(
         visited += 1
         limit = limit_above
         if current != root:
-            text = read_optional(current / limit_file)
+            text = read_optional(current / limit_file, CGROUP_STAT)
             if text is not None:
                 limit = _tightest(limit, parse(text, str(current / limit_file)))
         procs_path = current / "cgroup.procs"
-        text = read_optional(procs_path)
+        text = read_optional(procs_path, CGROUP_LIST)
         pids = () if text is None else tuple(sorted(set(parse_ids(text, str(procs_path)))))
         if pids:
             others.append(OtherCgroup(_relative(root, current), pids, limit))

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from nodescope.errors import ParseError
+from nodescope.fileio import PROC_PROCESS, PROC_TABLE
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_text
 
@@ -342,7 +343,7 @@ def _comm(roots: Roots, pid: int) -> str | None:
     if pid <= 0:
         return None
     path = roots.procfs / str(pid) / "comm"
-    text = read_optional(path)
+    text = read_optional(path, PROC_PROCESS)
     return None if text is None else parse_comm(text, str(path))
 
 
@@ -415,12 +416,12 @@ def resolve(
 
 def read_locks(roots: Roots) -> LocksData:
     path = roots.procfs / "locks"
-    entries = parse_locks(read_text(path), str(path))
+    entries = parse_locks(read_text(path, PROC_TABLE), str(path))
     counts = Counter(e.kind for e in entries if e.depth == 0)
     mounts: tuple[MountInfo, ...] | None = None
     if any(e.blocker is not None for e in entries):
         info_path = roots.procfs / "self" / "mountinfo"
-        text = read_optional(info_path)
+        text = read_optional(info_path, PROC_TABLE)
         mounts = None if text is None else parse_mountinfo(text, str(info_path))
     return LocksData(
         counts=tuple(sorted(counts.items())),

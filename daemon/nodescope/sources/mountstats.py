@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 from nodescope.errors import ParseError
+from nodescope.fileio import PROC_TABLE
 from nodescope.model.counters import counter_delta
 from nodescope.roots import Roots
 from nodescope.sources.base import read_text
@@ -181,7 +182,7 @@ def parse_mountstats(text: str, source: str = "/proc/self/mountstats") -> Mounts
 
 def read_mountstats(roots: Roots) -> MountstatsData:
     path = roots.procfs / "self" / "mountstats"
-    return parse_mountstats(read_text(path), str(path))
+    return parse_mountstats(read_text(path, PROC_TABLE), str(path))
 
 
 class MountstatsSource:

@@ -18,6 +18,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodescope.fileio import FileKind, read_bytes
 from nodescope.kmod_abi import (
     ABI_MAJOR,
     SNAPSHOT_MAX,
@@ -49,23 +50,13 @@ class NvlinkKmodData:
         return self.snapshot is not None and bool(self.snapshot.records)
 
 
-def _read_bytes(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, SNAPSHOT_MAX)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+#: A snapshot file (a capture, the simulated node's) holds at most what the device hands out.
+SNAPSHOT_FILE = FileKind("nvlink_counter snapshot file", SNAPSHOT_MAX)
 
 
 def read_snapshot_file(path: Path) -> NvlcSnapshot:
     """A snapshot file (capture or simulated node) in the module's ABI."""
-    return parse_snapshot(_read_bytes(path), str(path))
+    return parse_snapshot(read_bytes(path, SNAPSHOT_FILE), str(path))
 
 
 class NvlinkKmodSource:

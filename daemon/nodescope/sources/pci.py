@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nodescope.errors import ParseError
+from nodescope.fileio import SYSFS_ATTRIBUTE, read_optional_bytes
 from nodescope.model.topology import (
     AerCounter,
     AerRecord,
@@ -49,7 +50,7 @@ from nodescope.model.topology import (
     is_pci_bridge,
 )
 from nodescope.roots import Roots
-from nodescope.sources.base import READ_CHUNK, read_optional, read_text
+from nodescope.sources.base import read_optional, read_text
 from nodescope.sources.udev import topology_generation
 
 SOURCE_NAME = "pci"
@@ -217,8 +218,6 @@ def parse_runtime_status(text: str, source: str = "runtime_status") -> str:
 #: catches; the periodic walk catches the rest (a function replaced at the same address
 #: while no udev monitor runs).
 SLOW_EVERY = 10
-
-_O_READ = os.O_RDONLY | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,24 +453,9 @@ def _walk(roots: Roots, entries: tuple[str, ...]) -> _Structure:
 
 
 def _read_bytes(path: str) -> bytes | None:
-    """A file's bytes in one ``read`` (as :func:`read_optional`, undecoded: most runs only
-    compare them with the last run's), ``None`` when it cannot be read."""
-    try:
-        fd = os.open(path, _O_READ)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, READ_CHUNK)
-        if len(data) == READ_CHUNK:
-            chunks = [data]
-            while chunk := os.read(fd, READ_CHUNK):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-        return data
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    """A sysfs attribute's bytes (as :func:`read_optional`, undecoded: most runs only compare
+    them with the last run's), ``None`` when it cannot be read or is refused."""
+    return read_optional_bytes(path, SYSFS_ATTRIBUTE)
 
 
 def _text(data: bytes) -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodescope.errors import ParseError
+from nodescope.fileio import CGROUP_LIST
 from nodescope.model.counters import counter_rate
 from nodescope.model.jobs import JobProcess
 from nodescope.roots import Roots
@@ -226,7 +227,7 @@ def _job_processes(
         directory = queue.popleft()
         visited += 1
         procs_path = f"{directory}/cgroup.procs"
-        text = read_optional(procs_path)
+        text = read_optional(procs_path, CGROUP_LIST)
         if text is not None:
             cgroup = directory[prefix:] or "/"
             processes.extend(_processes(roots, job, cgroup, parse_pids(text, procs_path), memo))

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodescope.errors import ParseError
+from nodescope.fileio import CGROUP_LIST, PROC_PROCESS
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
 from nodescope.sources.cgroup import SHARED, CgroupTree, SharedWalk, find_v2_root
@@ -202,21 +203,21 @@ def read_process_threads(
     blocked: list[BlockedThread] = []
     for tid in _numeric_entries(task_dir):
         stat_path = f"{task_dir}/{tid}/stat"
-        text = read_optional(stat_path)
+        text = read_optional(stat_path, PROC_PROCESS)
         if text is None:
             continue  # exited since the listing
         stat = parse_stat(text, stat_path)
         stats.append(stat)
         if stat.state == "D":
             wchan_path = f"{task_dir}/{tid}/wchan"
-            wchan_text = read_optional(wchan_path)
+            wchan_text = read_optional(wchan_path, PROC_PROCESS)
             wchan = None if wchan_text is None else parse_wchan(wchan_text, wchan_path)
             blocked.append(BlockedThread(pid, tid, stat.comm, wchan, job_id))
     return stats, blocked
 
 
 def _wchan(path: str) -> str | None:
-    text = read_optional(path)
+    text = read_optional(path, PROC_PROCESS)
     return None if text is None else parse_wchan(text, path)
 
 
@@ -231,7 +232,7 @@ def count_process_threads(
     per thread (most processes of a node have one).
     """
     stat_path = f"{procfs}/{pid}/stat"
-    text = read_optional(stat_path)
+    text = read_optional(stat_path, PROC_PROCESS)
     if text is not None:
         comm, state, count = parse_stat_summary(text, stat_path)
         if count == 1:
@@ -244,7 +245,7 @@ def count_process_threads(
     threads = 0
     for tid in _numeric_entries(task_dir):
         path = f"{task_dir}/{tid}/stat"
-        thread_text = read_optional(path)
+        thread_text = read_optional(path, PROC_PROCESS)
         if thread_text is None:
             continue  # exited since the listing
         stat = parse_stat(thread_text, path)
@@ -287,7 +288,7 @@ def job_pids(roots: Roots, tree: CgroupTree | None = None) -> dict[str, tuple[in
     for job, files in _job_procs_files(str(hierarchy.path)):
         pids = out.setdefault(job, set())
         for path in files:
-            text = read_optional(path)
+            text = read_optional(path, CGROUP_LIST)
             if text is not None:
                 pids.update(parse_pids(text, path))
     return {job: tuple(sorted(pids)) for job, pids in out.items()}
