@@ -25,10 +25,7 @@ import contextlib
 import json
 import logging
 import os
-import pwd
-import socket
 import stat
-import struct
 import threading
 import time
 from collections import deque
@@ -39,6 +36,18 @@ from typing import Any
 
 from nodescope import derive
 from nodescope.config import Config, SlurmSettings
+from nodescope.hooksocket import (
+    SOCKET_NAME,
+    HookServer,
+    HookUnavailable,
+    Peer,
+    Request,
+    Response,
+    allowed_uids,
+    call,
+    prepare_directory,
+    slurm_uid,
+)
 from nodescope.jobs import Job, jobs_of
 from nodescope.model.alert import AlertState
 from nodescope.model.snapshot import Snapshot
@@ -57,16 +66,26 @@ from nodescope.sources.jobs import (
 from nodescope.sources.nvml import NvmlData, NvmlRates
 from nodescope_exporters.reports import (
     REPORT_FORMAT,
-    atomic_write_bytes,
+    StaleReport,
     counter_deltas,
     counter_sample,
+    remove_orphan_temporaries,
+    write_private,
     write_report,
 )
 
+__all__ = [
+    "SOCKET_NAME",
+    "HookServer",
+    "HookUnavailable",
+    "Peer",
+    "allowed_uids",
+    "call",
+    "socket_path",
+]
+
 log = logging.getLogger("nodescope.hooks")
 
-SOCKET_NAME = "nodescope.sock"
-MAX_REQUEST_BYTES = 1 << 20
 #: Bounds of what the tracker remembers.
 MAX_EPISODES = 20_000
 MAX_SAMPLES = 720
@@ -78,10 +97,16 @@ CONTENTION_KINDS = frozenset(
     {"pcie_contention", "pcie_saturation", "nvlink_bandwidth_saturation", "ib_xmit_wait"}
 )
 
-_UCRED = struct.Struct("3i")
-
-Request = dict[str, Any]
-Response = dict[str, Any]
+#: Bounds of a request's fields: Slurm job ids are 32-bit numbers; user names are at most
+#: LOGIN_NAME_MAX; the GPU list cannot be longer than the node's GPUs, and where the node's
+#: GPUs are not known (no NVML, no /dev/nvidia<N>) no index reaches MAX_GPU_INDEX.
+MAX_JOB_ID_DIGITS = 10
+MAX_NAME_LENGTH = 256
+MAX_EXIT_CODE_LENGTH = 32
+MAX_GPU_INDEX = 256
+MAX_HOLDERS = 1024
+GATE_STATE_NAME = "gate-state.json"
+GATE_STATE_FORMAT = "nodescope-gate-state/1"
 
 
 def run_dir(roots: Roots) -> Path:
@@ -90,228 +115,6 @@ def run_dir(roots: Roots) -> Path:
 
 def socket_path(roots: Roots) -> Path:
     return run_dir(roots) / SOCKET_NAME
-
-
-# ---------------------------------------------------------------------------------------------
-# Client
-
-
-class HookUnavailable(RuntimeError):
-    """The daemon did not answer: no socket, refused, timed out, or an unreadable answer."""
-
-
-def call(path: Path, request: Request, timeout: float = 2.0) -> Response:
-    """Send one request and return the response; never waits longer than ``timeout`` in all."""
-    deadline = time.monotonic() + timeout
-
-    def remaining() -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("deadline passed")
-        return left
-
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-            sock.settimeout(remaining())
-            sock.connect(str(path))
-            sock.settimeout(remaining())
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            sock.shutdown(socket.SHUT_WR)
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                sock.settimeout(remaining())
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > MAX_REQUEST_BYTES:
-                    raise HookUnavailable("response too large")
-    except (OSError, TimeoutError) as exc:
-        raise HookUnavailable(f"{path}: {type(exc).__name__}: {exc}") from None
-    try:
-        response = json.loads(b"".join(chunks))
-    except ValueError as exc:
-        raise HookUnavailable(f"{path}: unreadable response: {exc}") from None
-    if not isinstance(response, dict):
-        raise HookUnavailable(f"{path}: response is not a JSON object")
-    return response
-
-
-# ---------------------------------------------------------------------------------------------
-# Server
-
-
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """The connecting process as the kernel saw it at ``connect()`` (``SO_PEERCRED``)."""
-
-    pid: int
-    uid: int
-    gid: int
-
-
-def peer_of(conn: socket.socket) -> Peer:
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    pid, uid, gid = _UCRED.unpack(raw)
-    return Peer(pid, uid, gid)
-
-
-def allowed_uids(settings: SlurmSettings) -> frozenset[int]:
-    """Root and the SlurmUser (when the name resolves on this host)."""
-    uids = {0}
-    with contextlib.suppress(KeyError):
-        uids.add(pwd.getpwnam(settings.slurm_user).pw_uid)
-    return frozenset(uids)
-
-
-Handler = Callable[[Request, Peer], Response]
-
-
-class HookServer:
-    """One thread accepting connections on ``path``; one request per connection."""
-
-    def __init__(
-        self,
-        path: Path,
-        authorize: Callable[[Peer], bool],
-        timeout: Callable[[], float] = lambda: 2.0,
-    ) -> None:
-        self.path = path
-        self.authorize = authorize
-        self.timeout = timeout
-        self.handlers: dict[str, Handler] = {"ping": _ping}
-        self.refused = 0
-        self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._made: Path | None = None
-
-    def register(self, command: str, handler: Handler) -> None:
-        self.handlers[command] = handler
-
-    def start(self) -> None:
-        directory = self.path.parent
-        if not directory.exists():
-            # Others must reach the socket for SO_PEERCRED to decide: 0755, not 0750.
-            directory.mkdir(parents=True, mode=0o755)
-            self._made = directory
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                if _answers(self.path):
-                    raise OSError(f"{self.path}: another daemon is listening there")
-                os.unlink(self.path)  # left by a daemon that did not stop cleanly
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            sock.bind(str(self.path))
-            os.chmod(self.path, 0o666)
-            sock.listen(16)
-        except OSError:
-            sock.close()
-            raise
-        sock.settimeout(0.2)
-        self._sock = sock
-        self._thread = threading.Thread(target=self._serve, name="nodescope-hooks", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
-            if self._made is not None:
-                with contextlib.suppress(OSError):
-                    self._made.rmdir()  # only when empty: registrations stay
-
-    def _serve(self) -> None:
-        assert self._sock is not None
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if not self._stop.is_set():
-                    log.error("event=hook_accept_failed error=%r", str(exc))
-                    time.sleep(0.2)
-                continue
-            with conn:
-                try:
-                    self._handle(conn)
-                except Exception as exc:  # one bad client must not stop the server
-                    log.warning("event=hook_error error=%r", f"{type(exc).__name__}: {exc}")
-
-    def _handle(self, conn: socket.socket) -> None:
-        deadline = time.monotonic() + self.timeout()
-        peer = peer_of(conn)
-        # The request is read (not parsed) even from a peer that will be refused, so that
-        # its client gets the answer instead of a broken pipe.
-        data = b""
-        while b"\n" not in data:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("request not complete in time")
-            conn.settimeout(left)
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-            if len(data) > MAX_REQUEST_BYTES:
-                _reply(conn, {"ok": False, "error": "request too large"}, deadline)
-                return
-        if not self.authorize(peer):
-            self.refused += 1
-            log.warning("event=hook_refused uid=%d pid=%d gid=%d", peer.uid, peer.pid, peer.gid)
-            _reply(conn, {"ok": False, "error": "permission denied"}, deadline)
-            return
-        try:
-            request = json.loads(data.split(b"\n", 1)[0] or b"null")
-        except ValueError as exc:
-            _reply(conn, {"ok": False, "error": f"not JSON: {exc}"}, deadline)
-            return
-        if not isinstance(request, dict) or not isinstance(request.get("command"), str):
-            _reply(conn, {"ok": False, "error": "expected an object with a command"}, deadline)
-            return
-        handler = self.handlers.get(request["command"])
-        if handler is None:
-            known = ", ".join(sorted(self.handlers))
-            response = {"ok": False, "error": f"unknown command; known: {known}"}
-        else:
-            try:
-                response = handler(request, peer)
-            except Exception as exc:
-                log.error(
-                    "event=hook_command_failed command=%s error=%r",
-                    request["command"],
-                    f"{type(exc).__name__}: {exc}",
-                )
-                response = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        _reply(conn, response, deadline)
-
-
-def _answers(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
-        probe.settimeout(0.5)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def _reply(conn: socket.socket, response: Response, deadline: float) -> None:
-    conn.settimeout(max(0.05, deadline - time.monotonic()))
-    conn.sendall(json.dumps(response, allow_nan=False).encode() + b"\n")
-
-
-def _ping(request: Request, peer: Peer) -> Response:
-    return {"ok": True, "pid": os.getpid()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,8 +153,12 @@ def gate_checks(settings: SlurmSettings, inputs: GateInputs) -> list[Check]:
             )
         )
     if settings.xid_codes and inputs.xids is not None:
-        bad = [x for x in inputs.xids if x[1] in settings.xid_codes and x[2] > 0]
-        detail = ", ".join(f"Xid {code} on GPU {gpu} ({n}x)" for gpu, code, n in bad)
+        # A negative code stands for a gate record that could not be read: it fails too.
+        bad = [x for x in inputs.xids if (x[1] in settings.xid_codes or x[1] < 0) and x[2] > 0]
+        detail = ", ".join(
+            f"Xid {code} on GPU {gpu} ({n}x)" if code >= 0 else "Xid record unreadable"
+            for gpu, code, n in bad
+        )
         checks.append(
             Check(
                 "xid",
@@ -409,16 +216,57 @@ def count_dev_gpus(roots: Roots) -> int:
     return count
 
 
+def dev_gpu_minors(roots: Roots) -> frozenset[int]:
+    """Minors of the ``/dev/nvidia<N>`` character devices: the node's GPU indices when NVML
+    has not been read."""
+    minors: set[int] = set()
+    try:
+        with os.scandir(roots.dev) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith("nvidia") and name[6:].isdigit() and len(name) < 12:
+                    with contextlib.suppress(OSError):
+                        if stat.S_ISCHR(entry.stat(follow_symlinks=True).st_mode):
+                            minors.add(int(name[6:]))
+    except OSError:
+        return frozenset()
+    return frozenset(minors)
+
+
+def _holders_of(value: Any) -> list[dict[str, Any]]:
+    """The epilog's own finding of GPU holders, bounded and typed."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_HOLDERS:
+        raise ValueError(f"gpu_holders: expected a list of at most {MAX_HOLDERS}")
+    out = []
+    for holder in value:
+        if not isinstance(holder, dict):
+            raise ValueError("gpu_holders: expected objects")
+        pid, gpu, comm = holder.get("pid"), holder.get("gpu"), holder.get("comm")
+        if not (isinstance(pid, int) and isinstance(gpu, int)) or not (
+            _is_int(pid) and 0 < pid < 1 << 32 and _is_int(gpu) and 0 <= gpu < MAX_GPU_INDEX
+        ):
+            raise ValueError("gpu_holders: pid and gpu must be numbers in range")
+        if comm is not None and not (isinstance(comm, str) and len(comm) <= MAX_NAME_LENGTH):
+            raise ValueError("gpu_holders: comm must be short text")
+        out.append({"pid": pid, "gpu": gpu, "comm": comm})
+    return out
+
+
 def missing_modules(roots: Roots, names: Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in names if not (roots.sysfs / "module" / n).is_dir())
 
 
 def local_gate_inputs(config: Config) -> GateInputs:
+    """What the hook checks itself when the daemon does not answer: the GPU device nodes,
+    the kernel modules, and the uncleared Xids the daemon last recorded
+    (:func:`read_gate_state`), so that a daemon out of reach never clears the gate."""
     roots = config.roots
     return GateInputs(
         gpu_count=count_dev_gpus(roots),
         gpu_count_source=f"{roots.dev}/nvidia<N>",
-        xids=None,
+        xids=read_gate_state(roots),
         links=None,
         missing_modules=missing_modules(roots, config.slurm.required_modules),
     )
@@ -486,7 +334,7 @@ class JobRequest:
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> JobRequest:
         job_id = env.get("SLURM_JOB_ID", "")
-        if not job_id.isdigit() or not job_id.isascii():
+        if not _is_job_id(job_id):
             raise ValueError(f"SLURM_JOB_ID is not a job id: {job_id!r}")
         uid_text = env.get("SLURM_JOB_UID", "")
         try:
@@ -503,28 +351,45 @@ class JobRequest:
         )
 
     @classmethod
-    def from_request(cls, request: Mapping[str, Any]) -> JobRequest:
+    def from_request(
+        cls, request: Mapping[str, Any], node_gpus: frozenset[int] | None = None
+    ) -> JobRequest:
+        """The job a hook request names, every field bounded; ``ValueError`` names the
+        field. ``node_gpus``: the node's GPU indices, when known; ``gpus`` must be among
+        them (otherwise below :data:`MAX_GPU_INDEX`)."""
         job_id = request.get("job_id")
-        if not isinstance(job_id, str) or not job_id.isdigit() or not job_id.isascii():
-            raise ValueError(f"job_id is not a job id: {job_id!r}")
+        if not _is_job_id(job_id):
+            raise ValueError(f"job_id: not a job id: {_shown(job_id)}")
+        assert isinstance(job_id, str)
         uid = request.get("uid")
+        if uid is not None and not (_is_int(uid) and 0 <= uid < 1 << 32):
+            raise ValueError(f"uid: not a user id: {_shown(uid)}")
         gpus = request.get("gpus") or []
-        if not isinstance(gpus, list) or not all(
-            isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus
-        ):
-            raise ValueError("gpus must be a list of GPU indices")
+        limit = len(node_gpus) if node_gpus is not None else MAX_GPU_INDEX
+        if not isinstance(gpus, list) or len(gpus) > limit:
+            raise ValueError(f"gpus: expected a list of at most {limit} GPU indices")
+        for gpu in gpus:
+            if not (_is_int(gpu) and 0 <= gpu < MAX_GPU_INDEX):
+                raise ValueError(f"gpus: not a GPU index: {_shown(gpu)}")
+            if node_gpus is not None and gpu not in node_gpus:
+                known = ",".join(str(g) for g in sorted(node_gpus)) or "none"
+                raise ValueError(f"gpus: {gpu} is not a GPU of this node (GPUs: {known})")
 
-        def text(key: str) -> str | None:
+        def text(key: str, longest: int) -> str | None:
             value = request.get(key)
-            return value if isinstance(value, str) and value else None
+            if value is None or value == "":
+                return None
+            if not isinstance(value, str) or len(value) > longest or not value.isprintable():
+                raise ValueError(f"{key}: expected printable text of at most {longest} characters")
+            return value
 
         return cls(
             job_id=job_id,
-            uid=uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
-            user=text("user"),
-            partition=text("partition"),
+            uid=uid,
+            user=text("user", MAX_NAME_LENGTH),
+            partition=text("partition", MAX_NAME_LENGTH),
             gpus=tuple(sorted(set(gpus))),
-            exit_code=text("exit_code"),
+            exit_code=text("exit_code", MAX_EXIT_CODE_LENGTH),
         )
 
     def as_request(self) -> Request:
@@ -538,10 +403,27 @@ class JobRequest:
         }
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_job_id(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_JOB_ID_DIGITS
+        and value.isascii()
+        and value.isdigit()
+    )
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, cut short: the request may be hostile."""
+    return repr(value)[:40]
+
+
 def write_registration(
     roots: Roots, job: JobRequest, baseline: Mapping[str, Any], wall_time: float
 ) -> Path:
-    path = registrations_dir(roots) / f"{job.job_id}.json"
     document = {
         "format": REGISTRATION_FORMAT,
         "job_id": job.job_id,
@@ -552,8 +434,13 @@ def write_registration(
         "registered_at": wall_time,
         "baseline": dict(baseline),
     }
-    atomic_write_bytes(path, (json.dumps(document, allow_nan=False) + "\n").encode(), 0o640)
-    return path
+    prepare_directory(run_dir(roots))
+    return write_private(
+        registrations_dir(roots),
+        f"{job.job_id}.json",
+        (json.dumps(document, allow_nan=False) + "\n").encode(),
+        0o640,
+    )
 
 
 def read_registration(roots: Roots, job_id: str) -> dict[str, Any] | None:
@@ -588,6 +475,55 @@ def local_sample(roots: Roots, wall_time: float) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# The gate's memory: uncleared Xids outlive the daemon
+
+
+def gate_state_path(roots: Roots) -> Path:
+    return run_dir(roots) / GATE_STATE_NAME
+
+
+def write_gate_state(roots: Roots, xids: Sequence[tuple[str, int, int]], wall_time: float) -> None:
+    """Record the uncleared Xids where the hooks and the next daemon find them: a daemon
+    that cannot be reached, or restarted (its Xid counts start again from zero), must not
+    turn a node that failed the gate into one that passes."""
+    document = {
+        "format": GATE_STATE_FORMAT,
+        "written_at": wall_time,
+        "uncleared_xids": [{"gpu": g, "xid": x, "count": n} for g, x, n in xids],
+    }
+    prepare_directory(run_dir(roots))
+    write_private(run_dir(roots), GATE_STATE_NAME, (json.dumps(document) + "\n").encode(), 0o640)
+
+
+def read_gate_state(roots: Roots) -> tuple[tuple[str, int, int], ...] | None:
+    """The uncleared Xids last recorded; ``None`` when there is no record. A record that
+    cannot be read is not "no Xids": it counts as one uncleared Xid of unknown kind, so that
+    spoiling the file cannot clear the gate."""
+    path = gate_state_path(roots)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return (("?", -1, 1),)
+    text = read_optional(path) if stat.S_ISREG(info.st_mode) and info.st_size < 1 << 20 else None
+    try:
+        document = json.loads(text or "")
+        xids = document["uncleared_xids"]
+        if document.get("format") != GATE_STATE_FORMAT or not isinstance(xids, list):
+            raise ValueError("not a gate state")
+        out = []
+        for entry in xids[: MAX_GPU_INDEX * 8]:
+            gpu, xid, count = entry["gpu"], entry["xid"], entry["count"]
+            if not (isinstance(gpu, str) and _is_int(xid) and _is_int(count)):
+                raise ValueError("bad entry")
+            out.append((gpu[:64], xid, count))
+        return tuple(out)
+    except (ValueError, KeyError, TypeError):
+        return (("?", -1, 1),)
+
+
+# ---------------------------------------------------------------------------------------------
 # Reports
 
 
@@ -603,7 +539,10 @@ def build_report(
     alerts: Sequence[Mapping[str, Any]] = (),
     contention: Sequence[Mapping[str, Any]] = (),
     holders: Sequence[Mapping[str, Any]] = (),
+    issued_at: float | None = None,
 ) -> dict[str, Any]:
+    """A job's report. ``issued_at``: when the epilog call began (wall clock), which orders
+    two reports of one job (:func:`nodescope_exporters.reports.write_report`)."""
     registration = registration or {}
     gpus = list(job.gpus) or list(registration.get("gpus", []))
     start = registration.get("registered_at")
@@ -652,6 +591,7 @@ def build_report(
         "gpu_holders": list(holders),
         "timeline": window.timeline() if window is not None else {"t": [], "series": {}},
         "verdict": {"ok": reason is None, "reason": reason},
+        "issued_at": end_wall if issued_at is None else issued_at,
     }
 
 
@@ -739,6 +679,9 @@ class JobTracker:
         self._alerts_open: dict[str, Episode] = {}
         self._alerts_closed: deque[Episode] = deque(maxlen=MAX_EPISODES)
         self.windows: dict[str, JobWindow] = {}
+        # Uncleared Xids recorded before this daemon started (NVML counts restart at zero).
+        self._carried_xids: tuple[tuple[str, int, int], ...] = read_gate_state(config().roots) or ()
+        self._recorded_xids: tuple[tuple[str, int, int], ...] | None = None
 
     # -- observation ---------------------------------------------------------------------
     def observe(self, snapshot: Snapshot) -> None:
@@ -768,6 +711,19 @@ class JobTracker:
                 now,
             )
             self._observe_jobs(snapshot, now)
+            # Under the lock: a clear-xids in between must not be overwritten by older Xids.
+            self._record_xids(self.xid_inputs(), now)
+
+    def _record_xids(self, xids: tuple[tuple[str, int, int], ...] | None, now: float) -> None:
+        """Write the gate record when the uncleared Xids change (not every cycle)."""
+        if xids is None or xids == self._recorded_xids:
+            return
+        try:
+            write_gate_state(self._config().roots, xids, now)
+        except OSError as exc:
+            log.error("event=gate_state_not_written error=%r", str(exc))
+            return
+        self._recorded_xids = xids
 
     @staticmethod
     def _track(
@@ -843,15 +799,17 @@ class JobTracker:
         snapshot = self.latest
         nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
         if nvml is None:
-            return None
+            return self._carried_xids or None
         cleared = self._xid_cleared or {}
-        out = []
-        for key, count in sorted(_xid_counts(nvml).items()):
-            gpu, _, code = key.rpartition(":")
+        merged: dict[tuple[str, int], int] = {}
+        for gpu, code, count in self._carried_xids:
+            merged[(gpu, code)] = merged.get((gpu, code), 0) + count
+        for key, count in _xid_counts(nvml).items():
+            name, _, code_text = key.rpartition(":")
             moved = count - cleared.get(key, 0)
             if moved > 0:
-                out.append((gpu, int(code), moved))
-        return tuple(out)
+                merged[(name, int(code_text))] = merged.get((name, int(code_text)), 0) + moved
+        return tuple((gpu, code, n) for (gpu, code), n in sorted(merged.items()))
 
     def gate_inputs(self, config: Config) -> GateInputs:
         with self._lock:
@@ -875,9 +833,23 @@ class JobTracker:
             )
 
     # -- commands ------------------------------------------------------------------------
+    def node_gpus(self, config: Config) -> frozenset[int] | None:
+        """The node's GPU indices: NVML's, else the minors of ``/dev/nvidia<N>``; ``None``
+        when neither is known."""
+        with self._lock:
+            snapshot = self.latest
+        nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+        if nvml is not None and nvml.gpus:
+            return frozenset(g.index for g in nvml.gpus)
+        minors = dev_gpu_minors(config.roots)
+        return minors or None
+
     def prolog(self, request: Request, peer: Peer) -> Response:
         config = self._config()
-        job = JobRequest.from_request(request)
+        try:
+            job = JobRequest.from_request(request, self.node_gpus(config))
+        except ValueError as exc:
+            return {"ok": False, "invalid": True, "error": str(exc)}
         with self._lock:
             snapshot = self.latest
         now = time.time()
@@ -917,8 +889,13 @@ class JobTracker:
 
     def epilog(self, request: Request, peer: Peer) -> Response:
         config = self._config()
-        job = JobRequest.from_request(request)
-        local_holders = request.get("gpu_holders") or []
+        try:
+            job = JobRequest.from_request(request, self.node_gpus(config))
+            local_holders = _holders_of(request.get("gpu_holders"))
+        except ValueError as exc:
+            return {"ok": False, "invalid": True, "error": str(exc)}
+        deadline = request.get("deadline")
+        issued_at = request.get("issued_at")
         registration = read_registration(config.roots, job.job_id)
         now = time.time()
         with self._lock:
@@ -960,11 +937,28 @@ class JobTracker:
             alerts=alerts,
             contention=contention,
             holders=holders,
+            issued_at=issued_at if isinstance(issued_at, int | float) else now,
         )
-        path = write_report(Path(config.slurm.reports_dir), report)
+        path: Path | None = None
+        problem = None
+        try:
+            path = write_report(
+                Path(config.slurm.reports_dir),
+                report,
+                deadline if isinstance(deadline, int | float) else None,
+            )
+        except StaleReport as exc:
+            # The hook has given up on us and done the epilog itself: change nothing.
+            log.info("event=epilog_stale job=%s reason=%r", job.job_id, str(exc))
+            return {"ok": False, "stale": True, "error": str(exc)}
+        except OSError as exc:
+            problem = f"report not written: {exc}"
+            log.error("event=report_failed job=%s error=%r", job.job_id, str(exc))
+        # The job has ended whether or not its report could be written: a registration left
+        # behind would keep it in nodescope_job_info for good.
         remove_registration(config.roots, job.job_id)
         with self._lock:
-            self.windows.pop(job.job_id, None)
+            self.windows.pop(job.job_id, None)  # observe() may have seen the job meanwhile
         verdict = report["verdict"]
         log.info(
             "event=epilog job=%s report=%s ok=%s%s",
@@ -973,13 +967,22 @@ class JobTracker:
             verdict["ok"],
             f" reason={verdict['reason']!r}" if verdict["reason"] else "",
         )
-        return {"ok": True, "report": str(path), "verdict": verdict, "gpu_holders": holders}
+        return {
+            "ok": True,
+            "report": None if path is None else str(path),
+            "report_error": problem,
+            "verdict": verdict,
+            "gpu_holders": holders,
+        }
 
     def clear_xids(self, request: Request, peer: Peer) -> Response:
         with self._lock:
             snapshot = self.latest
             nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
             self._xid_cleared = _xid_counts(nvml) if nvml is not None else None
+            self._carried_xids = ()
+            self._recorded_xids = None
+            self._record_xids(self.xid_inputs() or (), time.time())
         log.info("event=xids_cleared uid=%d pid=%d", peer.uid, peer.pid)
         return {"ok": True}
 
@@ -1037,6 +1040,7 @@ class Hooks:
             socket_path(config().roots),
             lambda peer: peer.uid in allowed_uids(self._config().slurm),
             lambda: self._config().slurm.timeout_seconds,
+            grant_uid=lambda: slurm_uid(self._config().slurm.slurm_user),
         )
         self.server.register("prolog", self.tracker.prolog)
         self.server.register("epilog", self.tracker.epilog)
@@ -1049,6 +1053,7 @@ class Hooks:
     def start(cls, config: Callable[[], Config]) -> Hooks | None:
         """Start the socket; a daemon that cannot bind it still collects (and says why)."""
         hooks = cls(config)
+        hooks.sweep()
         try:
             hooks.server.start()
         except OSError as exc:
@@ -1056,6 +1061,23 @@ class Hooks:
             return None
         log.info("event=hooks_listening socket=%s", hooks.server.path)
         return hooks
+
+    def sweep(self) -> None:
+        """Remove temporary files of writers that died (``kill -9``, power loss) and say
+        now, not at the first epilog, when the reports directory is unsafe."""
+        config = self._config()
+        for directory in (
+            registrations_dir(config.roots),
+            run_dir(config.roots),
+            Path(config.slurm.reports_dir),
+        ):
+            try:
+                removed = remove_orphan_temporaries(directory)
+            except OSError as exc:
+                log.error("event=directory_unsafe path=%s error=%r", directory, str(exc))
+                continue
+            if removed:
+                log.info("event=orphans_removed path=%s count=%d", directory, len(removed))
 
     def observe(self, snapshot: Snapshot) -> None:
         self.tracker.observe(snapshot)

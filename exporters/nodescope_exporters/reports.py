@@ -14,10 +14,14 @@ backwards (a driver reload) gives no delta rather than a guess.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import html
 import json
 import math
 import os
+import secrets
+import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -30,20 +34,69 @@ from nodescope.sources.nvml import NvmlData
 
 REPORT_FORMAT = "nodescope-job-report/1"
 SECTOR = 512
+#: The most of an existing report read back to compare it with a new one.
+MAX_REPORT_BYTES = 64 << 20
 
 Document = dict[str, Any]
 
 
 # ---------------------------------------------------------------------------------------------
-# Atomic files
+# Atomic files in directories the daemon checks
+
+#: Temporary files are ``.<final name>.<writer pid>.<random>.tmp``: the random part makes the
+#: name unguessable (it is created with O_EXCL|O_NOFOLLOW besides), the pid lets a later
+#: start tell a writer that died (kill -9, power loss) from one still writing.
+TEMPORARY_SUFFIX = ".tmp"
+#: A temporary file older than this is an orphan even when its pid is alive again (reused).
+ORPHAN_SECONDS = 3600.0
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o640) -> None:
-    """Replace ``path`` with ``data`` so that no reader ever sees a partial file."""
-    directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    temporary = directory / f".{path.name}.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+class UnsafeDirectory(OSError):
+    """A directory that others could change under the writer: not owned by the writer, or
+    writable by group or others, or a symbolic link."""
+
+
+class StaleReport(Exception):
+    """The report on disk comes from a later hook call than this one, or the caller's
+    deadline passed before the report could be put in place."""
+
+
+def open_private_directory(directory: Path, create: bool = True) -> int:
+    """A descriptor of ``directory`` after checking that only its owner, this process's
+    user, can change it. Every later step works relative to this descriptor, so that the
+    path cannot be swapped for a symbolic link between the check and the write."""
+    if create:
+        os.makedirs(directory, mode=0o750, exist_ok=True)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and directory.is_symlink():
+            raise UnsafeDirectory(
+                exc.errno, f"{directory} is a symbolic link: refusing to write there"
+            ) from None
+        raise
+    info = os.fstat(fd)
+    problem = None
+    if info.st_uid != os.geteuid():
+        problem = f"is owned by uid {info.st_uid}, not {os.geteuid()}"
+    elif info.st_mode & 0o022:
+        problem = f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})"
+    if problem is not None:
+        os.close(fd)
+        raise UnsafeDirectory(
+            errno.EPERM,
+            f"{directory} {problem}: refusing to write there; make it a directory of its own"
+            " (chown root, chmod 0750)",
+        )
+    return fd
+
+
+def _write_temporary(dir_fd: int, name: str, data: bytes, mode: int) -> str:
+    temporary = f".{name}.{os.getpid()}.{secrets.token_hex(6)}{TEMPORARY_SUFFIX}"
+    # O_EXCL|O_NOFOLLOW: a name planted in advance (a symbolic link to a file of root's, say)
+    # makes the open fail instead of being followed and truncated.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temporary, flags, mode, dir_fd=dir_fd)
     try:
         view = memoryview(data)
         while view:
@@ -53,15 +106,83 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o640) -> None:
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(temporary)
+            os.unlink(temporary, dir_fd=dir_fd)
         raise
     os.close(fd)
-    os.replace(temporary, path)
+    return temporary
+
+
+def _commit(dir_fd: int, temporary: str, name: str) -> None:
+    try:
+        os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o640) -> None:
+    """Replace ``path`` with ``data`` so that no reader ever sees a partial file. For files a
+    user asks for (``nodescope report --svg``): the directory is not checked, the temporary
+    file is still created exclusively and never through a link."""
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(dir_fd)
+        _commit(dir_fd, _write_temporary(dir_fd, path.name, data, mode), path.name)
     finally:
         os.close(dir_fd)
+
+
+def write_private(directory: Path, name: str, data: bytes, mode: int = 0o640) -> Path:
+    """Replace ``directory/name`` with ``data`` atomically, in a directory checked with
+    :func:`open_private_directory` (root's registrations and reports)."""
+    dir_fd = open_private_directory(directory)
+    try:
+        _commit(dir_fd, _write_temporary(dir_fd, name, data, mode), name)
+    finally:
+        os.close(dir_fd)
+    return directory / name
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphan_temporaries(directory: Path, now: float | None = None) -> list[str]:
+    """Remove the temporary files of writers that died before renaming them. A file whose
+    writer still runs is left alone unless it is older than :data:`ORPHAN_SECONDS`."""
+    removed: list[str] = []
+    now = time.time() if now is None else now
+    try:
+        dir_fd = open_private_directory(directory, create=False)
+    except FileNotFoundError:
+        return removed
+    try:
+        for name in os.listdir(dir_fd):
+            if not (name.startswith(".") and name.endswith(TEMPORARY_SUFFIX)):
+                continue
+            parts = name[: -len(TEMPORARY_SUFFIX)].split(".")
+            pid_text = parts[-2] if len(parts) >= 3 else ""
+            try:
+                info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            writer_gone = not (pid_text.isdigit() and _pid_alive(int(pid_text)))
+            if writer_gone or now - info.st_mtime > ORPHAN_SECONDS:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dir_fd)
+                    removed.append(name)
+    finally:
+        os.close(dir_fd)
+    return removed
 
 
 def report_path(directory: Path, job_id: str) -> Path:
@@ -70,11 +191,57 @@ def report_path(directory: Path, job_id: str) -> Path:
     return directory / f"{job_id}.json"
 
 
-def write_report(directory: Path, document: Document) -> Path:
+def _order(document: Mapping[str, Any] | None) -> tuple[float, bool]:
+    """Which of two reports of one job is the later: the hook call's ``issued_at``, then a
+    daemon's report over the hook's own (the hook writes its own only once it has given the
+    daemon up)."""
+    if not isinstance(document, Mapping):
+        return (-math.inf, False)
+    issued = document.get("issued_at")
+    if not isinstance(issued, int | float) or isinstance(issued, bool) or not math.isfinite(issued):
+        issued = -math.inf
+    return (float(issued), document.get("daemon") is True)
+
+
+def write_report(directory: Path, document: Document, deadline: float | None = None) -> Path:
+    """Write a job's report unless the one already there is from a later hook call
+    (:class:`StaleReport`), or ``deadline`` (wall clock) passed: a client that gave up on
+    the daemon writes its own report, and a daemon that resumes late must not replace it.
+
+    The comparison and the rename happen under an exclusive lock of the directory, which the
+    daemon and the hooks (separate processes) both take."""
     path = report_path(directory, str(document["job_id"]))
     text = json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    atomic_write_bytes(path, text.encode())
+    dir_fd = open_private_directory(directory)
+    try:
+        temporary = _write_temporary(dir_fd, path.name, text.encode(), 0o640)
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX)
+            existing = _read_existing(dir_fd, path.name)
+            if _order(existing) > _order(document):
+                raise StaleReport(f"{path}: a later hook call already wrote this job's report")
+            if deadline is not None and time.time() >= deadline:
+                raise StaleReport(f"{path}: the caller's deadline passed; report not written")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=dir_fd)
+            raise
+        _commit(dir_fd, temporary, path.name)
+    finally:
+        os.close(dir_fd)  # releases the lock
     return path
+
+
+def _read_existing(dir_fd: int, name: str) -> Any:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            return json.loads(handle.read(MAX_REPORT_BYTES))
+    except ValueError:
+        return None
 
 
 def read_report(directory: Path, job_id: str) -> Document:

@@ -1,8 +1,8 @@
 """The hook socket with real peers, the hooks without a daemon, and the atomic report writer
 under ``kill -9``.
 
-* A server on a real Unix socket answers root and refuses ``nobody`` (a real process started
-  with ``setpriv``): ``SO_PEERCRED`` decides, the refusal is logged and counted.
+* A server on a real Unix socket answers root and the SlurmUser (a real process started with
+  ``setpriv``, through the socket's ACL) and nobody else can connect.
 * ``nodescope slurm prolog|epilog`` as real processes with no daemon listening: local gate
   (exit 1 with a one-line reason), local registration and report, exit 0 when fit.
 * A writer process killed with SIGKILL in the middle of replacing a large report leaves the
@@ -12,7 +12,6 @@ under ``kill -9``.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import signal
@@ -28,6 +27,7 @@ import pytest
 
 from nodescope.config import Config, SlurmSettings
 from nodescope.hooks import HookServer, HookUnavailable, Peer, allowed_uids, call
+from nodescope.hooksocket import slurm_uid
 from tests.conftest import nodescope_command
 
 pytestmark = pytest.mark.integration
@@ -44,17 +44,20 @@ def world_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def test_socket_answers_root_and_refuses_nobody(
-    world_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_socket_answers_root_and_the_slurm_user_and_nobody_else(world_dir: Path) -> None:
     if os.geteuid() != 0:
-        pytest.skip("needs root to act as nobody")
+        pytest.skip("needs root to act as other users")
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.skip("setpriv (util-linux) not installed")
     path = world_dir / "nodescope" / "nodescope.sock"
-    settings = SlurmSettings(slurm_user="root")
-    server = HookServer(path, lambda peer: peer.uid in allowed_uids(settings))
+    slurm_user = "nobody"  # any account other than root stands in for the SlurmUser
+    settings = SlurmSettings(slurm_user=slurm_user)
+    server = HookServer(
+        path,
+        lambda peer: peer.uid in allowed_uids(settings),
+        grant_uid=lambda: slurm_uid(slurm_user),
+    )
     seen: list[Peer] = []
 
     def echo(request: dict[str, object], peer: Peer) -> dict[str, object]:
@@ -64,36 +67,44 @@ def test_socket_answers_root_and_refuses_nobody(
     server.register("echo", echo)
     server.start()
     try:
-        assert oct(path.stat().st_mode & 0o777) == "0o666"
+        # Nothing for others; the group bits show the ACL mask, which admits the one entry.
+        assert path.stat().st_mode & 0o007 == 0 and path.parent.stat().st_mode & 0o007 == 0
         assert call(path, {"command": "echo", "value": 7}) == {"ok": True, "echo": 7}
         assert seen[-1].uid == 0 and seen[-1].pid == os.getpid()
         assert call(path, {"command": "nope"})["ok"] is False
         assert call(path, {"command": "ping"})["pid"] == os.getpid()
-        client = (
-            "import json, socket, sys\n"
-            "s = socket.socket(socket.AF_UNIX)\n"
-            "s.connect(sys.argv[1])\n"
-            's.sendall(b\'{"command": "echo", "value": 1}\\n\')\n'
-            "s.shutdown(socket.SHUT_WR)\n"
-            "print(s.recv(4096).decode())\n"
-        )
-        caplog.set_level(logging.WARNING, logger="nodescope.hooks")
-        result = subprocess.run(
-            [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-             "/usr/bin/python3", "-c", client, str(path)],
-            capture_output=True, text=True, timeout=20, check=False,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        assert json.loads(result.stdout) == {"ok": False, "error": "permission denied"}
-        assert server.refused == 1
-        assert len(seen) == 1, "the refused request reached a handler"
-        nobody = int(subprocess.run(["id", "-u", "nobody"], capture_output=True, text=True).stdout)
-        assert any(f"event=hook_refused uid={nobody}" in r.getMessage() for r in caplog.records)
+        # The SlurmUser reaches the socket through its ACL entries; daemon (an unprivileged
+        # account without them) cannot even connect.
+        for user, expected in ((slurm_user, '{"ok": true, "echo": 1}'), ("daemon", "EACCES")):
+            result = subprocess.run(
+                [setpriv, f"--reuid={user}", "--regid=nogroup", "--clear-groups",
+                 sys.executable, "-c", _CLIENT, str(path)],
+                capture_output=True, text=True, timeout=20, check=False,
+            )  # fmt: skip
+            assert result.returncode == 0, result.stderr
+            assert result.stdout.strip() == expected, user
+        assert seen[-1].uid == slurm_uid(slurm_user)
     finally:
         server.stop()
     assert not path.exists()
     with pytest.raises(HookUnavailable):
         call(path, {"command": "ping"}, timeout=0.5)
+
+
+_CLIENT = """
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("EACCES")
+    sys.exit(0)
+now = time.time()
+s.sendall(json.dumps({"command": "echo", "value": 1, "issued_at": now,
+                      "deadline": now + 2}).encode() + b"\\n")
+s.shutdown(socket.SHUT_WR)
+print(s.recv(4096).decode().strip())
+"""
 
 
 def test_a_silent_client_cannot_hold_the_server(world_dir: Path) -> None:

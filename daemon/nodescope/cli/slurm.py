@@ -13,10 +13,15 @@ slurmd runs Prolog/Epilog as root with no PATH and the job in the environment
 * epilog: processes still holding one of the job's GPUs are looked for (``/proc/*/fd``), the
   daemon writes the job's report; GPUs still held fail the epilog the same way.
 
-The daemon is asked over its socket with a deadline of ``[slurm] timeout_seconds`` (≤ 2 s).
-When it does not answer, the hook does what it can itself — registration with the counters it
-can read, the local gate checks (GPU devices, kernel modules), a report without NVML figures —
-and a down daemon never fails a job. Exit statuses: 0 fit, 1 unfit (drained).
+The daemon is asked over its socket with a deadline of ``[slurm] timeout_seconds`` (≤ 2 s),
+which travels with the request: a daemon that reads it late drops it. When the daemon does not
+answer, the hook does what it can itself — registration with the counters it can read, the
+local gate checks (GPU devices, kernel modules, and the uncleared Xids the daemon last recorded
+in ``<run>/nodescope/gate-state.json``), a report without NVML figures. A daemon out of reach
+therefore never fails a job by itself, and never passes a node it had found unfit. When the
+daemon answers that the request is invalid (a GPU Slurm assigned that the node does not have),
+the prolog fails: Slurm and the node disagree about the node. Exit statuses: 0 fit, 1 unfit
+(drained).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from nodescope.hooks import (
     build_report,
     call,
     gate_checks,
+    gate_state_path,
     gpu_holders,
     local_gate_inputs,
     local_sample,
@@ -48,9 +54,10 @@ from nodescope.hooks import (
     remove_registration,
     socket_path,
     unfit_reason,
+    write_gate_state,
     write_registration,
 )
-from nodescope_exporters.reports import write_report
+from nodescope_exporters.reports import StaleReport, write_report
 
 DEFAULT_CONFIG = "/etc/nodescope/nodescope.toml"
 #: The prolog waits at most this long for the quick probe.
@@ -161,9 +168,12 @@ def prolog(args: argparse.Namespace) -> int:
             {"command": "prolog", **job.as_request()},
             config.slurm.timeout_seconds,
         )
-        if not response.get("ok"):
+        if not response.get("ok") and response.get("invalid"):
+            reason = f"nodescope: prolog refused: {response.get('error')}"[:200]
+        elif not response.get("ok"):
             raise HookUnavailable(str(response.get("error")))
-        reason = response.get("reason") if not response.get("fit", True) else None
+        else:
+            reason = response.get("reason") if not response.get("fit", True) else None
     except HookUnavailable as exc:
         _say(f"nodescope: daemon not answering ({exc}); local checks only")
         now = time.time()
@@ -190,27 +200,36 @@ def epilog(args: argparse.Namespace) -> int:
     config, job = prepared
     holders = gpu_holders(config.roots, job.gpus)
     verdict: dict[str, Any]
+    issued_at = time.time()
     try:
         response = call(
             socket_path(config.roots),
-            {"command": "epilog", **job.as_request(), "gpu_holders": holders},
+            {"command": "epilog", **job.as_request(), "gpu_holders": holders,
+             "issued_at": issued_at},
             config.slurm.timeout_seconds,
-        )
+        )  # fmt: skip
         if not response.get("ok"):
             raise HookUnavailable(str(response.get("error")))
+        if response.get("report_error"):
+            _say(f"nodescope: job {job.job_id}: {response['report_error']}")
         verdict = response.get("verdict") or {"ok": True, "reason": None}
     except HookUnavailable as exc:
         _say(f"nodescope: daemon not answering ({exc}); writing a local report")
         now = time.time()
         registration = read_registration(config.roots, job.job_id)
         report = build_report(
-            job, registration, local_sample(config.roots, now), now, daemon=False, holders=holders
-        )
+            job, registration, local_sample(config.roots, now), now, daemon=False,
+            holders=holders, issued_at=issued_at,
+        )  # fmt: skip
         try:
             write_report(Path(config.slurm.reports_dir), report)
-            remove_registration(config.roots, job.job_id)
+        except StaleReport as err:
+            _say(f"nodescope: {err}; kept it")
         except OSError as err:
             _say(f"nodescope: cannot write the report of job {job.job_id}: {err}")
+        finally:
+            # The job has ended, report or not: its registration must not outlive it.
+            remove_registration(config.roots, job.job_id)
         verdict = report["verdict"]
     if verdict.get("ok", True):
         return 0
@@ -231,8 +250,18 @@ def clear_xids(args: argparse.Namespace) -> int:
             socket_path(config.roots), {"command": "clear_xids"}, config.slurm.timeout_seconds
         )
     except HookUnavailable as exc:
+        # The record the hooks fall back on is root's: clearing it is the same decision the
+        # daemon would take, made by the same operator.
         _say(f"nodescope: daemon not answering: {exc}")
-        return 1
+        if not gate_state_path(config.roots).exists():
+            return 1
+        try:
+            write_gate_state(config.roots, (), time.time())
+        except OSError as err:
+            _say(f"nodescope: cannot clear the recorded Xids: {err}")
+            return 1
+        print(f"Xids cleared in {gate_state_path(config.roots)} (the daemon was not running)")
+        return 0
     if not response.get("ok"):
         _say(f"nodescope: {response.get('error')}")
         return 1
