@@ -33,6 +33,9 @@ from nodescope_exporters.prometheus import MetricsCache
 
 log = logging.getLogger("nodescope.service")
 
+#: Seconds a cycle may be late beyond its tick before the watchdog stops being fed.
+CYCLE_GRACE = 10.0
+
 ConfigLoader = Callable[[], Config]
 CollectorFactory = Callable[[Config], Collector]
 
@@ -65,6 +68,8 @@ class Service:
         self._wake = threading.Event()
         self._stop = False
         self._reload = False
+        self.cycle_errors: dict[str, int] = {}
+        self.last_completed = time.monotonic()
 
     # -- signals: flags only -------------------------------------------------------------
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
@@ -127,17 +132,64 @@ class Service:
         self.notifier.ready("reloaded")
         return True
 
-    def run_cycle(self) -> None:
-        snapshot = self.collector.run_cycle()
-        snapshot = self.analyzer.analyze(snapshot)
+    def _survived(self, stage: str, exc: Exception) -> None:
+        """Count and log an exception a stage of the cycle raised; the daemon goes on."""
+        self.cycle_errors[stage] = self.cycle_errors.get(stage, 0) + 1
+        log.error(
+            "event=cycle_error stage=%s total=%d error=%r",
+            stage,
+            self.cycle_errors[stage],
+            f"{type(exc).__name__}: {exc}",
+            exc_info=self.cycle_errors[stage] == 1,
+        )
+
+    def run_cycle(self) -> bool:
+        """One cycle. Every stage is guarded: an exception in one (a bug, an input nothing
+        foresaw) is logged and counted, the stages that can still run do, and the next cycle
+        comes as planned. Returns whether the cycle completed: collected and published."""
+        try:
+            snapshot = self.collector.run_cycle()
+        except Exception as exc:
+            self._survived("collect", exc)
+            return False
+        completed = True
+        try:
+            snapshot = self.analyzer.analyze(snapshot)
+        except Exception as exc:
+            self._survived("analyze", exc)
+            completed = False
         if self.hooks is not None:
-            self.hooks.observe(snapshot)
-        self.cache.update(snapshot)
-        self.alerts_cache.update(alerts_document(snapshot))
+            try:
+                self.hooks.observe(snapshot)
+            except Exception as exc:
+                self._survived("jobs", exc)
+        if self.cycle_errors:
+            snapshot = replace(snapshot, cycle_errors=self.cycle_errors)
+        try:
+            self.cache.update(snapshot)
+            self.alerts_cache.update(alerts_document(snapshot))
+        except Exception as exc:
+            self._survived("export", exc)
+            return False
         if self.server is not None:
-            # Hands both documents to the serving process (the alerts update already did, so
-            # this is a check that the process is alive; a dead one is restarted here).
-            self.server.publish()
+            try:
+                # Hands both documents to the serving process (the alerts update already
+                # did, so this is a check that the process is alive; a dead one is restarted
+                # here).
+                self.server.publish()
+            except Exception as exc:
+                self._survived("publish", exc)
+                return False
+        if completed:
+            self.last_completed = time.monotonic()
+        return completed
+
+    def cycles_on_time(self) -> bool:
+        """Whether cycles still complete: the last one within its tick and a grace. The
+        watchdog is fed only while this holds, so systemd restarts a daemon whose cycles
+        stopped even though its loop still turns."""
+        late = time.monotonic() - self.last_completed
+        return late <= self.config.tick_seconds + max(self.config.tick_seconds, CYCLE_GRACE)
 
     def _sleep_seconds(self) -> float:
         wait = self.config.tick_seconds
@@ -169,7 +221,8 @@ class Service:
                 if self._reload:
                     self._reload = False
                     self.reload()
-                self.notifier.watchdog()
+                if self.cycles_on_time():
+                    self.notifier.watchdog()
                 now = time.monotonic()
                 if now >= next_tick:
                     self.run_cycle()

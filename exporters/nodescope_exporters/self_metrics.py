@@ -59,6 +59,27 @@ SOURCE_ERRORS = metric(
     ("source",),
     area=AREA,
 )
+SOURCE_RECORDS_SKIPPED = metric(
+    "nodescope_source_records_skipped_total",
+    "counter",
+    "malformed or unreadable records (a process, a cgroup, a port, a line) the source skipped",
+    ("source", "reason"),
+    area=AREA,
+)
+SOURCE_TIMEOUTS = metric(
+    "nodescope_source_timeouts_total",
+    "counter",
+    "runs of the source reported down because they overran their deadline",
+    ("source",),
+    area=AREA,
+)
+CYCLE_ERRORS = metric(
+    "nodescope_cycle_errors_total",
+    "counter",
+    "exceptions outside the sources that a collection cycle survived, by stage",
+    ("stage",),
+    area=AREA,
+)
 SOURCE_INTERVAL = metric(
     "nodescope_source_interval_seconds",
     "gauge",
@@ -99,3 +120,16 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
         if sample is not None:
             took.add_metric([name], sample.duration)
     yield from (up, took, runs, errors, interval)
+
+    skipped, timeouts = SOURCE_RECORDS_SKIPPED.family(), SOURCE_TIMEOUTS.family()
+    for name in sorted(snapshot.status):
+        status = snapshot.status[name]
+        timeouts.add_metric([name], status.timeouts_total)
+        for reason in sorted(status.skipped_total):
+            skipped.add_metric([name, reason], status.skipped_total[reason])
+    yield skipped
+    yield timeouts
+    cycle_errors = CYCLE_ERRORS.family()
+    for stage in sorted(snapshot.cycle_errors):
+        cycle_errors.add_metric([stage], snapshot.cycle_errors[stage])
+    yield cycle_errors

@@ -124,3 +124,60 @@ def test_snapshot_cli_over_a_fifo_ends(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "FIFO" in result.stdout
+
+
+class RaisingJobs:
+    """Stands in for the job tracker with a bug that any cycle's input triggers."""
+
+    calls = 0
+
+    def observe(self, snapshot: object) -> None:
+        self.calls += 1
+        raise KeyError("job 42")
+
+    def stop(self) -> None:
+        return None
+
+
+def test_an_exception_outside_the_sources_is_survived_counted_and_exported() -> None:
+    from nodescope.config import Config
+    from nodescope.service import Service
+
+    counting = Counting("other")
+    service = Service(
+        load_config=Config,
+        make_collector=lambda config: Collector(
+            roots=Roots(), scheduled=[ScheduledSource(counting, 0.0, timeout=5.0)]
+        ),
+    )
+    jobs = RaisingJobs()
+    service.hooks = jobs  # type: ignore[assignment]
+    for _ in range(3):
+        service.run_cycle()
+    assert jobs.calls == 3 and counting.calls == 3
+    assert service.cycle_errors == {"jobs": 3}
+    ready, body = service.cache.body()
+    text = body.decode()
+    assert ready
+    assert 'nodescope_cycle_errors_total{stage="jobs"} 3.0' in text
+    service.hooks = None
+    service.collector.close()
+
+
+def test_the_watchdog_is_fed_only_while_cycles_complete(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodescope.config import Config
+    from nodescope.service import CYCLE_GRACE, Service
+
+    service = Service(
+        load_config=Config,
+        make_collector=lambda config: Collector(roots=Roots(), scheduled=[]),
+    )
+    assert service.run_cycle() is True
+    assert service.cycles_on_time()
+    # Cycles stop completing (every collect raises): after a tick and the grace, no more
+    # WATCHDOG=1, so systemd restarts the daemon.
+    monkeypatch.setattr(service.collector, "run_cycle", lambda: 1 / 0)
+    assert service.run_cycle() is False
+    assert service.cycle_errors == {"collect": 1}
+    service.last_completed -= service.config.tick_seconds + CYCLE_GRACE + 1
+    assert not service.cycles_on_time()
