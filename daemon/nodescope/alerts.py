@@ -10,14 +10,24 @@ Per finding kind an :class:`AlertRule` says
 
 ``for_seconds``
     how long the finding must hold before the alert fires. A finding first seen at *t0* fires
-    in the first cycle at or after *t0 + for* — never later than one cycle after ``for`` has
-    elapsed. ``0`` fires in the cycle the finding first appears. A pending alert whose finding
-    goes away is *cancelled* (as Prometheus does with a pending rule): it never fired, so it is
-    never reported as resolved.
+    in the first cycle at or after *t0 + for* in which it is present — never later than one
+    cycle after ``for`` has elapsed, unless that cycle falls in a gap (below). ``0`` fires in
+    the cycle the finding first appears. A pending alert whose finding goes away is
+    *cancelled*: it never fired, so it is never reported as resolved.
+``pending_gap_seconds``
+    how long a pending alert's finding may be missing before the alert is cancelled,
+    measured from the first cycle it was missing; the gap counts towards ``for`` but the
+    alert fires only in a cycle where the finding is present. Prometheus resets a pending
+    alert at the first evaluation that does not return its series (``0`` here); that suits
+    an expression evaluated over a range, not a finding computed from the two latest reads
+    of a counter, which one late or early read can drop for a single cycle while the
+    condition itself never stopped. Any positive gap tolerates one missing cycle at any
+    tick; the default, one second, is exactly that at the default 1 s tick. A condition that
+    really clears cancels within the gap plus one cycle.
 ``resolve_after_seconds``
     hysteresis in time: a firing alert resolves only once its finding has been absent for this
     long (measured from the first cycle it was missing); a finding that comes back earlier
-    keeps the alert firing as if it had never left.
+    keeps the alert firing as if it had never left. This is Prometheus's ``keep_firing_for``.
 ``clear_below``
     hysteresis in value. A detector reports the measured quantity as the evidence ``value`` and
     the raise threshold it applied as ``threshold``. A finding *raises* when it has no such pair
@@ -55,12 +65,18 @@ _EPSILON = 1e-6
 # Finding they describe.
 
 
+#: Seconds a pending alert's finding may be missing (the ``[alerts]`` default): one missed
+#: cycle at the default 1 s tick.
+PENDING_GAP_SECONDS = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class AlertRule:
     for_seconds: float = 30.0
     resolve_after_seconds: float = 60.0
     clear_below: float | None = None
     enabled: bool = True
+    pending_gap_seconds: float = PENDING_GAP_SECONDS
 
     def raises(self, finding: Finding) -> bool:
         """Whether the finding meets its detector's raise condition."""
@@ -104,8 +120,13 @@ class AlertRules:
     ) -> AlertRules:
         """Built-in per-kind rules, overridden key by key by the configuration."""
         builtin = BUILTIN_RULES if builtin is None else builtin
-        default = AlertRule(settings.for_seconds, settings.resolve_after_seconds)
-        per_kind: dict[str, AlertRule] = dict(builtin)
+        gap = settings.pending_gap_seconds
+        default = AlertRule(
+            settings.for_seconds, settings.resolve_after_seconds, pending_gap_seconds=gap
+        )
+        # The built-in rules say how long each kind's findings last, not how reads jitter:
+        # the configured gap applies to every kind unless its own table sets one.
+        per_kind = {kind: replace(rule, pending_gap_seconds=gap) for kind, rule in builtin.items()}
         for kind, over in settings.rules.items():
             per_kind[kind] = _overridden(per_kind.get(kind, default), over)
         return cls(default, per_kind)
@@ -122,6 +143,11 @@ def _overridden(base: AlertRule, over: AlertRuleSettings) -> AlertRule:
         ),
         clear_below=base.clear_below if over.clear_below is None else over.clear_below,
         enabled=base.enabled if over.enabled is None else over.enabled,
+        pending_gap_seconds=(
+            base.pending_gap_seconds
+            if over.pending_gap_seconds is None
+            else over.pending_gap_seconds
+        ),
     )
 
 
@@ -235,13 +261,15 @@ class AlertEngine:
                 rule.raises(finding) if alert.state is AlertState.PENDING else rule.keeps(finding)
             )
             if not holds or finding is None:
-                if alert.state is AlertState.PENDING:
-                    del self._tracks[key]
-                    emit(TransitionKind.CANCELLED, alert)
-                    continue
                 if track.absent_since is None:
                     track.absent_since = now_monotonic
-                if now_monotonic - track.absent_since + _EPSILON >= rule.resolve_after_seconds:
+                absent = now_monotonic - track.absent_since + _EPSILON
+                if alert.state is AlertState.PENDING:
+                    if absent >= rule.pending_gap_seconds:
+                        del self._tracks[key]
+                        emit(TransitionKind.CANCELLED, alert)
+                    continue
+                if absent >= rule.resolve_after_seconds:
                     del self._tracks[key]
                     emit(TransitionKind.RESOLVED, self._resolved(alert, now_monotonic, now_wall))
                 continue

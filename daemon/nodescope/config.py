@@ -143,6 +143,15 @@ ALERT_OPTIONS: tuple[Option, ...] = (
         "default for every kind: seconds a finding must be gone before its alert resolves",
         _non_negative,
     ),
+    # The pending alert's tolerance of a missing cycle (nodescope.alerts).
+    Option(
+        "pending_gap_seconds",
+        float,
+        1.0,
+        "default for every kind: seconds a pending alert's finding may be missing before the"
+        " alert is cancelled; 0 cancels at the first missing cycle, as Prometheus's `for`",
+        _non_negative,
+    ),
 )
 
 #: ``[alerts.rules.<kind>]``: every key optional; an unset key falls back to the built-in rule
@@ -166,6 +175,13 @@ ALERT_RULE_OPTIONS: tuple[Option, ...] = (
         "a firing alert stays firing while its finding's evidence `value` is at least this,"
         " even below the detector's raise threshold",
         _finite,
+    ),
+    Option(
+        "pending_gap_seconds",
+        float,
+        None,
+        "seconds a pending alert's finding may be missing before the alert is cancelled",
+        _non_negative,
     ),
 )
 
@@ -618,6 +634,7 @@ class AlertRuleSettings:
     for_seconds: float | None = None
     resolve_after_seconds: float | None = None
     clear_below: float | None = None
+    pending_gap_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -628,6 +645,7 @@ class AlertsSettings:
     push_timeout_seconds: float = 5.0
     for_seconds: float = 30.0
     resolve_after_seconds: float = 60.0
+    pending_gap_seconds: float = 1.0
     rules: Mapping[str, AlertRuleSettings] = field(default_factory=lambda: MappingProxyType({}))
 
 

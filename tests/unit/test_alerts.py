@@ -24,7 +24,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope import config
-from nodescope.alerts import AlertEngine, AlertRule, AlertRules, AlertStep, keep_floor
+from nodescope.alerts import (
+    PENDING_GAP_SECONDS,
+    AlertEngine,
+    AlertRule,
+    AlertRules,
+    AlertStep,
+    keep_floor,
+)
 from nodescope.analysis import Analyzer, alerts_document
 from nodescope.cli import alerts as alerts_cli
 from nodescope.cli.main import main
@@ -57,9 +64,16 @@ def finding(
 
 
 def engine(
-    for_seconds: float = 0.0, resolve_after: float = 0.0, clear_below: float | None = None
+    for_seconds: float = 0.0,
+    resolve_after: float = 0.0,
+    clear_below: float | None = None,
+    pending_gap: float = PENDING_GAP_SECONDS,
 ) -> AlertEngine:
-    return AlertEngine(AlertRules(AlertRule(for_seconds, resolve_after, clear_below)))
+    return AlertEngine(
+        AlertRules(
+            AlertRule(for_seconds, resolve_after, clear_below, pending_gap_seconds=pending_gap)
+        )
+    )
 
 
 def kinds(step: AlertStep) -> list[TransitionKind]:
@@ -111,8 +125,9 @@ def test_for_zero_fires_in_the_first_cycle_without_pending() -> None:
     assert step.active[0].state is AlertState.FIRING
 
 
-def test_a_pending_alert_that_goes_away_is_cancelled_not_resolved() -> None:
-    e = engine(for_seconds=10, resolve_after=30)
+def test_without_a_gap_a_pending_alert_that_goes_away_is_cancelled_not_resolved() -> None:
+    # pending_gap 0 is Prometheus's `for`: the first evaluation without the series resets it.
+    e = engine(for_seconds=10, resolve_after=30, pending_gap=0.0)
     e.step([finding()], 0.0, 0.0)
     step = e.step([], 5.0, 5.0)
     assert kinds(step) == [TransitionKind.CANCELLED]
@@ -124,6 +139,109 @@ def test_a_pending_alert_that_goes_away_is_cancelled_not_resolved() -> None:
     assert again.active[0].started_monotonic == 6.0
     assert e.step([finding()], 15.0, 15.0).transitions == ()
     assert kinds(e.step([finding()], 16.0, 16.0)) == [TransitionKind.FIRING]
+
+
+# -- the engine: a pending alert across a missing cycle ----------------------------------------
+
+
+def test_one_missing_cycle_does_not_reset_the_pending_timer() -> None:
+    # The default rule: a rate read a little early or late drops a finding for one cycle
+    # while the condition never stopped; the alert fires when `for` has elapsed since the
+    # finding first appeared, as if the cycle had not been missed.
+    e = AlertEngine(AlertRules(AlertRule(for_seconds=10, resolve_after_seconds=30)))
+    assert kinds(e.step([finding()], 0.0, 0.0)) == [TransitionKind.PENDING]
+    for t in (1.0, 2.0, 3.0, 4.0):
+        assert e.step([finding()], t, t).transitions == ()
+    gap = e.step([], 5.0, 5.0)
+    assert gap.transitions == ()
+    assert [(a.state, a.started_monotonic) for a in gap.active] == [(AlertState.PENDING, 0.0)]
+    for t in (6.0, 7.0, 8.0, 9.0):
+        assert e.step([finding()], t, t).transitions == ()
+    fired = e.step([finding()], 10.0, 10.0)
+    assert kinds(fired) == [TransitionKind.FIRING]
+    assert (fired.active[0].started_monotonic, fired.active[0].fired_monotonic) == (0.0, 10.0)
+
+
+def test_a_pending_alert_fires_only_in_a_cycle_where_its_finding_is_present() -> None:
+    e = engine(for_seconds=3, resolve_after=30)
+    for t in (0.0, 1.0, 2.0):
+        e.step([finding()], t, t)
+    # `for` has elapsed at t=3, but the finding is missing: no alert fires on no evidence.
+    missing = e.step([], 3.0, 3.0)
+    assert missing.transitions == () and missing.active[0].state is AlertState.PENDING
+    back = e.step([finding()], 4.0, 4.0)
+    assert kinds(back) == [TransitionKind.FIRING]
+    assert back.active[0].started_monotonic == 0.0
+
+
+def test_two_missing_cycles_at_the_default_tick_cancel() -> None:
+    e = AlertEngine(AlertRules(AlertRule(for_seconds=10, resolve_after_seconds=30)))
+    e.step([finding()], 0.0, 0.0)
+    e.step([finding()], 1.0, 1.0)
+    assert e.step([], 2.0, 2.0).transitions == ()
+    cancelled = e.step([], 3.0, 3.0)
+    assert kinds(cancelled) == [TransitionKind.CANCELLED]
+    assert cancelled.active == ()
+    # Back after a real clearing: a new alert with a new start.
+    again = e.step([finding()], 4.0, 4.0)
+    assert kinds(again) == [TransitionKind.PENDING]
+    assert again.active[0].started_monotonic == 4.0
+
+
+@pytest.mark.parametrize("tick", [0.1, 0.25, 1.0, 1.3, 5.0, 15.0])
+@pytest.mark.parametrize("gap", [0.0, 0.5, 1.0, 2.5, 30.0])
+def test_a_condition_that_clears_cancels_within_the_gap_and_one_cycle(
+    tick: float, gap: float
+) -> None:
+    e = engine(for_seconds=10_000, pending_gap=gap)
+    now = 0.0
+    e.step([finding()], now, now)
+    first_missing: float | None = None
+    cancelled_at: float | None = None
+    for _cycle in range(10_000):
+        now += tick  # accumulated, as a loop's clock is
+        first_missing = now if first_missing is None else first_missing
+        if TransitionKind.CANCELLED in kinds(e.step([], now, now)):
+            cancelled_at = now
+            break
+    assert cancelled_at is not None and first_missing is not None
+    assert cancelled_at - first_missing <= gap + tick + 1e-6
+    if gap > 0:
+        # Any gap at all tolerates one missing cycle, whatever the tick.
+        assert cancelled_at > first_missing
+        assert cancelled_at - first_missing >= gap - 1e-6
+    else:
+        assert cancelled_at == first_missing
+
+
+def test_a_keep_band_finding_counts_as_missing_for_a_pending_alert() -> None:
+    e = engine(for_seconds=5, resolve_after=0, clear_below=0.6)
+    e.step([finding(value=0.85, threshold=0.8)], 0.0, 0.0)
+    assert e.step([finding(value=0.7, threshold=0.8)], 1.0, 1.0).transitions == ()
+    step = e.step([finding(value=0.7, threshold=0.8)], 2.0, 2.0)
+    assert kinds(step) == [TransitionKind.CANCELLED]
+
+
+def test_the_pending_gap_is_configured_for_every_kind_and_per_kind() -> None:
+    builtin = {"pcie_contention": AlertRule(30.0, 60.0, clear_below=0.5)}
+    default = AlertRules.from_settings(config.Config().alerts, builtin)
+    assert default.for_kind("pcie_contention").pending_gap_seconds == PENDING_GAP_SECONDS == 1.0
+    assert default.for_kind("anything").pending_gap_seconds == 1.0
+    cfg = config.from_mapping(
+        {
+            "alerts": {
+                "pending_gap_seconds": 0.0,
+                "rules": {"nvlink_stall": {"pending_gap_seconds": 5.0}},
+            }
+        },
+        "t.toml",
+    )
+    rules = AlertRules.from_settings(cfg.alerts, builtin)
+    # The [alerts] gap reaches the kinds with built-in rules, whose other keys stay.
+    contention = rules.for_kind("pcie_contention")
+    assert (contention.pending_gap_seconds, contention.clear_below) == (0.0, 0.5)
+    assert rules.for_kind("nvlink_stall").pending_gap_seconds == 5.0
+    assert rules.for_kind("anything").pending_gap_seconds == 0.0
 
 
 # -- the engine: resolution (hysteresis in time) -----------------------------------------------
@@ -186,7 +304,7 @@ def test_a_firing_alert_stays_firing_in_the_keep_band_and_clears_below() -> None
 
 
 def test_the_keep_band_neither_starts_nor_keeps_a_pending_alert() -> None:
-    e = engine(for_seconds=5, resolve_after=0, clear_below=0.6)
+    e = engine(for_seconds=5, resolve_after=0, clear_below=0.6, pending_gap=0.0)
     idle = e.step([finding(value=0.7, threshold=0.8)], 0.0, 0.0)
     assert idle.active == () and idle.transitions == () and idle.findings == ()
     e.step([finding(value=0.85, threshold=0.8)], 1.0, 1.0)
@@ -332,6 +450,7 @@ def scenarios(draw: st.DrawFn) -> tuple[AlertRule, list[tuple[float, list[Findin
         for_seconds=draw(st.sampled_from([0.0, 0.5, 1.0, 2.5, 5.0])),
         resolve_after_seconds=draw(st.sampled_from([0.0, 1.0, 3.0])),
         clear_below=draw(st.sampled_from([None, 0.3, 0.6])),
+        pending_gap_seconds=draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])),
     )
     cycles = []
     for _ in range(draw(st.integers(1, 30))):
@@ -388,8 +507,13 @@ def test_any_sequence_keeps_one_alert_per_identity_and_honest_transitions(
         assert {a.key: a.state for a in step.active} == state
         for alert in step.active:
             if alert.state is AlertState.PENDING:
-                # Never later than the first cycle after for elapsed.
-                assert now - alert.started_monotonic < rule.for_seconds - 1e-9
+                # Never later than the first cycle after for elapsed in which the finding
+                # held; between such cycles, missing for less than the gap (the cycle that
+                # reached the gap cancelled it).
+                assert alert.last_seen_monotonic - alert.started_monotonic < rule.for_seconds
+                if alert.last_seen_monotonic < now:
+                    assert rule.pending_gap_seconds > 0
+                    assert now - alert.last_seen_monotonic < rule.pending_gap_seconds + 2.0
             else:
                 assert alert.fired_monotonic is not None
                 assert alert.fired_monotonic - alert.started_monotonic >= rule.for_seconds - 1e-6
@@ -579,6 +703,9 @@ clear_below = 0.7
         ("[alerts.rules.x]\nfor = 3\n", "alerts.rules.x.for"),
         ("[alerts.rules.x]\nclear_below = nan\n", "alerts.rules.x.clear_below"),
         ("[alerts.rules.x]\nenabled = 1\n", "alerts.rules.x.enabled"),
+        ("[alerts]\npending_gap_seconds = -1\n", "alerts.pending_gap_seconds"),
+        ("[alerts]\npending_gap_seconds = inf\n", "alerts.pending_gap_seconds"),
+        ("[alerts.rules.x]\npending_gap_seconds = nan\n", "alerts.rules.x.pending_gap_seconds"),
         ("alerts = 1\n", "alerts"),
     ],
 )
