@@ -15,6 +15,11 @@ of the bytes and two system calls, and never waits for the serving process.
 If the serving process dies, the next publish logs it and starts a new one on the same socket
 (connections that arrive meanwhile wait in the socket's backlog). It exits by itself when the
 daemon closes its end of the channel, or dies: it never outlives the daemon.
+
+TLS, basic auth and response headers come from a web-config.yml (:mod:`nodescope.webconfig`),
+handed to the serving process as a settings document in a memfd; with or without one, the
+serving process gives up root and every capability once it has its socket
+(:func:`nodescope.serving.drop_privileges`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from nodescope import serving
+from nodescope.webconfig import WebConfig
 from nodescope_exporters.prometheus import MetricsCache
 
 log = logging.getLogger("nodescope.http")
@@ -208,16 +214,18 @@ class Publisher:
 class ServingProcess:
     """One serving process and the daemon's end of its control channel."""
 
-    def __init__(self, listener: socket.socket) -> None:
+    def __init__(self, listener: socket.socket, web: WebConfig | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_VARIABLES}
-        fds = (listener.fileno(), theirs.fileno())
+        settings = _settings_memfd(web or WebConfig())
+        fds = (listener.fileno(), theirs.fileno(), settings)
         try:
             # -I -S: the standard library only, whatever the environment says; the script
             # runs as __main__, so nothing else of nodescope is imported.
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(Path(serving.__file__)),
-                 "--listen-fd", str(fds[0]), "--control-fd", str(fds[1])],
+                 "--listen-fd", str(fds[0]), "--control-fd", str(fds[1]),
+                 "--settings-fd", str(fds[2])],
                 pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
             )  # fmt: skip
         except BaseException:
@@ -225,6 +233,7 @@ class ServingProcess:
             raise
         finally:
             theirs.close()
+            os.close(settings)
         self.publisher = Publisher(ours)
         self.started = time.monotonic()
 
@@ -251,6 +260,18 @@ class ServingProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+
+
+def _settings_memfd(web: WebConfig) -> int:
+    """A memfd holding the serving process's settings (JSON), at offset 0: not on its command
+    line, which every user can read, since the settings hold password hashes."""
+    fd = os.memfd_create("nodescope-serving-settings")
+    try:
+        _pwrite(fd, json.dumps(web.settings()).encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _pwrite(fd: int, data: bytes, offset: int) -> None:
@@ -280,10 +301,15 @@ class MetricsHTTPServer:
     ``cache`` (the exposition) and ``alerts`` (published whenever it is updated)."""
 
     def __init__(
-        self, address: tuple[str, int], cache: MetricsCache, alerts: JsonCache | None = None
+        self,
+        address: tuple[str, int],
+        cache: MetricsCache,
+        alerts: JsonCache | None = None,
+        web: WebConfig | None = None,
     ) -> None:
         self.cache = cache
         self.alerts = alerts
+        self.web = web
         self.socket = listen(address)
         self.process: ServingProcess | None = None
         self._lock = threading.RLock()
@@ -301,7 +327,7 @@ class MetricsHTTPServer:
     def start(self) -> None:
         with self._lock:
             self._started = True
-            self.process = ServingProcess(self.socket)
+            self.process = ServingProcess(self.socket, self.web)
             log.debug("event=serving_started pid=%d", self.process.pid)
             if self.alerts is not None:
                 self.alerts.subscribe(self.publish)
@@ -350,7 +376,7 @@ class MetricsHTTPServer:
         if now < self._start_after:
             return
         try:
-            self.process = ServingProcess(self.socket)
+            self.process = ServingProcess(self.socket, self.web)
         except OSError as exc:
             self._quick_exits += 1
             self._start_after = now + _backoff(self._quick_exits)

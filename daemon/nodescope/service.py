@@ -29,6 +29,7 @@ from nodescope.errors import ConfigError
 from nodescope.hooks import Hooks
 from nodescope.httpserver import JsonCache, MetricsHTTPServer
 from nodescope.sdnotify import Notifier
+from nodescope.webconfig import WebConfig
 from nodescope_exporters.prometheus import MetricsCache
 
 log = logging.getLogger("nodescope.service")
@@ -64,6 +65,9 @@ class Service:
         self.analyzer = Analyzer.from_config(self.config)
         self.collector = self._make_collector(self.config)
         self.server: MetricsHTTPServer | None = None
+        #: TLS, basic auth and headers for the HTTP endpoint (``--web-config-file``), read
+        #: at start; the serving process is started with it.
+        self.web_config: WebConfig | None = None
         self.hooks: Hooks | None = None
         self._wake = threading.Event()
         self._stop = False
@@ -94,7 +98,9 @@ class Service:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start_server(self) -> None:
-        self.server = MetricsHTTPServer(self.config.listen_address, self.cache, self.alerts_cache)
+        self.server = MetricsHTTPServer(
+            self.config.listen_address, self.cache, self.alerts_cache, self.web_config
+        )
         self.server.start()
         log.info("event=listening address=%s", self.server.bound)
         if self.hooks is None:
@@ -112,7 +118,9 @@ class Service:
         old = self.config
         if new.listen != old.listen:
             try:
-                server = MetricsHTTPServer(new.listen_address, self.cache, self.alerts_cache)
+                server = MetricsHTTPServer(
+                    new.listen_address, self.cache, self.alerts_cache, self.web_config
+                )
             except OSError as exc:
                 log.error("event=reload_failed reason=%r kept=previous_config", f"listen: {exc}")
                 self.notifier.ready("reload failed; previous configuration kept")

@@ -3,8 +3,16 @@ the documents the daemon published last, so that a scrape never waits for the da
 interpreter (a collection cycle holds its GIL for tens of milliseconds).
 
 The daemon (:class:`nodescope.httpserver.MetricsHTTPServer`) binds the listening socket and
-runs this file as a script, ``python -I -S serving.py --listen-fd N --control-fd M``: the
-standard library only, nothing else of nodescope, one thread and one :mod:`selectors` loop.
+runs this file as a script, ``python -I -S serving.py --listen-fd N --control-fd M
+[--settings-fd S]``: the standard library only (and ``bcrypt`` when basic auth is configured),
+nothing else of nodescope, one thread and one :mod:`selectors` loop.
+
+Settings come as one JSON document read from ``--settings-fd`` (a memfd, not the command line:
+``/proc/<pid>/cmdline`` is readable by every user and the settings hold password hashes): the
+TLS context (:func:`tls_context`), the basic auth users, extra response headers, and the user
+to become. Once it has its sockets, the TLS files and bcrypt, this process gives up root and
+every capability (:func:`drop_privileges`); it needs neither to accept connections and read the
+memfds it is handed.
 
 The control channel is an ``AF_UNIX``/``SOCK_SEQPACKET`` pair (one packet per message):
 
@@ -24,6 +32,15 @@ of the unit or a Ctrl-C reaches the daemon, which ends this process by closing t
 HTTP/1.1 as RFC 9112 defines it, without what a scrape target does not need: GET and HEAD,
 keep-alive (HTTP/1.0 clients get it when they ask), pipelined requests answered in order,
 request bodies only with a Content-Length (read and dropped), no chunked requests.
+
+Every client is presumed hostile, and no client can take the loop or the connection slots from
+another: a connection's request (its head, and its body if any) must arrive whole within
+:data:`REQUEST_SECONDS` of its first byte — of the connection's start for the first request,
+so a client that connects and says nothing, or sends a byte a second, is closed; at the
+connection limit the longest idle connection, then the oldest unfinished request, makes room
+for a new one; at most :data:`MAX_BLANK_LINES` empty lines may come before a request line;
+heads are bounded in bytes and in header lines; two different ``Content-Length`` values are a
+400 (RFC 9112 §6.3: a message whose framing is ambiguous must not be trusted).
 ``Content-Encoding: gzip`` (RFC 9110 §8.4 and §12.5.3) is sent when Accept-Encoding allows it
 and the body is worth it; a document is compressed at most once, on its first gzip request,
 or as soon as it is published while gzip requests keep coming (a new exposition is then served
@@ -70,18 +87,31 @@ INDEX = b"""<html><head><title>nodescope</title></head><body>
 </body></html>
 """
 
-#: Connections served at once; at the limit a new one replaces the longest idle one (a stuck
-#: or hostile client cannot lock Prometheus out), or is closed when none is idle.
-MAX_CONNECTIONS = 256
+#: Connections served at once. At the limit a new one takes the place of the longest idle
+#: connection, or else of the one whose unfinished request started first (see
+#: Server._make_room): clients that hold connections without completing requests cannot lock
+#: Prometheus out. The process raises its descriptor limit to fit (systemd gives services a
+#: soft limit of 1024 and a hard one of 524288).
+MAX_CONNECTIONS = 2048
+#: Descriptors kept for everything but client connections (listener, control channel, memfds).
+RESERVED_FDS = 64
 #: A request line and headers larger than this get 431 (real scrapers send about 300 bytes).
 MAX_REQUEST_HEAD = 8192
-MAX_REQUEST_BODY = 65536
+#: Header lines in one request (Prometheus sends 5, curl 3).
+MAX_HEADER_LINES = 64
+#: Empty lines accepted before a request line (RFC 9112 §2.2 asks servers to ignore at least
+#: one, which some clients send after a body); more is a stream of noise, answered with 400.
+MAX_BLANK_LINES = 8
+#: Scrapes have no body; this only lets a small one through to be read and dropped, and keeps
+#: what a connection can make this process hold small.
+MAX_REQUEST_BODY = 4096
 #: A keep-alive connection with nothing to do is closed after this long; Prometheus scrapes
 #: at most every few minutes and reconnects when it must.
 IDLE_SECONDS = 300.0
-#: A request must arrive whole within this long of its first byte, a response must make
-#: progress within WRITE_STALL_SECONDS.
-REQUEST_SECONDS = 10.0
+#: A request must arrive whole within this long of its first byte (of the connection's start,
+#: TLS handshake included, for the first one): Prometheus sends its head in one packet. A
+#: response must make progress within WRITE_STALL_SECONDS.
+REQUEST_SECONDS = 5.0
 WRITE_STALL_SECONDS = 30.0
 SWEEP_SECONDS = 1.0
 #: Request heads remembered with what they parse to (see Server._parse).
@@ -102,6 +132,7 @@ EAGER_SECONDS = 3.0
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
     404: "Not Found",
     405: "Method Not Allowed",
     413: "Content Too Large",
@@ -278,9 +309,17 @@ class BadRequest(Exception):
 
 
 class Request:
-    __slots__ = ("gzip", "http10", "keep_alive", "method", "path")
+    __slots__ = ("authorization", "gzip", "http10", "keep_alive", "method", "path")
 
-    def __init__(self, method: str, path: str, keep_alive: bool, http10: bool, gzip: bool) -> None:
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        keep_alive: bool,
+        http10: bool,
+        gzip: bool,
+        authorization: str = "",
+    ) -> None:
         self.method = method
         self.path = path
         self.keep_alive = keep_alive
@@ -288,6 +327,8 @@ class Request:
         self.http10 = http10
         #: Whether Accept-Encoding allows gzip.
         self.gzip = gzip
+        #: The Authorization header's value, as sent ("" without one).
+        self.authorization = authorization
 
 
 def accepts_gzip(header: str) -> bool:
@@ -318,9 +359,14 @@ def parse_request(buffer: bytes | bytearray) -> tuple[Request, int] | None:
     """The first request in ``buffer`` and the bytes it takes (head and body), or None while
     it is incomplete. Raises :class:`BadRequest` with the status to answer before closing."""
     start = 0
-    # RFC 9112 §2.2: empty lines before a request line are ignored.
+    # RFC 9112 §2.2: empty lines before a request line are ignored, a few of them: an endless
+    # stream of them would otherwise be rescanned on every read and never end.
+    blank = 0
     while buffer.startswith(b"\r\n", start) or buffer.startswith(b"\n", start):
         start += 2 if buffer.startswith(b"\r\n", start) else 1
+        blank += 1
+        if blank > MAX_BLANK_LINES:
+            raise BadRequest(400)
     end = buffer.find(b"\n\r\n", start)
     bare = buffer.find(b"\n\n", start)
     if bare != -1 and (end == -1 or bare < end):
@@ -334,6 +380,8 @@ def parse_request(buffer: bytes | bytearray) -> tuple[Request, int] | None:
     if head_end - start > MAX_REQUEST_HEAD:
         raise BadRequest(431)
     lines = bytes(buffer[start:head_end]).decode("latin-1").split("\n")
+    if len(lines) - 1 > MAX_HEADER_LINES:
+        raise BadRequest(431)
     parts = lines[0].strip().split()
     if len(parts) != 3:
         raise BadRequest(400)
@@ -343,7 +391,8 @@ def parse_request(buffer: bytes | bytearray) -> tuple[Request, int] | None:
     http10 = version == "HTTP/1.0"
     connection = ""
     encoding = ""
-    length = 0
+    authorization = ""
+    length: int | None = None
     for line in lines[1:]:
         name, colon, value = line.partition(":")
         if not colon or name != name.strip():
@@ -354,14 +403,27 @@ def parse_request(buffer: bytes | bytearray) -> tuple[Request, int] | None:
             connection = value.lower()
         elif name == "accept-encoding":
             encoding = f"{encoding},{value}" if encoding else value
+        elif name == "authorization":
+            if authorization:
+                raise BadRequest(400)  # which one would a proxy in front have checked?
+            authorization = value
         elif name == "content-length":
-            if not (value.isascii() and value.isdigit()):  # latin-1 has "²", a digit
-                raise BadRequest(400)
-            length = int(value)
-            if length > MAX_REQUEST_BODY:
+            # RFC 9110 §8.6: a list of one value repeated ("5, 5") is the same length; two
+            # different values, in one header or several, leave the framing ambiguous.
+            for item in value.split(","):
+                item = item.strip()
+                if not (item.isascii() and item.isdigit()):  # latin-1 has "²", a digit
+                    raise BadRequest(400)
+                if len(item) > 18:  # int() refuses more than 4300 digits; all are too many
+                    raise BadRequest(413)
+                if length is not None and int(item) != length:
+                    raise BadRequest(400)
+                length = int(item)
+            if length is not None and length > MAX_REQUEST_BODY:
                 raise BadRequest(413)
         elif name == "transfer-encoding":
             raise BadRequest(501)
+    length = length or 0
     if len(buffer) < body_start + length:
         return None
     tokens = {t.strip() for t in connection.split(",")}
@@ -369,7 +431,242 @@ def parse_request(buffer: bytes | bytearray) -> tuple[Request, int] | None:
     path = target.split("?", 1)[0]
     if path.startswith(("http://", "https://")):  # absolute form (RFC 9112 §3.2.2)
         path = "/" + path.split("://", 1)[1].partition("/")[2]
-    return Request(method, path, keep_alive, http10, accepts_gzip(encoding)), body_start + length
+    request = Request(method, path, keep_alive, http10, accepts_gzip(encoding), authorization)
+    return request, body_start + length
+
+
+# --------------------------------------------------------------------------------------------
+# Access: TLS, basic auth, privileges
+
+#: exporter-toolkit's version names (web-config.yml ``min_version``/``max_version``).
+TLS_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
+#: Successful credentials remembered (the Authorization value), so that a scraper pays one
+#: bcrypt check, not one per scrape; only a correct password adds an entry.
+VERIFIED_CREDENTIALS = 64
+#: bcrypt checks of unremembered credentials: a burst of this many, then this many per second.
+#: One check at cost 10 holds the loop for about 60 ms, so wrong passwords sent as fast as a
+#: client can send them would otherwise take the loop from every scraper; beyond the budget a
+#: request is refused without a check (the client cannot tell the difference).
+BCRYPT_CHECKS_PER_SECOND = 2.0
+BCRYPT_BURST = 4.0
+#: What a 401 asks for (RFC 7617).
+AUTHENTICATE = 'WWW-Authenticate: Basic realm="nodescope", charset="UTF-8"\r\n'
+
+
+def tls_context(settings: dict[str, object]) -> object:
+    """The server's ssl.SSLContext from the ``tls`` settings the daemon derived from
+    web-config.yml (nodescope.webconfig checks them and calls this too, so that a file that
+    cannot be loaded is an error at start, not in this process). Raises OSError or
+    ssl.SSLError (a subclass) when a file cannot be read or does not match."""
+    import ssl  # only with TLS: it costs this process about 2 MiB
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with contextlib.ExitStack() as opened:
+        cert = opened.enter_context(_RegularFile(str(settings["cert_file"])))
+        key = opened.enter_context(_RegularFile(str(settings["key_file"])))
+        context.load_cert_chain(cert.path, key.path)
+        if settings.get("client_ca_file"):
+            ca = opened.enter_context(_RegularFile(str(settings["client_ca_file"])))
+            context.load_verify_locations(cafile=ca.path)
+    versions = dict(
+        zip(
+            TLS_VERSIONS,
+            (ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1, ssl.TLSVersion.TLSv1_2,
+             ssl.TLSVersion.TLSv1_3),
+            strict=True,
+        )
+    )  # fmt: skip
+    context.minimum_version = versions[str(settings["min_version"])]
+    if settings.get("max_version"):
+        context.maximum_version = versions[str(settings["max_version"])]
+    if settings.get("ciphers"):
+        context.set_ciphers(str(settings["ciphers"]))
+    if settings.get("prefer_server_cipher_suites", True):
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    client_auth = settings.get("client_auth", "none")
+    if client_auth == "optional":
+        context.verify_mode = ssl.CERT_OPTIONAL
+    elif client_auth == "required":
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+class _RegularFile:
+    """A file OpenSSL may read: opened without blocking (a FIFO planted at the path would hold
+    OpenSSL's open for good) and refused unless regular; OpenSSL then reads the very file
+    that was checked, through ``/proc/self/fd``."""
+
+    def __init__(self, path: str) -> None:
+        self.name = path
+        self.fd = -1
+
+    def __enter__(self) -> _RegularFile:
+        import stat
+
+        self.fd = os.open(self.name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            raise OSError(errno.EINVAL, "not a regular file", self.name)
+        return self
+
+    @property
+    def path(self) -> str:
+        return f"/proc/self/fd/{self.fd}"
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+
+def peer_allowed(peer: object, allowed_sans: list[str]) -> bool:
+    """Whether a verified client certificate (``SSLSocket.getpeercert()``) names one of
+    ``allowed_sans`` among its subject alternative names; any certificate when none are set."""
+    if not allowed_sans:
+        return True
+    if not isinstance(peer, dict):
+        return False
+    names = {str(value) for _kind, value in peer.get("subjectAltName", ())}
+    return any(name in names for name in allowed_sans)
+
+
+class BasicAuth:
+    """RFC 7617 basic auth against bcrypt hashes (web-config.yml ``basic_auth_users``)."""
+
+    def __init__(
+        self,
+        users: dict[str, bytes],
+        checkpw: Callable[[bytes, bytes], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.users = users
+        self._checkpw = checkpw
+        self._clock = clock
+        # An unknown user is checked against a real hash too, so the time a refusal takes
+        # does not tell which user names exist.
+        self._decoy = next(iter(users.values()))
+        self._verified: dict[str, str] = {}
+        self._tokens = BCRYPT_BURST
+        self._refilled = clock()
+        #: Checks refused for want of budget (for the tests and the log).
+        self.throttled = 0
+
+    def allows(self, authorization: str) -> bool:
+        if authorization in self._verified:
+            return True
+        user_password = _basic_credentials(authorization)
+        if user_password is None:
+            return False
+        if not self._take_token():
+            self.throttled += 1
+            return False
+        user, password = user_password
+        hashed = self.users.get(user, self._decoy)
+        try:
+            matched = self._checkpw(password, hashed)
+        except ValueError:  # a password bcrypt refuses (e.g. a NUL byte)
+            matched = False
+        if not (matched and user in self.users):
+            return False
+        if len(self._verified) >= VERIFIED_CREDENTIALS:
+            self._verified.clear()
+        self._verified[authorization] = user
+        return True
+
+    def _take_token(self) -> bool:
+        now = self._clock()
+        elapsed = max(0.0, now - self._refilled)
+        self._refilled = now
+        self._tokens = min(BCRYPT_BURST, self._tokens + elapsed * BCRYPT_CHECKS_PER_SECOND)
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
+def _basic_credentials(authorization: str) -> tuple[str, bytes] | None:
+    """(user, password) of a ``Basic`` Authorization value, None when it is not one."""
+    import base64
+    import binascii
+
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "basic" or not token:
+        return None
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, colon, password = decoded.partition(b":")
+    if not colon:
+        return None
+    try:
+        return user.decode("utf-8"), password
+    except UnicodeDecodeError:
+        return None
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise the soft descriptor limit towards ``wanted`` (no privilege needed below the hard
+    limit); the connections that fit in what was granted."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    granted = wanted if soft == resource.RLIM_INFINITY else soft
+    return max(1, min(MAX_CONNECTIONS, granted - RESERVED_FDS))
+
+
+_PR_CAPBSET_DROP = 24
+_PR_SET_DUMPABLE = 4
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+def drop_privileges(user: str) -> str:
+    """Become ``user`` with no capability and no way to gain one: ``""`` when done (or when
+    this process was not root), otherwise why it could not be done.
+
+    Order matters: the bounding set needs CAP_SETPCAP, gone once the uid is not 0; the
+    supplementary groups and gid need CAP_SETGID, gone with the uid too. Changing every uid
+    away from 0 clears the permitted, effective and ambient sets (capabilities(7), "Effect of
+    user ID changes on capabilities"). No-new-privs keeps an execve from gaining any back; not
+    dumpable keeps other processes of the same user from tracing this one or reading its
+    memory (the TLS key, the password hashes).
+    """
+    if os.geteuid() != 0:
+        return ""
+    import ctypes
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return f"no user {user!r}"
+    if entry.pw_uid == 0:
+        return f"user {user!r} is root"
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            last_cap = int(handle.read())
+    except (OSError, ValueError):
+        last_cap = 63
+    for cap in range(last_cap + 1):
+        # Without CAP_SETPCAP (a unit that withholds it) this fails; the uid change below
+        # still empties every set that matters, and no-new-privs makes the bounding set moot.
+        prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+    try:
+        os.setgroups([])
+        os.setresgid(entry.pw_gid, entry.pw_gid, entry.pw_gid)
+        os.setresuid(entry.pw_uid, entry.pw_uid, entry.pw_uid)
+    except OSError as exc:
+        return f"cannot become {user!r}: {exc}"
+    if prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return f"PR_SET_NO_NEW_PRIVS: {os.strerror(ctypes.get_errno())}"
+    prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,23 +674,41 @@ def parse_request(buffer: bytes | bytearray) -> tuple[Request, int] | None:
 
 
 class Connection:
-    __slots__ = ("close_after", "events", "inbuf", "last", "out", "sock", "started", "waiting")
+    __slots__ = (
+        "close_after", "events", "handshaking", "inbuf", "last", "out", "sock", "started",
+        "tls", "waiting", "wants_write",
+    )  # fmt: skip
 
-    def __init__(self, sock: socket.socket, now: float) -> None:
+    def __init__(self, sock: socket.socket, now: float, tls: bool = False) -> None:
         self.sock = sock
         self.inbuf = bytearray()
         self.out: deque[memoryview | FileRange] = deque()
         self.last = now
-        #: When the request being received started (its first byte), or None.
-        self.started: float | None = None
+        #: When the request being received started (its first byte; the connection's start
+        #: for its first request), or None between requests.
+        self.started: float | None = now
         self.close_after = False
         #: A request parked until the gzip form of what it asks for is ready.
         self.waiting: Request | None = None
         self.events = selectors.EVENT_READ
+        #: An ssl.SSLSocket: bodies are sent through it, never with sendfile(2).
+        self.tls = tls
+        self.handshaking = tls
+        #: The TLS layer needs the socket writable before it can go on (a handshake).
+        self.wants_write = False
 
-    @property
-    def idle(self) -> bool:
-        return not self.inbuf and not self.out and self.waiting is None
+    def eviction_rank(self) -> tuple[int, float]:
+        """Which connection makes room first at the limit: the longest idle, then the one
+        whose unfinished request (or silent start) began first, then a response whose client
+        stopped reading longest ago. A parked request waits on this process, not on its client:
+        it goes last."""
+        if self.waiting is not None:
+            return (3, self.last)
+        if self.out:
+            return (2, self.last)
+        if self.started is not None:
+            return (1, self.started)
+        return (0, self.last)
 
 
 _LISTEN = "listen"
@@ -401,15 +716,30 @@ _CONTROL = "control"
 
 
 class Server:
+    """The loop. ``tls`` is an ssl.SSLContext to wrap every connection in; ``auth`` checks
+    every request's credentials; ``headers`` are header lines added to every response;
+    ``max_connections`` defaults to :data:`MAX_CONNECTIONS`."""
+
     def __init__(
         self,
         listener: socket.socket,
         control: socket.socket,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        tls: object | None = None,
+        allowed_sans: list[str] | None = None,
+        auth: BasicAuth | None = None,
+        headers: str = "",
+        max_connections: int | None = None,
     ) -> None:
         self.listener = listener
         self.control = control
         self.clock = clock
+        self.tls = tls
+        self.allowed_sans = allowed_sans or []
+        self.auth = auth
+        self.headers = headers
+        self.max_connections = max_connections
         listener.setblocking(False)
         control.setblocking(False)
         self.selector = selectors.DefaultSelector()
@@ -450,6 +780,9 @@ class Server:
                 if conn.sock.fileno() == -1:
                     continue  # closed earlier in this turn
                 try:
+                    if conn.handshaking:
+                        self._handshake(conn)
+                        continue
                     if mask & selectors.EVENT_WRITE and self._write(conn) and not conn.out:
                         self._process_input(conn)
                     if mask & selectors.EVENT_READ and conn.sock.fileno() != -1:
@@ -588,32 +921,60 @@ class Server:
                     self.listening = False
                 return
             now = self.clock()
-            if len(self.connections) >= MAX_CONNECTIONS:
-                idle = [c for c in self.connections.values() if c.idle]
-                if not idle:
-                    sock.close()
-                    continue
-                self._close(min(idle, key=lambda c: c.last))
+            limit = MAX_CONNECTIONS if self.max_connections is None else self.max_connections
+            while len(self.connections) >= limit and self.connections:
+                self._close(min(self.connections.values(), key=Connection.eviction_rank))
             sock.setblocking(False)
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(sock, now)
+            if self.tls is not None:
+                try:
+                    sock = self.tls.wrap_socket(  # type: ignore[attr-defined]
+                        sock, server_side=True, do_handshake_on_connect=False
+                    )
+                except OSError:
+                    sock.close()
+                    continue
+            conn = Connection(sock, now, tls=self.tls is not None)
             self.connections[sock.fileno()] = conn
             self.selector.register(sock, selectors.EVENT_READ, conn)
 
-    def _on_readable(self, conn: Connection) -> None:
+    def _handshake(self, conn: Connection) -> None:
+        """A step of the TLS handshake; once done, the client certificate's names are checked
+        and what the client already sent is read."""
+        import ssl
+
         try:
-            data = conn.sock.recv(16384)
-        except BlockingIOError:
+            conn.sock.do_handshake()  # type: ignore[attr-defined]
+        except ssl.SSLWantReadError:
+            conn.wants_write = False
+            self._set_events(conn)
             return
-        except OSError:
+        except ssl.SSLWantWriteError:
+            conn.wants_write = True
+            self._set_events(conn)
+            return
+        except OSError:  # ssl.SSLError included: a bad or missing client certificate, noise
             self._close(conn)
+            return
+        conn.handshaking = False
+        conn.wants_write = False
+        peer = conn.sock.getpeercert() if self.allowed_sans else None  # type: ignore[attr-defined]
+        if self.allowed_sans and not peer_allowed(peer, self.allowed_sans):
+            self._close(conn)
+            return
+        conn.last = self.clock()
+        self._on_readable(conn)
+
+    def _on_readable(self, conn: Connection) -> None:
+        data = self._receive(conn)
+        if data is None:
             return
         if not data:
             self._close(conn)
             return
         now = self.clock()
-        if not conn.inbuf:
+        if conn.started is None:
             conn.started = now
         conn.last = now
         conn.inbuf += data
@@ -623,6 +984,36 @@ class Server:
                 self._close(conn)
             return
         self._process_input(conn)
+
+    def _receive(self, conn: Connection) -> bytes | None:
+        """What the client sent (b"" at its end, or after an error, having closed the
+        connection), None when nothing is there yet."""
+        if not conn.tls:
+            try:
+                return conn.sock.recv(16384)
+            except BlockingIOError:
+                return None
+            except OSError:
+                return b""
+        import ssl
+
+        # Records already decrypted do not make the socket readable again: take them all now.
+        parts: list[bytes] = []
+        size = 0
+        while size < 65536:
+            try:
+                chunk = conn.sock.recv(16384)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                break
+            except OSError:
+                return b""
+            if not chunk:
+                if parts:
+                    break
+                return b""
+            parts.append(chunk)
+            size += len(chunk)
+        return b"".join(parts) if parts else None
 
     def _process_input(self, conn: Connection) -> None:
         if conn.sock.fileno() == -1:
@@ -665,6 +1056,13 @@ class Server:
         return parsed
 
     def _respond(self, conn: Connection, request: Request) -> None:
+        if self.auth is not None and not self.auth.allows(request.authorization):
+            body = Body(b"unauthorized\n", TEXT_TYPE)
+            self._send(
+                conn, 401, body, False, request.method == "HEAD", AUTHENTICATE,
+                keep_alive=request.keep_alive, http10=request.http10,
+            )  # fmt: skip
+            return
         status, body, extra = route(request.method, request.path, self.current)
         gzip = request.gzip and body.negotiable
         if gzip:
@@ -712,6 +1110,7 @@ class Server:
             + ("" if keep_alive and not http10 else
                "Connection: keep-alive\r\n" if keep_alive else "Connection: close\r\n")
             + extra
+            + self.headers
             + "\r\n"
         )  # fmt: skip
         conn.out.append(memoryview(head.encode("latin-1")))
@@ -719,7 +1118,7 @@ class Server:
             pass
         elif compressed and body.gzip is not None:
             conn.out.append(memoryview(body.gzip))
-        elif body.slot is not None and body._data is None:
+        elif body.slot is not None and body._data is None and not conn.tls:
             body.slot.hold()
             conn.out.append(FileRange(body.slot, body.offset, body.size))
         else:
@@ -735,7 +1134,12 @@ class Server:
         while out:
             first = out[0]
             try:
-                if isinstance(first, FileRange):
+                if conn.tls:
+                    assert isinstance(first, memoryview)
+                    # Without partial writes, OpenSSL wants a retry of the same length: the
+                    # same slice of the same view, which an unchanged queue gives it.
+                    sent = conn.sock.send(first[:262144])
+                elif isinstance(first, FileRange):
                     sent = os.sendfile(
                         conn.sock.fileno(), first.slot.fd, first.offset, first.remaining
                     )
@@ -748,9 +1152,11 @@ class Server:
                             break
                         views.append(item)
                     sent = conn.sock.sendmsg(views)
-            except BlockingIOError:
+            except BlockingIOError:  # ssl.SSLWantWriteError is not one
                 break
-            except OSError:
+            except OSError as exc:
+                if conn.tls and _wants_io(exc):
+                    break
                 self._close(conn)
                 return False
             conn.last = self.clock()
@@ -779,7 +1185,8 @@ class Server:
     def _set_events(self, conn: Connection) -> None:
         if conn.sock.fileno() == -1:
             return
-        events = selectors.EVENT_WRITE if conn.out else selectors.EVENT_READ
+        writing = conn.out or conn.wants_write
+        events = selectors.EVENT_WRITE if writing else selectors.EVENT_READ
         if events != conn.events:
             conn.events = events
             self.selector.modify(conn.sock, events, conn)
@@ -826,6 +1233,13 @@ class Server:
         return self._date
 
 
+def _wants_io(exc: OSError) -> bool:
+    """Whether an error from a TLS socket only means: try again when it is ready."""
+    import ssl
+
+    return isinstance(exc, (ssl.SSLWantReadError, ssl.SSLWantWriteError))
+
+
 def _pread(fd: int, length: int, offset: int) -> bytes:
     parts: list[bytes] = []
     while length > 0:
@@ -838,22 +1252,70 @@ def _pread(fd: int, length: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
+def read_settings(fd: int) -> dict[str, object]:
+    """The settings document the daemon wrote into a memfd (see the module docstring)."""
+    import json
+
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(1 << 20)
+    document = json.loads(data)
+    if not isinstance(document, dict):
+        raise ValueError("the settings are not a JSON object")
+    return document
+
+
+def build_server(
+    listener: socket.socket, control: socket.socket, settings: dict[str, object]
+) -> Server:
+    """The loop with its TLS context, basic auth and headers; then the privileges go."""
+    max_connections = raise_fd_limit(MAX_CONNECTIONS + RESERVED_FDS)
+    tls_settings = settings.get("tls")
+    tls = tls_context(tls_settings) if isinstance(tls_settings, dict) else None
+    allowed = tls_settings.get("client_allowed_sans", []) if isinstance(tls_settings, dict) else []
+    auth = None
+    users = settings.get("users")
+    if isinstance(users, dict) and users:
+        bcrypt_path = settings.get("bcrypt_path")
+        if isinstance(bcrypt_path, str) and bcrypt_path and bcrypt_path not in sys.path:
+            sys.path.append(bcrypt_path)  # -S left site-packages out; bcrypt alone is used
+        import bcrypt
+
+        auth = BasicAuth({str(k): str(v).encode() for k, v in users.items()}, bcrypt.checkpw)
+    headers = settings.get("headers")
+    extra = ""
+    if isinstance(headers, dict):
+        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    server = Server(
+        listener, control, tls=tls, allowed_sans=[str(n) for n in allowed], auth=auth,
+        headers=extra, max_connections=max_connections,
+    )  # fmt: skip
+    user = settings.get("user", "nobody")
+    reason = drop_privileges(str(user))
+    if reason:
+        # Serving on beats not serving: the daemon's unit may withhold what the change needs
+        # (CAP_SETUID, CAP_SETGID and the set*id system calls); say so on every start.
+        log(f"event=privileges_kept user={user} reason={reason!r}")
+    return server
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``serving.py --listen-fd N --control-fd M``; the daemon is the only caller."""
+    """``serving.py --listen-fd N --control-fd M [--settings-fd S]``; the daemon is the only
+    caller."""
     args = sys.argv[1:] if argv is None else argv
     fds: dict[str, int] = {}
     for name, value in zip(args[::2], args[1::2], strict=False):
-        if name in ("--listen-fd", "--control-fd") and value.isdigit():
+        if name in ("--listen-fd", "--control-fd", "--settings-fd") and value.isdigit():
             fds[name] = int(value)
-    if len(fds) != 2 or len(args) != 4:
-        print("usage: serving.py --listen-fd N --control-fd M", file=sys.stderr)
+    if "--listen-fd" not in fds or "--control-fd" not in fds or len(args) != 2 * len(fds):
+        print("usage: serving.py --listen-fd N --control-fd M [--settings-fd S]", file=sys.stderr)
         return 2
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     listener = socket.socket(fileno=fds["--listen-fd"])
     control = socket.socket(fileno=fds["--control-fd"])
-    server = Server(listener, control)
     try:
+        settings = read_settings(fds["--settings-fd"]) if "--settings-fd" in fds else {}
+        server = build_server(listener, control, settings)
         server.run()
     except Exception:
         import traceback  # only now: it pulls in linecache and tokenize

@@ -158,6 +158,14 @@ def test_parse_keep_alive_rules_and_forms() -> None:
     # A body with a Content-Length is waited for and skipped.
     assert parse_request(b"POST / HTTP/1.1\r\nContent-Length: 4\r\n\r\nab") is None
     assert parse_request(b"POST / HTTP/1.1\r\nContent-Length: 4\r\n\r\nabcd") is not None
+    # The same length twice is one length (RFC 9110 §8.6).
+    twice = b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2, 2\r\n\r\nab"
+    parsed = parse_request(twice)
+    assert parsed is not None and parsed[1] == len(twice)
+    assert parse(b"\r\n" * serving.MAX_BLANK_LINES + b"GET / HTTP/1.1\r\n\r\n").path == "/"
+    assert parse(b"GET / HTTP/1.1\r\nAuthorization: Basic eA==\r\n\r\n").authorization == (
+        "Basic eA=="
+    )
 
 
 @pytest.mark.parametrize(
@@ -170,6 +178,14 @@ def test_parse_keep_alive_rules_and_forms() -> None:
         (b"GET / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413),
         (b"GET / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400),
         (b"GET / HTTP/1.1\r\nX: " + b"a" * 9000, 431),
+        # Framing two ways at once: RFC 9112 §6.3 says such a message must not be trusted.
+        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400),
+        (b"GET / HTTP/1.1\r\nContent-Length: 1, 2\r\n\r\nab", 400),
+        (b"GET / HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413),
+        (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * (serving.MAX_HEADER_LINES + 1) + b"\r\n", 431),
+        (b"\r\n" * (serving.MAX_BLANK_LINES + 1) + b"GET / HTTP/1.1\r\n\r\n", 400),
+        (b"\r\n" * 100_000, 400),
+        (b"GET / HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n", 400),
     ],
 )
 def test_parse_rejects(raw: bytes, status: int) -> None:
@@ -360,35 +376,66 @@ def test_keep_alive_pipelining_and_close(harness: Harness) -> None:
     assert harness.closed(old)
 
 
-def test_connections_are_bounded_the_longest_idle_goes(
+def test_connections_are_bounded_idle_then_oldest_unfinished_go(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """At the limit a newcomer takes the place of the longest idle connection, then of the
+    oldest unfinished request: clients that never finish a request cannot fill the server."""
     monkeypatch.setattr(serving, "MAX_CONNECTIONS", 3)
     harness.publish(b"x 1\n")
-    clients = []
-    for _ in range(3):
-        clients.append(harness.connect())
-        harness.clock.now += 1
-    harness.get("/metrics", clients[0])  # the first is now the most recently active
-    newcomer = harness.connect()
-    assert harness.get("/metrics", newcomer).status == 200
+    half_sent = harness.connect()
+    half_sent.sendall(b"GET /metrics HTTP/1.1\r\n")
+    harness.clock.now += 1
+    silent = harness.connect()
+    harness.clock.now += 1
+    idle = harness.connect()
+    assert harness.get("/metrics", idle).status == 200  # done: idle from now on
+    harness.clock.now += 1
+    first = harness.connect()
+    assert harness.get("/metrics", first, extra="Connection: close\r\n").status == 200
+    assert harness.closed(idle) and harness.closed(first)
+    assert not harness.closed(half_sent) and not harness.closed(silent)
+    harness.clock.now += 1
+    later = harness.connect()
+    later.sendall(b"GET /metrics HTTP/1.1\r\n")
+    second = harness.connect()
+    assert harness.get("/metrics", second).status == 200
+    assert harness.closed(half_sent)
+    assert not harness.closed(silent) and not harness.closed(later)
     assert len(harness.server.connections) == 3
-    assert harness.closed(clients[1])
-    assert not harness.closed(clients[0]) and not harness.closed(clients[2])
 
 
 def test_idle_and_slow_connections_are_closed(harness: Harness) -> None:
     harness.publish(b"x 1\n")
     idle = harness.connect()
+    assert harness.get("/healthz", idle).status == 200
     slow = harness.connect()
     slow.sendall(b"GET /metrics HTTP/1.1\r\n")
+    silent = harness.connect()
     harness.pump()
     harness.clock.now += serving.REQUEST_SECONDS + 2
     harness.pump()
-    assert harness.closed(slow) and not harness.closed(idle)
+    assert harness.closed(slow) and harness.closed(silent) and not harness.closed(idle)
     harness.clock.now += serving.IDLE_SECONDS
     harness.pump()
     assert harness.closed(idle)
+
+
+def test_the_request_deadline_runs_from_the_connections_start(harness: Harness) -> None:
+    """A byte sent just before the deadline does not buy a new one (slowloris)."""
+    harness.publish(b"x 1\n")
+    client = harness.connect()
+    sent = 0
+    for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\n":  # 12 s of clock at 2 bytes/s
+        try:
+            client.sendall(bytes([byte]))
+        except ConnectionError:
+            break
+        sent += 1
+        harness.clock.now += 0.5
+        harness.pump(1)
+    assert harness.closed(client)
+    assert sent <= 2 * (serving.REQUEST_SECONDS + serving.SWEEP_SECONDS) + 1
 
 
 def test_only_the_newest_queued_publish_is_read_and_every_memfd_released(

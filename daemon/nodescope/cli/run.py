@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from nodescope import logs
+from nodescope import logs, webconfig
 from nodescope.errors import ConfigError
 from nodescope.roots import ROOT_NAMES
 from nodescope.service import Service, config_loader
@@ -21,6 +21,11 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
     parser.add_argument("--listen", metavar="HOST:PORT", help="override daemon.listen")
+    parser.add_argument(
+        "--web-config-file",
+        metavar="FILE",
+        help="TLS and basic auth for /metrics: a Prometheus exporter-toolkit web-config.yml",
+    )
     parser.set_defaults(func=run)
 
 
@@ -37,8 +42,16 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"nodescope: {exc}", file=sys.stderr)
         return 2
+    web = None
+    if getattr(args, "web_config_file", None):
+        try:
+            web = webconfig.load(args.web_config_file)
+        except ConfigError as exc:
+            print(f"nodescope: {exc}", file=sys.stderr)
+            return 2
     logs.setup(config.log_level)
     service = Service(loader)
+    service.web_config = web
     service.install_signal_handlers()
     try:
         service.start_server()
