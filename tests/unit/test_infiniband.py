@@ -13,8 +13,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from nodescope import jsonout
 from nodescope.derive import deriver
 from nodescope.errors import ParseError
+from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sources import infiniband as ib
@@ -123,6 +125,32 @@ def test_parse_node_guid_and_attributes() -> None:
         ib.parse_link_layer("Infini Band\n", "link_layer")
 
 
+@pytest.mark.parametrize(
+    ("parse", "text", "value"),
+    [
+        # mlx4's link_layer as a real capture holds it: the value, then two newlines.
+        (ib.parse_link_layer, "InfiniBand\n\n", "InfiniBand"),
+        (ib.parse_link_layer, "Ethernet \n", "Ethernet"),
+        (ib.parse_state, "4: ACTIVE\n\n", ib.PortState(4, "ACTIVE")),
+        (ib.parse_state, "5: LinkUp\t\n \n", ib.PortState(5, "LinkUp")),
+        (ib.parse_rate, "40 Gb/sec (4X QDR)\n\n", ib.LinkRate(40.0, 4, "QDR")),
+        (ib.parse_counter, "17\n\n", 17),
+        (ib.parse_counter, "17 \n", 17),
+        (ib.parse_node_guid, "0002:c903:0031:7f40\r\n", "0002:c903:0031:7f40"),
+        (ib.parse_attribute, "2.42.5000\n\n\n", "2.42.5000"),
+    ],
+)
+def test_parsers_take_trailing_whitespace(parse: object, text: str, value: object) -> None:
+    assert callable(parse)
+    assert parse(text, "attr") == value
+
+
+@pytest.mark.parametrize("text", ["4: ACTIVE\n\n4: ACTIVE\n", "InfiniBand\n\nEthernet\n"])
+def test_parsers_still_refuse_a_second_value_after_blank_lines(text: str) -> None:
+    with pytest.raises(ParseError):
+        ib.parse_link_layer(text, "attr") if "Ethernet" in text else ib.parse_state(text, "s")
+
+
 def test_counter_bits_follow_the_kernel_tables() -> None:
     extended = {"port_xmit_data": 5, "unicast_xmit_packets": 1}
     legacy = {"port_xmit_data": 5, "port_rcv_data": 7}
@@ -226,8 +254,87 @@ def test_capture_every_value_matches_its_file(capture: ib.InfinibandData) -> Non
             assert counter.value == int((port_dir / "hw_counters" / counter.name).read_text())
 
 
+PROCFS_CAPTURE = CAPTURE.parent / "procfs-sysfs-infiniband"
+
+
+def test_procfs_capture_every_attribute_and_counter_matches_its_file() -> None:
+    """prometheus/procfs's fixture: three vendors' HCAs, attributes with one newline, two
+    newlines (mlx4_0 port 2's ``link_layer``) and none (mlx5_0's ``node_guid``)."""
+    data = ib.read_infiniband(Roots.under(PROCFS_CAPTURE))
+    assert not data.skipped
+    base = PROCFS_CAPTURE / "sys" / "class" / "infiniband"
+    assert [d.name for d in data.devices] == ["hfi1_0", "mlx4_0", "mlx5_0"]
+    for device in data.devices:
+        for name in ("fw_ver", "hca_type", "board_id", "node_guid"):
+            path = base / device.name / name
+            expected = path.read_text().strip() if path.exists() else None
+            assert getattr(device, name) == expected
+        for port in device.ports:
+            port_dir = base / device.name / "ports" / str(port.port)
+            assert port.link_layer == (port_dir / "link_layer").read_text().strip()
+            assert port.state == ib.parse_state((port_dir / "state").read_text().strip())
+            assert port.rate is not None and port.rate.lanes in (1, 4)
+            files = sorted(p.name for p in (port_dir / "counters").iterdir())
+            assert [c.name for c in port.counters] == files
+            for counter in port.counters:
+                assert counter.value == int((port_dir / "counters" / counter.name).read_text())
+    assert (base / "mlx4_0" / "ports" / "2" / "link_layer").read_bytes() == b"InfiniBand\n\n"
+
+
+_ATTRIBUTE_TEXT = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["4: ACTIVE", "40 Gb/sec (4X QDR)", "InfiniBand", "17"]).flatmap(
+        lambda v: st.tuples(st.text(" \t\n\r", max_size=4), st.just(v)).map(
+            lambda pair: v + pair[0]
+        )
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    state=_ATTRIBUTE_TEXT,
+    rate=_ATTRIBUTE_TEXT,
+    link_layer=_ATTRIBUTE_TEXT,
+    counter=_ATTRIBUTE_TEXT,
+)
+def test_reader_over_any_attribute_text_skips_and_counts_never_raises(
+    tmp_path_factory: pytest.TempPathFactory, state: str, rate: str, link_layer: str, counter: str
+) -> None:
+    root = tmp_path_factory.mktemp("ib")
+    roots = _legacy_tree(root, 5)
+    port_dir = root / "sys/devices/pci0000:00/0000:00:01.0/0000:17:00.0/infiniband/mlx4_0"
+    port_dir = port_dir / "ports" / "2"
+    texts = {"state": state, "rate": rate, "link_layer": link_layer}
+    for name, text in texts.items():
+        (port_dir / name).write_text(text, newline="")
+    (port_dir / "counters" / "symbol_error").write_text(counter, newline="")
+    data = ib.read_infiniband(roots)
+    (device,) = data.devices
+    assert [p.port for p in device.ports] == [1, 2, 10]
+    port = device.ports[1]
+    parsers = {"state": ib.parse_state, "rate": ib.parse_rate, "link_layer": ib.parse_link_layer}
+    bad = 0
+    for name, text in texts.items():
+        expected = _parsed_or_error(parsers[name], text, "x")
+        if isinstance(expected, tuple):
+            bad += 1
+            assert getattr(port, name) is None
+        else:
+            assert getattr(port, name) == expected
+    assert data.skipped.counts.get(ib.SKIP_ATTRIBUTE_UNPARSABLE, 0) == bad
+    counter_value = _parsed_or_error(ib.parse_counter, counter, "x")
+    if isinstance(counter_value, tuple):
+        assert data.skipped.counts[ib.SKIP_COUNTER_UNPARSABLE] == 1
+    found = port.counter("symbol_error")
+    assert (found.value if found else None) == (
+        None if isinstance(counter_value, tuple) else counter_value
+    )
+
+
 def test_capture_record_serialises_to_json(capture: ib.InfinibandData) -> None:
-    data = json.loads(json.dumps(dataclasses.asdict(capture)))
+    data = json.loads(jsonout.dumps(capture))
+    assert data["skipped"] == {"counts": {}, "examples": {}}
     assert data["devices"][0]["ports"][0]["rate"] == {"gbps": 400.0, "lanes": 4, "speed": "NDR"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         capture.devices[0].name = "x"  # type: ignore[misc]
@@ -307,13 +414,19 @@ def test_built_tree_pci_netdevs_ports(tmp_path: Path) -> None:
     assert device.ports[1].state == ib.PortState(1, "DOWN")
 
 
-def test_built_tree_bad_file_names_its_path(tmp_path: Path) -> None:
+def test_built_tree_bad_attribute_is_absent_counted_and_named(tmp_path: Path) -> None:
     roots = _legacy_tree(tmp_path, 5)
+    good = ib.read_infiniband(roots)
     bad = tmp_path / "sys/devices/pci0000:00/0000:00:01.0/0000:17:00.0/infiniband/mlx4_0"
     _write(bad / "ports" / "2" / "rate", "fast\n")
-    with pytest.raises(ParseError) as err:
-        ib.read_infiniband(roots)
-    assert err.value.source.endswith("mlx4_0/ports/2/rate")
+    data = ib.read_infiniband(roots)
+    assert data.skipped.counts == {ib.SKIP_ATTRIBUTE_UNPARSABLE: 1}
+    assert data.skipped.examples[ib.SKIP_ATTRIBUTE_UNPARSABLE].endswith("mlx4_0/ports/2/rate")
+    # Only that attribute is gone: the port's other values and the other ports are as before.
+    (device,) = data.devices
+    assert device.ports[1] == dataclasses.replace(good.devices[0].ports[1], rate=None)
+    assert device.ports[0] == good.devices[0].ports[0]
+    assert device.ports[2] == good.devices[0].ports[2]
 
 
 # ------------------------------------------------------------------------------------------
@@ -440,10 +553,16 @@ def test_source_fast_run_recomputes_widths_and_drops_vanished_counters(tmp_path:
     assert port.counter("port_xmit_data") == ib.Counter("port_xmit_data", 1 << 33, 64)
     assert port.counter("port_rcv_data") is None and port.rcv_bytes is None
     assert port == ib.read_infiniband(roots).devices[0].ports[0]
+    # A counter that stops parsing between full reads is absent and counted, not fatal.
     (counters / "port_xmit_data").write_text("12 words\n")
-    with pytest.raises(ParseError) as err:
-        source.collect(roots)
-    assert err.value.source.endswith("mlx4_0/ports/1/counters/port_xmit_data")
+    data = source.collect(roots)
+    assert data.devices[0].ports[0].counter("port_xmit_data") is None
+    assert data.devices[0].ports[0].xmit_bytes is None
+    assert data.devices[0].ports[1].counter("port_xmit_data") is not None
+    assert data.skipped.counts == {ib.SKIP_COUNTER_UNPARSABLE: 1}
+    assert data.skipped.examples[ib.SKIP_COUNTER_UNPARSABLE].endswith(
+        "mlx4_0/ports/1/counters/port_xmit_data"
+    )
 
 
 def test_source_reads_a_new_device_in_full_at_once_and_drops_a_gone_one(
@@ -686,9 +805,16 @@ def _parsed_or_error(parse: object, *args: str) -> object:
 )
 def test_counter_value_short_way_answers_as_parse_counter(data: bytes) -> None:
     text = data.decode("utf-8", errors="replace")
-    assert _parsed_or_error(ib._counter_value, data, "/d", "n") == _parsed_or_error(
-        ib.parse_counter, text, "/d/n"
-    )
+    tally = SkipTally()
+    value = ib._counter_value(data, "/d", "n", tally)
+    expected = _parsed_or_error(ib.parse_counter, text, "/d/n")
+    if isinstance(expected, tuple):
+        # What parse_counter rejects is absent and counted under the file's path.
+        assert value is None
+        assert tally.freeze().counts == {ib.SKIP_COUNTER_UNPARSABLE: 1}
+        assert tally.freeze().examples[ib.SKIP_COUNTER_UNPARSABLE] == "/d/n"
+    else:
+        assert value == expected and not tally
 
 
 # ------------------------------------------------------------------------------------------

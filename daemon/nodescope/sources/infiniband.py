@@ -23,6 +23,10 @@ Formats are defined by the kernel in ``drivers/infiniband/core/sysfs.c`` and doc
   ``watermark_*``).
 
 A counter file that cannot be read (a failed MAD) or reads ``N/A (no PMA)`` is absent.
+Attributes are read as drivers write them: whitespace around the value (``InfiniBand\n\n``
+from mlx4) is not part of it. A value that does not parse, or a file that is refused (a
+FIFO, a device, over the size cap), makes that one attribute or counter absent and is
+counted in the record's ``skipped``; the other ports and devices are read as usual.
 
 The source (:class:`InfinibandSource`) reads the traffic counters of every port on every run
 and the rest of the tree every ``slow_every`` runs (:data:`SLOW_EVERY` by default), carrying
@@ -43,8 +47,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from nodescope.errors import ParseError
-from nodescope.fileio import SYSFS_ATTRIBUTE, read_optional_bytes
+from nodescope.fileio import SYSFS_ATTRIBUTE, FileTooLarge, NotARegularFile, read_bytes
 from nodescope.model.counters import counter_delta
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.model.slow import SlowRead, SlowReads
 from nodescope.model.slow import slow_pair as _slow_pair
 from nodescope.roots import Roots
@@ -119,6 +124,14 @@ _GUID_RE = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){3}")
 _BDF_RE = re.compile(r"[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 _NO_PMA = "N/A (no PMA)"
 _PORT_RE = re.compile(r"[0-9]{1,5}")
+
+# Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
+#: ``state``, ``rate``, ``link_layer``, ``node_guid``... whose text does not parse.
+SKIP_ATTRIBUTE_UNPARSABLE = "attribute_unparsable"
+#: a ``counters/`` or ``hw_counters/`` file whose text is not a number.
+SKIP_COUNTER_UNPARSABLE = "counter_unparsable"
+#: an attribute that is not a regular file or is over its size cap, refused unread.
+SKIP_FILE_REFUSED = "file_refused"
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,6 +216,8 @@ class InfinibandData:
     #: when the values other than the traffic counters were read (the source's clock), and
     #: the record of the full read before; ``None`` in a record that does not say
     slow: SlowRead[InfinibandData] | None = field(default=None, compare=False, repr=False)
+    #: attributes and counters of this run left absent because they were malformed or refused
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 
     def ports(self) -> Iterable[IbPort]:
         for device in self.devices:
@@ -221,11 +236,12 @@ def _find(counters: tuple[Counter, ...], name: str) -> Counter | None:
 
 
 def _one_line(text: str, source: str) -> str:
-    """The single value of a sysfs attribute file, without its newline."""
-    body = text[:-1] if text.endswith("\n") else text
-    if "\n" in body:
+    """The single value of a sysfs attribute file, without the whitespace around it: drivers
+    end a value with one newline, some with more (mlx4's ``link_layer`` is
+    ``InfiniBand\\n\\n``)."""
+    value = text.strip()
+    if "\n" in value:
         raise ParseError(source, "expected a single line", 2)
-    value = body.strip()
     if not value:
         raise ParseError(source, "empty value", 1)
     if not value.isprintable():
@@ -355,30 +371,43 @@ def _open_dir(path: str, dir_fd: int | None = None) -> int | None:
         return None
 
 
-def _read_bytes_at(dir_fd: int, name: str) -> bytes | None:
-    """The bytes of ``name`` in the directory ``dir_fd``; ``None`` when it cannot be opened,
-    read or is refused, as :func:`sources.base.read_optional` has it (a failed MAD is a read
-    error)."""
-    return read_optional_bytes(name, SYSFS_ATTRIBUTE, dir_fd=dir_fd)
+def _read_bytes_at(dir_fd: int, name: str, tally: SkipTally, directory: str) -> bytes | None:
+    """The bytes of ``name`` in the directory ``dir_fd`` (``directory`` names it); ``None``
+    when it cannot be opened or read (a failed MAD is a read error) or is refused — a FIFO
+    or device planted where an attribute should be, counted in ``tally``."""
+    try:
+        return read_bytes(name, SYSFS_ATTRIBUTE, dir_fd=dir_fd)
+    except (NotARegularFile, FileTooLarge):
+        tally.skip(SKIP_FILE_REFUSED, f"{directory}/{name}")
+        return None
+    except OSError:
+        return None
 
 
-def _read_at(dir_fd: int, name: str) -> str | None:
-    data = _read_bytes_at(dir_fd, name)
+def _read_at(dir_fd: int, name: str, tally: SkipTally, directory: str) -> str | None:
+    data = _read_bytes_at(dir_fd, name, tally, directory)
     return None if data is None else data.decode("utf-8", errors="replace")
 
 
-def _counter_value(data: bytes, directory: str, name: str) -> int | None:
+def _counter_value(data: bytes, directory: str, name: str, tally: SkipTally) -> int | None:
     """:func:`parse_counter` of a file's bytes, with a short way for the common text:
-    ASCII digits and a newline."""
+    ASCII digits and a newline; ``None`` (and counted) when the text is not a counter."""
     body = data[:-1] if data.endswith(b"\n") else data
     if 0 < len(body) <= 40 and body.isdigit():  # bytes.isdigit: ASCII digits only
         return int(body)
-    return parse_counter(data.decode("utf-8", errors="replace"), f"{directory}/{name}")
+    path = f"{directory}/{name}"
+    try:
+        return parse_counter(data.decode("utf-8", errors="replace"), path)
+    except ParseError:
+        tally.skip(SKIP_COUNTER_UNPARSABLE, path)
+        return None
 
 
-def _read_values_at(dir_fd: int, sub: str, path: str) -> tuple[dict[str, int], int | None]:
+def _read_values_at(
+    dir_fd: int, sub: str, path: str, tally: SkipTally
+) -> tuple[dict[str, int], int | None]:
     """Integer files of the ``counters``/``hw_counters`` directory ``sub`` of ``dir_fd``
-    (``path`` names it in errors), and ``lifespan`` apart."""
+    (``path`` names it), and ``lifespan`` apart; a file that does not parse is left out."""
     values: dict[str, int] = {}
     lifespan: int | None = None
     fd = _open_dir(sub, dir_fd)
@@ -386,10 +415,10 @@ def _read_values_at(dir_fd: int, sub: str, path: str) -> tuple[dict[str, int], i
         return values, lifespan
     try:
         for name in sorted(os.listdir(fd)):
-            data = _read_bytes_at(fd, name)
+            data = _read_bytes_at(fd, name, tally, path)
             if data is None:
                 continue
-            value = _counter_value(data, path, name)
+            value = _counter_value(data, path, name, tally)
             if value is None:
                 continue
             if name == "lifespan":
@@ -407,13 +436,28 @@ def _hw_counters(values: dict[str, int]) -> tuple[Counter, ...]:
 
 
 def _parsed_at(
-    dir_fd: int | None, directory: str, name: str, parse: Callable[[str, str], T]
+    dir_fd: int | None,
+    directory: str,
+    name: str,
+    parse: Callable[[str, str], T],
+    tally: SkipTally,
 ) -> T | None:
-    text = None if dir_fd is None else _read_at(dir_fd, name)
-    return None if text is None else parse(text, f"{directory}/{name}")
+    """The attribute ``name`` parsed; ``None`` when absent, refused or malformed (the last two
+    counted): one odd attribute leaves the rest of its port and device readable."""
+    text = None if dir_fd is None else _read_at(dir_fd, name, tally, directory)
+    if text is None:
+        return None
+    path = f"{directory}/{name}"
+    try:
+        return parse(text, path)
+    except ParseError:
+        tally.skip(SKIP_ATTRIBUTE_UNPARSABLE, path)
+        return None
 
 
-def read_port(device: str, port_dir: Path | str) -> IbPort:
+def read_port(device: str, port_dir: Path | str, tally: SkipTally | None = None) -> IbPort:
+    """One port; what could not be read or parsed is absent and counted in ``tally``."""
+    tally = SkipTally() if tally is None else tally
     port_dir = str(port_dir)
     try:
         port = int(port_dir.rpartition("/")[2])
@@ -425,12 +469,14 @@ def read_port(device: str, port_dir: Path | str) -> IbPort:
         hw_values: dict[str, int] = {}
         lifespan: int | None = None
         if fd is not None:
-            values, _ = _read_values_at(fd, "counters", f"{port_dir}/counters")
-            hw_values, lifespan = _read_values_at(fd, "hw_counters", f"{port_dir}/hw_counters")
-        state = _parsed_at(fd, port_dir, "state", parse_state)
-        phys_state = _parsed_at(fd, port_dir, "phys_state", parse_state)
-        rate = _parsed_at(fd, port_dir, "rate", parse_rate)
-        link_layer = _parsed_at(fd, port_dir, "link_layer", parse_link_layer)
+            values, _ = _read_values_at(fd, "counters", f"{port_dir}/counters", tally)
+            hw_values, lifespan = _read_values_at(
+                fd, "hw_counters", f"{port_dir}/hw_counters", tally
+            )
+        state = _parsed_at(fd, port_dir, "state", parse_state, tally)
+        phys_state = _parsed_at(fd, port_dir, "phys_state", parse_state, tally)
+        rate = _parsed_at(fd, port_dir, "rate", parse_rate, tally)
+        link_layer = _parsed_at(fd, port_dir, "link_layer", parse_link_layer, tally)
     finally:
         if fd is not None:
             os.close(fd)
@@ -457,20 +503,24 @@ def _pci_address(device_dir: str) -> str | None:
 
 
 def read_device(
-    device_dir: Path | str, pci_address: Callable[[str], str | None] = _pci_address
+    device_dir: Path | str,
+    pci_address: Callable[[str], str | None] = _pci_address,
+    tally: SkipTally | None = None,
 ) -> IbDevice:
-    """One RDMA device; ``pci_address`` resolves the PCI function behind ``<dev>/device``."""
+    """One RDMA device; ``pci_address`` resolves the PCI function behind ``<dev>/device``;
+    what could not be read or parsed is absent and counted in ``tally``."""
+    tally = SkipTally() if tally is None else tally
     device_dir = str(device_dir)
     name = device_dir.rpartition("/")[2]
     fd = _open_dir(device_dir)
     try:
         hw_values: dict[str, int] = {}
         if fd is not None:
-            hw_values, _ = _read_values_at(fd, "hw_counters", f"{device_dir}/hw_counters")
-        node_guid = _parsed_at(fd, device_dir, "node_guid", parse_node_guid)
-        fw_ver = _parsed_at(fd, device_dir, "fw_ver", parse_attribute)
-        hca_type = _parsed_at(fd, device_dir, "hca_type", parse_attribute)
-        board_id = _parsed_at(fd, device_dir, "board_id", parse_attribute)
+            hw_values, _ = _read_values_at(fd, "hw_counters", f"{device_dir}/hw_counters", tally)
+        node_guid = _parsed_at(fd, device_dir, "node_guid", parse_node_guid, tally)
+        fw_ver = _parsed_at(fd, device_dir, "fw_ver", parse_attribute, tally)
+        hca_type = _parsed_at(fd, device_dir, "hca_type", parse_attribute, tally)
+        board_id = _parsed_at(fd, device_dir, "board_id", parse_attribute, tally)
     finally:
         if fd is not None:
             os.close(fd)
@@ -485,14 +535,16 @@ def read_device(
         pci_address=pci_address(device_dir),
         netdevs=tuple(_listdir(f"{device_dir}/device/net")),
         hw_counters=_hw_counters(hw_values),
-        ports=tuple(read_port(name, f"{ports_dir}/{p}") for p in port_names),
+        ports=tuple(read_port(name, f"{ports_dir}/{p}", tally) for p in port_names),
     )
 
 
 def read_infiniband(roots: Roots) -> InfinibandData:
     """Every RDMA device under ``<sysfs>/class/infiniband``; none when the class is absent."""
     base = f"{roots.sysfs}/class/infiniband"
-    return InfinibandData(tuple(read_device(f"{base}/{name}") for name in _listdir(base)))
+    tally = SkipTally()
+    devices = tuple(read_device(f"{base}/{name}", tally=tally) for name in _listdir(base))
+    return InfinibandData(devices, skipped=tally.freeze())
 
 
 #: Runs between two full reads of a device at production cadence (see InfinibandSource).
@@ -549,17 +601,18 @@ class InfinibandSource:
         full = self._slow_left <= 0 or not self._devices.keys() >= set(names)
         self._slow_left = max(self.slow_every, 1) - 1 if full else self._slow_left - 1
         devices: dict[str, IbDevice] = {}
+        tally = SkipTally()
         if full:
             at = self.clock()
             for name in names:
-                devices[name] = read_device(f"{base}/{name}", self._pci_address)
+                devices[name] = read_device(f"{base}/{name}", self._pci_address, tally)
         else:
             for name in names:
-                devices[name] = _refresh_device(f"{base}/{name}", self._devices[name])
+                devices[name] = _refresh_device(f"{base}/{name}", self._devices[name], tally)
         self._devices = devices
         for gone in self._links.keys() - devices.keys():
             del self._links[gone]
-        record = InfinibandData(tuple(devices.values()))
+        record = InfinibandData(tuple(devices.values()), skipped=tally.freeze())
         if full:
             return replace(record, slow=self._slow_reads.read(record, at))
         return replace(record, slow=self._slow_reads.carried())
@@ -578,9 +631,9 @@ class InfinibandSource:
         self._devices, self._links = {}, {}
 
 
-def _refresh_device(device_dir: str, device: IbDevice) -> IbDevice:
+def _refresh_device(device_dir: str, device: IbDevice, tally: SkipTally) -> IbDevice:
     """``device`` with the values read on every run taken again."""
-    ports = tuple(_refresh_port(f"{device_dir}/ports/{p.port}", p) for p in device.ports)
+    ports = tuple(_refresh_port(f"{device_dir}/ports/{p.port}", p, tally) for p in device.ports)
     return IbDevice(
         device.name,
         device.node_guid,
@@ -594,7 +647,7 @@ def _refresh_device(device_dir: str, device: IbDevice) -> IbDevice:
     )
 
 
-def _refresh_port(port_dir: str, port: IbPort) -> IbPort:
+def _refresh_port(port_dir: str, port: IbPort, tally: SkipTally) -> IbPort:
     """``port`` with its traffic counters read again."""
     fresh: dict[str, int | None] = {}
     fd = _open_dir(port_dir)
@@ -603,8 +656,12 @@ def _refresh_port(port_dir: str, port: IbPort) -> IbPort:
         for counter in port.counters:
             name = counter.name
             if name in TRAFFIC_COUNTERS:
-                data = None if fd is None else _read_bytes_at(fd, f"counters/{name}")
-                fresh[name] = None if data is None else _counter_value(data, counters_dir, name)
+                data = (
+                    None if fd is None else _read_bytes_at(fd, f"counters/{name}", tally, port_dir)
+                )
+                fresh[name] = (
+                    None if data is None else _counter_value(data, counters_dir, name, tally)
+                )
     finally:
         if fd is not None:
             os.close(fd)

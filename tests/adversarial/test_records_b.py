@@ -1,0 +1,104 @@
+"""One bad record never takes its source down: InfiniBand ports, disk lines, lock lines,
+mount blocks, PCI and udev attributes.
+
+Each test drives the source as the daemon does — through the collector, over real captures,
+real kernel files and real processes where the machine allows — and checks that the source
+stays up, that the good records are all there, and that the bad one is counted in
+``nodescope_source_records_skipped_total{source,reason}``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from nodescope.collect import Collector, ScheduledSource
+from nodescope.model.snapshot import Snapshot
+from nodescope.roots import Roots
+from nodescope.sources import infiniband as ib
+from nodescope.sources.base import Source
+from nodescope_exporters import self_metrics
+from nodescope_exporters.prometheus import render
+
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
+PROCFS_IB = CAPTURES / "procfs-sysfs-infiniband"
+
+
+def _cycle(roots: Roots, *sources: Source, timeout: float | None = 5.0) -> Snapshot:
+    collector = Collector(
+        roots=roots, scheduled=[ScheduledSource(s, 1.0, timeout) for s in sources]
+    )
+    try:
+        return collector.run_cycle()
+    finally:
+        collector.close()
+
+
+def _skipped_metric(snapshot: Snapshot) -> dict[tuple[str, str], float]:
+    """``nodescope_source_records_skipped_total`` as rendered on /metrics, by (source, reason)."""
+    text = render(snapshot, [self_metrics.families]).decode()
+    found: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "nodescope_source_records_skipped_total":
+                found[(sample.labels["source"], sample.labels["reason"])] = sample.value
+    return found
+
+
+def _ports(data: ib.InfinibandData) -> Iterable[tuple[str, int]]:
+    return [(p.device, p.port) for p in data.ports()]
+
+
+# --------------------------------------------------------------------------------------------
+# InfiniBand
+
+
+def test_infiniband_reads_the_procfs_capture_whole() -> None:
+    """mlx4_0 port 2 of this capture has ``link_layer`` = ``InfiniBand\\n\\n``: it took every
+    device down."""
+    snapshot = _cycle(Roots.under(PROCFS_IB), ib.InfinibandSource())
+    assert snapshot.status["infiniband"].up, snapshot.current["infiniband"].error
+    data = snapshot.current["infiniband"].data
+    assert isinstance(data, ib.InfinibandData)
+    assert _ports(data) == [("hfi1_0", 1), ("mlx4_0", 1), ("mlx4_0", 2), ("mlx5_0", 1)]
+    assert {p.link_layer for p in data.ports()} == {"InfiniBand"}
+    assert not data.skipped
+    assert _skipped_metric(snapshot) == {}
+
+
+def test_infiniband_bad_port_attributes_are_skipped_and_counted(tmp_path: Path) -> None:
+    """A malformed ``rate`` on one port and a FIFO where another port's ``state`` should be:
+    those two values are absent and counted, every port is still read, the cycle does not
+    wait on the FIFO."""
+    shutil.copytree(PROCFS_IB / "sys", tmp_path / "sys")
+    base = tmp_path / "sys" / "class" / "infiniband"
+    (base / "mlx4_0" / "ports" / "1" / "rate").write_text("fast\n")
+    state = base / "hfi1_0" / "ports" / "1" / "state"
+    state.unlink()
+    os.mkfifo(state)
+    (base / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error").write_text("-1\n")
+
+    started = time.monotonic()
+    snapshot = _cycle(Roots.under(tmp_path), ib.InfinibandSource())
+    assert time.monotonic() - started < 4.0
+    assert snapshot.status["infiniband"].up, snapshot.current["infiniband"].error
+    data = snapshot.current["infiniband"].data
+    assert isinstance(data, ib.InfinibandData)
+    assert _ports(data) == [("hfi1_0", 1), ("mlx4_0", 1), ("mlx4_0", 2), ("mlx5_0", 1)]
+    ports = {(p.device, p.port): p for p in data.ports()}
+    assert ports[("mlx4_0", 1)].rate is None
+    assert ports[("mlx4_0", 2)].rate == ib.LinkRate(40.0, 4, "QDR")
+    assert ports[("hfi1_0", 1)].state is None
+    assert ports[("hfi1_0", 1)].rate == ib.LinkRate(100.0, 4, "EDR")
+    assert ports[("mlx5_0", 1)].counter("symbol_error") is None
+    assert ports[("mlx5_0", 1)].counter("port_xmit_data") is not None
+    assert _skipped_metric(snapshot) == {
+        ("infiniband", ib.SKIP_ATTRIBUTE_UNPARSABLE): 1,
+        ("infiniband", ib.SKIP_FILE_REFUSED): 1,
+        ("infiniband", ib.SKIP_COUNTER_UNPARSABLE): 1,
+    }
