@@ -1,22 +1,20 @@
-"""The daemon's Unix socket for the Slurm hooks, and the job bookkeeping behind them.
+"""The Slurm hooks' commands on the daemon's socket, and the job bookkeeping behind them.
 
-Protocol: a client connects to ``<run>/nodescope/nodescope.sock``, writes one JSON object
-with a ``command`` field (and a newline, or closes its write side), and reads one JSON object
-back: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``; then the connection closes.
-Commands are looked up in :attr:`HookServer.handlers`, so another part of the daemon adds one
-with :meth:`HookServer.register` (``ping``, ``prolog``, ``epilog``, ``clear_xids`` are here;
-``probe`` and ``probe_result`` come from :mod:`nodescope.probe_runner`).
-
-Authentication is the kernel's: ``SO_PEERCRED`` gives the connecting process's uid, and only
-root and the configured ``[slurm] slurm_user`` are answered; anyone else gets an error and a
-``event=hook_refused`` log line. The socket file itself is world-writable on purpose, so that
-refusal is ours to make and to log. Every connection has a deadline of ``[slurm]
-timeout_seconds`` (at most 2 s): a stuck client cannot hold the server up.
+The socket itself — protocol, who may connect, deadlines, concurrency — is
+:mod:`nodescope.hooksocket`; its names are re-exported here. ``ping``, ``prolog``, ``epilog``
+and ``clear_xids`` are registered here; ``probe`` and ``probe_result`` come from
+:mod:`nodescope.probe_runner`. Every field of a request is bounded
+(:meth:`JobRequest.from_request`): a job id of at most ten digits, names of at most
+:data:`MAX_NAME_LENGTH` printable characters, GPU indices among the node's GPUs.
 
 The prolog registers a job (``<run>/nodescope/jobs/<id>.json``, read back by the ``jobs``
 source), takes the counter baseline and runs the health gate; the epilog writes the job's
 report (:mod:`nodescope_exporters.reports`) and removes the registration. When the daemon is
 down, :mod:`nodescope.cli.slurm` calls the same functions with what it can read itself.
+The registration goes whether or not the report could be written (a full disk must not keep
+a finished job in ``nodescope_job_info``). Uncleared Xids are recorded in
+``<run>/nodescope/gate-state.json`` whenever they change, so that neither a daemon out of reach
+nor a restarted one (its NVML counts start from zero) lets a node pass that failed the gate.
 """
 
 from __future__ import annotations

@@ -7,6 +7,13 @@ of the directory: a reader, or a daemon killed mid-write, sees the old report or
 never a part), and renders it for people: text with a timeline drawn in block characters, and
 an SVG drawn by hand (no plotting library).
 
+The directory is checked first (owned by the writer, writable by nobody else, not a link)
+and used through one descriptor; the temporary file has an unguessable name and is created
+with ``O_EXCL|O_NOFOLLOW``, so nothing planted in advance is followed. Temporary files of
+writers that died are removed when the daemon starts. A report is replaced only by one from a
+later hook call (``issued_at``), under a lock of the directory that the daemon and the hooks
+both take.
+
 Counter deltas go through :func:`nodescope.model.counters.counter_delta`: a counter that went
 backwards (a driver reload) gives no delta rather than a guess.
 """
