@@ -5,10 +5,10 @@
 # ip (iproute2); and for the kernel module: Debian's headers to build it, QEMU, busybox, kmod
 # and cpio to boot the matching Debian kernel with it (kmod/tests/run-qemu.sh).
 # htpasswd (apache2-utils), openssl and curl: bcrypt hashes, certificates and a TLS client for
-# the web-config.yml tests.
+# the web-config.yml tests. fuse3: libfuse 3 and fusermount3 for the kernel-semantics tier.
 TEST_APT_PACKAGES=(prometheus prometheus-alertmanager sysstat pciutils iproute2 debootstrap rpm rpmlint slurm-wlm munge
     linux-headers-amd64 qemu-system-x86 busybox-static kmod cpio gcc make libc6-dev
-    apache2-utils openssl curl)
+    apache2-utils openssl curl fuse3)
 
 ensure_apt_packages() {
     local missing=()

@@ -1,0 +1,361 @@
+"""A FUSE filesystem that serves a directory tree the way the kernel serves sysfs, procfs and
+cgroupfs, so the daemon's readers meet the kernel's read semantics over fixture trees and the
+simulated node.
+
+A tree written as regular files hides how the kernel hands out its pseudo-files: a regular
+file comes whole in one ``read`` and ``stat`` tells its true size, so a reader that stops
+after the first short read, or trusts ``st_size``, passes every test and undercounts on a real
+node. Served through this filesystem, by path under the mount:
+
+* **sysfs attributes** (regular files under the sysfs root, outside cgroupfs): ``st_size``
+  4096 whatever the content (kernfs reports a page for every text attribute); the whole
+  content in the first ``read`` up to the buffer, then EOF.
+* **Tables of many records** (procfs files other than the one-record ones below; cgroupfs
+  ``cgroup.procs``, ``cgroup.threads``, ``tasks``): ``st_size`` 0 and at most one page per
+  ``read``, cut after the last whole line that fits, as ``seq_read`` stops at the record
+  that would overflow its page buffer. A line longer than a page comes alone, whole up to
+  the buffer (``seq_file`` grows its buffer for a record that does not fit).
+* **One-record files** (``/proc/<pid>/stat``, ``status``, ``wchan``, ``comm``, ``cgroup``
+  and the like, made by ``single_open``; every other cgroupfs file: ``*.stat``, ``*.max``,
+  ``*.events``, ``*.current``, ``*.pressure``): ``st_size`` 0, whole in the first ``read``
+  up to the buffer.
+* **``environ`` and ``cmdline``**: ``st_size`` 0, a page per ``read`` cut anywhere (they
+  are copied out of the process's memory, not made of records; a kernel read may fill
+  more than a page, so a page is the stricter case a reader must handle).
+* **Everything else** (the ``dev`` and ``run`` roots): the backing file as it is.
+
+Every file is opened with ``direct_io`` and without ``keep_cache``, so each ``read`` reaches
+this server and the page cache never joins short reads into a long one; entry and attribute
+timeouts are 0, so a file the simulated node replaces is seen at once, as procfs shows a
+process the moment it exists. The content of a pseudo-file is taken when it is opened (the
+kernel makes a ``seq_file``'s records as it reads; a snapshot per open is what a reader can
+rely on either way).
+
+Writes, creates, renames and removals pass through to the backing directory, so the tree can
+be written through the mount as well as beside it. Inode numbers are the backing files'
+(``use_ino``): sources that key cgroups by inode see the same numbers either way. An absolute
+symbolic link into the backing directory is shown pointing into the mount, so following it
+does not step out of the kernel semantics.
+
+Run as ``python -m tests.kernelfs.server BACKING MOUNTPOINT [--sysfs REL] [--procfs REL]
+[--cgroupfs REL]``; it serves in the foreground until unmounted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import PurePosixPath
+from typing import Any
+
+#: What the kernel hands out per ``read`` of a table or an environment block: one page.
+PAGE = 4096
+#: ``st_size`` of every sysfs text attribute (kernfs sets a page whatever the content).
+SYSFS_ATTRIBUTE_SIZE = 4096
+
+#: cgroupfs files that list tasks: ``seq_file`` tables of one line per task.
+CGROUP_TABLES = frozenset({"cgroup.procs", "cgroup.threads", "tasks"})
+#: procfs files made in one go by ``single_open`` (per process, per thread, and node-wide).
+PROC_ONE_RECORD = frozenset(
+    {
+        "stat", "status", "wchan", "comm", "cgroup", "statm", "io", "schedstat", "loginuid",
+        "oom_score", "oom_score_adj", "personality", "timerslack_ns", "uptime", "loadavg",
+        "version", "cpuset", "limits", "sessionid",
+    }
+)  # fmt: skip
+#: procfs files copied out of a process's memory: no records, served a page at a time.
+PROC_PAGED = frozenset({"environ", "cmdline"})
+
+
+class Serving(Enum):
+    """How a regular file is served."""
+
+    PLAIN = "plain"
+    SYSFS_ATTRIBUTE = "sysfs attribute"
+    TABLE = "table"
+    ONE_RECORD = "one record"
+    PAGED = "paged"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the pseudo-filesystems sit, relative to the mount's root (``""`` for none)."""
+
+    sysfs: str = "sys"
+    procfs: str = "proc"
+    cgroupfs: str = "sys/fs/cgroup"
+
+    def serving(self, relative: str) -> Serving:
+        """How the regular file at ``relative`` (no leading slash) is served."""
+        path = PurePosixPath(relative)
+        name = path.name
+        # cgroupfs first: it is mounted inside sysfs.
+        if _under(path, self.cgroupfs):
+            return Serving.TABLE if name in CGROUP_TABLES else Serving.ONE_RECORD
+        if _under(path, self.procfs):
+            if name in PROC_PAGED:
+                return Serving.PAGED
+            if name in PROC_ONE_RECORD:
+                return Serving.ONE_RECORD
+            # Any other procfs file is a table: the stricter case for a reader.
+            return Serving.TABLE
+        if _under(path, self.sysfs):
+            return Serving.SYSFS_ATTRIBUTE
+        return Serving.PLAIN
+
+
+def _under(path: PurePosixPath, root: str) -> bool:
+    if not root:
+        return False
+    return path.is_relative_to(PurePosixPath(root))
+
+
+def reported_size(serving: Serving, real_size: int) -> int:
+    """``st_size`` as the kernel reports it for a file served this way."""
+    if serving is Serving.PLAIN:
+        return real_size
+    if serving is Serving.SYSFS_ATTRIBUTE:
+        return SYSFS_ATTRIBUTE_SIZE
+    return 0
+
+
+def table_chunk(data: bytes, offset: int, size: int) -> bytes:
+    """The bytes one ``read(size)`` at ``offset`` of a ``seq_file`` table returns: at most a
+    page, ending after the last whole line that fits; a line longer than a page alone, up to
+    ``size``."""
+    if offset >= len(data) or size <= 0:
+        return b""
+    end = offset + min(size, PAGE)
+    if end >= len(data):
+        return data[offset:]
+    cut = data.rfind(b"\n", offset, end)
+    if cut >= 0:
+        return data[offset : cut + 1]
+    newline = data.find(b"\n", end)
+    record_end = len(data) if newline < 0 else newline + 1
+    return data[offset : min(record_end, offset + size)]
+
+
+def chunk(serving: Serving, data: bytes, offset: int, size: int) -> bytes:
+    """The bytes one ``read(size)`` at ``offset`` returns of a pseudo-file holding ``data``."""
+    if serving is Serving.TABLE:
+        return table_chunk(data, offset, size)
+    if serving is Serving.PAGED:
+        return data[offset : offset + min(size, PAGE)]
+    # sysfs attributes and one-record files: whole in the first read, up to the buffer.
+    return data[offset : offset + size]
+
+
+class KernelSemanticsFs:
+    """The FUSE operations (mfusepy's high-level API with ``raw_fi``)."""
+
+    use_ns = True
+
+    def __init__(self, backing: str, mountpoint: str, layout: Layout) -> None:
+        self.backing = os.path.realpath(backing)
+        self.mountpoint = os.path.realpath(mountpoint)
+        self.layout = layout
+        # Content of each open pseudo-file, by the backing descriptor that is its handle.
+        self._snapshots: dict[int, tuple[Serving, bytes]] = {}
+
+    # ---- paths -----------------------------------------------------------------------------
+
+    def _real(self, path: str) -> str:
+        return os.path.join(self.backing, path.lstrip("/"))
+
+    def _serving(self, path: str) -> Serving:
+        return self.layout.serving(path.lstrip("/"))
+
+    # ---- setup -----------------------------------------------------------------------------
+
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        if config is None:
+            return
+        # Nothing cached in the kernel: every lookup, stat and read reaches the server, as
+        # every access to procfs reaches the kernel's code.
+        config.entry_timeout = 0.0
+        config.negative_timeout = 0.0
+        config.attr_timeout = 0.0
+        config.use_ino = 1
+        config.direct_io = 1
+        config.kernel_cache = 0
+        config.auto_cache = 0
+
+    # ---- metadata --------------------------------------------------------------------------
+
+    def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
+        st = os.lstat(self._real(path))
+        attrs = {
+            key: getattr(st, key)
+            for key in (
+                "st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_rdev",
+                "st_blocks",
+            )
+        }  # fmt: skip
+        attrs["st_atime"] = st.st_atime_ns
+        attrs["st_mtime"] = st.st_mtime_ns
+        attrs["st_ctime"] = st.st_ctime_ns
+        if stat.S_ISREG(st.st_mode):
+            attrs["st_size"] = reported_size(self._serving(path), st.st_size)
+        return attrs
+
+    def readlink(self, path: str) -> str:
+        target = os.readlink(self._real(path))
+        if os.path.isabs(target):
+            relative = os.path.relpath(target, self.backing)
+            if not relative.startswith(".."):
+                return os.path.join(self.mountpoint, relative)
+        return target
+
+    def readdir(self, path: str, fh: Any) -> list[str]:
+        return [".", "..", *os.listdir(self._real(path))]
+
+    def statfs(self, path: str) -> dict[str, int]:
+        sv = os.statvfs(self._real(path))
+        return {
+            key: getattr(sv, key)
+            for key in (
+                "f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree",
+                "f_files", "f_flag", "f_frsize", "f_namemax",
+            )
+        }  # fmt: skip
+
+    def access(self, path: str, amode: int) -> int:
+        if not os.access(self._real(path), amode):
+            raise _error(errno.EACCES)
+        return 0
+
+    # ---- file content ----------------------------------------------------------------------
+
+    def open(self, path: str, fi: Any) -> int:
+        fd = os.open(self._real(path), fi.flags & ~os.O_CREAT)
+        self._remember(path, fd, fi.flags)
+        fi.fh = fd
+        fi.direct_io = 1
+        fi.keep_cache = 0
+        return 0
+
+    def create(self, path: str, mode: int, fi: Any) -> int:
+        fd = os.open(self._real(path), fi.flags | os.O_CREAT, mode)
+        fi.fh = fd
+        fi.direct_io = 1
+        fi.keep_cache = 0
+        return 0
+
+    def _remember(self, path: str, fd: int, flags: int) -> None:
+        serving = self._serving(path)
+        if serving is Serving.PLAIN or flags & os.O_ACCMODE != os.O_RDONLY:
+            return
+        chunks = []
+        while part := os.pread(fd, 1 << 20, sum(len(c) for c in chunks)):
+            chunks.append(part)
+        self._snapshots[fd] = (serving, b"".join(chunks))
+
+    def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+        snapshot = self._snapshots.get(fi.fh)
+        if snapshot is None:
+            return os.pread(fi.fh, size, offset)
+        serving, data = snapshot
+        return chunk(serving, data, offset, size)
+
+    def write(self, path: str, data: bytes, offset: int, fi: Any) -> int:
+        return os.pwrite(fi.fh, data, offset)
+
+    def truncate(self, path: str, length: int, fh: Any = None) -> int:
+        os.truncate(self._real(path), length)
+        return 0
+
+    def flush(self, path: str, fi: Any) -> int:
+        return 0
+
+    def fsync(self, path: str, datasync: int, fi: Any) -> int:
+        os.fsync(fi.fh)
+        return 0
+
+    def release(self, path: str, fi: Any) -> int:
+        self._snapshots.pop(fi.fh, None)
+        os.close(fi.fh)
+        return 0
+
+    # ---- tree changes, passed through ------------------------------------------------------
+
+    def mkdir(self, path: str, mode: int) -> int:
+        os.mkdir(self._real(path), mode)
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        os.rmdir(self._real(path))
+        return 0
+
+    def unlink(self, path: str) -> int:
+        os.unlink(self._real(path))
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        os.rename(self._real(old), self._real(new))
+        return 0
+
+    def symlink(self, target: str, source: str) -> int:
+        # mfusepy passes (link path, what it points to).
+        os.symlink(source, self._real(target))
+        return 0
+
+    def link(self, target: str, source: str) -> int:
+        os.link(self._real(source), self._real(target))
+        return 0
+
+    def chmod(self, path: str, mode: int) -> int:
+        os.chmod(self._real(path), mode)
+        return 0
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        os.lchown(self._real(path), uid, gid)
+        return 0
+
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        if times is None:
+            os.utime(self._real(path), follow_symlinks=False)
+        else:
+            os.utime(self._real(path), ns=times, follow_symlinks=False)
+        return 0
+
+
+def _error(code: int) -> OSError:
+    return OSError(code, os.strerror(code))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("backing")
+    parser.add_argument("mountpoint")
+    parser.add_argument("--sysfs", default="sys", help="sysfs root, relative ('' for none)")
+    parser.add_argument("--procfs", default="proc", help="procfs root, relative")
+    parser.add_argument("--cgroupfs", default="sys/fs/cgroup", help="cgroupfs root, relative")
+    args = parser.parse_args(argv)
+
+    import mfusepy
+
+    operations = KernelSemanticsFs(
+        args.backing, args.mountpoint, Layout(args.sysfs, args.procfs, args.cgroupfs)
+    )
+    # One thread: every request is served from memory or one pread, and a single thread
+    # keeps the handle table free of races.
+    mfusepy.FUSE(
+        operations,
+        args.mountpoint,
+        raw_fi=True,
+        foreground=True,
+        nothreads=True,
+        fsname="nodescope-kernelfs",
+        subtype="kernelfs",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
