@@ -2,11 +2,21 @@
 
 The schema below is the single source of the README's configuration reference. Validation is
 strict: an unknown key or a bad value is a :class:`ConfigError` naming the file and the key,
-and the CLI exits with status 2 on it.
+and the CLI exits with status 2 on it. TOML's types are kept as written (an integer is accepted
+where a float is expected, nothing else is converted) and every number has bounds that the
+error and the reference name.
+
+The file is read as the daemon reads any file an operator or a user could have replaced
+(:mod:`nodescope.fileio`): a FIFO, a device, a socket or a directory is refused without
+blocking, and so is a file over :data:`CONFIG_FILE`'s cap. Before ``tomllib`` sees the text, a
+scan bounds how deep arrays and inline tables nest and how many parts a dotted key has:
+``tomllib`` recurses once per level of nesting and builds every prefix of a dotted key, so a
+64 KiB file could otherwise end in a RecursionError or take gigabytes.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import tomllib
@@ -16,6 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from nodescope import fileio
 from nodescope.errors import ConfigError
 from nodescope.roots import ROOT_NAMES, Roots
 from nodescope.sources.registry import SOURCE_TABLE, SOURCES
@@ -34,8 +45,137 @@ class Option:
     check: Callable[[Any], str | None] | None = None
 
 
-def _positive(value: Any) -> str | None:
-    return None if value > 0 else "must be greater than 0"
+#: The longest waits an option may ask for: an hour, a day.
+HOUR = 3600.0
+DAY = 86400.0
+
+#: The longest string option: PATH_MAX, more than any path, URL or name the options hold.
+MAX_TEXT = 4096
+
+#: The config file's size cap. A real file is a few KiB (every option set and commented is
+#: under 20 KiB), and ``tomllib`` builds objects many times the size of its input: a 1 MiB
+#: file of short table headers took 440 MB, past the unit's ``MemoryMax=256M``.
+CONFIG_FILE = fileio.FileKind("config file", 64 * fileio.KIB)
+
+#: How deep arrays and inline tables may nest. The schema needs 3 at most
+#: (``alerts = {rules = {kind = {...}}}``); ``tomllib`` recurses once per level.
+MAX_NESTING = 8
+
+#: Parts of a dotted key (``detectors.saturation.models.A100`` has 4, the most the schema has).
+#: ``tomllib`` keeps every prefix of a dotted key, so its cost grows with the square of the
+#: parts: 300,000 of them exhausted this machine's memory.
+MAX_KEY_PARTS = 8
+
+
+def _display(text: str, limit: int = 80) -> str:
+    """``text`` on one line and at most ``limit`` characters: keys and values come from the
+    file, and an error message stays one line however they were written."""
+    cut = text if len(text) <= limit else text[:limit] + "…"
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in cut
+    )
+
+
+def _number_text(number: float) -> str:
+    """A bound as an operator writes it: ``3600``, ``0.1``, ``1e13``."""
+    if abs(number) >= 1e7:
+        return f"{number:.0e}".replace("e+", "e")
+    if number == int(number):
+        return str(int(number))
+    return repr(number)
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return _display(repr(value))
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The numbers an option accepts: finite, from ``low`` to ``high``, with ``low`` itself
+    refused when ``low_open`` (a ratio or timeout of 0 would mean nothing). The error message
+    and the configuration reference both name the bounds."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    integer: bool = False
+
+    @property
+    def allowed(self) -> str:
+        low, high = _number_text(self.low), _number_text(self.high)
+        what = "an integer" if self.integer else "a finite number"
+        if self.low_open:
+            return f"{what} above {low} and at most {high}"
+        return f"{what} between {low} and {high}"
+
+    def __call__(self, value: Any) -> str | None:
+        # Compared as written: an integer too large for a float must give this message, not
+        # an OverflowError from converting it.
+        if isinstance(value, float) and not math.isfinite(value):
+            ok = False
+        else:
+            above_low = value > self.low if self.low_open else value >= self.low
+            ok = above_low and value <= self.high
+        return None if ok else f"must be {self.allowed}, not {_value_text(value)}"
+
+
+@dataclass(frozen=True, slots=True)
+class IntList:
+    """A list of integers, each within bounds, and not too long."""
+
+    low: int
+    high: int
+    max_items: int
+
+    @property
+    def allowed(self) -> str:
+        return f"at most {self.max_items} integers between {self.low} and {self.high}"
+
+    def __call__(self, value: Any) -> str | None:
+        ok = len(value) <= self.max_items and all(
+            isinstance(v, int) and not isinstance(v, bool) and self.low <= v <= self.high
+            for v in value
+        )
+        return None if ok else f"must be a list of {self.allowed}"
+
+
+@dataclass(frozen=True, slots=True)
+class NameList:
+    """A list of names (letters, digits, ``_`` and ``-``), each short, and not too many."""
+
+    max_items: int
+    max_length: int
+
+    @property
+    def allowed(self) -> str:
+        return f"at most {self.max_items} names of 1 to {self.max_length} letters, digits, _ and -"
+
+    def __call__(self, value: Any) -> str | None:
+        ok = len(value) <= self.max_items and all(
+            isinstance(v, str) and len(v) <= self.max_length and NAME_PATTERN.fullmatch(v)
+            for v in value
+        )
+        return None if ok else f"must be a list of {self.allowed}"
+
+
+#: A kernel module's name, as ``required_modules`` lists them.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+
+#: How often the loop wakes. Under 0.1 s the loop itself would be most of the daemon's cost;
+#: over 60 s the watchdog (fed from the loop) and the alerts' ``for`` durations lose meaning.
+SECONDS_TICK = Range(0.1, 60)
+#: Between reads of one source: as often as the loop wakes, up to once an hour.
+SECONDS_SOURCE_INTERVAL = Range(0.1, HOUR)
+#: A fraction of a link's capacity, a share or a utilisation: 0 would always hold.
+FRACTION = Range(0, 1, low_open=True)
+#: A pressure stall share in percent (``avg10``, ``avg60``).
+PERCENT = Range(0, 100, low_open=True)
+#: Bytes per second: 10 TB/s is above any PCIe, NVLink or network link of a node.
+BANDWIDTH = Range(0, 1e13)
+#: Errors or events per second from which something is reported.
+EVENT_RATE = Range(0, 1e9)
 
 
 def _listen(value: Any) -> str | None:
@@ -52,18 +192,6 @@ def _log_level(value: Any) -> str | None:
 
 def _absolute(value: Any) -> str | None:
     return None if str(value).startswith("/") else "must be an absolute path"
-
-
-def _finite(value: Any) -> str | None:
-    return None if math.isfinite(value) else "must be a finite number"
-
-
-def _non_negative(value: Any) -> str | None:
-    return None if math.isfinite(value) and value >= 0 else "must be a finite number, 0 or more"
-
-
-def _positive_finite(value: Any) -> str | None:
-    return None if math.isfinite(value) and value > 0 else "must be a finite number above 0"
 
 
 def _alertmanager_url(value: Any) -> str | None:
@@ -91,7 +219,7 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
         float,
         1.0,
         "how often the loop wakes to run the sources that are due; no source runs more often",
-        _positive,
+        SECONDS_TICK,
     ),
     Option("log_level", str, "info", "one of debug, info, warning, error", _log_level),
 )
@@ -120,28 +248,28 @@ ALERT_OPTIONS: tuple[Option, ...] = (
         float,
         60.0,
         "how often firing alerts are sent to Alertmanager again while they last",
-        _positive_finite,
+        Range(1, DAY),
     ),
     Option(
         "push_timeout_seconds",
         float,
         5.0,
         "timeout of one push to Alertmanager",
-        _positive_finite,
+        Range(0.1, 60),
     ),
     Option(
         "for_seconds",
         float,
         30.0,
         "default for every kind: seconds a finding must hold before its alert fires",
-        _non_negative,
+        Range(0, DAY),
     ),
     Option(
         "resolve_after_seconds",
         float,
         60.0,
         "default for every kind: seconds a finding must be gone before its alert resolves",
-        _non_negative,
+        Range(0, DAY),
     ),
     # The pending alert's tolerance of a missing cycle (nodescope.alerts).
     Option(
@@ -150,7 +278,7 @@ ALERT_OPTIONS: tuple[Option, ...] = (
         1.0,
         "default for every kind: seconds a pending alert's finding may be missing before the"
         " alert is cancelled; 0 cancels at the first missing cycle, as Prometheus's `for`",
-        _non_negative,
+        Range(0, HOUR),
     ),
 )
 
@@ -159,14 +287,14 @@ ALERT_OPTIONS: tuple[Option, ...] = (
 ALERT_RULE_OPTIONS: tuple[Option, ...] = (
     Option("enabled", bool, True, "turn findings of this kind into alerts"),
     Option(
-        "for_seconds", float, None, "seconds the finding must hold before firing", _non_negative
+        "for_seconds", float, None, "seconds the finding must hold before firing", Range(0, DAY)
     ),
     Option(
         "resolve_after_seconds",
         float,
         None,
         "seconds the finding must be gone before resolving",
-        _non_negative,
+        Range(0, DAY),
     ),
     Option(
         "clear_below",
@@ -174,25 +302,27 @@ ALERT_RULE_OPTIONS: tuple[Option, ...] = (
         None,
         "a firing alert stays firing while its finding's evidence `value` is at least this,"
         " even below the detector's raise threshold",
-        _finite,
+        Range(0, 1e15),
     ),
     Option(
         "pending_gap_seconds",
         float,
         None,
         "seconds a pending alert's finding may be missing before the alert is cancelled",
-        _non_negative,
+        Range(0, HOUR),
     ),
 )
 
 SOURCE_OPTIONS: tuple[Option, ...] = (
     Option("enabled", bool, True, "run this source"),
-    Option("interval_seconds", float, 0.0, "seconds between reads (default per source)", _positive),
+    Option(
+        "interval_seconds",
+        float,
+        0.0,
+        "seconds between reads (default per source)",
+        SECONDS_SOURCE_INTERVAL,
+    ),
 )
-
-
-def _unit_interval(value: Any) -> str | None:
-    return None if math.isfinite(value) and 0 < value <= 1 else "must be above 0 and at most 1"
 
 
 #: ``[detectors.<name>]``: thresholds of the pure detectors (``nodescope.detectors``). Rates
@@ -208,7 +338,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 0.6,
                 "a shared link is contended from this demand over capacity in its busier"
                 " direction (DMA tops out near 0.8 of the encoded rate: TLP and DLLP overhead)",
-                _unit_interval,
+                FRACTION,
             ),
             Option(
                 "min_share",
@@ -216,7 +346,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 0.1,
                 "an endpoint takes part when it carries at least this share of the link's"
                 " traffic (both directions); two of different classes must",
-                _unit_interval,
+                FRACTION,
             ),
         ),
         "saturation": (
@@ -228,14 +358,14 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 "both directions together over twice the per-direction capacity; an A100 on"
                 " Gen4 x16 saturated at 38 of 63 GB/s (0.60): 0.57 is 95 % of that point."
                 ' Per model: [detectors.saturation.models] "A100" = 0.57',
-                _unit_interval,
+                FRACTION,
             ),
             Option(
                 "one_way_ratio",
                 float,
                 0.85,
                 "one direction over the per-direction capacity",
-                _unit_interval,
+                FRACTION,
             ),
         ),
         "downtraining": (
@@ -246,7 +376,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 1e9,
                 "traffic (both directions) from which a device counts as under load; idle"
                 " devices lower their link speed to save power",
-                _non_negative,
+                BANDWIDTH,
             ),
         ),
         "errors": (
@@ -257,14 +387,14 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 0.0,
                 "correctable AER errors per second above which a function is reported"
                 " (non-fatal and fatal errors always are)",
-                _non_negative,
+                EVENT_RATE,
             ),
             Option(
                 "pcie_replays_per_second",
                 float,
                 0.1,
                 "GPU PCIe replays per second from which a GPU is reported",
-                _non_negative,
+                EVENT_RATE,
             ),
             Option(
                 "nvlink_errors_per_second",
@@ -272,7 +402,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 1.0,
                 "NVLink CRC (flit, data) or replay errors per second from which a link is"
                 " reported (recoveries always are)",
-                _non_negative,
+                EVENT_RATE,
             ),
             Option(
                 "ib_symbol_errors_per_second",
@@ -280,7 +410,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 1 / 60,
                 "InfiniBand symbol errors per second from which a port is reported (link_downed"
                 " increments always are)",
-                _non_negative,
+                EVENT_RATE,
             ),
             Option(
                 "ib_xmit_wait_per_second",
@@ -288,7 +418,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 1e6,
                 "port_xmit_wait ticks per second from which a port is reported as congested"
                 " (the tick length is the HCA's; tune per fabric)",
-                _non_negative,
+                Range(0, 1e12),
             ),
         ),
         "placement": (
@@ -312,7 +442,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 float,
                 500.0,
                 "average stall cycles per microsecond of a link from which it is a warning",
-                _positive_finite,
+                Range(0, 1e6, low_open=True),
             ),
             Option(
                 "stall_critical_cycles_per_us",
@@ -320,7 +450,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 2000.0,
                 "average stall cycles per microsecond above which it is critical; a per-sample"
                 " peak above it under a normal average is a stall burst",
-                _positive_finite,
+                Range(0, 1e6, low_open=True),
             ),
             Option(
                 "utilisation_warning_ratio",
@@ -328,14 +458,14 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 0.7,
                 "average utilisation (larger of TX and RX over the capacity per direction) from"
                 " which a link is a warning",
-                _positive_finite,
+                FRACTION,
             ),
             Option(
                 "utilisation_critical_ratio",
                 float,
                 0.9,
                 "average utilisation above which a link is critical",
-                _positive_finite,
+                FRACTION,
             ),
             Option(
                 "burst_findings",
@@ -358,7 +488,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 10.0,
                 "a job is under sustained memory pressure from this share of the last minute"
                 " in which all its tasks stalled on memory (memory.pressure full avg60, %)",
-                _positive_finite,
+                PERCENT,
             ),
         ),
         "hangs": (
@@ -374,21 +504,21 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 float,
                 0.05,
                 "a GPU is idle at or below this NVML utilisation (0.05 = 5 %) …",
-                _unit_interval,
+                FRACTION,
             ),
             Option(
                 "idle_bytes_per_second",
                 float,
                 1e8,
                 "… and at or below this PCIe plus NVLink traffic, both directions",
-                _non_negative,
+                BANDWIDTH,
             ),
             Option(
                 "loader_utilisation_ratio",
                 float,
                 0.5,
                 "a job's GPUs are mostly idle below this mean utilisation",
-                _unit_interval,
+                FRACTION,
             ),
             Option(
                 "loader_io_pressure_percent",
@@ -396,7 +526,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 20.0,
                 "io pressure of the job cgroup (io.pressure some avg10, %) from which its data"
                 " loader counts as waiting on I/O",
-                _positive_finite,
+                PERCENT,
             ),
             Option(
                 "loader_max_bytes_per_second",
@@ -404,7 +534,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 2e8,
                 "the job's block I/O plus the node's NFS traffic below which that waiting is"
                 " starvation rather than a busy disk",
-                _non_negative,
+                BANDWIDTH,
             ),
         ),
         "hotplug": (
@@ -420,7 +550,7 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
                 4.0,
                 "a link flaps from this many up/down transitions within the link_events"
                 " source's window (two downs and two ups)",
-                _positive_finite,
+                Range(1, 1000),
             ),
         ),
     }
@@ -437,35 +567,35 @@ PROBE_OPTIONS: tuple[Option, ...] = (
         0.7,
         "host-to-device copy bandwidth (pinned, peak over sizes) over the link capacity; a"
         " healthy Gen4/Gen5 x16 link reaches about 0.8, a link trained at half width 0.4",
-        _non_negative,
+        Range(0, 1),
     ),
     Option(
         "min_d2h_fraction",
         float,
         0.7,
         "device-to-host copy bandwidth over the link capacity",
-        _non_negative,
+        Range(0, 1),
     ),
     Option(
         "min_h2d_bytes_per_second",
         float,
         0.0,
         "host-to-device bandwidth in bytes per second (also checked on the CPU stand-in)",
-        _non_negative,
+        BANDWIDTH,
     ),
     Option(
         "min_d2h_bytes_per_second",
         float,
         0.0,
         "device-to-host bandwidth in bytes per second (also checked on the CPU stand-in)",
-        _non_negative,
+        BANDWIDTH,
     ),
     Option(
         "max_bandwidth_asymmetry",
         float,
         0.25,
         "GPU pair copy bandwidth asymmetry from which the pair fails",
-        _positive_finite,
+        Range(0, 10, low_open=True),
     ),
     Option(
         "max_latency_asymmetry",
@@ -473,21 +603,21 @@ PROBE_OPTIONS: tuple[Option, ...] = (
         0.3,
         "GPU pair small-copy latency asymmetry from which the pair fails (a +42 % bias in"
         " one direction is 0.35)",
-        _positive_finite,
+        Range(0, 10, low_open=True),
     ),
     Option(
         "min_allreduce_busbw_bytes_per_second",
         float,
         0.0,
         "local all-reduce bus bandwidth (nccl-tests busbw, peak over sizes)",
-        _non_negative,
+        BANDWIDTH,
     ),
     Option(
         "timeout_seconds",
         float,
         300.0,
         "the daemon stops a probe it started after this long",
-        _positive_finite,
+        Range(1, HOUR),
     ),
 )
 
@@ -502,21 +632,6 @@ class ProbeSettings:
     max_latency_asymmetry: float = 0.3
     min_allreduce_busbw_bytes_per_second: float = 0.0
     timeout_seconds: float = 300.0
-
-
-def _int_list(value: Any) -> str | None:
-    ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
-    return None if ok else "must be a list of integers, 0 or more"
-
-
-def _str_list(value: Any) -> str | None:
-    ok = all(isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-]+", v) for v in value)
-    return None if ok else "must be a list of names (letters, digits, _ and -)"
-
-
-def _hook_timeout(value: Any) -> str | None:
-    ok = math.isfinite(value) and 0 < value <= 2
-    return None if ok else "must be above 0 and at most 2 (a hook must never hang a job launch)"
 
 
 def _absolute_or_empty(value: Any) -> str | None:
@@ -550,15 +665,16 @@ SLURM_OPTIONS: tuple[Option, ...] = (
         "timeout_seconds",
         float,
         2.0,
-        "how long a hook waits for the daemon before running its local checks",
-        _hook_timeout,
+        "how long a hook waits for the daemon before running its local checks (a hook must"
+        " never hang a job launch)",
+        Range(0, 2, low_open=True),
     ),
     Option(
         "expected_gpus",
         int,
         0,
         "GPUs the node must have (NVML, else /dev/nvidia<N>)",
-        _non_negative,
+        Range(0, 1024, integer=True),
     ),
     Option(
         "xid_codes",
@@ -567,7 +683,7 @@ SLURM_OPTIONS: tuple[Option, ...] = (
         "Xid codes that fail the gate while uncleared (seen since the last job or the last"
         " `nodescope slurm clear-xids`); application faults such as 13, 31 and 43 are not"
         " in the default list",
-        _int_list,
+        IntList(0, 9999, max_items=256),
     ),
     Option(
         "check_link_width",
@@ -580,14 +696,14 @@ SLURM_OPTIONS: tuple[Option, ...] = (
         int,
         0,
         "fail when a GPU's PCIe link runs below this generation (idle GPUs may lower it)",
-        _non_negative,
+        Range(0, 7, integer=True),
     ),
     Option(
         "required_modules",
         list,
         [],
         "kernel modules that must be loaded (/sys/module/<name>), e.g. nvidia, nvlink_counter",
-        _str_list,
+        NameList(max_items=256, max_length=64),
     ),
     Option(
         "run_probe",
@@ -696,31 +812,68 @@ class Config:
         return parse_listen(self.listen)
 
 
+#: A host name as resolvers take it (RFC 1123 labels); Python's IDNA codec raises UnicodeError,
+#: not OSError, for a label over 63 characters, so such a name must not reach getaddrinfo.
+_HOST_NAME = re.compile(
+    r"(?=.{1,253}\.?$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+)
+
+
+def _is_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return _HOST_NAME.fullmatch(host) is not None
+    return True
+
+
 def parse_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[V6]:PORT`` to a (host, port) pair."""
+    """``HOST:PORT`` or ``[V6]:PORT`` to a (host, port) pair; HOST is an IP address or a
+    host name, PORT decimal digits."""
+    shown = _display(value)
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
-        raise ValueError(f"{value!r} is not HOST:PORT")
+        raise ValueError(f"{shown!r} is not HOST:PORT")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"{value!r}: port {port_text!r} is not a number") from None
+    # int() would also take " 80", "8_0" and other scripts' digits.
+    if not re.fullmatch(r"[0-9]{1,5}", port_text):
+        raise ValueError(f"{shown!r}: port {_display(port_text)!r} is not a number")
+    port = int(port_text)
     if not 0 <= port <= 65535:
-        raise ValueError(f"{value!r}: port out of range")
+        raise ValueError(f"{shown!r}: port out of range")
+    if not _is_host(host):
+        raise ValueError(f"{shown!r}: {_display(host)!r} is neither an IP address nor a host name")
     return host, port
 
 
+def _text_problem(value: str) -> str | None:
+    if len(value) > MAX_TEXT:
+        return f"must be at most {MAX_TEXT} characters, not {len(value)}"
+    if not value.isprintable():
+        return "must not hold control characters (newline, tab, NUL ...)"
+    return None
+
+
 def _typed(path: str, key: str, option: Option, value: Any) -> Any:
-    if option.kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, option.kind) or (option.kind is not bool and isinstance(value, bool)):
+    """``value`` if it has the option's TOML type and passes its check. The one conversion is
+    an integer where a float is expected (``tick_seconds = 2``); a boolean is never a number
+    and a number never a boolean."""
+    int_for_float = option.kind is float and isinstance(value, int) and not isinstance(value, bool)
+    right_type = isinstance(value, option.kind) or int_for_float
+    if not right_type or isinstance(value, bool) != (option.kind is bool):
         raise ConfigError(path, key, f"expected {option.kind.__name__}, got {type(value).__name__}")
-    if option.check is not None:
+    problem = _text_problem(value) if isinstance(value, str) else None
+    if problem is None and option.check is not None:
         problem = option.check(value)
-        if problem:
-            raise ConfigError(path, key, problem)
+    if problem:
+        raise ConfigError(path, key, problem)
+    if int_for_float:
+        try:
+            return float(value)
+        except OverflowError:
+            raise ConfigError(path, key, f"{_value_text(value)} is not a float") from None
     return value
 
 
@@ -730,7 +883,7 @@ def _section(path: str, prefix: str, table: Any, options: tuple[Option, ...]) ->
     known = {o.key: o for o in options}
     out: dict[str, Any] = {}
     for key, value in table.items():
-        dotted = f"{prefix}.{key}"
+        dotted = f"{prefix}.{_display(key)}"
         option = known.get(key)
         if option is None:
             raise ConfigError(path, dotted, "unknown key")
@@ -742,7 +895,7 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
     """Validate a parsed TOML document into a :class:`Config`."""
     for key in data:
         if key not in ("daemon", "roots", "sources", "alerts", "detectors", "probe", "slurm"):
-            raise ConfigError(path, key, "unknown key")
+            raise ConfigError(path, _display(key), "unknown key")
     daemon = _section(path, "daemon", data.get("daemon", {}), DAEMON_OPTIONS)
     roots_table = _section(path, "roots", data.get("roots", {}), ROOT_OPTIONS)
     sources_table = data.get("sources", {})
@@ -759,7 +912,7 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
         )
     for name in sources_table:
         if name not in SOURCES:
-            raise ConfigError(path, f"sources.{name}", "unknown source")
+            raise ConfigError(path, f"sources.{_display(name)}", "unknown source")
     return Config(
         alerts=_alerts(path, data.get("alerts", {})),
         detectors=_detectors(path, data.get("detectors", {})),
@@ -784,8 +937,10 @@ def _alerts(path: str, table: Any) -> AlertsSettings:
         raise ConfigError(path, "alerts.rules", "must be a table")
     rules: dict[str, AlertRuleSettings] = {}
     for kind, rule_table in rules_table.items():
-        if not KIND_PATTERN.fullmatch(kind):
-            raise ConfigError(path, f"alerts.rules.{kind}", "not a finding kind (a-z, 0-9, _)")
+        if len(kind) > 64 or not KIND_PATTERN.fullmatch(kind):
+            raise ConfigError(
+                path, f"alerts.rules.{_display(kind)}", "not a finding kind (a-z, 0-9, _)"
+            )
         rule = _section(path, f"alerts.rules.{kind}", rule_table, ALERT_RULE_OPTIONS)
         rules[kind] = AlertRuleSettings(**rule)
     return AlertsSettings(**settings, rules=MappingProxyType(rules))
@@ -796,7 +951,7 @@ def _detectors(path: str, table: Any) -> DetectorsSettings:
         raise ConfigError(path, "detectors", "must be a table")
     for name in table:
         if name not in DETECTOR_OPTIONS:
-            raise ConfigError(path, f"detectors.{name}", "unknown detector")
+            raise ConfigError(path, f"detectors.{_display(name)}", "unknown detector")
     values: dict[str, Mapping[str, Any]] = {}
     models: dict[str, float] = dict(DetectorsSettings().saturation_models)
     for name, options in DETECTOR_OPTIONS.items():
@@ -807,10 +962,16 @@ def _detectors(path: str, table: Any) -> DetectorsSettings:
             if not isinstance(models_table, dict):
                 raise ConfigError(path, "detectors.saturation.models", "must be a table")
             for model, ratio in models_table.items():
+                dotted = f"detectors.saturation.models.{_display(model)}"
+                problem = _text_problem(model)
+                if problem or len(model) > 128:
+                    raise ConfigError(
+                        path, dotted, problem or "a model name of 128 characters at most"
+                    )
                 models[model] = _typed(
                     path,
-                    f"detectors.saturation.models.{model}",
-                    Option(model, float, None, "", _unit_interval),
+                    dotted,
+                    Option(model, float, None, "", FRACTION),
                     ratio,
                 )
         given = _section(path, f"detectors.{name}", section, options)
@@ -825,23 +986,92 @@ def _detectors(path: str, table: Any) -> DetectorsSettings:
     return DetectorsSettings(MappingProxyType(values), MappingProxyType(models))
 
 
+#: A TOML string at the position it starts, in each of its four forms. A multi-line string
+#: may end with up to two more quotes than its delimiter (``"""a""""`` holds ``a"``).
+_TOML_STRING = re.compile(
+    r'"""(?:[^\\"]|\\[\s\S]|"(?!""))*"""(?:"{0,2})'
+    r"|'''(?:[^']|'(?!''))*'''(?:'{0,2})"
+    r'|"(?:[^"\\\n]|\\.)*"'
+    r"|'[^'\n]*'"
+)
+#: Characters of bare keys and of the blanks between the parts of a dotted key; anything else
+#: outside a string ends a dotted key.
+_KEY_CHARACTERS = re.compile(r"[A-Za-z0-9_\- \t]+")
+
+
+def structure_problem(text: str) -> str | None:
+    """Why ``text`` nests deeper or has longer dotted keys than the schema could use, or
+    ``None``. A scan over the TOML outside its strings and comments, before ``tomllib``:
+    arrays and inline tables (and table headers) at most :data:`MAX_NESTING` deep, dotted keys
+    of at most :data:`MAX_KEY_PARTS` parts. An unterminated string ends the scan; ``tomllib``
+    then stops at the same place with its own error."""
+    depth = 0
+    dots = 0
+    position = 0
+    end = len(text)
+    while position < end:
+        bare = _KEY_CHARACTERS.match(text, position)
+        if bare is not None:
+            position = bare.end()
+            continue
+        char = text[position]
+        if char == "#":
+            newline = text.find("\n", position)
+            position = end if newline < 0 else newline
+            continue
+        if char in "\"'":
+            string = _TOML_STRING.match(text, position)
+            if string is None:
+                return None
+            position = string.end()  # a quoted key part: the dotted key goes on
+            continue
+        if char == ".":
+            dots += 1
+            if dots >= MAX_KEY_PARTS:
+                line = text.count("\n", 0, position) + 1
+                return f"line {line}: a dotted key of more than {MAX_KEY_PARTS} parts"
+        else:
+            dots = 0
+            if char in "[{":
+                depth += 1
+                if depth > MAX_NESTING:
+                    line = text.count("\n", 0, position) + 1
+                    return f"line {line}: arrays and tables nested more than {MAX_NESTING} deep"
+            elif char in "]}":
+                depth = max(0, depth - 1)
+        position += 1
+    return None
+
+
 def load(path: str | Path) -> Config:
     """Read and validate a config file; every problem is a :class:`ConfigError`."""
     text_path = str(path)
     try:
-        raw = Path(path).read_bytes()
+        raw = fileio.read_bytes(path, CONFIG_FILE)
+    except (fileio.NotARegularFile, fileio.FileTooLarge) as exc:
+        # Their message starts with the path, which ConfigError puts in front already.
+        raise ConfigError(text_path, None, str(exc).removeprefix(f"{text_path}: ")) from None
     except OSError as exc:
         raise ConfigError(text_path, None, f"cannot read: {exc.strerror or exc}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(text_path, None, f"not valid TOML: {exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(text_path, None, f"not UTF-8 at byte {exc.start}") from None
+    problem = structure_problem(text)
+    if problem is not None:
+        raise ConfigError(text_path, None, f"{problem}; refused before parsing")
+    try:
+        data = tomllib.loads(text)
+    except (ValueError, RecursionError) as exc:
+        # TOMLDecodeError is a ValueError, and so is an integer of more than 4300 digits;
+        # RecursionError only if the scan above missed a way to nest.
+        raise ConfigError(text_path, None, f"not valid TOML: {_display(str(exc), 200)}") from None
     return from_mapping(data, text_path)
 
 
 def reference_markdown() -> str:
     """The configuration reference for the README, generated from the schema."""
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
 
     def row(key: str, option: Option, default: Any) -> None:
         shown = (
@@ -850,7 +1080,8 @@ def reference_markdown() -> str:
             else str(default).lower()
         )
         shown = "—" if default is None else f"`{shown}`"
-        lines.append(f"| `{key}` | {option.kind.__name__} | {shown} | {option.help} |")
+        allowed = str(getattr(option.check, "allowed", "")) or "—"
+        lines.append(f"| `{key}` | {option.kind.__name__} | {shown} | {allowed} | {option.help} |")
 
     for o in DAEMON_OPTIONS:
         row(f"daemon.{o.key}", o, o.default)
@@ -860,7 +1091,11 @@ def reference_markdown() -> str:
         for o in SOURCE_OPTIONS:
             default = info.default_interval if o.key == "interval_seconds" else o.default
             help_text = o.help if o.key != "enabled" else f"run the source: {info.help}"
-            row(f"sources.{info.name}.{o.key}", Option(o.key, o.kind, default, help_text), default)
+            row(
+                f"sources.{info.name}.{o.key}",
+                Option(o.key, o.kind, default, help_text, o.check),
+                default,
+            )
     for o in ALERT_OPTIONS:
         row(f"alerts.{o.key}", o, o.default)
     for o in ALERT_RULE_OPTIONS:
