@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
+from nodescope.sources import diskstats
 from nodescope.sources import infiniband as ib
 from nodescope.sources.base import Source
 from nodescope_exporters import self_metrics
@@ -102,3 +103,46 @@ def test_infiniband_bad_port_attributes_are_skipped_and_counted(tmp_path: Path) 
         ("infiniband", ib.SKIP_FILE_REFUSED): 1,
         ("infiniband", ib.SKIP_COUNTER_UNPARSABLE): 1,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# /proc/diskstats
+
+_DISK_LINES = [
+    "   8       0 sda 81234 3456 6498720 712000 23456 7890 1876480 298000 1 540000 1010000 77"
+    " 3 616 90 12 4",
+    "   8      16 sdb 5 0 40 3 0 0 0 0 0 3 3 0 0 0 0 0 0",
+    " 259       0 nvme0n1 912345 10 7298760 152000 45678 9 365424 48000 0 250000 300000 12 0"
+    " 96 4 1000 50",
+]
+
+
+def test_diskstats_malformed_lines_are_skipped_and_counted(tmp_path: Path) -> None:
+    """A truncated line, a line with a non-number and a line of garbage between good ones: the
+    disks source stays up with every good disk."""
+    lines = [
+        _DISK_LINES[0],
+        "   8      32 sdc 1 2 3",
+        _DISK_LINES[1],
+        "   8      48 sdd 1 2 3 4 5 6 7 8 9 10 eleven 0 0 0 0 0 0",
+        "\x00\x01 garbage",
+        _DISK_LINES[2],
+    ]
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "diskstats").write_text("\n".join(lines) + "\n")
+    (tmp_path / "proc" / "uptime").write_text("1000.00 2000.00\n")
+    for disk in ("sda", "sdb", "sdc", "sdd", "nvme0n1"):
+        (tmp_path / "sys" / "block" / disk).mkdir(parents=True)
+    snapshot = _cycle(Roots.under(tmp_path), diskstats.DisksSource())
+    name = diskstats.SOURCE_NAME
+    assert snapshot.status[name].up, snapshot.current[name].error
+    data = snapshot.current[name].data
+    assert isinstance(data, diskstats.DisksData)
+    assert [d.name for d in data.disks] == ["nvme0n1", "sda", "sdb"]
+    assert _skipped_metric(snapshot) == {(name, diskstats.SKIP_LINE_UNPARSABLE): 3}
+
+
+def test_diskstats_missing_as_a_whole_is_the_source_down(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    snapshot = _cycle(Roots.under(tmp_path), diskstats.DisksSource())
+    assert not snapshot.status[diskstats.SOURCE_NAME].up

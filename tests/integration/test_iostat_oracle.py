@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -269,3 +271,110 @@ def test_two_samples_match_iostat_including_wraps_and_reinsertion(tmp_path: Path
     nvme = next(f for f in interval.devices if f.device == "nvme0n1")
     assert nvme.r_await == pytest.approx(996 / 10000)
     assert nvme.aqu_sz == pytest.approx(12296 / 2500)
+
+
+# Real block devices: many loop devices make /proc/diskstats several pages long.
+
+LOOP_DEVICES = 96
+
+
+def _attach_loops(backing: Path, count: int) -> list[str]:
+    """``count`` read-only loop devices over the sparse file ``backing``; the caller detaches
+    them."""
+    attached: list[str] = []
+    try:
+        for _ in range(count):
+            done = subprocess.run(
+                ["losetup", "--read-only", "--find", "--show", str(backing)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if done.returncode != 0:
+                pytest.skip(f"losetup cannot attach a loop device here: {done.stderr.strip()}")
+            attached.append(done.stdout.strip())
+    except BaseException:
+        _detach_loops(attached)
+        raise
+    return attached
+
+
+def _detach_loops(devices: list[str]) -> None:
+    for device in devices:
+        subprocess.run(["losetup", "--detach", device], capture_output=True, timeout=30)
+
+
+def _kernel_lines(path: str) -> list[str]:
+    """The file as the kernel serves it, read to EOF a page at a time like ``cat``."""
+    fd = os.open(path, os.O_RDONLY)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode().splitlines()
+
+
+def test_many_real_loop_devices_are_read_whole_as_iostat_sees_them(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("losetup") is None:
+        pytest.skip("needs root and losetup (util-linux) to attach loop devices")
+    if shutil.which("iostat") is None:
+        pytest.fail("iostat is not installed (scripts/test.sh installs Debian's sysstat)")
+    backing = tmp_path / "backing.img"
+    with open(backing, "wb") as handle:
+        handle.truncate(1 << 20)  # sparse: no disk space used
+    devices = _attach_loops(backing, LOOP_DEVICES)
+    try:
+        # One read each, so that no device is an idle loop device (left out by design).
+        for device in devices:
+            fd = os.open(device, os.O_RDONLY | os.O_DIRECT)
+            try:
+                buffer = mmap.mmap(-1, 4096)
+                os.readv(fd, [buffer])
+            finally:
+                os.close(fd)
+        ours_names = {os.path.basename(d) for d in devices}
+
+        kernel = _kernel_lines("/proc/diskstats")
+        assert sum(len(line) + 1 for line in kernel) > 4096, "diskstats fits one page"
+        data = read_disks(Roots())
+        assert not data.skipped
+        whole = {d.name for d in data.disks}
+        assert ours_names <= whole
+        # Every whole disk of the kernel's file, not only the first page's.
+        listed = set(os.listdir("/sys/block"))
+        kernel_whole = {line.split()[2] for line in kernel if line.split()[2] in listed}
+        assert {d.name for d in data.disks} == {
+            name
+            for name in kernel_whole
+            if name in whole or not re.fullmatch(r"(loop|ram|zram)\d+", name)
+        }
+        for disk in data.disks:
+            if disk.name in ours_names:
+                assert disk.reads_completed >= 1
+
+        theirs = json_reports(
+            subprocess.run(
+                ["iostat", "-dx", "-p", "ALL", "-o", "JSON"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=ENV,
+                check=True,
+            ).stdout
+        )[0]
+        assert ours_names <= set(theirs)
+        for name in ours_names:
+            # Since boot, r/s is reads / uptime: one read over hours rounds to 0.00, so compare
+            # what does not depend on the clock: kilobytes per read.
+            assert theirs[name]["rareq-sz"] == pytest.approx(4.0, abs=0.01)
+    finally:
+        _detach_loops(devices)
+    remaining = subprocess.run(
+        ["losetup", "--list", "--noheadings", "--output", "BACK-FILE"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert str(backing) not in remaining

@@ -3,7 +3,6 @@ iostat -dxm figures and the disk metrics."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import subprocess
 from dataclasses import replace
@@ -13,12 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope import derive
+from nodescope import derive, jsonout
 from nodescope.errors import ParseError
+from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sources.diskstats import (
     COUNTER_FIELDS,
+    SKIP_LINE_UNPARSABLE,
+    SKIP_UPTIME_UNPARSABLE,
     DisksData,
     DisksSource,
     DiskStat,
@@ -26,6 +28,7 @@ from nodescope.sources.diskstats import (
     disk_figures,
     iostat_figures,
     make_source,
+    parse_diskstat_line,
     parse_diskstats,
     parse_uptime,
     read_disks,
@@ -110,15 +113,21 @@ def test_device_names_with_a_slash() -> None:
         (f"8 0 sda {'9' * 5000} 2 3 4 5 6 7 8 9 10 11", 1, "64 bits"),
     ],
 )
-def test_bad_lines_raise_parse_error_naming_file_and_line(
+def test_bad_lines_are_skipped_and_counted_naming_file_and_line(
     text: str, line: int, reason: str
 ) -> None:
+    tally = SkipTally()
+    stats = parse_diskstats(f"{text}\n{LINE_20}", source="/x/diskstats", tally=tally)
+    # The good line after the bad one is still read.
+    assert [s.name for s in stats][-1] == "nvme0n1"
+    skipped = tally.freeze()
+    assert skipped.counts == {SKIP_LINE_UNPARSABLE: 1}
+    example = skipped.examples[SKIP_LINE_UNPARSABLE]
+    assert example.startswith(f"/x/diskstats:{line}: ") and reason in example
+    raw = text.splitlines()[line - 1]
     with pytest.raises(ParseError) as err:
-        parse_diskstats(text, source="/x/diskstats")
-    assert err.value.line == line
-    assert err.value.source == "/x/diskstats"
-    assert reason in str(err.value)
-    assert str(err.value).startswith(f"/x/diskstats:{line}: ")
+        parse_diskstat_line(raw, "/x/diskstats", line)
+    assert err.value.line == line and err.value.source == "/x/diskstats"
 
 
 def test_capture_of_this_machine_parses() -> None:
@@ -130,7 +139,8 @@ def test_capture_of_this_machine_parses() -> None:
     assert vda.reads_completed > 0 and vda.flushes_completed is not None
 
 
-# Fuzzing: whatever the text, the parser answers with records or ParseError, nothing else.
+# Fuzzing: whatever the text, the parser answers with records and skips, nothing else: each
+# non-blank line is either a record or one skip.
 
 _token = st.one_of(
     st.integers(min_value=0, max_value=2**70).map(str),
@@ -142,20 +152,35 @@ _line = st.lists(_token, min_size=0, max_size=24).map(" ".join)
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_line, max_size=6).map("\n".join))
-def test_fuzz_structured_lines_raise_only_parse_error(text: str) -> None:
-    try:
-        stats = parse_diskstats(text)
-    except ParseError:
-        return
+def test_fuzz_structured_lines_give_records_and_skips(text: str) -> None:
+    tally = SkipTally()
+    stats = parse_diskstats(text, tally=tally)
     for s in stats:
         assert all(isinstance(getattr(s, f), int | None) for f in COUNTER_FIELDS)
+    lines = [ln for ln in text.splitlines() if ln and not ln.isspace()]
+    assert len(stats) + sum(tally.freeze().counts.values()) == len(lines)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text())
-def test_fuzz_any_text_raises_only_parse_error(text: str) -> None:
-    with contextlib.suppress(ParseError):
-        parse_diskstats(text)
+def test_fuzz_any_text_gives_records_and_skips(text: str) -> None:
+    tally = SkipTally()
+    stats = parse_diskstats(text, tally=tally)
+    lines = [ln for ln in text.splitlines() if ln and not ln.isspace()]
+    assert len(stats) + sum(tally.freeze().counts.values()) == len(lines)
+
+
+def test_read_disks_skips_a_malformed_line_and_a_malformed_uptime(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "diskstats").write_text(f"{LINE_14}\n8 16 sdc 1 2 x\n{LINE_20}\n")
+    (tmp_path / "proc" / "uptime").write_text("soon\n")
+    for disk in ("sdb", "sdc", "nvme0n1"):
+        (tmp_path / "sys" / "block" / disk).mkdir(parents=True)
+    data = read_disks(Roots.under(tmp_path))
+    assert [d.name for d in data.disks] == ["nvme0n1", "sdb"]
+    assert data.uptime_seconds is None
+    assert data.skipped.counts == {SKIP_LINE_UNPARSABLE: 1, SKIP_UPTIME_UNPARSABLE: 1}
+    assert "diskstats:2:" in data.skipped.examples[SKIP_LINE_UNPARSABLE]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,7 +278,9 @@ def test_the_record_serialises_to_plain_values() -> None:
     import json
 
     data = read_disks(Roots.under(HOST_FIXTURE))
-    json.dumps(dataclasses.asdict(data))
+    assert json.loads(jsonout.dumps(data))["skipped"] == {"counts": {}, "examples": {}}
+    # The disks themselves are plain dataclasses.
+    json.dumps([dataclasses.asdict(disk) for disk in data.disks])
 
 
 # ---------------------------------------------------------------------------------------------

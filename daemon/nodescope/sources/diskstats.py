@@ -28,13 +28,14 @@ import math
 import os
 import re
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import NamedTuple
 
 from nodescope.errors import ParseError
-from nodescope.fileio import PROC_TABLE
+from nodescope.fileio import PROC_TABLE, SYSFS_ATTRIBUTE
 from nodescope.model.counters import counter_delta
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_strip, read_text
 
@@ -56,6 +57,12 @@ _NVME_SUBSYSTEM = re.compile(r"^nvme-subsys(\d+)$")
 # Virtual devices that every host has a handful of (loop0-7, zram0, ram0-15) and that mostly
 # never see I/O; see select_whole_disks.
 _IDLE_VIRTUAL = re.compile(r"^(loop|ram|zram)\d+$")
+
+# Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
+#: a /proc/diskstats line with the wrong number of fields or a field that is not a number
+SKIP_LINE_UNPARSABLE = "diskstats_line_unparsable"
+#: /proc/uptime that does not read as two numbers: the since-boot figures go without it
+SKIP_UPTIME_UNPARSABLE = "uptime_unparsable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +159,8 @@ class DisksData:
     disks: tuple[DiskStat, ...]
     nvme: tuple[NvmeNamespace, ...] = ()
     uptime_seconds: float | None = None
+    #: lines of /proc/diskstats (and /proc/uptime) left out of this run as malformed
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,31 +177,43 @@ def _int_token(token: str, what: str, source: str, line: int) -> int:
     return int(token)
 
 
-def parse_diskstats(text: str, source: str = "/proc/diskstats") -> tuple[DiskStat, ...]:
-    """Every line of /proc/diskstats, in file order.
+def parse_diskstat_line(raw: str, source: str = "/proc/diskstats", lineno: int = 1) -> DiskStat:
+    """One line of /proc/diskstats; :class:`ParseError` naming the line when it is malformed.
 
     Accepts the 14-token (before 4.18), 18-token (discards, 4.18+) and 20-token (flushes, 5.5+)
-    forms; more than 20 tokens is read as a 20-token line from a newer kernel. Blank lines are
-    skipped; anything else raises :class:`ParseError` naming the line.
+    forms; more than 20 tokens is read as a 20-token line from a newer kernel.
     """
+    tokens = raw.split()
+    n = len(tokens)
+    if n not in (14, 18) and n < 20:
+        raise ParseError(source, f"expected 14, 18 or 20 fields, got {n}", lineno)
+    major = _int_token(tokens[0], "major", source, lineno)
+    minor = _int_token(tokens[1], "minor", source, lineno)
+    name = tokens[2]
+    count = 17 if n >= 20 else n - 3
+    values = [
+        _int_token(tok, COUNTER_FIELDS[i], source, lineno)
+        for i, tok in enumerate(tokens[3 : 3 + count])
+    ]
+    kwargs = dict(zip(COUNTER_FIELDS, values, strict=False))
+    return DiskStat(major, minor, name, **kwargs)
+
+
+def parse_diskstats(
+    text: str, source: str = "/proc/diskstats", tally: SkipTally | None = None
+) -> tuple[DiskStat, ...]:
+    """Every well-formed line of /proc/diskstats, in file order (see
+    :func:`parse_diskstat_line`). Blank lines are passed over; a malformed line is left out
+    and counted in ``tally``, so one odd line never hides the other disks."""
     records: list[DiskStat] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        tokens = raw.split()
-        if not tokens:
+        if not raw or raw.isspace():
             continue
-        n = len(tokens)
-        if n not in (14, 18) and n < 20:
-            raise ParseError(source, f"expected 14, 18 or 20 fields, got {n}", lineno)
-        major = _int_token(tokens[0], "major", source, lineno)
-        minor = _int_token(tokens[1], "minor", source, lineno)
-        name = tokens[2]
-        count = 17 if n >= 20 else n - 3
-        values = [
-            _int_token(tok, COUNTER_FIELDS[i], source, lineno)
-            for i, tok in enumerate(tokens[3 : 3 + count])
-        ]
-        kwargs = dict(zip(COUNTER_FIELDS, values, strict=False))
-        records.append(DiskStat(major, minor, name, **kwargs))
+        try:
+            records.append(parse_diskstat_line(raw, source, lineno))
+        except ParseError as exc:
+            if tally is not None:
+                tally.skip(SKIP_LINE_UNPARSABLE, str(exc))
     return tuple(records)
 
 
@@ -243,8 +264,8 @@ def _pci_function(path: Path) -> str | None:
 
 
 def _controller_path(controller_dir: Path, name: str) -> NvmePath:
-    address = read_strip(controller_dir / "address")
-    transport = read_strip(controller_dir / "transport")
+    address = read_strip(controller_dir / "address", SYSFS_ATTRIBUTE)
+    transport = read_strip(controller_dir / "transport", SYSFS_ATTRIBUTE)
     pci = None
     if (controller_dir / "device").exists():
         pci = _pci_function(controller_dir / "device")
@@ -312,21 +333,33 @@ def read_block_entries(roots: Roots) -> frozenset[str]:
     return frozenset(_listdir(roots.sysfs / "block"))
 
 
-def read_uptime(roots: Roots) -> float | None:
+def read_uptime(roots: Roots, tally: SkipTally | None = None) -> float | None:
+    """Seconds since boot; ``None`` when /proc/uptime is absent or (counted) malformed: it
+    only serves the since-boot figures, the disks are read without it."""
     path = roots.procfs / "uptime"
-    text = read_optional(path)
-    return None if text is None else parse_uptime(text, str(path)).seconds
+    text = read_optional(path, PROC_TABLE)
+    if text is None:
+        return None
+    try:
+        return parse_uptime(text, str(path)).seconds
+    except ParseError as exc:
+        if tally is not None:
+            tally.skip(SKIP_UPTIME_UNPARSABLE, str(exc))
+        return None
 
 
 def read_disks(roots: Roots, nvme: tuple[NvmeNamespace, ...] | None = None) -> DisksData:
     """Read /proc/diskstats, /sys/block and /proc/uptime; map NVMe disks unless ``nvme`` (a
-    mapping read earlier for the same disks) is given."""
+    mapping read earlier for the same disks) is given. Only a /proc/diskstats that cannot be
+    read at all raises; malformed lines are skipped and counted in ``skipped``."""
     path = roots.procfs / "diskstats"
-    stats = parse_diskstats(read_text(path, PROC_TABLE), str(path))
+    tally = SkipTally()
+    stats = parse_diskstats(read_text(path, PROC_TABLE), str(path), tally)
     whole = select_whole_disks(stats, read_block_entries(roots))
     if nvme is None:
         nvme = read_nvme_map(roots, (d.name for d in whole))
-    return DisksData(disks=whole, nvme=nvme, uptime_seconds=read_uptime(roots))
+    uptime = read_uptime(roots, tally)
+    return DisksData(disks=whole, nvme=nvme, uptime_seconds=uptime, skipped=tally.freeze())
 
 
 class DisksSource:
