@@ -108,6 +108,9 @@ class ToyNode:
         self.advanced.append(t)
         self._diskstats()
 
+    def refresh(self, t: float, reader: str | None = None) -> None:
+        self.advance_to(t)
+
     def sources(self, slow_every: int | None = 1) -> list[Source]:
         self.made = [diskstats.make_source(), FlakySource(self)]
         return self.made
@@ -382,7 +385,8 @@ def test_demo_serves_metrics_shows_findings_and_cleans_up(
     class ScrapingNode(ToyNode):
         def advance_to(self, t: float) -> None:
             super().advance_to(t)
-            if t == 2.0:
+            # In wall time the node moves to any second: scrape once, past t = 2.
+            if t >= 2.0 and not scraped:
                 url = re.search(r"serving (\S+)", out.getvalue())
                 assert url is not None
                 with urllib.request.urlopen(url.group(1), timeout=5) as response:

@@ -17,9 +17,12 @@ one tick of fresh reads, and a link that retrains at ``t`` shows at ``t``. Xid e
 the NVML source on its own thread, as on a real node, so one can be counted a tick late.
 
 ``demo`` runs the daemon's :class:`~nodescope.service.Service` with its configured source
-intervals and real clocks, a simulator thread that advances the node once per tick of wall
-time (so the daemon reads files while they change; past the scenario's end the node goes on
-at the rates its open-ended activities leave), and a view refreshed once per second.
+intervals and real clocks on a node in wall time (:class:`~nodescope.sim.live.WallClockNode`):
+simulated time is the wall time since the start, each source moves the node to the present
+just before it reads, so every counter holds the value of the moment it is read, whatever
+the jitter of the daemon's cycle; a simulator thread refreshes every file once per tick for
+other readers of the tree (past the scenario's end the node goes on at the rates its
+open-ended activities leave), and a view is refreshed once per second.
 
 The notable-event timeline (:class:`Timeline`) is shared by both: sources going down and
 up, GPUs lost, Xid errors, findings appearing and clearing.
@@ -58,6 +61,7 @@ from nodescope.sim.expect import (
     check_catalog,
     number,
 )
+from nodescope.sim.live import WallClockNode
 from nodescope.sources.base import Source
 from nodescope.sources.diskstats import DisksData, IostatReport
 from nodescope.sources.infiniband import InfinibandData, InfinibandRates
@@ -100,6 +104,8 @@ class NodeLike(Protocol):
     def materialise(self) -> None: ...
 
     def advance_to(self, t: float) -> None: ...
+
+    def refresh(self, t: float, reader: str | None = None) -> None: ...
 
     def sources(self, slow_every: int | None = 1) -> list[Source]: ...
 
@@ -493,34 +499,31 @@ def replay_text(result: ReplayResult) -> str:
 
 
 class Simulator(threading.Thread):
-    """Advances the node once per tick of wall time until stopped. ``t`` is the simulated
-    second last applied; an error stops the thread and is kept in ``error``."""
+    """Refreshes every file of the node once per tick of wall time until stopped, for readers
+    other than the daemon's sources (which refresh what they read themselves) and for the
+    timeline's events. ``t`` is the simulated second last reached; an error stops the thread
+    and is kept in ``error``."""
 
-    def __init__(self, node: NodeLike, tick_seconds: float, on_error: Callable[[], None]) -> None:
+    def __init__(
+        self, node: WallClockNode, tick_seconds: float, on_error: Callable[[], None]
+    ) -> None:
         super().__init__(name="nodescope-sim", daemon=True)
         self.node = node
         self.tick_seconds = tick_seconds
         self.on_error = on_error
         self.stop_event = threading.Event()
-        self.t = 0.0
         self.error: BaseException | None = None
-        self.started_at = time.monotonic()
+
+    @property
+    def t(self) -> float:
+        return self.node.t
 
     def run(self) -> None:
-        tick = 0
         try:
-            while True:
-                tick += 1
-                due = self.started_at + tick * self.tick_seconds
-                if self.stop_event.wait(max(0.0, due - time.monotonic())):
-                    return
-                # After a stall (a suspended terminal), jump to the present rather than
-                # replaying the missed ticks in a burst.
-                behind = int((time.monotonic() - self.started_at) / self.tick_seconds)
-                tick = max(tick, behind)
-                t = round(tick * self.tick_seconds, 9)
-                self.node.advance_to(t)
-                self.t = t
+            # Time is the wall clock's: after a stall (a suspended terminal) the next refresh
+            # is simply at the present, with no burst of missed ticks to replay.
+            while not self.stop_event.wait(self.tick_seconds):
+                self.node.refresh()
         except BaseException as exc:  # reported by the demo, which then stops
             self.error = exc
             self.on_error()
@@ -786,6 +789,7 @@ def _demo(
     node = (node_factory or default_node_factory)(scenario, root)
     node.materialise()
     node.advance_to(0.0)
+    live = WallClockNode(node)
     config = Config(
         listen=listen,
         tick_seconds=1.0,
@@ -796,7 +800,7 @@ def _demo(
     )
     service = Service(
         lambda: config,
-        make_collector=lambda cfg: Collector.from_config(cfg, node.sources(slow_every=None)),
+        make_collector=lambda cfg: Collector.from_config(cfg, live.sources()),
     )
     # The view shows the analysed snapshot (with findings), which the cache is handed.
     view_cache = ViewCache()
@@ -817,7 +821,7 @@ def _demo(
     if install_signal_handlers:
         service.install_signal_handlers()
 
-    simulator = Simulator(node, scenario.tick_seconds, service.request_stop)
+    simulator = Simulator(live, scenario.tick_seconds, service.request_stop)
     timeline = Timeline()
     view_stop = threading.Event()
     started = time.monotonic()

@@ -25,8 +25,12 @@ every file here is written in the format the kernel uses and the sources parse:
   module's ABI (:mod:`nodescope.sim.kmod`: window statistics of 100 µs samples, bursts
   included).
 
-Counters advance by rate × overlap of each timeline activity with the tick, so a rate read
-back over any interval is the configured one. Only files whose content changed are written,
+Counters advance by rate × overlap of each timeline activity with the interval moved over,
+and time is a real number, not a count of ticks: :meth:`SimulatedNode.refresh` moves the node
+to any second and brings up to date only the parts of the trees one reader reads, so a driver
+in wall time (:mod:`nodescope.sim.live`) can refresh a counter just before each read and the
+daemon reads the value of that moment, as from a real counter, and a rate read back over any
+interval is the configured one. Only files whose content changed are written,
 each through a temporary file in a staging directory beside the trees and a rename, so a
 concurrent reader sees either the old or the new content, never a torn one, and never a
 temporary name in a directory it lists.
@@ -34,6 +38,7 @@ temporary name in a directory it lists.
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import shutil
@@ -41,6 +46,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pynvml
@@ -81,6 +87,57 @@ _PF_USER = 0x00400100
 _ZERO_PSI = "".join(
     f"{kind} avg10=0.00 avg60=0.00 avg300=0.00 total=0\n" for kind in ("some", "full")
 )
+
+
+class Part(enum.Enum):
+    """A part of the node that a move brings up to date."""
+
+    #: ``current_link_{speed,width}`` of every PCIe function
+    PCI_LINKS = "pci_links"
+    #: the traffic counters of every InfiniBand port
+    INFINIBAND = "infiniband"
+    #: ``/proc/<pid>/{stat,wchan}`` and their threads' (CPU time, state)
+    PROCESSES = "processes"
+    #: ``cpu.stat`` and ``memory.events`` of every cgroup
+    CGROUPS = "cgroups"
+    #: ``/proc/{uptime,diskstats,locks,loadavg,net/snmp}`` and the daemon's ``mountstats``
+    PROC_FILES = "proc_files"
+    #: a read of ``/dev/nvlink_stats``: it ends the module's window (samples since the
+    #: previous read), so only the module's reader may take one
+    NVLINK_WINDOW = "nvlink_window"
+
+
+#: Every file of the node, the module's window excepted: what a refresh for no particular
+#: reader writes.
+FILE_PARTS = frozenset(Part) - {Part.NVLINK_WINDOW}
+
+#: What each of the daemon's sources reads of the node. A source not named here is given
+#: every file: a new source reads fresh values before anyone has to list it. The fake NVML
+#: needs no part: every move sets its counters.
+PARTS_READ_BY: Mapping[str, frozenset[Part]] = MappingProxyType(
+    {
+        "pci": frozenset({Part.PCI_LINKS}),
+        "udev": frozenset({Part.PCI_LINKS}),
+        "disks": frozenset({Part.PROC_FILES}),
+        "locks": frozenset({Part.PROC_FILES}),
+        "mountstats": frozenset({Part.PROC_FILES}),
+        "infiniband": frozenset({Part.INFINIBAND}),
+        "link_events": frozenset({Part.INFINIBAND}),
+        "cgroups": frozenset({Part.CGROUPS}),
+        "threads": frozenset({Part.PROCESSES, Part.CGROUPS}),
+        "jobs": frozenset({Part.PROCESSES, Part.CGROUPS}),
+        "procs": frozenset({Part.PROCESSES, Part.CGROUPS, Part.PROC_FILES}),
+        "nvml": frozenset(),
+        "nvlink_kmod": frozenset({Part.NVLINK_WINDOW}),
+    }
+)
+
+
+def parts_read_by(reader: str | None) -> frozenset[Part]:
+    """The parts a refresh for the source named ``reader`` writes (``None``: every file)."""
+    if reader is None:
+        return FILE_PARTS
+    return PARTS_READ_BY.get(reader, FILE_PARTS)
 
 
 def preferred_temp_dir() -> str | None:
@@ -352,17 +409,29 @@ class SimulatedNode:
         self.write_nvlink_snapshot()
 
     def advance_to(self, t: float) -> None:
-        """Move to simulated second ``t``: counters advance by rate × time for every activity
-        overlapping (previous t, t], events due by ``t`` happen, and the files change."""
+        """One tick: move to simulated second ``t`` (counters advance by rate × time for every
+        activity overlapping (previous t, t], events due by ``t`` happen), write every file
+        that changed and take one read of the nvlink_counter module."""
+        self._move(t, frozenset(Part))
+
+    def refresh(self, t: float, reader: str | None = None) -> None:
+        """Move to second ``t`` (any real number from the present on) and write what the
+        daemon's source ``reader`` reads (:data:`PARTS_READ_BY`; ``None``: every file), so
+        that source reads the values of ``t``. The other parts catch up at their own reader's
+        refresh: counters are integrated over time, not over refreshes, so how often a part
+        is written changes no value."""
+        self._move(t, parts_read_by(reader))
+
+    def _move(self, t: float, parts: frozenset[Part]) -> None:
         if not math.isfinite(t) or t < self.t:
             raise ValueError(f"cannot go from t={self.t:g} to t={t:g}")
         t0, self.t = self.t, t
-        self._dirty_pids = set()
         self._integrate(t0, t)
         self._fire_events(t0, t)
         self._apply_states(t)
-        self._render()
-        self.write_nvlink_snapshot()
+        self._render(parts)
+        if Part.NVLINK_WINDOW in parts:
+            self.write_nvlink_snapshot()
         self._started = True
 
     def sources(self, slow_every: int | None = 1) -> list[Source]:
@@ -1301,10 +1370,25 @@ class SimulatedNode:
         self._overridden = set(overrides)
         self._dirty_pids |= changed
 
-    def _render(self) -> None:
+    def _render(self, parts: frozenset[Part]) -> None:
+        if Part.PCI_LINKS in parts:
+            self._write_pci_links(self._links)
+        if Part.INFINIBAND in parts:
+            self._write_ib_counters()
+        if Part.PROCESSES in parts:
+            # Processes whose CPU time or state moved since they were last written: the set
+            # grows over moves that do not write processes.
+            for pid in sorted(self._dirty_pids):
+                self._write_process(self._procs[pid], initial=False)
+            self._dirty_pids = set()
+        if Part.CGROUPS in parts:
+            self._write_cgroups()
+        if Part.PROC_FILES in parts:
+            self._write_proc_files()
+
+    def _write_ib_counters(self) -> None:
+        """The traffic counters of every port that is still there."""
         files = self._files
-        self._write_pci_links(self._links)
-        # IB counters that moved.
         for nic in self.hardware.nics:
             if nic.pci[0] in self._removed:
                 continue
@@ -1323,10 +1407,6 @@ class SimulatedNode:
                     value = self._acc.get(("ib", nic.name, port, name))
                     if value is not None:
                         files.write(counters / name, f"{int(value)}\n")
-        for pid in sorted(self._dirty_pids):
-            self._write_process(self._procs[pid], initial=False)
-        self._write_cgroups()
-        self._write_proc_files()
 
 
 #: /proc/net/snmp columns (net/ipv4/proc.c, Linux 6.12), one header line per group.
@@ -1404,4 +1484,13 @@ def _default_ib_hw_counters() -> dict[str, int]:
     return {name: (12 if name == "lifespan" else 0) for name in names}
 
 
-__all__ = ["EPOCH", "SimulatedNode", "make_temp_root", "preferred_temp_dir"]
+__all__ = [
+    "EPOCH",
+    "FILE_PARTS",
+    "PARTS_READ_BY",
+    "Part",
+    "SimulatedNode",
+    "make_temp_root",
+    "parts_read_by",
+    "preferred_temp_dir",
+]

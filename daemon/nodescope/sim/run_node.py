@@ -10,9 +10,14 @@ follow.
 
 Two ways to run:
 
-* real time (default): one tick of the scenario per ``tick_seconds`` of wall time until
-  SIGTERM/SIGINT; past the scenario's end the node goes on at the rates its open-ended
-  activities leave (as ``nodescope demo`` does). After a stall it jumps to the present.
+* real time (default): simulated time is the wall time since the start, until
+  SIGTERM/SIGINT. Every ``--refresh`` seconds (0.1 by default) the files and the NVML state
+  are brought to the present, so a counter read between two refreshes is at most that old
+  (the daemon in another process cannot ask for a refresh before it reads, as the demo's
+  sources do); once per ``tick_seconds`` the tick's work is done as well: a read of the
+  nvlink_counter module (its window, one per tick) and the churn. Past the scenario's end
+  the node goes on at the rates its open-ended activities leave (as ``nodescope demo``
+  does). After a stall the next refresh is at the present.
 * ``--stepped``: for each line ``T`` read on stdin, advance to simulated second ``T`` and
   answer one JSON line ``{"t": T, "active": [...], "ended": [...]}`` (the churn jobs' ids)
   when the files are written; exits at end of input. A driver in simulated time (the soak)
@@ -27,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -40,6 +47,8 @@ from nodescope.sim.nvml_mirror import XidRecorder, state_document, write_state
 from nodescope.sim.scenario import load_scenario
 
 STATE_FILE = "nvml-state.json"
+#: How stale a counter read in real time may be: 10 % of one second between two reads.
+DEFAULT_REFRESH_SECONDS = 0.1
 
 
 class NodeProcess:
@@ -52,9 +61,18 @@ class NodeProcess:
         self.xids = XidRecorder(node.nvml)
 
     def advance(self, t: float) -> None:
+        """One tick at ``t``: every file, a read of the nvlink_counter module, the churn."""
         self.node.advance_to(t)
         if self.churn is not None:
             self.churn.apply(t)
+        self._publish(t)
+
+    def refresh(self, t: float) -> None:
+        """Every file and the NVML state at ``t``, between two ticks."""
+        self.node.refresh(t)
+        self._publish(t)
+
+    def _publish(self, t: float) -> None:
         document = state_document(self.node.nvml, t, EPOCH, self.xids.drain())
         write_state(self.state_path, document)
 
@@ -68,20 +86,51 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("root", type=Path, help="directory to materialise the node in")
     parser.add_argument("--stepped", action="store_true", help="advance on stdin lines")
     parser.add_argument("--tick", type=float, help="seconds per tick (default: the scenario's)")
+    parser.add_argument(
+        "--refresh",
+        type=float,
+        default=DEFAULT_REFRESH_SECONDS,
+        metavar="SECONDS",
+        help="real time: seconds between refreshes of the files (default: %(default)s)",
+    )
     parser.add_argument("--churn-slots", type=int, default=0, metavar="K")
     parser.add_argument("--churn-every", type=int, default=50, metavar="N")
     return parser
 
 
-_stop = threading.Event()
-
-
-def _on_stop(signum: int, frame: FrameType | None) -> None:
-    _stop.set()
+def run_in_real_time(
+    process: NodeProcess,
+    tick: float,
+    refresh: float,
+    stop: threading.Event,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Move the node with the wall clock until ``stop`` is set: a refresh every ``refresh``
+    seconds, a tick's work once per ``tick`` seconds."""
+    started = clock()
+    next_tick = tick
+    n = 0
+    while True:
+        n += 1
+        if stop.wait(max(0.0, started + n * refresh - clock())):
+            return
+        t = clock() - started
+        # After a stall, go on from the present rather than catching up missed refreshes.
+        n = max(n, int(t / refresh))
+        if t >= next_tick:
+            process.advance(t)
+            next_tick = (math.floor(t / tick) + 1) * tick
+        else:
+            process.refresh(t)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if not (math.isfinite(args.refresh) and args.refresh > 0):
+        print(
+            f"--refresh must be a positive number of seconds, not {args.refresh}", file=sys.stderr
+        )
+        return 2
     scenario = load_scenario(args.scenario)
     tick = args.tick or scenario.tick_seconds
     node = SimulatedNode(scenario, args.root)
@@ -107,17 +156,14 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(json.dumps(reply), flush=True)
         return 0
-    signal.signal(signal.SIGTERM, _on_stop)
-    signal.signal(signal.SIGINT, _on_stop)
-    started = time.monotonic()
-    n = 0
-    while not _stop.is_set():
-        n += 1
-        if _stop.wait(max(0.0, started + n * tick - time.monotonic())):
-            break
-        # After a stall, jump to the present rather than replaying missed ticks in a burst.
-        n = max(n, int((time.monotonic() - started) / tick))
-        process.advance(round(n * tick, 9))
+    stop = threading.Event()
+
+    def on_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    run_in_real_time(process, tick, min(args.refresh, tick), stop)
     return 0
 
 
