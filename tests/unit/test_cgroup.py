@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from nodescope import jsonout
 from nodescope.errors import ParseError
+from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sources import cgroup
@@ -306,9 +308,12 @@ def test_bad_io_stat(text: str) -> None:
 def test_ids_keep_duplicates_and_order() -> None:
     assert parse_ids("4711\n4712\n4711\n") == (4711, 4712, 4711)
     assert parse_ids("") == ()
-    with pytest.raises(ParseError) as info:
-        parse_ids("1\n2\nthree\n", "cgroup.procs")
-    assert info.value.line == 3
+    # A line that is not an id is skipped and counted; the ids around it stand.
+    tally = SkipTally()
+    assert parse_ids("1\n2\nthree\n12345678901\n4\n", "cgroup.procs", tally) == (1, 2, 4)
+    skipped = tally.freeze()
+    assert dict(skipped.counts) == {"id_unparsable": 2}
+    assert skipped.examples["id_unparsable"] == "cgroup.procs: three"
 
 
 @pytest.mark.parametrize("value", ["domain", "domain threaded", "domain invalid", "threaded"])
@@ -762,12 +767,22 @@ def test_threaded_cgroup_has_no_process_count(tmp_path: Path) -> None:
     assert pool_cg is not None and pool_cg.type == "domain threaded" and pool_cg.nr_procs == 1
 
 
-def test_bad_file_in_the_tree_names_the_file(slurm_node: Roots) -> None:
+def test_a_bad_file_costs_its_figure_not_the_walk(slurm_node: Roots) -> None:
+    """A junk ``memory.max`` in one cgroup: that limit is absent, the skip is counted with
+    the file named, and every other figure and cgroup is read as before."""
+    before = read_tree(slurm_node)
     bad = slurm_node.cgroupfs / TASK / "memory.max"
     bad.write_text("lots\n")
-    with pytest.raises(ParseError) as info:
-        read_tree(slurm_node)
-    assert info.value.source == str(bad)
+    tree = read_tree(slurm_node)
+    assert dict(tree.skipped.counts) == {"cgroup_file_unparsable": 1}
+    assert str(bad) in tree.skipped.examples["cgroup_file_unparsable"]
+    task = tree.get(TASK)
+    assert task is not None and task.memory_max is None
+    assert task == dataclasses.replace(before.get(TASK), memory_max=None)  # type: ignore[arg-type]
+    assert [c for c in tree.cgroups if c.path != "/" + TASK] == [
+        c for c in before.cgroups if c.path != "/" + TASK
+    ]
+    assert not before.skipped
 
 
 def test_no_v2_hierarchy_is_reported_not_raised(tmp_path: Path) -> None:
@@ -784,7 +799,7 @@ def test_no_v2_hierarchy_is_reported_not_raised(tmp_path: Path) -> None:
 def test_tree_is_json_serialisable_and_immutable(slurm_node: Roots) -> None:
     tree = make_source(keep_pids=True).collect(slurm_node)
     tree.get("/")  # fills the lookup cache, which must not leak into the record
-    data = json.loads(json.dumps(dataclasses.asdict(tree)))
+    data = json.loads(jsonout.dumps(tree))
     assert data["mode"] == "unified"
     assert "_index" not in data
     task = next(c for c in data["cgroups"] if c["path"] == "/" + TASK)

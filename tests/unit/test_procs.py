@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope.errors import ParseError
+from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.cgroup import read_tree
 from nodescope.sources.procs import (
@@ -66,9 +67,12 @@ def test_parse_environ_keeps_only_what_nccl_placement_needs() -> None:
 
 def test_parse_pids_and_job_dirs() -> None:
     assert parse_pids("12\n7\n12\n\n") == (7, 12)
-    with pytest.raises(ParseError) as err:
-        parse_pids("12\nx\n", "cgroup.procs")
-    assert err.value.line == 2
+    # A line that is not a pid is skipped and counted; the others stand.
+    tally = SkipTally()
+    assert parse_pids("12\nx\n99999999999\n7\n", "cgroup.procs", tally) == (7, 12)
+    skipped = tally.freeze()
+    assert dict(skipped.counts) == {"pid_unparsable": 2}
+    assert skipped.examples["pid_unparsable"] == "cgroup.procs: x"
     assert job_id_of("job_81770") == "81770"
     assert job_id_of("job_") is None and job_id_of("step_0") is None
 
@@ -76,9 +80,21 @@ def test_parse_pids_and_job_dirs() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_parsers_raise_only_parse_errors(text: str) -> None:
-    for parse in (parse_snmp, parse_pids, parse_environ):
+    for parse in (parse_snmp, parse_environ):
         with contextlib.suppress(ParseError):
             parse(text, "fuzz")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 4_194_304).map(str), st.text(max_size=12))))
+def test_parse_pids_never_raises_and_counts_every_bad_line(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    tally = SkipTally()
+    pids = parse_pids(text, "fuzz", tally)
+    tokens = [t.strip() for t in text.split("\n") if t.strip()]
+    good = [t for t in tokens if t.isascii() and t.isdigit() and len(t) <= 10]
+    assert pids == tuple(sorted({int(t) for t in good}))
+    assert sum(tally.freeze().counts.values()) == len(tokens) - len(good)
 
 
 def test_rates() -> None:
@@ -122,6 +138,24 @@ def test_read_procs_on_a_tree(tmp_path: Path) -> None:
 
 def test_read_procs_without_cgroup_v2_or_snmp(tmp_path: Path) -> None:
     assert read_procs(Roots.under(tmp_path)) == ProcsData((), None)
+
+
+def test_a_bad_snmp_or_cgroup_list_skips_only_itself(tmp_path: Path) -> None:
+    """A junk ``/proc/net/snmp`` and a junk line in one job's ``cgroup.procs`` cost the TCP
+    counters and that line, counted; every job process is still reported."""
+    roots = Roots.under(tmp_path)
+    cg = roots.cgroupfs
+    _write(cg / "cgroup.controllers", "cpu memory\n")
+    _write(cg / "job_1" / "cgroup.procs", "10\nnot-a-pid\n")
+    _write(cg / "job_2" / "cgroup.procs", "20\n")
+    for pid in (10, 20):
+        _write(roots.procfs / str(pid) / "environ", "PATH=/bin\0")
+    _write(roots.procfs / "net" / "snmp", "Tcp: InSegs OutSegs RetransSegs\nTcp: 1 2\n")
+    for data in (read_procs(roots), read_procs(roots, read_tree(roots, keep_pids=True))):
+        assert [(p.pid, p.job_id) for p in data.processes] == [(10, "1"), (20, "2")]
+        assert data.tcp is None
+        assert data.skipped.counts["snmp_unparsable"] == 1
+    assert dict(read_procs(roots).skipped.counts) == {"snmp_unparsable": 1, "pid_unparsable": 1}
 
 
 def test_job_processes_from_the_cgroups_walk(tmp_path: Path) -> None:

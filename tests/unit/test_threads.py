@@ -48,13 +48,34 @@ def test_parse_stat_splits_at_the_last_parenthesis() -> None:
         "1 (a) DD 1 1 1 0 -1 0 0 0 0 0 1 2\n",
         "1 (a) D 1 1 1 0 -1 0 0 0 0 0 1\n",  # too short
         "1 (a) D 1 1 1 0 -1 0 0 0 0 0 x 2\n",
-        "1 (a) D 1 1 1 0 -1 0 0 0 0 0 1 2\n2 (b) S 1 1 1 0 -1 0 0 0 0 0 1 2\n",
+        STAT * 2,  # two lines run together: a "name" longer than the kernel prints
+        "1 (a) D 1 1 1 0 -1 0 0 0 0 0 1 2\n2 S 1 1 1 0 -1 0 0 0 0 0 1 2\n",
     ],
 )
 def test_parse_stat_rejects(text: str) -> None:
     with pytest.raises(ParseError) as err:
         parse_stat(text, "stat")
     assert err.value.source == "stat"
+
+
+@pytest.mark.parametrize(
+    "comm",
+    [
+        "x\ny) R 1",  # prctl(PR_SET_NAME): any user can name a process this
+        "a) D 1 1 1 0 -1",
+        ") (",
+        "\n",
+        "",
+        " (x) ",
+        "\ufffd\ufffd",  # bytes that are not UTF-8, replaced
+    ],
+)
+def test_parse_stat_takes_any_name_the_kernel_prints(comm: str) -> None:
+    """The kernel prints a task's name raw in ``stat`` (``proc_task_name(m, task, false)``):
+    the name runs to the last ``)``, whatever it holds."""
+    text = _stat(4242, comm, "S")
+    assert parse_stat(text) == TaskStat(4242, comm, "S", 1, 10, 20)
+    assert parse_stat_summary(_process_stat(4242, comm, "D", 7)) == (comm, "D", 7)
 
 
 def test_parse_wchan() -> None:
@@ -201,7 +222,8 @@ def test_parse_stat_summary_fuzz(text: str) -> None:
 
 
 def _process_stat(pid: int, comm: str, state: str, threads: int) -> str:
-    fields = _stat(pid, comm, state).split()
+    fields = _stat(pid, "", state).split()
+    fields[1] = f"({comm})"
     fields[19] = str(threads)  # num_threads, field 20
     return " ".join(fields) + "\n"
 

@@ -27,6 +27,7 @@ the ``cgroups``, ``jobs``, ``procs`` and ``threads`` sources of a cycle (:class:
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -37,12 +38,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal, TypeVar, cast
 
 from nodescope.errors import ParseError
-from nodescope.fileio import PROC_PROCESS
+from nodescope.fileio import CGROUP_LIST, CGROUP_STAT, PROC_PROCESS
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
-from nodescope.sources.base import read_optional
+from nodescope.sources.base import read_optional, read_text
 
 SOURCE_NAME = "cgroups"
 
@@ -58,6 +60,21 @@ _CGROUP_TYPE = re.compile(r"[a-z]+(?: [a-z]+)*")
 _CONTROLLER = re.compile(r"[A-Za-z0-9_]+")
 
 _DELETED_SUFFIX = " (deleted)"
+
+_T = TypeVar("_T")
+
+#: Why part of the tree was skipped (the ``reason`` of
+#: ``nodescope_source_records_skipped_total``): a cgroup directory that cannot be listed
+#: (``EACCES``; the cgroup and what is below it are left out); an interface file that cannot
+#: be read (refused, over its cap) or does not parse (the cgroup is kept, that figure is
+#: absent); a line of ``cgroup.procs``/``cgroup.threads`` that is not an id.
+CGROUP_UNREADABLE = "cgroup_unreadable"
+FILE_UNREADABLE = "cgroup_file_unreadable"
+FILE_UNPARSABLE = "cgroup_file_unparsable"
+ID_UNPARSABLE = "id_unparsable"
+
+#: The task lists, read to EOF a page at a time; every other interface file is one record.
+_ID_FILES = frozenset({"cgroup.procs", "cgroup.threads"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +355,8 @@ class CgroupTree:
     max_cgroups: int
     truncated: bool = False
     depth_limited: bool = False
+    #: What the walk skipped: cgroups it could not list, files it could not read or parse.
+    skipped: Skipped = NOTHING_SKIPPED
 
     @cached_property
     def _index(self) -> dict[str, Cgroup]:
@@ -549,12 +568,20 @@ def parse_io_stat(text: str, source: str = "io.stat") -> IoStat:
     return IoStat(tuple(devices))
 
 
-def parse_ids(text: str, source: str = "cgroup.procs") -> tuple[int, ...]:
+def parse_ids(
+    text: str, source: str = "cgroup.procs", tally: SkipTally | None = None
+) -> tuple[int, ...]:
     """``cgroup.procs``/``cgroup.threads``: one id per line, unordered; the kernel may list an
-    id twice when tasks move during the read, so the tuple keeps what was read."""
+    id twice when tasks move during the read, so the tuple keeps what was read. A line that
+    is not an id is skipped, counted in ``tally`` as :data:`ID_UNPARSABLE`."""
     ids: list[int] = []
-    for number, line in _lines(text):
-        ids.append(_to_int(line.strip(), source, number, "id"))
+    for _, line in _lines(text):
+        token = line.strip()
+        # pid_max is at most 2^22: ten digits hold any id.
+        if len(token) <= 10 and _UINT.fullmatch(token):
+            ids.append(int(token))
+        elif tally is not None:
+            tally.skip(ID_UNPARSABLE, f"{source}: {token}")
     return tuple(ids)
 
 
@@ -661,13 +688,16 @@ class _Memo:
     not parsed again), and the records built from them (reused while every input is the
     same object)."""
 
-    __slots__ = ("bare", "inode", "inputs", "parsed", "record", "static", "texts")
+    __slots__ = ("bare", "inode", "inputs", "parsed", "record", "skips", "static", "texts")
 
     def __init__(self, inode: int) -> None:
         self.inode = inode
         self.static: _Static | None = None
         self.texts: dict[str, str] = {}
         self.parsed: dict[str, object] = {}
+        #: Lines skipped in the parse of an id list that is reused unparsed: they count again
+        #: on every walk that reads the same text.
+        self.skips: dict[str, Skipped] = {}
         self.inputs: tuple[object, ...] | None = None
         self.record: Cgroup | None = None
         self.bare: Cgroup | None = None
@@ -685,6 +715,11 @@ class _Memo:
         return self.bare
 
 
+#: Errors of a read that mean the file or its cgroup is gone, or the file is not offered
+#: (``cgroup.procs`` of a threaded cgroup): absent, not skipped.
+_ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.EOPNOTSUPP})
+
+
 def _read_memo(
     directory: str,
     path: str,
@@ -693,6 +728,7 @@ def _read_memo(
     nr_children: int,
     memo: _Memo,
     slow: bool,
+    tally: SkipTally,
 ) -> Cgroup | None:
     """Read one cgroup directory whose listing gave ``files`` into ``memo``; its record (with
     the id lists), or ``None`` when it vanished between the listing and the reads.
@@ -702,9 +738,20 @@ def _read_memo(
     ``memory.events`` changed: every local event also counts in the hierarchical file
     (``mm/memcontrol.c`` ``memcg_memory_event()``), so an unchanged ``memory.events`` means an
     unchanged ``memory.events.local``.
+
+    A file that cannot be read or parsed is absent from the record and counted in ``tally``:
+    one junk or refused file costs that figure of that cgroup, never the walk.
     """
     texts = memo.texts
     parsed = memo.parsed
+    skips = memo.skips
+    failed: set[str] = set()  # files present but unreadable or unparsable in this read
+
+    def forget(name: str) -> None:
+        # Unreadable now: what it held before must not stand in for it.
+        texts.pop(name, None)
+        parsed.pop(name, None)
+        skips.pop(name, None)
 
     def text_of(name: str) -> tuple[str, str] | None:
         if name not in files:
@@ -712,13 +759,26 @@ def _read_memo(
         # A string path: a cgroup walk reads thousands of files, and a Path per file costs
         # more than reading it.
         full = f"{directory}/{name}"
-        text = read_optional(full)
-        if text is None:
-            # Unreadable now: what it held before must not stand in for it.
-            texts.pop(name, None)
-            parsed.pop(name, None)
+        try:
+            text = read_text(full, CGROUP_LIST if name in _ID_FILES else CGROUP_STAT)
+        except OSError as exc:
+            forget(name)
+            if exc.errno not in _ABSENT_ERRNOS:
+                failed.add(name)
+                tally.skip(FILE_UNREADABLE, full)
             return None
         return text, full
+
+    def parsed_or_none(
+        name: str, parse: Callable[[str, str], _T], text: str, full: str
+    ) -> _T | None:
+        try:
+            return parse(text, full)
+        except ParseError as exc:
+            forget(name)
+            failed.add(name)
+            tally.skip(FILE_UNPARSABLE, str(exc))
+            return None
 
     def one(name: str, parse: Callable[[str, str], object]) -> object:
         found = text_of(name)
@@ -727,33 +787,60 @@ def _read_memo(
         text, full = found
         if texts.get(name) == text:
             return parsed[name]
-        value = parse(text, full)
+        value = parsed_or_none(name, parse, text, full)
+        if value is not None:
+            texts[name] = text
+            parsed[name] = value
+        return value
+
+    def ids(name: str) -> tuple[int, ...] | None:
+        found = text_of(name)
+        if found is None:
+            return None
+        text, full = found
+        if texts.get(name) == text:
+            tally.merge(skips.get(name, NOTHING_SKIPPED))
+            return cast(tuple[int, ...], parsed[name])
+        lines = SkipTally()
+        value = parse_ids(text, full, lines)
         texts[name] = text
         parsed[name] = value
+        skips[name] = lines.freeze()
+        tally.merge(skips[name])
         return value
+
+    def limit(name: str) -> Limit | None:
+        found = text_of(name)
+        if found is None:
+            return None
+        return parsed_or_none(name, lambda text, full: Limit(parse_limit(text, full)), *found)
 
     static = memo.static
     if slow or static is None:
         controllers_file = text_of("cgroup.controllers")
-        if controllers_file is None and "cgroup.controllers" in files:
+        if (
+            controllers_file is None
+            and "cgroup.controllers" in files
+            and "cgroup.controllers" not in failed
+        ):
             return None
         type_file = text_of("cgroup.type")
-        high, most, pids_most = (
-            None if (found := text_of(name)) is None else Limit(parse_limit(*found))
-            for name in ("memory.high", "memory.max", "pids.max")
-        )
         static = (
-            None if controllers_file is None else parse_controllers(*controllers_file),
-            None if type_file is None else parse_cgroup_type(*type_file),
-            high,
-            most,
-            pids_most,
+            None
+            if controllers_file is None
+            else parsed_or_none("cgroup.controllers", parse_controllers, *controllers_file),
+            None
+            if type_file is None
+            else parsed_or_none("cgroup.type", parse_cgroup_type, *type_file),
+            limit("memory.high"),
+            limit("memory.max"),
+            limit("pids.max"),
         )
         memo.static = static
     controllers, cgroup_type, memory_high, memory_max, pids_max = static
 
     events = cast(CgroupEvents | None, one("cgroup.events", parse_cgroup_events))
-    if events is None and not slow and "cgroup.events" in files:
+    if events is None and not slow and "cgroup.events" in files and "cgroup.events" not in failed:
         return None  # vanished: the static files that would have said so were not read
     procs: tuple[int, ...] | None
     threads: tuple[int, ...] | None
@@ -763,17 +850,13 @@ def _read_memo(
         threads = _NO_IDS
     else:
         # A threaded cgroup refuses to list processes (EOPNOTSUPP), which reads as absent.
-        procs = (
-            None
-            if cgroup_type == "threaded"
-            else cast(tuple[int, ...] | None, one("cgroup.procs", parse_ids))
-        )
+        procs = None if cgroup_type == "threaded" else ids("cgroup.procs")
         if procs == () and cgroup_type is not None and not slow:
             # No process here: no thread either. A domain cgroup holds whole processes, and
             # a threaded domain's cgroup.procs lists every process of its threaded subtree.
             threads = _NO_IDS
         else:
-            threads = cast(tuple[int, ...] | None, one("cgroup.threads", parse_ids))
+            threads = ids("cgroup.threads")
 
     old_events = texts.get("memory.events")
     memory_events = cast(MemoryEvents | None, one("memory.events", parse_memory_events))
@@ -867,11 +950,14 @@ def read_cgroup(
     files: frozenset[str],
     nr_children: int,
     keep_pids: bool = False,
+    tally: SkipTally | None = None,
 ) -> Cgroup | None:
     """Read one cgroup directory whose listing gave ``files``, every file of it; ``None`` when
-    it vanished between the listing and the reads."""
+    it vanished between the listing and the reads. Files that cannot be read or parsed are
+    absent from the record, counted in ``tally``."""
     memo = _Memo(0)
-    record = _read_memo(str(directory), path, depth, files, nr_children, memo, slow=True)
+    tally = SkipTally() if tally is None else tally
+    record = _read_memo(str(directory), path, depth, files, nr_children, memo, True, tally)
     if record is None:
         return None
     return record if keep_pids else memo.bare_record()
@@ -928,6 +1014,7 @@ class CgroupWalker:
         cgroups: list[Cgroup] = []
         truncated = False
         depth_limited = False
+        tally = SkipTally()
         try:
             root_inode = os.stat(root).st_ino
         except OSError:
@@ -938,14 +1025,22 @@ class CgroupWalker:
                 truncated = True
                 break
             path, directory, depth, inode = queue.popleft()
-            listing = _list_dir(directory)
+            try:
+                listing = _list_dir(directory)
+            except OSError:
+                if path == "/":
+                    raise  # the hierarchy itself cannot be read: the source is down
+                # One cgroup refused (EACCES): it and its subtree are left out, the walk
+                # goes on.
+                tally.skip(CGROUP_UNREADABLE, directory)
+                continue
             if listing is None:
                 continue  # removed since its parent was listed
             files, subdirs = listing
             memo = old.get(path)
             if memo is None or memo.inode != inode:
                 memo = _Memo(inode)
-            cgroup = _read_memo(directory, path, depth, files, len(subdirs), memo, slow)
+            cgroup = _read_memo(directory, path, depth, files, len(subdirs), memo, slow, tally)
             if cgroup is None:
                 continue
             memos[path] = memo
@@ -966,6 +1061,7 @@ class CgroupWalker:
             self.max_cgroups,
             truncated=truncated,
             depth_limited=depth_limited,
+            skipped=tally.freeze(),
         )
 
     def bare(self, tree: CgroupTree) -> CgroupTree:

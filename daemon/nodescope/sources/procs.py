@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodescope.errors import ParseError
-from nodescope.fileio import CGROUP_LIST
+from nodescope.fileio import CGROUP_LIST, PROC_TABLE
 from nodescope.model.counters import counter_rate
 from nodescope.model.jobs import JobProcess
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
-from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_optional
+from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_text
 from nodescope.sources.cgroup import (
     SHARED,
     SLOW_EVERY,
@@ -53,7 +54,16 @@ MAX_SEARCH_DEPTH = 4
 MAX_DIRECTORIES = 20_000
 
 _JOB_DIR = re.compile(r"job_([0-9]+)")
-_PID = re.compile(r"[0-9]+")
+_PID = re.compile(r"[0-9]{1,10}")
+
+#: Why a record was skipped (the ``reason`` of ``nodescope_source_records_skipped_total``):
+#: a line of ``cgroup.procs`` that is not a pid; a job cgroup whose ``cgroup.procs`` cannot be
+#: read; a ``/proc/net/snmp`` that cannot be read or holds no usable Tcp group (the job
+#: processes are reported all the same).
+PID_UNPARSABLE = "pid_unparsable"
+CGROUP_UNREADABLE = "cgroup_unreadable"
+SNMP_UNREADABLE = "snmp_unreadable"
+SNMP_UNPARSABLE = "snmp_unparsable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +79,7 @@ class TcpCounters:
 class ProcsData:
     processes: tuple[JobProcess, ...]
     tcp: TcpCounters | None
+    skipped: Skipped = NOTHING_SKIPPED
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,15 +109,20 @@ def parse_environ(text: str, source: str = "/proc/self/environ") -> Environ:
     return kept_environ(text, KEPT_VARIABLES)
 
 
-def parse_pids(text: str, source: str = "cgroup.procs") -> tuple[int, ...]:
-    """``cgroup.procs``: one pid per line, unordered, duplicates possible; sorted unique."""
+def parse_pids(
+    text: str, source: str = "cgroup.procs", tally: SkipTally | None = None
+) -> tuple[int, ...]:
+    """``cgroup.procs``: one pid per line, unordered, duplicates possible; sorted unique. A
+    line that is not a pid is skipped, counted in ``tally`` as :data:`PID_UNPARSABLE`."""
     pids: set[int] = set()
-    for number, line in enumerate(text.split("\n"), start=1):
+    for line in text.split("\n"):
         token = line.strip()
         if not token:
             continue
         if not _PID.fullmatch(token):
-            raise ParseError(source, f"not a pid: {token!r}", number)
+            if tally is not None:
+                tally.skip(PID_UNPARSABLE, f"{source}: {token}")
+            continue
         pids.add(int(token))
     return tuple(sorted(pids))
 
@@ -216,8 +232,19 @@ def _job_subtrees(tree: CgroupTree) -> list[tuple[str, str, list[Cgroup]]]:
     return found
 
 
+def _read_procs_file(path: str, tally: SkipTally) -> str | None:
+    """A ``cgroup.procs``; ``None`` when its cgroup is gone, or (counted) cannot be read."""
+    try:
+        return read_text(path, CGROUP_LIST)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        tally.skip(CGROUP_UNREADABLE, path)
+        return None
+
+
 def _job_processes(
-    roots: Roots, job: str, job_dir: Path, root: Path, memo: EnvironMemo
+    roots: Roots, job: str, job_dir: Path, root: Path, memo: EnvironMemo, tally: SkipTally
 ) -> list[JobProcess]:
     processes: list[JobProcess] = []
     queue: deque[str] = deque([str(job_dir)])
@@ -227,10 +254,11 @@ def _job_processes(
         directory = queue.popleft()
         visited += 1
         procs_path = f"{directory}/cgroup.procs"
-        text = read_optional(procs_path, CGROUP_LIST)
+        text = _read_procs_file(procs_path, tally)
         if text is not None:
             cgroup = directory[prefix:] or "/"
-            processes.extend(_processes(roots, job, cgroup, parse_pids(text, procs_path), memo))
+            pids = parse_pids(text, procs_path, tally)
+            processes.extend(_processes(roots, job, cgroup, pids, memo))
         queue.extend(f"{directory}/{name}" for name in _subdirectories(Path(directory)))
     return processes
 
@@ -252,6 +280,7 @@ def read_procs(
     """The job processes and the TCP counters; the job cgroups from ``tree`` (a whole walk
     with the id lists) when given, else from the directories."""
     memo = EnvironMemo(parse_environ) if memo is None else memo
+    tally = SkipTally()
     processes: list[JobProcess] = []
     if tree is not None and tree.mode != "none" and not tree.truncated:
         for job, _, cgroups in _job_subtrees(tree):
@@ -263,11 +292,30 @@ def read_procs(
         hierarchy = find_v2_root(roots.cgroupfs)
         if hierarchy.path is not None:
             for job, job_dir in find_job_cgroups(hierarchy.path):
-                processes.extend(_job_processes(roots, job, job_dir, hierarchy.path, memo))
+                processes.extend(
+                    _job_processes(roots, job, job_dir, hierarchy.path, memo, tally)
+                )
+    return ProcsData(
+        tuple(sorted(processes, key=lambda p: p.pid)), _tcp_counters(roots, tally), tally.freeze()
+    )
+
+
+def _tcp_counters(roots: Roots, tally: SkipTally) -> TcpCounters | None:
+    """The TCP counters; ``None`` without ``/proc/net/snmp`` (no IPv4), and — counted — when
+    it holds no usable Tcp group: the job processes do not depend on it."""
     snmp_path = roots.procfs / "net" / "snmp"
-    snmp = read_optional(snmp_path)
-    tcp = None if snmp is None else parse_snmp(snmp, str(snmp_path))
-    return ProcsData(tuple(sorted(processes, key=lambda p: p.pid)), tcp)
+    try:
+        snmp = read_text(snmp_path, PROC_TABLE)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        tally.skip(SNMP_UNREADABLE, str(snmp_path))
+        return None
+    try:
+        return parse_snmp(snmp, str(snmp_path))
+    except ParseError as exc:
+        tally.skip(SNMP_UNPARSABLE, str(exc))
+        return None
 
 
 class ProcsSource:
