@@ -292,9 +292,7 @@ def read_procs(
         hierarchy = find_v2_root(roots.cgroupfs)
         if hierarchy.path is not None:
             for job, job_dir in find_job_cgroups(hierarchy.path):
-                processes.extend(
-                    _job_processes(roots, job, job_dir, hierarchy.path, memo, tally)
-                )
+                processes.extend(_job_processes(roots, job, job_dir, hierarchy.path, memo, tally))
     return ProcsData(
         tuple(sorted(processes, key=lambda p: p.pid)), _tcp_counters(roots, tally), tally.freeze()
     )
