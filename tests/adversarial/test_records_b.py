@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
-from nodescope.sources import diskstats
+from nodescope.sources import diskstats, locks
 from nodescope.sources import infiniband as ib
 from nodescope.sources.base import Source
 from nodescope_exporters import self_metrics
@@ -146,3 +146,51 @@ def test_diskstats_missing_as_a_whole_is_the_source_down(tmp_path: Path) -> None
     (tmp_path / "proc").mkdir()
     snapshot = _cycle(Roots.under(tmp_path), diskstats.DisksSource())
     assert not snapshot.status[diskstats.SOURCE_NAME].up
+
+
+# --------------------------------------------------------------------------------------------
+# /proc/locks
+
+
+def test_locks_malformed_lines_and_hostile_names_leave_the_source_up(tmp_path: Path) -> None:
+    """A lock line of a class this parser does not know, a waiter whose blocker line was
+    malformed, and a waiter named ``x\\ny) R 1``: every other lock is counted and the
+    contended one resolved with the name as its process set it."""
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "locks").write_text(
+        "1: POSIX  ADVISORY  WRITE 100 fe:00:10 0 EOF\n"
+        "1: -> POSIX  ADVISORY  WRITE 101 fe:00:10 0 EOF\n"
+        "2: NEWCLASS ADVISORY WRITE 102 fe:00:11 0 EOF\n"
+        "3: POSIX  ADVISORY  WRITE 103 fe:00:12 0 whenever\n"
+        "3: -> POSIX  ADVISORY  WRITE 104 fe:00:12 0 EOF\n"
+        "4: FLOCK  ADVISORY  WRITE 105 fe:00:13 0 EOF\n"
+    )
+    (proc / "self" / "mountinfo").write_text(
+        "24 1 254:0 / / rw,relatime - ext4 /dev/vda1 rw\nnot a mountinfo line\n"
+    )
+    for pid, comm in ((100, "holder"), (101, "x\ny) R 1")):
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+    snapshot = _cycle(Roots.under(tmp_path), locks.LocksSource())
+    assert snapshot.status[locks.NAME].up, snapshot.current[locks.NAME].error
+    data = snapshot.current[locks.NAME].data
+    assert isinstance(data, locks.LocksData)
+    assert data.counts == (("FLOCK", 1), ("POSIX", 1))
+    [lock] = data.contended
+    assert lock.holder.comm == "holder"
+    assert [(w.pid, w.comm) for w in lock.waiters] == [(101, "x\ny) R 1")]
+    assert lock.mountpoint == "/"
+    assert _skipped_metric(snapshot) == {
+        (locks.NAME, locks.SKIP_LOCK_LINE_UNPARSABLE): 2,
+        (locks.NAME, locks.SKIP_LOCK_WAITER_ORPHANED): 1,
+        (locks.NAME, locks.SKIP_MOUNTINFO_LINE_UNPARSABLE): 1,
+    }
+
+
+def test_locks_unreadable_as_a_whole_is_the_source_down(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    os.mkfifo(tmp_path / "proc" / "locks")
+    snapshot = _cycle(Roots.under(tmp_path), locks.LocksSource())
+    assert not snapshot.status[locks.NAME].up
+    assert "FIFO" in str(snapshot.current[locks.NAME].error)

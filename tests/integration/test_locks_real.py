@@ -51,6 +51,31 @@ elif how == "flock":
     fcntl.flock(fd, fcntl.LOCK_EX)
 """
 
+# Holds ``count`` separate POSIX locks: every other byte, so that the kernel cannot merge
+# neighbours into one lock.
+HOLD_MANY = """
+import fcntl, os, sys
+path, count = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_RDWR)
+for i in range(count):
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2 * i)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+# Names itself with prctl(PR_SET_NAME) — any user may choose any 15 bytes, newlines and
+# parentheses included — then waits for a write lock.
+WAIT_NAMED = """
+import ctypes, fcntl, os, sys
+path, name = sys.argv[1], sys.argv[2].encode()
+PR_SET_NAME = 15
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), "prctl")
+fd = os.open(path, os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+"""
+
 
 class Processes:
     def __init__(self) -> None:
@@ -70,6 +95,23 @@ class Processes:
 
     def wait(self, path: Path, how: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen([sys.executable, "-c", WAIT, str(path), how])
+        self.started.append(proc)
+        return proc
+
+    def hold_many(self, path: Path, count: int) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD_MANY, str(path), str(count)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.started.append(proc)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "held"
+        return proc
+
+    def wait_named(self, path: Path, name: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-c", WAIT_NAMED, str(path), name])
         self.started.append(proc)
         return proc
 
@@ -187,3 +229,52 @@ def test_flock_ofd_and_lease(tmp_path: Path, processes: Processes) -> None:
     counts = dict(data.counts)
     assert counts["FLOCK"] >= 1 and counts["OFDLCK"] >= 1 and counts["LEASE"] >= 1
     assert ofd_holder.poll() is None
+
+
+def _kernel_text(path: str) -> str:
+    """The file read to EOF a page at a time, as ``cat`` reads it."""
+    fd = os.open(path, os.O_RDONLY)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
+MANY_LOCKS = 900
+
+
+def test_many_real_posix_locks_are_all_counted(tmp_path: Path, processes: Processes) -> None:
+    """900 POSIX locks make /proc/locks about 50 KB, served a page per read: every one of them
+    is counted, not the first page's."""
+    locked = tmp_path / "many.lock"
+    locked.write_bytes(b"\0" * (2 * MANY_LOCKS))
+    inode = os.stat(locked).st_ino
+    holder = processes.hold_many(locked, MANY_LOCKS)
+    kernel = _kernel_text("/proc/locks")
+    assert len(kernel) > 8 * 4096
+    ours = [
+        e for e in parse_locks(kernel, "/proc/locks") if e.inode == inode and e.pid == holder.pid
+    ]
+    assert len(ours) == MANY_LOCKS
+    data = read_locks(Roots())
+    assert not data.skipped
+    assert dict(data.counts)["POSIX"] >= MANY_LOCKS
+
+
+@pytest.mark.parametrize("name", ["x\ny) R 1", "\n\n\n", "a\nb\nc\nd\ne\nf\ng"])
+def test_a_waiter_with_newlines_in_its_name_is_read_as_named(
+    tmp_path: Path, processes: Processes, name: str
+) -> None:
+    """Any user can name a process with newlines and wait on a lock; its name is taken up to
+    the newline the kernel adds, and the locks source stays whole."""
+    locked = tmp_path / "named.lock"
+    locked.write_text("x")
+    holder = processes.hold(locked, "posix")
+    waiter = processes.wait_named(locked, name)
+    data = _until_blocked(waiter.pid)
+    assert not data.skipped
+    [lock] = [c for c in data.contended if c.holder.pid == holder.pid]
+    assert [(w.pid, w.comm) for w in lock.waiters] == [(waiter.pid, name)]

@@ -3,7 +3,6 @@ to mount, path and processes on a fixture tree; the capture of this host."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -12,8 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope.errors import ParseError
+from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.locks import (
+    SKIP_LOCK_LINE_UNPARSABLE,
+    SKIP_LOCK_WAITER_ORPHANED,
+    SKIP_MOUNTINFO_LINE_UNPARSABLE,
     LockEntry,
     LocksData,
     MountInfo,
@@ -23,6 +26,7 @@ from nodescope.sources.locks import (
     parse_comm,
     parse_locks,
     parse_mountinfo,
+    parse_mountinfo_line,
     read_locks,
     unescape_mount_field,
 )
@@ -118,10 +122,32 @@ def test_waiters_of_two_locks_with_the_same_id_space() -> None:
         ("1:\n", 1),
     ],
 )  # fmt: skip
-def test_parse_locks_rejects(text: str, line: int) -> None:
-    with pytest.raises(ParseError) as err:
-        parse_locks(text, "locks")
-    assert err.value.source == "locks" and err.value.line == line
+def test_parse_locks_skips_and_counts_a_malformed_line(text: str, line: int) -> None:
+    tally = SkipTally()
+    good = "9: FLOCK  ADVISORY  WRITE 77 00:19:1042 0 EOF\n"
+    entries = parse_locks(text + good, "locks", tally)
+    # The lines before and after the bad one are read; the bad one is named in the example.
+    assert entries[-1].id == 9 and entries[-1].pid == 77
+    assert len(entries) == len([ln for ln in text.split("\n") if ln.strip()])
+    skipped = tally.freeze()
+    assert sum(skipped.counts.values()) == 1
+    (example,) = skipped.examples.values()
+    assert example.startswith(f"locks:{line}")
+
+
+def test_waiter_of_a_skipped_lock_is_skipped_too() -> None:
+    tally = SkipTally()
+    text = (
+        "1: POSIX  ADVISORY  WRITE 7806 fe:00:2146341 0 SOMEDAY\n"
+        "1: -> POSIX  ADVISORY  WRITE 7807 fe:00:2146341 0 EOF\n"
+        "2: FLOCK  ADVISORY  WRITE 11 fd:01:12 0 EOF\n"
+    )
+    entries = parse_locks(text, "locks", tally)
+    assert [(e.id, e.pid) for e in entries] == [(2, 11)]
+    assert tally.freeze().counts == {
+        SKIP_LOCK_LINE_UNPARSABLE: 1,
+        SKIP_LOCK_WAITER_ORPHANED: 1,
+    }
 
 
 MOUNTINFO = (
@@ -151,17 +177,21 @@ def test_parse_mountinfo() -> None:
         "x 1 9:0 / / rw - ext4 /dev/md0 rw\n",
     ],
 )
-def test_parse_mountinfo_rejects(text: str) -> None:
+def test_parse_mountinfo_skips_and_counts_a_malformed_line(text: str) -> None:
     with pytest.raises(ParseError) as err:
-        parse_mountinfo(text, "mi")
+        parse_mountinfo_line(text.rstrip("\n"), 1, "mi")
     assert err.value.line == 1
+    tally = SkipTally()
+    assert parse_mountinfo(text + MOUNTINFO, "mi", tally) == parse_mountinfo(MOUNTINFO)
+    assert tally.freeze().counts == {SKIP_MOUNTINFO_LINE_UNPARSABLE: 1}
 
 
 def test_parse_comm() -> None:
     assert parse_comm("rsync\n") == "rsync"
     assert parse_comm("NCCL Progress 0\n") == "NCCL Progress 0"
-    with pytest.raises(ParseError):
-        parse_comm("a\nb\n")
+    # A name a process chose with prctl(PR_SET_NAME): newlines are part of it.
+    assert parse_comm("x\ny) R 1\n") == "x\ny) R 1"
+    assert parse_comm("\n\n") == "\n"
 
 
 def _tree(tmp_path: Path, locked: Path, holder: int, waiter: int) -> Roots:
@@ -239,8 +269,10 @@ def test_capture_of_this_host() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_parse_locks_fuzz(text: str) -> None:
-    with contextlib.suppress(ParseError):
-        parse_locks(text)
+    tally = SkipTally()
+    entries = parse_locks(text, tally=tally)
+    lines = [ln for ln in text.split("\n") if ln.strip()]
+    assert len(entries) + sum(tally.freeze().counts.values()) == len(lines)
 
 
 @settings(max_examples=200, deadline=None)
@@ -265,10 +297,9 @@ def test_parse_locks_fuzz_structured(
         f"{i}:{' ' * d}{'-> ' if d else ''}{kind} {access} {pid} {where} {span}\n"
         for i, d, kind, access, pid, where, span in lines
     )
-    try:
-        entries = parse_locks(text)
-    except ParseError:
-        return
+    tally = SkipTally()
+    entries = parse_locks(text, tally=tally)
+    assert len(entries) + sum(tally.freeze().counts.values()) == len(lines)
     for entry in entries:
         assert (entry.blocker is None) == (entry.depth == 0)
         if entry.blocker is not None:
@@ -278,12 +309,14 @@ def test_parse_locks_fuzz_structured(
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_parse_mountinfo_fuzz(text: str) -> None:
-    with contextlib.suppress(ParseError):
-        parse_mountinfo(text)
+    tally = SkipTally()
+    mounts = parse_mountinfo(text, tally=tally)
+    lines = [ln for ln in text.split("\n") if ln.strip()]
+    assert len(mounts) + sum(tally.freeze().counts.values()) == len(lines)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_parse_comm_fuzz(text: str) -> None:
-    with contextlib.suppress(ParseError):
-        parse_comm(text)
+    name = parse_comm(text)
+    assert name + "\n" == text or (name == text and not text.endswith("\n"))

@@ -19,6 +19,12 @@ Reads, under the injected roots:
   the ``comm`` of each waiter.
 
 Uncontended locks are counted, not resolved: a node holds thousands of them.
+
+A line of ``/proc/locks`` or ``mountinfo`` that does not parse (a kernel with a new lock
+class, say) is left out and counted in ``LocksData.skipped``; only a ``/proc/locks`` that
+cannot be read at all takes the source down. A process name is whatever its process chose
+(``prctl(PR_SET_NAME)`` takes newlines too): it is read as the kernel writes it, never
+rejected.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from nodescope.errors import ParseError
 from nodescope.fileio import PROC_PROCESS, PROC_TABLE
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_text
 
@@ -47,6 +54,14 @@ _DEVNUM = re.compile(r"([0-9]{1,10}):([0-9]{1,10})")
 _ACCESS = ("READ", "WRITE", "UNLCK")
 _LEASE_STATES = ("ACTIVE", "BREAKING", "BREAKER")
 _MODES = ("ADVISORY", "MANDATORY", "*NOINODE*")
+
+# Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
+#: a /proc/locks line that does not parse
+SKIP_LOCK_LINE_UNPARSABLE = "lock_line_unparsable"
+#: a blocked request whose blocker is not on the lines before it (or was skipped)
+SKIP_LOCK_WAITER_ORPHANED = "lock_waiter_orphaned"
+#: a mountinfo line that does not parse (only read when a lock is contended)
+SKIP_MOUNTINFO_LINE_UNPARSABLE = "mountinfo_line_unparsable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +172,8 @@ class LocksData:
     counts: tuple[tuple[str, int], ...]
     blocked: int
     contended: tuple[ContendedLock, ...]
+    #: lines of /proc/locks and mountinfo left out of this run as malformed
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 
 
 # --- parsers (pure) -------------------------------------------------------------------------
@@ -184,82 +201,88 @@ def _parse_line(raw: str, number: int, source: str) -> tuple[int, int, list[str]
     return lock_id, depth, body.split()
 
 
-def parse_locks(text: str, source: str = "/proc/locks") -> tuple[LockEntry, ...]:
-    """Every line of ``/proc/locks``, waiters linked to their blockers."""
+def _parse_entry(raw: str, number: int, source: str) -> LockEntry:
+    """One line of ``/proc/locks`` (its ``blocker`` still unset); :class:`ParseError` naming
+    the line when it does not parse."""
+    lock_id, depth, tokens = _parse_line(raw, number, source)
+    if not tokens:
+        raise ParseError(source, "empty lock line", number)
+    kind = tokens[0]
+    expected_mode: tuple[str, ...]
+    if kind in ("POSIX", "OFDLCK", "ACCESS", "FLOCK"):
+        expected_mode = _MODES
+    elif kind in ("LEASE", "DELEG"):
+        expected_mode = _LEASE_STATES
+    elif kind == "UNKNOWN":
+        expected_mode = ("UNKNOWN",)
+    else:
+        raise ParseError(source, f"unknown lock class {kind!r}", number)
+    if len(tokens) != 7:
+        raise ParseError(source, f"expected 7 fields after the id, got {len(tokens)}", number)
+    _, mode, access, pid_text, where, start_text, end_text = tokens
+    if mode not in expected_mode:
+        raise ParseError(source, f"{kind}: unknown mode {mode!r}", number)
+    if access not in _ACCESS:
+        raise ParseError(source, f"unknown lock type {access!r}", number)
+    pid = _int(pid_text, "pid", source, number)
+    major: int | None
+    minor: int | None
+    inode: int | None
+    if where == "<none>:0":
+        major = minor = inode = None
+    else:
+        match = _DEVICE.fullmatch(where)
+        if match is None:
+            raise ParseError(source, f"not MAJ:MIN:INODE: {where!r}", number)
+        major, minor, inode = (
+            int(match.group(1), 16),
+            int(match.group(2), 16),
+            int(match.group(3)),
+        )
+    start = _int(start_text, "start", source, number)
+    end = None if end_text == "EOF" else _int(end_text, "end", source, number)
+    return LockEntry(
+        lock_id, depth, kind, mode, access, pid, major, minor, inode, start, end, number
+    )
+
+
+def parse_locks(
+    text: str, source: str = "/proc/locks", tally: SkipTally | None = None
+) -> tuple[LockEntry, ...]:
+    """Every well-formed line of ``/proc/locks``, waiters linked to their blockers.
+
+    A line that does not parse is left out and counted in ``tally``, and so is a waiter whose
+    blocker is not on a line before it (its blocker was malformed, or the file is not
+    ``/proc/locks``): the other locks are counted whatever one line holds.
+    """
+    tally = SkipTally() if tally is None else tally
     entries: list[LockEntry] = []
     #: per lock id, the index of the latest entry at each depth
     open_levels: dict[int, list[int]] = {}
     for number, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
-        lock_id, depth, tokens = _parse_line(raw, number, source)
-        if not tokens:
-            raise ParseError(source, "empty lock line", number)
-        kind = tokens[0]
-        expected_mode: tuple[str, ...]
-        if kind in ("POSIX", "OFDLCK", "ACCESS", "FLOCK"):
-            expected_mode = _MODES
-        elif kind in ("LEASE", "DELEG"):
-            expected_mode = _LEASE_STATES
-        elif kind == "UNKNOWN":
-            expected_mode = ("UNKNOWN",)
-        else:
-            raise ParseError(source, f"unknown lock class {kind!r}", number)
-        if len(tokens) != 7:
-            raise ParseError(source, f"expected 7 fields after the id, got {len(tokens)}", number)
-        _, mode, access, pid_text, where, start_text, end_text = tokens
-        if mode not in expected_mode:
-            raise ParseError(source, f"{kind}: unknown mode {mode!r}", number)
-        if access not in _ACCESS:
-            raise ParseError(source, f"unknown lock type {access!r}", number)
-        pid = _int(pid_text, "pid", source, number)
-        major: int | None
-        minor: int | None
-        inode: int | None
-        if where == "<none>:0":
-            major = minor = inode = None
-        else:
-            match = _DEVICE.fullmatch(where)
-            if match is None:
-                raise ParseError(source, f"not MAJ:MIN:INODE: {where!r}", number)
-            major, minor, inode = (
-                int(match.group(1), 16),
-                int(match.group(2), 16),
-                int(match.group(3)),
-            )
-        start = _int(start_text, "start", source, number)
-        end = None if end_text == "EOF" else _int(end_text, "end", source, number)
-        levels = open_levels.setdefault(lock_id, [])
-        blocker: int | None = None
+        try:
+            entry = _parse_entry(raw, number, source)
+        except ParseError as exc:
+            tally.skip(SKIP_LOCK_LINE_UNPARSABLE, str(exc))
+            continue
+        depth = entry.depth
+        levels = open_levels.setdefault(entry.id, [])
         if depth == 0:
             levels[:] = [len(entries)]
         else:
             if depth > len(levels):
-                raise ParseError(
-                    source,
-                    f"waiter at depth {depth} without a blocker at depth {depth - 1}",
-                    number,
+                tally.skip(
+                    SKIP_LOCK_WAITER_ORPHANED,
+                    f"{source}:{number}: waiter at depth {depth} without a blocker at depth "
+                    f"{depth - 1}",
                 )
-            blocker = levels[depth - 1]
+                continue
+            entry = replace(entry, blocker=levels[depth - 1])
             del levels[depth:]
             levels.append(len(entries))
-        entries.append(
-            LockEntry(
-                lock_id,
-                depth,
-                kind,
-                mode,
-                access,
-                pid,
-                major,
-                minor,
-                inode,
-                start,
-                end,
-                number,
-                blocker,
-            )
-        )
+        entries.append(entry)
     return tuple(entries)
 
 
@@ -271,46 +294,55 @@ def unescape_mount_field(text: str) -> str:
     return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), text)
 
 
-def parse_mountinfo(text: str, source: str = "/proc/self/mountinfo") -> tuple[MountInfo, ...]:
-    """``/proc/<pid>/mountinfo``: ``id parent MAJ:MIN root mountpoint options [optional…] -
-    fstype source super-options``."""
+def parse_mountinfo_line(line: str, number: int = 1, source: str = "mountinfo") -> MountInfo:
+    """One line of ``/proc/<pid>/mountinfo``: ``id parent MAJ:MIN root mountpoint options
+    [optional…] - fstype source super-options``; :class:`ParseError` when malformed."""
+    fields = line.split()
+    try:
+        dash = fields.index("-", 6)
+    except ValueError:
+        raise ParseError(source, "no '-' separator after the optional fields", number) from None
+    if len(fields) < dash + 3:
+        raise ParseError(source, "missing fstype or source after '-'", number)
+    mount_id = _int(fields[0], "mount id", source, number)
+    parent = _int(fields[1], "parent id", source, number)
+    devnum = _DEVNUM.fullmatch(fields[2])
+    if devnum is None:
+        raise ParseError(source, f"not MAJ:MIN: {fields[2]!r}", number)
+    return MountInfo(
+        mount_id,
+        parent,
+        int(devnum.group(1)),
+        int(devnum.group(2)),
+        unescape_mount_field(fields[3]),
+        unescape_mount_field(fields[4]),
+        fields[dash + 1],
+        unescape_mount_field(fields[dash + 2]),
+    )
+
+
+def parse_mountinfo(
+    text: str, source: str = "/proc/self/mountinfo", tally: SkipTally | None = None
+) -> tuple[MountInfo, ...]:
+    """Every well-formed line of ``/proc/<pid>/mountinfo`` (see :func:`parse_mountinfo_line`);
+    a malformed one is left out and counted in ``tally``."""
     mounts: list[MountInfo] = []
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        fields = line.split()
         try:
-            dash = fields.index("-", 6)
-        except ValueError:
-            raise ParseError(source, "no '-' separator after the optional fields", number) from None
-        if len(fields) < dash + 3:
-            raise ParseError(source, "missing fstype or source after '-'", number)
-        mount_id = _int(fields[0], "mount id", source, number)
-        parent = _int(fields[1], "parent id", source, number)
-        devnum = _DEVNUM.fullmatch(fields[2])
-        if devnum is None:
-            raise ParseError(source, f"not MAJ:MIN: {fields[2]!r}", number)
-        mounts.append(
-            MountInfo(
-                mount_id,
-                parent,
-                int(devnum.group(1)),
-                int(devnum.group(2)),
-                unescape_mount_field(fields[3]),
-                unescape_mount_field(fields[4]),
-                fields[dash + 1],
-                unescape_mount_field(fields[dash + 2]),
-            )
-        )
+            mounts.append(parse_mountinfo_line(line, number, source))
+        except ParseError as exc:
+            if tally is not None:
+                tally.skip(SKIP_MOUNTINFO_LINE_UNPARSABLE, str(exc))
     return tuple(mounts)
 
 
-def parse_comm(text: str, source: str = "comm") -> str:
-    """``/proc/<pid>/comm``: the name and a newline."""
-    name = text[:-1] if text.endswith("\n") else text
-    if "\n" in name:
-        raise ParseError(source, "more than one line", 2)
-    return name
+def parse_comm(text: str) -> str:
+    """``/proc/<pid>/comm``: the name, then the one newline the kernel adds
+    (``fs/proc/base.c`` ``comm_show``). The name is what its process chose and may hold
+    newlines of its own: everything before that last newline is the name."""
+    return text[:-1] if text.endswith("\n") else text
 
 
 def contended(entries: tuple[LockEntry, ...]) -> list[tuple[LockEntry, list[LockEntry]]]:
@@ -344,7 +376,7 @@ def _comm(roots: Roots, pid: int) -> str | None:
         return None
     path = roots.procfs / str(pid) / "comm"
     text = read_optional(path, PROC_PROCESS)
-    return None if text is None else parse_comm(text, str(path))
+    return None if text is None else parse_comm(text)
 
 
 def locked_path(roots: Roots, pid: int, st_dev: int, inode: int) -> str | None:
@@ -415,18 +447,21 @@ def resolve(
 
 
 def read_locks(roots: Roots) -> LocksData:
+    """The locks of ``/proc/locks``; raises only when the file cannot be read at all."""
     path = roots.procfs / "locks"
-    entries = parse_locks(read_text(path, PROC_TABLE), str(path))
+    tally = SkipTally()
+    entries = parse_locks(read_text(path, PROC_TABLE), str(path), tally)
     counts = Counter(e.kind for e in entries if e.depth == 0)
     mounts: tuple[MountInfo, ...] | None = None
     if any(e.blocker is not None for e in entries):
         info_path = roots.procfs / "self" / "mountinfo"
         text = read_optional(info_path, PROC_TABLE)
-        mounts = None if text is None else parse_mountinfo(text, str(info_path))
+        mounts = None if text is None else parse_mountinfo(text, str(info_path), tally)
     return LocksData(
         counts=tuple(sorted(counts.items())),
         blocked=sum(1 for e in entries if e.depth > 0),
         contended=resolve(roots, entries, mounts),
+        skipped=tally.freeze(),
     )
 
 
