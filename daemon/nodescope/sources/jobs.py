@@ -52,9 +52,11 @@ from typing import Any, Literal
 
 from nodescope.errors import ParseError
 from nodescope.fileio import CGROUP_LIST, CGROUP_STAT, PROC_PROCESS
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_optional
 from nodescope.sources.cgroup import (
+    CGROUP_UNREADABLE,
     SHARED,
     SLOW_EVERY,
     Cgroup,
@@ -120,6 +122,17 @@ _GPU_LIST = re.compile(r"[0-9]+(?:,[0-9]+)*")
 _V1_JOB_CONTROLLERS = ("memory", "freezer")
 
 Layout = Literal["v2", "v2-sluid", "v1"]
+
+#: Why part of a job, or a job, was skipped (the ``reason`` of
+#: ``nodescope_source_records_skipped_total``, next to the cgroup walk's own reasons): a
+#: thread's ``/proc/<pid>/task/<tid>/cgroup`` or ``/proc/<tid>/status`` that does not parse
+#: (the thread is left out); a cgroup file of a job that does not parse (v1 jobs are read
+#: file by file: the job is left out, the others go on); a memory limit of another cgroup
+#: that does not parse (its limit is not applied); a registration that is not one.
+THREAD_UNPARSABLE = "thread_unparsable"
+JOB_UNPARSABLE = "job_unparsable"
+LIMIT_UNPARSABLE = "limit_unparsable"
+REGISTRATION_UNPARSABLE = "registration_unparsable"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,6 +237,8 @@ class JobsData:
     registrations: tuple[Registration, ...]
     others: tuple[OtherCgroup, ...]
     truncated: bool = False
+    #: What this run skipped: unreadable or malformed cgroups, threads, registrations.
+    skipped: Skipped = NOTHING_SKIPPED
 
     def cgroup_of(self, pid: int) -> tuple[str, int | None] | None:
         """(cgroup, memory limit) of a pid outside every job, when the index has it."""
@@ -373,11 +388,15 @@ def _subdirectories(path: Path) -> list[str]:
         return []
 
 
-def _files(path: Path) -> frozenset[str] | None:
+def _files(path: Path, tally: SkipTally) -> frozenset[str] | None:
+    """The files of a cgroup directory; ``None`` when it is gone or (counted) refused."""
     try:
         with os.scandir(path) as entries:
             return frozenset(e.name for e in entries if e.is_file(follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
     except OSError:
+        tally.skip(CGROUP_UNREADABLE, str(path))
         return None
 
 
@@ -418,14 +437,26 @@ def _tightest(*limits: int | None) -> int | None:
     return min(present) if present else None
 
 
-def _ancestor_limit_v2(root: Path, directory: Path) -> int | None:
+def _parsed_limit(
+    text: str, path: str, parse: Callable[[str, str], int | None], tally: SkipTally
+) -> int | None:
+    """A memory limit; ``None`` (no limit known, counted) when it does not parse."""
+    try:
+        return parse(text, path)
+    except ParseError as exc:
+        tally.skip(LIMIT_UNPARSABLE, str(exc))
+        return None
+
+
+def _ancestor_limit_v2(root: Path, directory: Path, tally: SkipTally) -> int | None:
     """The tightest ``memory.max`` strictly above ``directory`` up to the root."""
     limit: int | None = None
     current = directory.parent
     while current != root and root in current.parents:
         text = read_optional(current / "memory.max", CGROUP_STAT)
         if text is not None:
-            limit = _tightest(limit, parse_limit(text, str(current / "memory.max")))
+            path = str(current / "memory.max")
+            limit = _tightest(limit, _parsed_limit(text, path, parse_limit, tally))
         current = current.parent
     return limit
 
@@ -444,12 +475,18 @@ def _task_ids(roots: Roots, pid: int) -> list[int] | None:
         return None
 
 
-def _thread_cgroup(roots: Roots, pid: int, tid: int, v1_controller: str | None) -> str | None:
+def _thread_cgroup(
+    roots: Roots, pid: int, tid: int, v1_controller: str | None, tally: SkipTally
+) -> str | None:
     path = f"{roots.procfs}/{pid}/task/{tid}/cgroup"
     text = read_optional(path, PROC_PROCESS)
     if text is None:
         return None
-    parsed = parse_proc_cgroup(text, path)
+    try:
+        parsed = parse_proc_cgroup(text, path)
+    except ParseError as exc:
+        tally.skip(THREAD_UNPARSABLE, str(exc))
+        return None
     return parsed.v2_path if v1_controller is None else parsed.v1_path(v1_controller)
 
 
@@ -462,6 +499,7 @@ def _read_task(
     memory_max: int | None,
     slurm_internal: bool,
     v1_controller: str | None,
+    tally: SkipTally,
     environ_memo: EnvironMemo | None = None,
 ) -> JobTask | None:
     tids = _task_ids(roots, pid)
@@ -479,9 +517,9 @@ def _read_task(
         for tid in sorted(tids):
             if tid in job_threads:
                 continue
-            where = _thread_cgroup(roots, pid, tid, v1_controller)
+            where = _thread_cgroup(roots, pid, tid, v1_controller, tally)
             if where is None:
-                continue  # gone meanwhile
+                continue  # gone meanwhile, or skipped
             escaped.append(EscapedThread(tid, _read_comm(roots, pid, tid), where))
     return JobTask(
         pid=pid,
@@ -507,35 +545,49 @@ def _job_id_from_tasks(tasks: Iterable[JobTask]) -> str | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def _tgid(roots: Roots, tid: int) -> int | None:
+def _tgid(roots: Roots, tid: int, tally: SkipTally) -> int | None:
     path = roots.procfs / str(tid) / "status"
     text = read_optional(path, PROC_PROCESS)
-    return None if text is None else parse_status_tgid(text, str(path))
+    if text is None:
+        return None
+    try:
+        return parse_status_tgid(text, str(path))
+    except ParseError as exc:
+        tally.skip(THREAD_UNPARSABLE, str(exc))
+        return None
 
 
 def read_v2_job(
-    roots: Roots, root: Path, key: str, job_id: str | None, layout: Layout, directory: Path
+    roots: Roots,
+    root: Path,
+    key: str,
+    job_id: str | None,
+    layout: Layout,
+    directory: Path,
+    tally: SkipTally | None = None,
 ) -> JobCgroup | None:
-    """Read one v2 job directory and every cgroup below it."""
-    above = _ancestor_limit_v2(root, directory)
+    """Read one v2 job directory and every cgroup below it; what cannot be read or parsed
+    is left out and counted in ``tally``."""
+    tally = SkipTally() if tally is None else tally
+    above = _ancestor_limit_v2(root, directory, tally)
     cgroups: list[tuple[str, Cgroup, int | None]] = []  # (below the job, cgroup, limit)
     queue: deque[tuple[Path, int, int | None]] = deque([(directory, 0, above)])
     base_depth = len(directory.relative_to(root).parts)
     while queue and len(cgroups) < MAX_JOB_CGROUPS:
         current, depth, limit_above = queue.popleft()
-        files = _files(current)
+        files = _files(current, tally)
         if files is None:
             continue
         subdirs = _subdirectories(current)
         cgroup = read_cgroup(
-            current, _relative(root, current), base_depth + depth, files, len(subdirs), True
+            current, _relative(root, current), base_depth + depth, files, len(subdirs), True, tally
         )
         if cgroup is None:
             continue
         effective = _tightest(limit_above, _limit_value(cgroup))
         cgroups.append((current.relative_to(directory).as_posix(), cgroup, effective))
         queue.extend((current / name, depth + 1, effective) for name in subdirs)
-    return _v2_job(roots, key, job_id, layout, cgroups, None)
+    return _v2_job(roots, key, job_id, layout, cgroups, None, tally)
 
 
 def _v2_job(
@@ -545,6 +597,7 @@ def _v2_job(
     layout: Layout,
     cgroups: list[tuple[str, Cgroup, int | None]],
     environ_memo: EnvironMemo | None,
+    tally: SkipTally,
 ) -> JobCgroup | None:
     """A v2 job from its cgroups in walk order, the job's own first: (path below the job
     directory, ``.`` for itself; the record with its id lists; the effective memory limit)."""
@@ -559,7 +612,7 @@ def _v2_job(
             # Threaded cgroups list threads only; their processes sit in the threaded domain
             # above, which may be outside the job.
             for tid in cgroup.threads or ():
-                tgid = _tgid(roots, tid)
+                tgid = _tgid(roots, tid, tally)
                 if tgid is not None:
                     members.setdefault(tgid, (relative, cgroup, effective))
     tasks: list[JobTask] = []
@@ -574,6 +627,7 @@ def _v2_job(
             effective,
             _is_slurm_internal(relative),
             None,
+            tally,
             environ_memo,
         )
         if task is not None:
@@ -601,7 +655,7 @@ def _v2_job(
 
 
 def _v2_from_tree(
-    roots: Roots, tree: CgroupTree, environ_memo: EnvironMemo | None
+    roots: Roots, tree: CgroupTree, environ_memo: EnvironMemo | None, tally: SkipTally
 ) -> tuple[list[JobCgroup], bool, tuple[OtherCgroup, ...]]:
     """(jobs, whether any job directory was found, the other cgroups) from a whole walk of
     the v2 tree: what :func:`find_v2_jobs`, :func:`read_v2_job` and :func:`read_others_v2`
@@ -646,7 +700,7 @@ def _v2_from_tree(
             effective = _tightest(limit_above, _limit_value(current))
             cgroups.append((current.path[prefix:] or ".", current, effective))
             queue.extend((child, effective) for child in kids.get(current.path, ()))
-        read = _v2_job(roots, key, job_id, layout, cgroups, environ_memo)
+        read = _v2_job(roots, key, job_id, layout, cgroups, environ_memo, tally)
         if read is not None:
             jobs.append(read)
     # The index of read_others_v2: every cgroup outside the job directories.
@@ -735,7 +789,17 @@ def find_v1_jobs(cgroupfs: Path) -> tuple[str, list[tuple[str, int, Path]]] | No
     return None
 
 
-def read_v1_job(roots: Roots, controller: str, job_id: str, uid: int, directory: Path) -> JobCgroup:
+def read_v1_job(
+    roots: Roots,
+    controller: str,
+    job_id: str,
+    uid: int,
+    directory: Path,
+    tally: SkipTally | None = None,
+) -> JobCgroup:
+    """One v1 job; raises :class:`ParseError` when one of its figures does not parse (the
+    caller skips the job). Task list lines that are not ids are counted in ``tally``."""
+    tally = SkipTally() if tally is None else tally
     hierarchy = roots.cgroupfs / controller
     job_rel = _relative(hierarchy, directory)
     members: dict[int, tuple[str, str]] = {}  # pid -> (cgroup path, path below the job)
@@ -748,12 +812,12 @@ def read_v1_job(roots: Roots, controller: str, job_id: str, uid: int, directory:
         procs_path = current / "cgroup.procs"
         text = read_optional(procs_path, CGROUP_LIST)
         relative = current.relative_to(directory).as_posix()
-        for pid in () if text is None else parse_ids(text, str(procs_path)):
+        for pid in () if text is None else parse_ids(text, str(procs_path), tally):
             members.setdefault(pid, (_relative(hierarchy, current), relative))
         tasks_path = current / "tasks"
         tasks_text = read_optional(tasks_path, CGROUP_LIST)
         if tasks_text is not None:
-            threads.update(parse_ids(tasks_text, str(tasks_path)))
+            threads.update(parse_ids(tasks_text, str(tasks_path), tally))
         queue.extend(current / name for name in _subdirectories(current))
     limits: list[int | None] = []
     steps: list[JobStep] = []
@@ -784,6 +848,7 @@ def read_v1_job(roots: Roots, controller: str, job_id: str, uid: int, directory:
             effective,
             _is_slurm_internal(relative),
             controller,
+            tally,
         )
         if task is not None:
             tasks.append(task)
@@ -807,10 +872,15 @@ def read_v1_job(roots: Roots, controller: str, job_id: str, uid: int, directory:
 
 
 def _read_others(
-    root: Path, skip: Iterable[Path], limit_file: str, parse: Callable[[str, str], int | None]
+    root: Path,
+    skip: Iterable[Path],
+    limit_file: str,
+    parse: Callable[[str, str], int | None],
+    tally: SkipTally,
 ) -> tuple[tuple[OtherCgroup, ...], bool]:
     """Every populated cgroup below ``root`` outside the job directories, with its effective
-    memory limit (the tightest ``limit_file`` on its path)."""
+    memory limit (the tightest ``limit_file`` on its path); a limit or id that does not parse
+    is counted in ``tally`` and left out."""
     skipped = set(skip)
     others: list[OtherCgroup] = []
     queue: deque[tuple[Path, int | None]] = deque([(root, None)])
@@ -824,10 +894,11 @@ def _read_others(
         if current != root:
             text = read_optional(current / limit_file, CGROUP_STAT)
             if text is not None:
-                limit = _tightest(limit, parse(text, str(current / limit_file)))
+                own = _parsed_limit(text, str(current / limit_file), parse, tally)
+                limit = _tightest(limit, own)
         procs_path = current / "cgroup.procs"
         text = read_optional(procs_path, CGROUP_LIST)
-        pids = () if text is None else tuple(sorted(set(parse_ids(text, str(procs_path)))))
+        pids = () if text is None else tuple(sorted(set(parse_ids(text, str(procs_path), tally))))
         if pids:
             others.append(OtherCgroup(_relative(root, current), pids, limit))
         for name in _subdirectories(current):
@@ -837,19 +908,27 @@ def _read_others(
     return tuple(others), False
 
 
-def read_others_v2(root: Path, skip: Iterable[Path]) -> tuple[tuple[OtherCgroup, ...], bool]:
-    return _read_others(root, skip, "memory.max", parse_limit)
+def read_others_v2(
+    root: Path, skip: Iterable[Path], tally: SkipTally | None = None
+) -> tuple[tuple[OtherCgroup, ...], bool]:
+    tally = SkipTally() if tally is None else tally
+    return _read_others(root, skip, "memory.max", parse_limit, tally)
 
 
-def read_others_v1(hierarchy: Path, skip: Iterable[Path]) -> tuple[tuple[OtherCgroup, ...], bool]:
-    return _read_others(hierarchy, skip, "memory.limit_in_bytes", parse_v1_limit)
+def read_others_v1(
+    hierarchy: Path, skip: Iterable[Path], tally: SkipTally | None = None
+) -> tuple[tuple[OtherCgroup, ...], bool]:
+    tally = SkipTally() if tally is None else tally
+    return _read_others(hierarchy, skip, "memory.limit_in_bytes", parse_v1_limit, tally)
 
 
 def registrations_dir(roots: Roots) -> Path:
     return roots.run / RUN_SUBDIR / "jobs"
 
 
-def read_registrations(roots: Roots) -> tuple[Registration, ...]:
+def read_registrations(roots: Roots, tally: SkipTally | None = None) -> tuple[Registration, ...]:
+    """The prolog's registrations; a file that is not one is skipped, counted in ``tally``."""
+    tally = SkipTally() if tally is None else tally
     directory = registrations_dir(roots)
     found: list[Registration] = []
     try:
@@ -863,7 +942,10 @@ def read_registrations(roots: Roots) -> tuple[Registration, ...]:
         text = read_optional(path)
         if text is None:
             continue  # removed by the epilog meanwhile
-        found.append(parse_registration(text, str(path)))
+        try:
+            found.append(parse_registration(text, str(path)))
+        except ParseError as exc:
+            tally.skip(REGISTRATION_UNPARSABLE, str(exc))
     return tuple(sorted(found, key=lambda r: _job_order(r.job_id)))
 
 
@@ -875,38 +957,57 @@ def read_jobs(
     roots: Roots, tree: CgroupTree | None = None, environ_memo: EnvironMemo | None = None
 ) -> JobsData:
     """Every job of the node. ``tree``: a whole walk of the v2 hierarchy with the id lists
-    (read here when not given); ``environ_memo``: kept environments of known processes."""
-    registrations = read_registrations(roots)
+    (read here when not given); ``environ_memo``: kept environments of known processes.
+
+    A job, cgroup, thread or registration that cannot be read or parsed is left out and
+    counted in the record's ``skipped`` (with what the walk skipped): one job's junk file or
+    refused directory never hides the other jobs.
+    """
+    tally = SkipTally()
+    registrations = read_registrations(roots, tally)
     if tree is None:
         tree = read_tree(roots, keep_pids=True)
     hierarchy = find_v2_root(roots.cgroupfs)
     jobs: list[JobCgroup] = []
+
+    def data(layout: str, others: tuple[OtherCgroup, ...], truncated: bool) -> JobsData:
+        skipped = tally.freeze()
+        if layout == "v2" and tree is not None:
+            skipped = tree.skipped + skipped
+        return JobsData(layout, tuple(_sorted(jobs)), registrations, others, truncated, skipped)
+
     if hierarchy.path is not None and tree.mode != "none" and not tree.truncated:
-        jobs, any_found, others = _v2_from_tree(roots, tree, environ_memo)
+        jobs, any_found, others = _v2_from_tree(roots, tree, environ_memo, tally)
         if any_found or hierarchy.mode == "unified":
-            return JobsData("v2", tuple(_sorted(jobs)), registrations, others, False)
+            return data("v2", others, False)
         jobs = []
+        tally = SkipTally()  # what the v2 search skipped is not what the v1 read reports
     elif hierarchy.path is not None:
         # A tree too large for one walk: search and read the job directories themselves.
         found = find_v2_jobs(hierarchy.path)
         for key, job_id, layout, directory in found:
-            job = read_v2_job(roots, hierarchy.path, key, job_id, layout, directory)
+            job = read_v2_job(roots, hierarchy.path, key, job_id, layout, directory, tally)
             if job is not None:
                 jobs.append(job)
         if found or hierarchy.mode == "unified":
-            others, truncated = read_others_v2(hierarchy.path, (d for *_, d in found))
-            return JobsData("v2", tuple(_sorted(jobs)), registrations, others, truncated)
+            others, truncated = read_others_v2(hierarchy.path, (d for *_, d in found), tally)
+            return data("v2", others, truncated)
     v1 = find_v1_jobs(roots.cgroupfs)
     if v1 is not None:
         controller, v1_jobs = v1
         for job_id, uid, directory in v1_jobs:
-            jobs.append(read_v1_job(roots, controller, job_id, uid, directory))
-        others, truncated = read_others_v1(roots.cgroupfs / controller, (d for *_, d in v1_jobs))
-        return JobsData("v1", tuple(_sorted(jobs)), registrations, others, truncated)
+            try:
+                jobs.append(read_v1_job(roots, controller, job_id, uid, directory, tally))
+            except ParseError as exc:
+                tally.skip(JOB_UNPARSABLE, str(exc))
+        others, truncated = read_others_v1(
+            roots.cgroupfs / controller, (d for *_, d in v1_jobs), tally
+        )
+        return data("v1", others, truncated)
     if hierarchy.path is not None:
-        others, truncated = read_others_v2(hierarchy.path, ())
-        return JobsData("v2", (), registrations, others, truncated)
-    return JobsData("none", (), registrations, ())
+        others, truncated = read_others_v2(hierarchy.path, (), tally)
+        return data("v2", others, truncated)
+    return data("none", (), False)
 
 
 def _sorted(jobs: list[JobCgroup]) -> list[JobCgroup]:
