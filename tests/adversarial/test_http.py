@@ -188,7 +188,7 @@ def cgroup_v1_limits(pid: int, limits: dict[str, str]) -> Iterator[list[str]]:
             base = Path("/sys/fs/cgroup") / controller
             if controller not in own or not (base / "cgroup.procs").exists():
                 continue
-            group = base / own[controller].lstrip("/") / f"nodescope-http-{os.getpid()}"
+            group = base / own[controller].lstrip("/") / f"nodescope-http-{os.getpid()}-{pid}"
             try:
                 group.mkdir()
                 made.append(group)
@@ -203,6 +203,9 @@ def cgroup_v1_limits(pid: int, limits: dict[str, str]) -> Iterator[list[str]]:
         yield applied
     finally:
         for group in made:
+            # Back to the parent group (if still alive), or the directory cannot go.
+            with contextlib.suppress(OSError):
+                (group.parent / "cgroup.procs").write_text(str(pid))
             for _ in range(50):
                 try:
                     group.rmdir()
@@ -402,12 +405,20 @@ def test_half_sent_requests_cannot_hold_every_connection() -> None:
     assert max(seconds for _, seconds in answered) < 2
 
 
+def limit() -> float:
+    """When a request that began at a connection's start must have been cut off."""
+    from nodescope import serving as serving_mod
+
+    return serving_mod.REQUEST_SECONDS + serving_mod.SWEEP_SECONDS + 1
+
+
 def test_a_request_head_has_a_deadline() -> None:
     """A client that sends its head a byte at a time is closed once the deadline from its
     connection's start has passed, whatever it sends meanwhile."""
     from nodescope import serving as serving_mod
 
     with serving(unit=False) as served:
+        silent = socket.create_connection(("127.0.0.1", served.port), timeout=10)
         sock = socket.create_connection(("127.0.0.1", served.port), timeout=10)
         started = time.monotonic()
         closed_after = None
@@ -424,11 +435,15 @@ def test_a_request_head_has_a_deadline() -> None:
                 except OSError:
                     closed_after = time.monotonic() - started
                     break
+            # A connection that never says anything has the same deadline.
+            silent.settimeout(max(0.1, started + limit() - time.monotonic()))
+            with contextlib.suppress(ConnectionResetError):
+                assert silent.recv(1) == b""
         finally:
             sock.close()
+            silent.close()
     assert closed_after is not None
-    limit = serving_mod.REQUEST_SECONDS + serving_mod.SWEEP_SECONDS + 1
-    assert serving_mod.REQUEST_SECONDS <= closed_after < limit
+    assert serving_mod.REQUEST_SECONDS <= closed_after < limit()
 
 
 def test_an_endless_stream_of_empty_lines_is_cut_off() -> None:
