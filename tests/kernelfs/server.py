@@ -212,8 +212,18 @@ class KernelSemanticsFs:
                 return os.path.join(self.mountpoint, relative)
         return target
 
-    def readdir(self, path: str, fh: Any) -> list[str]:
-        return [".", "..", *os.listdir(self._real(path))]
+    def readdir(self, path: str, fh: Any) -> list[tuple[str, dict[str, int], int]]:
+        # Each entry carries its inode: with use_ino an entry without one has inode 0, and
+        # readdir(3) drops entries of inode 0 as deleted.
+        real = self._real(path)
+        here = os.lstat(real)
+        entries = [(".", _entry_attrs(here.st_ino, here.st_mode), 0)]
+        parent = os.lstat(os.path.dirname(real.rstrip("/")) if path.strip("/") else real)
+        entries.append(("..", _entry_attrs(parent.st_ino, parent.st_mode), 0))
+        with os.scandir(real) as it:
+            for entry in it:
+                entries.append((entry.name, _entry_attrs(entry.inode(), _entry_mode(entry)), 0))
+        return entries
 
     def statfs(self, path: str) -> dict[str, int]:
         sv = os.statvfs(self._real(path))
@@ -323,6 +333,21 @@ class KernelSemanticsFs:
         else:
             os.utime(self._real(path), ns=times, follow_symlinks=False)
         return 0
+
+
+def _entry_mode(entry: os.DirEntry[str]) -> int:
+    """The file type of a directory entry, from its d_type where the filesystem gives one."""
+    if entry.is_symlink():
+        return stat.S_IFLNK
+    if entry.is_dir(follow_symlinks=False):
+        return stat.S_IFDIR
+    if entry.is_file(follow_symlinks=False):
+        return stat.S_IFREG
+    return entry.stat(follow_symlinks=False).st_mode
+
+
+def _entry_attrs(inode: int, mode: int) -> dict[str, int]:
+    return {"st_ino": inode, "st_mode": stat.S_IFMT(mode)}
 
 
 def _error(code: int) -> OSError:
