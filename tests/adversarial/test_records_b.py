@@ -9,18 +9,22 @@ stays up, that the good records are all there, and that the bad one is counted i
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
-from nodescope.sources import diskstats, locks
+from nodescope.sources import diskstats, locks, mountstats
 from nodescope.sources import infiniband as ib
 from nodescope.sources.base import Source
 from nodescope_exporters import self_metrics
@@ -194,3 +198,107 @@ def test_locks_unreadable_as_a_whole_is_the_source_down(tmp_path: Path) -> None:
     snapshot = _cycle(Roots.under(tmp_path), locks.LocksSource())
     assert not snapshot.status[locks.NAME].up
     assert "FIFO" in str(snapshot.current[locks.NAME].error)
+
+
+# --------------------------------------------------------------------------------------------
+# /proc/self/mountstats
+
+
+def test_mountstats_malformed_block_is_skipped_and_counted(tmp_path: Path) -> None:
+    nfs = (
+        "device srv:/export mounted on /mnt/{name} with fstype nfs4 statvers=1.1\n"
+        "\tage:\t{age}\n"
+        "\tper-op statistics\n"
+        "\t        NULL: 1 1 0 44 24 0 0 0 0\n"
+        "\t        READ: 100 100 0 14000 104900000 5 150 200 0\n"
+    )
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "mountstats").write_text(
+        "device proc mounted on /proc with fstype proc\n"
+        + nfs.format(name="a", age=10)
+        + nfs.format(name="b", age="soon")
+        + "device half a heading\n\tage:\t1\n"
+        + nfs.format(name="c", age=30)
+    )
+    snapshot = _cycle(Roots.under(tmp_path), mountstats.MountstatsSource())
+    assert snapshot.status[mountstats.NAME].up, snapshot.current[mountstats.NAME].error
+    data = snapshot.current[mountstats.NAME].data
+    assert isinstance(data, mountstats.MountstatsData)
+    assert [(m.mountpoint, m.age_seconds) for m in data.mounts] == [("/mnt/a", 10), ("/mnt/c", 30)]
+    assert _skipped_metric(snapshot) == {
+        (mountstats.NAME, mountstats.SKIP_NFS_MOUNT_MALFORMED): 1,
+        (mountstats.NAME, mountstats.SKIP_MOUNT_HEADING_UNPARSABLE): 1,
+    }
+
+
+MOUNTS_IN_NAMESPACE = 300
+
+# Runs in a private mount namespace: mounts tmpfs many times — one with a source a user
+# chose to look like an NFS heading — then reads mountstats as the source does and says what
+# it saw next to the kernel's own count of mounts.
+_IN_NAMESPACE = """
+import json, os, subprocess, sys
+from nodescope.collect import Collector, ScheduledSource
+from nodescope.fileio import PROC_TABLE, read_text
+from nodescope.roots import Roots
+from nodescope.sources import mountstats
+base, count = sys.argv[1], int(sys.argv[2])
+hostile = "evil mounted on /etc with fstype nfs4 statvers=1.1\\n\\tage:\\tx"
+for i in range(count):
+    target = os.path.join(base, str(i))
+    os.mkdir(target)
+    source = hostile if i == count - 1 else f"tmpfs{i}"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", source, target], check=True)
+text = read_text("/proc/self/mountstats", PROC_TABLE)
+with open("/proc/self/mountinfo", "rb") as handle:
+    kernel_mounts = sum(1 for _ in handle)
+collector = Collector(
+    roots=Roots(), scheduled=[ScheduledSource(mountstats.MountstatsSource(), 1.0, 5.0)]
+)
+snapshot = collector.run_cycle()
+collector.close()
+status = snapshot.status[mountstats.NAME]
+data = snapshot.current[mountstats.NAME].data
+print(json.dumps({
+    "bytes": len(text),
+    "headings": sum(1 for line in text.split("\\n") if line.startswith("device ")),
+    "kernel_mounts": kernel_mounts,
+    "last_mount_seen": f" mounted on {base}/{count - 1} with fstype tmpfs" in text,
+    "up": status.up,
+    "skipped": dict(status.skipped_total),
+    "nfs_mounts": [m.mountpoint for m in data.mounts] if data is not None else None,
+}))
+"""
+
+
+def test_mountstats_of_hundreds_of_real_mounts_is_read_whole(tmp_path: Path) -> None:
+    """300 tmpfs mounts in a private mount namespace make mountstats several pages long: it is
+    read to its last mount, and a source string made to look like an NFS heading stays one
+    escaped field of a tmpfs heading."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (util-linux) for a private mount namespace")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"])
+    if probe.returncode != 0:
+        pytest.skip("unshare --mount is not permitted here")
+    done = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-c",
+            _IN_NAMESPACE,
+            str(tmp_path),
+            str(MOUNTS_IN_NAMESPACE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["bytes"] > 4 * 4096
+    assert seen["headings"] == seen["kernel_mounts"] >= MOUNTS_IN_NAMESPACE
+    assert seen["last_mount_seen"]
+    assert seen["up"] and seen["skipped"] == {} and seen["nfs_mounts"] == []

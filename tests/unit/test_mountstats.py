@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -10,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope import derive
-from nodescope.errors import ParseError
 from nodescope.roots import Roots
 from nodescope.sources.mountstats import (
+    SKIP_LINE_OUTSIDE_MOUNT,
+    SKIP_MOUNT_HEADING_UNPARSABLE,
+    SKIP_NFS_MOUNT_MALFORMED,
     MountstatsData,
     NfsOp,
     make_source,
@@ -119,21 +120,45 @@ def test_deriver_is_registered() -> None:
     assert derive.deriver("mountstats") is nfs_rates
 
 
+GOOD_MOUNT = nfs_mount(7, READ0, WRITE0, "3 3 0 600 300 0 3 4 3").replace("/mnt/ckpt", "/mnt/good")
+
+
 @pytest.mark.parametrize(
-    ("text", "line"),
+    ("text", "line", "reason"),
     [
-        ("device x mounted somewhere\n", 1),
-        ("\tage:\t1\n", 1),
-        (nfs_mount(1, READ0, WRITE0, "1 2 3"), 16),
-        (nfs_mount(1, READ0, WRITE0, "a 2 3 4 5 6 7 8"), 16),
-        (nfs_mount(1, READ0, WRITE0, "1 1 0 1 1 0 1 1 0").replace("LOCK", "READ"), 16),
-        (nfs_mount(1, READ0, WRITE0, "1 1 0 1 1 0 1 1 0").replace("age:\t1", "age:\tx"), 3),
+        ("device x mounted somewhere\n", 1, SKIP_MOUNT_HEADING_UNPARSABLE),
+        ("\tage:\t1\n", 1, SKIP_LINE_OUTSIDE_MOUNT),
+        (nfs_mount(1, READ0, WRITE0, "1 2 3"), 16, SKIP_NFS_MOUNT_MALFORMED),
+        (nfs_mount(1, READ0, WRITE0, "a 2 3 4 5 6 7 8"), 16, SKIP_NFS_MOUNT_MALFORMED),
+        (
+            nfs_mount(1, READ0, WRITE0, "1 1 0 1 1 0 1 1 0").replace("LOCK", "READ"),
+            16,
+            SKIP_NFS_MOUNT_MALFORMED,
+        ),
+        (
+            nfs_mount(1, READ0, WRITE0, "1 1 0 1 1 0 1 1 0").replace("age:\t1", "age:\tx"),
+            3,
+            SKIP_NFS_MOUNT_MALFORMED,
+        ),
     ],
 )
-def test_parse_mountstats_rejects(text: str, line: int) -> None:
-    with pytest.raises(ParseError) as err:
-        parse_mountstats(text, "ms")
-    assert err.value.line == line
+def test_malformed_mount_block_is_skipped_and_counted(text: str, line: int, reason: str) -> None:
+    """The bad block is left out whole, named with its line; the good mount after it is read."""
+    data = parse_mountstats(text + GOOD_MOUNT, "ms")
+    assert [m.mountpoint for m in data.mounts] == ["/mnt/good"]
+    assert data.mounts[0] == parse_mountstats(GOOD_MOUNT).mounts[0]
+    assert data.skipped.counts == {reason: 1}
+    assert data.skipped.examples[reason].startswith(f"ms:{line}: ")
+
+
+def test_skipped_block_lines_are_not_taken_for_the_next_mount() -> None:
+    """After a malformed per-op line, the rest of that block (more per-op lines) is passed
+    over, not counted again nor added to another mount."""
+    bad = nfs_mount(1, READ0, WRITE0, "1 2 3") + "\t      COMMIT: 1 1 0 1 1 0 1 1 0\n"
+    data = parse_mountstats(LOCAL + bad + GOOD_MOUNT, "ms")
+    assert [m.mountpoint for m in data.mounts] == ["/mnt/good"]
+    assert data.mounts[0].op("COMMIT") is None
+    assert data.skipped.counts == {SKIP_NFS_MOUNT_MALFORMED: 1}
 
 
 def test_capture_of_this_host_has_no_nfs() -> None:
@@ -145,8 +170,9 @@ def test_capture_of_this_host_has_no_nfs() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_parse_mountstats_fuzz(text: str) -> None:
-    with contextlib.suppress(ParseError):
-        parse_mountstats(text)
+    data = parse_mountstats(text)
+    headings = sum(1 for line in text.split("\n") if line.startswith("device "))
+    assert len(data.mounts) <= headings
 
 
 @settings(max_examples=200, deadline=None)
@@ -170,9 +196,10 @@ def test_parse_mountstats_fuzz(text: str) -> None:
     )
 )
 def test_parse_mountstats_fuzz_structured(lines: list[str]) -> None:
-    try:
-        data = parse_mountstats("\n".join(lines))
-    except ParseError:
-        return
+    data = parse_mountstats("\n".join(lines))
     for mount in data.mounts:
         assert len({op.name for op in mount.ops}) == len(mount.ops)
+    # Every NFS heading is a mount or one skip; nothing else is skipped but stray lines.
+    nfs = sum(1 for line in lines if line.endswith("fstype nfs statvers=1.1"))
+    skipped = data.skipped.counts
+    assert len(data.mounts) + skipped.get(SKIP_NFS_MOUNT_MALFORMED, 0) == nfs

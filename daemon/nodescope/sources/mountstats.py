@@ -19,16 +19,21 @@ is absent on kernels before 5.3. Bytes include the RPC headers.
 ``avg queue = Δqueue/Δops``, ``retrans = Δntrans − Δops``, ``kB/op = (Δsent+Δrecv)/1024/Δops``.
 The counters restart on a remount: a mount whose ``age`` went down is left out of that
 interval.
+
+A mount block that does not parse — its heading, its ``age:`` or one of its per-op lines —
+is left out whole and counted in ``MountstatsData.skipped``; the other mounts are read. Only
+a ``mountstats`` that cannot be read at all takes the source down.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nodescope.errors import ParseError
 from nodescope.fileio import PROC_TABLE
 from nodescope.model.counters import counter_delta
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_text
 
@@ -39,6 +44,14 @@ NFS_FSTYPES = ("nfs", "nfs4")
 _HEADING = re.compile(r"device (.+) mounted on (.+) with fstype (\S+)(?: statvers=(\S+))?")
 _OP = re.compile(r"\s*([A-Za-z0-9_]+):((?:\s+[0-9]{1,20}){8,9})\s*")
 _NUMBER = re.compile(r"[0-9]{1,20}")
+
+# Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
+#: a ``device ... mounted on ... with fstype ...`` heading that does not parse: its block
+SKIP_MOUNT_HEADING_UNPARSABLE = "mount_heading_unparsable"
+#: an NFS mount whose ``age:`` or per-op lines do not parse: the whole mount
+SKIP_NFS_MOUNT_MALFORMED = "nfs_mount_malformed"
+#: a line before the first mount heading
+SKIP_LINE_OUTSIDE_MOUNT = "line_outside_mount"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +91,8 @@ class NfsMount:
 @dataclass(frozen=True, slots=True)
 class MountstatsData:
     mounts: tuple[NfsMount, ...]
+    #: mount blocks and lines left out of this run as malformed
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 
     def mount(self, mountpoint: str) -> NfsMount | None:
         for mount in self.mounts:
@@ -94,87 +109,105 @@ def _unescape(text: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
 
 
-def parse_mountstats(text: str, source: str = "/proc/self/mountstats") -> MountstatsData:
-    """The NFS mounts of ``mountstats`` with their per-op statistics; other mounts skipped."""
+class _MountBlock:
+    """The NFS mount being read: its heading's fields, ``age`` and operations so far."""
+
+    __slots__ = ("age", "device", "fstype", "mountpoint", "ops", "statvers")
+
+    def __init__(self, device: str, mountpoint: str, fstype: str, statvers: str | None) -> None:
+        self.device = device
+        self.mountpoint = mountpoint
+        self.fstype = fstype
+        self.statvers = statvers
+        self.age: int | None = None
+        self.ops: list[NfsOp] = []
+
+    def mount(self) -> NfsMount:
+        return NfsMount(
+            self.device, self.mountpoint, self.fstype, self.statvers, self.age, tuple(self.ops)
+        )
+
+
+def _op(line: str, number: int, source: str, known: list[NfsOp]) -> NfsOp:
+    match = _OP.fullmatch(line)
+    if match is None:
+        raise ParseError(source, f"malformed per-op line: {line!r}", number)
+    values = [int(v) for v in match.group(2).split()]
+    name = match.group(1)
+    if any(op.name == name for op in known):
+        raise ParseError(source, f"operation {name} listed twice", number)
+    return NfsOp(
+        name=name,
+        ops=values[0],
+        transmissions=values[1],
+        timeouts=values[2],
+        bytes_sent=values[3],
+        bytes_received=values[4],
+        queue_ms=values[5],
+        rtt_ms=values[6],
+        execute_ms=values[7],
+        errors=values[8] if len(values) == 9 else None,
+    )
+
+
+def parse_mountstats(
+    text: str, source: str = "/proc/self/mountstats", tally: SkipTally | None = None
+) -> MountstatsData:
+    """The NFS mounts of ``mountstats`` with their per-op statistics; other mounts passed
+    over. A malformed mount block is left out whole and counted in ``tally`` (and in the
+    record's ``skipped``), as is a line before the first heading."""
+    tally = SkipTally() if tally is None else tally
     mounts: list[NfsMount] = []
-    current: dict[str, object] | None = None
-    ops: list[NfsOp] = []
+    #: the NFS mount being read; None in the block of another mount or a skipped one
+    current: _MountBlock | None = None
     in_ops = False
     seen_device = False
-
-    def finish() -> None:
-        if current is not None:
-            mounts.append(
-                NfsMount(
-                    device=str(current["device"]),
-                    mountpoint=str(current["mountpoint"]),
-                    fstype=str(current["fstype"]),
-                    statvers=current["statvers"],  # type: ignore[arg-type]
-                    age_seconds=current["age"],  # type: ignore[arg-type]
-                    ops=tuple(ops),
-                )
-            )
 
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         if line.startswith("device "):
             seen_device = True
-            finish()
-            ops = []
+            if current is not None:
+                mounts.append(current.mount())
+            current = None
             in_ops = False
             match = _HEADING.fullmatch(line.rstrip())
             if match is None:
-                raise ParseError(source, f"malformed device line: {line!r}", number)
-            fstype = match.group(3)
-            if fstype in NFS_FSTYPES:
-                current = {
-                    "device": _unescape(match.group(1)),
-                    "mountpoint": _unescape(match.group(2)),
-                    "fstype": fstype,
-                    "statvers": match.group(4),
-                    "age": None,
-                }
-            else:
-                current = None
+                tally.skip(
+                    SKIP_MOUNT_HEADING_UNPARSABLE,
+                    f"{source}:{number}: malformed device line: {line!r}",
+                )
+            elif match.group(3) in NFS_FSTYPES:
+                current = _MountBlock(
+                    _unescape(match.group(1)),
+                    _unescape(match.group(2)),
+                    match.group(3),
+                    match.group(4),
+                )
             continue
         if current is None:
-            if not seen_device or not line[0].isspace():
-                raise ParseError(source, f"line outside any mount: {line!r}", number)
-            continue  # the body of a mount that is not NFS
+            if not seen_device:
+                tally.skip(SKIP_LINE_OUTSIDE_MOUNT, f"{source}:{number}: {line!r}")
+            continue  # the body of a mount that is not NFS, or of one skipped
         stripped = line.strip()
-        if stripped.startswith("age:"):
-            value = stripped[4:].strip()
-            if not _NUMBER.fullmatch(value):
-                raise ParseError(source, f"age: not an integer: {value!r}", number)
-            current["age"] = int(value)
-        elif stripped == "per-op statistics":
-            in_ops = True
-        elif in_ops:
-            match = _OP.fullmatch(line)
-            if match is None:
-                raise ParseError(source, f"malformed per-op line: {line!r}", number)
-            values = [int(v) for v in match.group(2).split()]
-            name = match.group(1)
-            if any(op.name == name for op in ops):
-                raise ParseError(source, f"operation {name} listed twice", number)
-            sent, received = values[3], values[4]
-            ops.append(
-                NfsOp(
-                    name=name,
-                    ops=values[0],
-                    transmissions=values[1],
-                    timeouts=values[2],
-                    bytes_sent=sent,
-                    bytes_received=received,
-                    queue_ms=values[5],
-                    rtt_ms=values[6],
-                    execute_ms=values[7],
-                    errors=values[8] if len(values) == 9 else None,
-                )
-            )
-    finish()
-    return MountstatsData(tuple(mounts))
+        try:
+            if stripped.startswith("age:"):
+                value = stripped[4:].strip()
+                if not _NUMBER.fullmatch(value):
+                    raise ParseError(source, f"age: not an integer: {value!r}", number)
+                current.age = int(value)
+            elif stripped == "per-op statistics":
+                in_ops = True
+            elif in_ops:
+                current.ops.append(_op(line, number, source, current.ops))
+        except ParseError as exc:
+            # Half a mount's operations would read as operations that stopped: none of it.
+            tally.skip(SKIP_NFS_MOUNT_MALFORMED, str(exc))
+            current = None
+    if current is not None:
+        mounts.append(current.mount())
+    return MountstatsData(tuple(mounts), tally.freeze())
 
 
 # --- reader (IO) ----------------------------------------------------------------------------
