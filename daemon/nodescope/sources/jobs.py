@@ -464,7 +464,8 @@ def _ancestor_limit_v2(root: Path, directory: Path, tally: SkipTally) -> int | N
 def _read_comm(roots: Roots, pid: int, tid: int | None = None) -> str | None:
     base = f"{roots.procfs}/{pid}"
     text = read_optional(f"{base}/comm" if tid is None else f"{base}/task/{tid}/comm", PROC_PROCESS)
-    return None if text is None else text.rstrip("\n")
+    # The kernel ends the name with one newline; a name may end in newlines of its own.
+    return None if text is None else text.removesuffix("\n")
 
 
 def _task_ids(roots: Roots, pid: int) -> list[int] | None:
