@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "nodescoped.service"
@@ -724,6 +726,35 @@ def test_a_key_that_does_not_match_its_certificate_is_refused(pki: Path) -> None
     )
     with pytest.raises(ConfigError, match="TLS setup failed"):
         webconfig.parse(text.encode(), "web.yml")
+
+
+_KEYS = st.sampled_from(
+    ["tls_server_config", "http_server_config", "basic_auth_users", "cert_file", "key_file",
+     "client_auth_type", "client_ca_file", "client_allowed_sans", "min_version", "max_version",
+     "cipher_suites", "prefer_server_cipher_suites", "headers", "http2", "X-Frame-Options",
+     "prometheus", "TLS13", "NoClientCert", "/dev/null"]
+) | st.text(max_size=8)  # fmt: skip
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | _KEYS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, max_size=4) | st.binary(max_size=200).map(bytes))
+def test_any_web_config_is_read_or_refused_with_a_config_error(document: object) -> None:
+    import yaml
+
+    from nodescope import webconfig
+    from nodescope.errors import ConfigError
+
+    data = document if isinstance(document, bytes) else yaml.safe_dump(document).encode()
+    try:
+        result = webconfig.parse(data, "web.yml")
+    except ConfigError:
+        return
+    assert isinstance(result, webconfig.WebConfig)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "unknown-key", "fifo-cert"])

@@ -510,3 +510,71 @@ def test_slow_clients_keep_their_generation_whole(harness: Harness) -> None:
     for _ in range(3):
         harness.publish(b"x 2\n")
     assert harness.publisher.memfds == MAX_SLOTS and not harness.publisher._one_offs
+
+
+# -- basic auth ----------------------------------------------------------------------------------
+
+
+class CountingCheck:
+    """bcrypt's checkpw stand-in that counts calls: the real one is tested against htpasswd's
+    hashes in tests/adversarial/test_http.py; here what matters is when it is called."""
+
+    def __init__(self) -> None:
+        self.calls: list[bytes] = []
+
+    def __call__(self, password: bytes, hashed: bytes) -> bool:
+        self.calls.append(hashed)
+        return hashed == b"hash-of-" + password
+
+
+def basic(user: str, password: str) -> str:
+    import base64
+
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_basic_auth_remembers_a_correct_password_and_rations_checks() -> None:
+    clock = Clock()
+    check = CountingCheck()
+    auth = serving.BasicAuth({"prom": b"hash-of-secret"}, check, clock)
+    for _ in range(5):
+        assert auth.allows(basic("prom", "secret"))
+    assert len(check.calls) == 1  # checked once, then remembered
+    # Wrong passwords: a burst is checked, then refused unchecked until the budget refills.
+    refused = [auth.allows(basic("prom", f"guess{i}")) for i in range(20)]
+    assert not any(refused)
+    burst = int(serving.BCRYPT_BURST)  # the first check, of the correct password, took one
+    assert len(check.calls) == burst
+    assert auth.throttled == 20 - (burst - 1)
+    assert auth.allows(basic("prom", "secret"))  # remembered: no budget needed
+    clock.now += 1.0
+    assert not auth.allows(basic("prom", "guess"))
+    assert len(check.calls) == burst + 1
+    # An unknown user is checked against a real hash, as long as a known one.
+    clock.now += 10
+    assert not auth.allows(basic("nobody", "secret"))
+    assert check.calls[-1] == b"hash-of-secret"
+
+
+@pytest.mark.parametrize(
+    "header", ["", "Bearer x", "Basic", "Basic !!!", "Basic " + "eA==", "basic  " + "Og=="]
+)
+def test_basic_auth_refuses_malformed_credentials_without_a_check(header: str) -> None:
+    check = CountingCheck()
+    auth = serving.BasicAuth({"": b"hash-of-"}, check, Clock())
+    assert not auth.allows(header) or header.endswith("Og==")
+    assert len(check.calls) == (1 if header.endswith("Og==") else 0)
+
+
+def test_401_with_a_challenge_then_200(harness: Harness) -> None:
+    harness.server.auth = serving.BasicAuth({"prom": b"hash-of-secret"}, CountingCheck())
+    harness.server.headers = "X-Frame-Options: deny\r\n"
+    harness.publish(b"x 1\n")
+    refused = harness.get("/metrics")
+    assert refused.status == 401
+    assert refused.headers["www-authenticate"].startswith('Basic realm="nodescope"')
+    assert refused.headers["x-frame-options"] == "deny"
+    client = harness.connect()
+    assert harness.get("/metrics", client, extra="Authorization: Basic eDp5\r\n").status == 401
+    good = harness.get("/metrics", client, extra=f"Authorization: {basic('prom', 'secret')}\r\n")
+    assert (good.status, good.text) == (200, "x 1\n")
