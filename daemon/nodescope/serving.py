@@ -51,6 +51,8 @@ answered meanwhile.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import errno
 import os
@@ -65,7 +67,10 @@ from collections import deque
 from collections.abc import Callable
 
 # Only what a socket server needs is imported (not typing, argparse or logging: each would add
-# close to 1 MiB to this process's 12), so the annotations below stay strings.
+# close to 1 MiB to this process's 12), so the annotations below stay strings. What is imported
+# later (ssl, bcrypt, ctypes) is imported before the process gives up root: the interpreter's
+# own files may be readable by root alone (a Python under /root), so nothing may be imported
+# after that.
 
 #: daemon → serving process: slot of the attached memfd, then the exposition's and the
 #: alerts document's lengths (the alerts follow the exposition in the memfd).
@@ -584,9 +589,6 @@ class BasicAuth:
 
 def _basic_credentials(authorization: str) -> tuple[str, bytes] | None:
     """(user, password) of a ``Basic`` Authorization value, None when it is not one."""
-    import base64
-    import binascii
-
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "basic" or not token:
         return None
@@ -1317,10 +1319,14 @@ def main(argv: list[str] | None = None) -> int:
         settings = read_settings(fds["--settings-fd"]) if "--settings-fd" in fds else {}
         server = build_server(listener, control, settings)
         server.run()
-    except Exception:
-        import traceback  # only now: it pulls in linecache and tokenize
+    except Exception as exc:
+        try:
+            import traceback  # only now: it pulls in linecache and tokenize
 
-        log(f"event=serving_failed error={traceback.format_exc()!r}")
+            detail = traceback.format_exc()
+        except ImportError:  # after the change of user, the standard library may be out of reach
+            detail = repr(exc)
+        log(f"event=serving_failed error={detail!r}")
         return 1
     return 0
 

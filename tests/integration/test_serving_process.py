@@ -3,10 +3,15 @@ stops or is killed, and never the one that talks to systemd."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import os
+import re
+import shutil
 import signal
+import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -102,3 +107,35 @@ def test_no_orphan_when_the_daemon_is_killed(daemon: Daemon) -> None:
     # The channel's other end closed with the daemon: the serving process exits by itself.
     wait_for(lambda: gone(child), 3, "the serving process to exit")
     daemon.stop()
+
+
+@pytest.mark.skipif(shutil.which("htpasswd") is None, reason="htpasswd: apache2-utils")
+def test_nodescope_run_with_a_web_config_asks_for_the_password(tmp_path: Path) -> None:
+    """``--web-config-file`` reaches the serving process: 401 without the password, 200 with
+    it (a hash made by htpasswd); the serving process is not root when the daemon is."""
+    line = subprocess.run(
+        ["htpasswd", "-nbBC", "10", "prometheus", "s3cret"],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.strip()  # fmt: skip
+    web = tmp_path / "web-config.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{line.split(':', 1)[1]}'\n")
+    cfg = tmp_path / "nodescope.toml"
+    cfg.write_text(CONFIG)
+    daemon = Daemon(tmp_path, ["--config", str(cfg), "--web-config-file", str(web)])
+    try:
+        daemon.wait_message("READY=1", timeout=5)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            daemon.scrape()
+        assert refused.value.code == 401
+        assert refused.value.headers["WWW-Authenticate"].startswith("Basic ")
+        token = base64.b64encode(b"prometheus:s3cret").decode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{daemon.port}/metrics", headers={"Authorization": f"Basic {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert b"nodescope_cycles_total" in response.read()
+        if os.geteuid() == 0:
+            status = Path(f"/proc/{the_serving_process(daemon)}/status").read_text()
+            assert re.search(r"^Uid:\s+(\d+)", status, re.M).group(1) != "0"  # type: ignore[union-attr]
+    finally:
+        assert daemon.stop() == 0
