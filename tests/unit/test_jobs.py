@@ -5,6 +5,7 @@ job metrics, the health gate and the report documents."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -35,7 +36,14 @@ from nodescope.model.jobs import GpuUse
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sources import jobs as source
-from nodescope.sources.cgroup import Cgroup, Limit, MemoryEvents, Pressure, PressureLine
+from nodescope.sources.cgroup import (
+    Cgroup,
+    Limit,
+    MemoryEvents,
+    Pressure,
+    PressureLine,
+    SharedWalk,
+)
 from nodescope.sources.jobs import (
     JobCgroup,
     JobsData,
@@ -412,6 +420,92 @@ def test_v1_layout(tmp_path: Path) -> None:
     (registered,) = build_registry(data, [])
     assert (registered.gpus, registered.gpu_source, registered.uid) == ((0,), "device cgroup", 1000)
     assert data.others[0].pids == (1,) or any(o.pids == (600,) for o in data.others)
+
+
+def test_v1_a_job_with_a_junk_file_is_skipped_alone(tmp_path: Path) -> None:
+    """A v1 job whose ``devices.list`` does not parse is left out and counted; the job next
+    to it, a bad line of its task list and a junk limit of another cgroup cost only
+    themselves."""
+    roots = v1_tree(tmp_path)
+    cg = roots.cgroupfs
+    bad = "slurm_node1/uid_1000/job_44"
+    _write(cg / "memory" / bad / "cgroup.procs", "700\n")
+    _write(cg / "devices" / bad / "devices.list", "everything, please\n")
+    _write(cg / "memory" / "slurm_node1/uid_1000/job_43/step_batch/task_0/tasks", "500\nx\n501\n")
+    _write(cg / "memory" / "user.slice" / "memory.limit_in_bytes", "lots\n")
+    data = read_jobs(roots)
+    assert [j.job_id for j in data.jobs] == ["43"]
+    assert data.jobs[0].tasks[0].escaped_threads == ()  # 501 still counted as the job's
+    assert dict(data.skipped.counts) == {
+        "job_unparsable": 1,
+        "id_unparsable": 1,
+        "limit_unparsable": 1,
+    }
+    assert "job_44/devices.list" in data.skipped.examples["job_unparsable"]
+    assert any(o.pids == (600,) and o.memory_max_bytes is None for o in data.others)
+
+
+def test_v2_bad_thread_files_and_registrations_are_skipped(tmp_path: Path) -> None:
+    """A thread whose ``cgroup`` does not parse, a threaded cgroup's thread whose ``status``
+    does not parse, a registration that is not one: each is left out and counted, job 42 is
+    read otherwise whole."""
+    roots = v2_tree(tmp_path)
+    expected = read_jobs(roots)
+    assert not expected.skipped
+    proc = roots.procfs
+    _write(proc / "101" / "task" / "105" / "cgroup", "no colons here\n")
+    _write(source.registrations_dir(roots) / "42.json", '{"format": "something else"}')
+    _write(source.registrations_dir(roots) / "43.json", _registration(job_id="43"))
+    threaded = roots.cgroupfs / SCOPE / "job_42" / "step_0" / "threads"
+    _cgroup(threaded, [], [120], type="threaded")
+    (threaded / "cgroup.procs").unlink()  # a threaded cgroup does not list processes
+    _write(proc / "120" / "status", "Name:\tx\nTgid:\tmany\n")
+    data = read_jobs(roots)
+    assert dict(data.skipped.counts) == {"thread_unparsable": 2, "registration_unparsable": 1}
+    assert [r.job_id for r in data.registrations] == ["43"]
+    job, other = data.jobs
+    tasks = {t.pid: t for t in job.tasks}
+    assert sorted(tasks) == [100, 101, 103]
+    assert tasks[101].escaped_threads == ()  # 105's whereabouts are unknown, not invented
+    assert other == expected.jobs[1]
+
+
+def test_v2_a_junk_cgroup_file_of_one_job_keeps_both_jobs(tmp_path: Path) -> None:
+    """Junk ``memory.max`` and ``cgroup.threads`` in job 42's cgroups: the walk keeps the
+    cgroups without those figures, counted in the jobs record; job 77 is as before."""
+    roots = v2_tree(tmp_path)
+    expected = read_jobs(roots)
+    step = roots.cgroupfs / SCOPE / "job_42" / "step_0"
+    _write(step / "memory.max", "a gigabyte\n")
+    _write(step / "user" / "task_0" / "cgroup.threads", "101\n102\n-\n")
+    for data in (read_jobs(roots), _from_walk_of_its_own(roots)):
+        assert dict(data.skipped.counts) == {"cgroup_file_unparsable": 1, "id_unparsable": 1}
+        assert [j.job_id for j in data.jobs] == ["42", "77"]
+        assert data.jobs[0].memory_limit_bytes is None  # the only limit did not parse
+        assert data.jobs[0].tasks == tuple(
+            dataclasses.replace(t, memory_max_bytes=None) for t in expected.jobs[0].tasks
+        )
+        assert data.jobs[1] == expected.jobs[1]
+
+
+def _from_walk_of_its_own(roots: Roots) -> JobsData:
+    return source.JobsSource(slow_every=1, shared=SharedWalk()).collect(roots)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    name=st.sampled_from(
+        ["memory.max", "memory.stat", "cgroup.procs", "cgroup.threads", "cgroup.type", "io.stat"]
+    ),
+    text=st.text(max_size=200),
+)
+def test_any_text_in_a_job_cgroup_file_never_takes_jobs_down(
+    tmp_path_factory: pytest.TempPathFactory, name: str, text: str
+) -> None:
+    roots = v2_tree(tmp_path_factory.mktemp("fuzz"))
+    _write(roots.cgroupfs / SCOPE / "job_42" / "step_0" / name, text)
+    data = read_jobs(roots)
+    assert [j.job_id for j in data.jobs] == ["42", "77"]
 
 
 def test_no_cgroups_at_all(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ N runs, the capture of this host."""
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,54 @@ def test_job_pids_from_the_cgroups_walk(tmp_path: Path) -> None:
     roots = _tree(tmp_path)
     tree = read_tree(roots, keep_pids=True)
     assert job_pids(roots, tree) == job_pids(roots) == {"7": (100, 101, 102)}
+
+
+# ---------------------------------------------------------------------------------------------
+# One bad process or thread is skipped and counted, never fatal
+
+
+def test_unreadable_and_unparsable_tasks_are_counted(tmp_path: Path) -> None:
+    """A FIFO where a thread's ``stat`` should be (refused, never waited on), a directory in
+    place of a process's ``stat``, a junk line and a ``wchan`` that is not a symbol: each
+    costs its own thread or field, counted by reason."""
+    roots = _tree(tmp_path)
+    task = roots.procfs / "100" / "task"
+    (task / "103" / "stat").unlink()
+    os.mkfifo(task / "103" / "stat")
+    (task / "104" / "wchan").write_text("two words")
+    (roots.procfs / "101" / "stat").mkdir()
+    (roots.procfs / "101" / "task" / "101" / "stat").write_text("101 (python3) S\n")
+    data = ThreadsSource().collect(roots)
+    [job] = data.jobs
+    assert (job.processes, job.threads) == (1, 2)
+    assert job.blocked == (BlockedThread(100, 104, "ckpt", None, "7"),)
+    # Each record is counted where it was read: in the job, and again by the host walk.
+    assert dict(data.skipped.counts) == {
+        "stat_unreadable": 4,
+        "stat_unparsable": 2,
+        "wchan_unparsable": 2,
+    }
+    assert data.skipped.examples["stat_unparsable"] == "101 (python3) S\\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_a_stat_that_parses_holds_what_the_kernel_prints(text: str) -> None:
+    try:
+        comm, state, threads = parse_stat_summary(text)
+    except ParseError:
+        return
+    assert len(comm) <= 63 and len(state) == 1 and state in "RSDTtXZPIWxKw" and threads >= 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=200))
+def test_any_stat_file_never_takes_the_source_down(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
+    roots = _tree(tmp_path_factory.mktemp("fuzz"))
+    (roots.procfs / "100" / "task" / "103" / "stat").write_text(text)
+    data = ThreadsSource().collect(roots)
+    [job] = data.jobs
+    counted = sum(data.skipped.counts.values())
+    assert job.threads + counted // 2 == 4  # the job and the host walk each read it once
