@@ -24,7 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
-from nodescope.sources import diskstats, locks, mountstats
+from nodescope.sim.lspci import parse_lspci_vvv
+from nodescope.sim.sysfs_tree import materialise
+from nodescope.sources import diskstats, locks, mountstats, pci
 from nodescope.sources import infiniband as ib
 from nodescope.sources.base import Source
 from nodescope_exporters import self_metrics
@@ -302,3 +304,76 @@ def test_mountstats_of_hundreds_of_real_mounts_is_read_whole(tmp_path: Path) -> 
     assert seen["headings"] == seen["kernel_mounts"] >= MOUNTS_IN_NAMESPACE
     assert seen["last_mount_seen"]
     assert seen["up"] and seen["skipped"] == {} and seen["nfs_mounts"] == []
+
+
+# --------------------------------------------------------------------------------------------
+# PCI: a hot-plugged function's attributes
+
+_TWO_PORTS = """\
+00:01.0 PCI bridge: Intel Corporation Device 352a (rev 04) (prog-if 00 [Normal decode])
+\tNUMA node: 0
+\tBus: primary=00, secondary=18, subordinate=18, sec-latency=0
+\tCapabilities: [40] Express (v2) Root Port (Slot+), MSI 00
+\t\tLnkCap:\tPort #1, Speed 32GT/s, Width x16, ASPM not supported
+\t\tLnkSta:\tSpeed 32GT/s (ok), Width x16 (ok)
+
+00:02.0 PCI bridge: Intel Corporation Device 352a (rev 04) (prog-if 00 [Normal decode])
+\tNUMA node: 0
+\tBus: primary=00, secondary=19, subordinate=19, sec-latency=0
+\tCapabilities: [40] Express (v2) Root Port (Slot+), MSI 00
+\t\tLnkCap:\tPort #2, Speed 32GT/s, Width x16, ASPM not supported
+\t\tLnkSta:\tSpeed 32GT/s (ok), Width x16 (ok)
+
+18:00.0 3D controller: NVIDIA Corporation Device 2330 (rev a1)
+\tNUMA node: 0
+\tCapabilities: [60] Express (v2) Endpoint, MSI 00
+\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x16, ASPM L1
+\t\tLnkSta:\tSpeed 32GT/s (ok), Width x16 (ok)
+\tCapabilities: [1b8 v2] Advanced Error Reporting
+
+19:00.0 3D controller: NVIDIA Corporation Device 2330 (rev a1)
+\tNUMA node: 0
+\tCapabilities: [60] Express (v2) Endpoint, MSI 00
+\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x16, ASPM L1
+\t\tLnkSta:\tSpeed 32GT/s (ok), Width x16 (ok)
+\tCapabilities: [1b8 v2] Advanced Error Reporting
+"""
+
+
+def _function_dir(root: Path, bdf: str) -> Path:
+    return Path(os.path.realpath(root / "sys" / "bus" / "pci" / "devices" / bdf))
+
+
+def test_pci_fifo_attributes_of_a_hot_plugged_gpu_skip_it_not_the_source(
+    tmp_path: Path,
+) -> None:
+    """A GPU appears whose ``class`` is a FIFO (no writer will ever come), and the other GPU's
+    ``aer_dev_fatal`` is one too: the first GPU is skipped, the second read without its AER
+    file, the cycle never waits."""
+    materialise(parse_lspci_vvv(_TWO_PORTS, "two-ports"), tmp_path, {0: (0, 1)})
+    source = pci.PciSource()
+    roots = Roots.under(tmp_path)
+    first = _cycle(roots, source)
+    assert [d.bdf for d in first.current[pci.SOURCE_NAME].data.devices] == [
+        "0000:00:01.0",
+        "0000:00:02.0",
+        "0000:18:00.0",
+        "0000:19:00.0",
+    ]
+    for bdf, name in (("0000:18:00.0", "class"), ("0000:19:00.0", "aer_dev_fatal")):
+        path = _function_dir(tmp_path, bdf) / name
+        path.unlink()
+        os.mkfifo(path)
+    # A fresh source walks the tree, as after a hotplug event.
+    started = time.monotonic()
+    snapshot = _cycle(roots, pci.PciSource())
+    assert time.monotonic() - started < 4.0
+    assert snapshot.status[pci.SOURCE_NAME].up, snapshot.current[pci.SOURCE_NAME].error
+    topology = snapshot.current[pci.SOURCE_NAME].data
+    assert [d.bdf for d in topology.devices] == ["0000:00:01.0", "0000:00:02.0", "0000:19:00.0"]
+    gpu = topology.device("0000:19:00.0")
+    assert [a.severity for a in gpu.aer] == ["correctable", "nonfatal"]
+    assert _skipped_metric(snapshot) == {
+        (pci.SOURCE_NAME, pci.SKIP_FUNCTION_UNREADABLE): 1,
+        (pci.SOURCE_NAME, pci.SKIP_FILE_REFUSED): 1,
+    }

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nodescope.errors import ParseError
 from nodescope.model.snapshot import Snapshot, SourceSample
-from nodescope.model.topology import DeviceClass, PortRole, Topology
+from nodescope.model.topology import DeviceClass, PortRole, Topology, path_to_root
 from nodescope.roots import Roots
 from nodescope.sim.lspci import parse_lspci_vvv
 from nodescope.sim.sysfs_tree import materialise
@@ -350,19 +350,32 @@ def test_unchanged_tree_gives_the_same_topology_object(mini: Path) -> None:
     source.close()
 
 
-def test_a_change_read_in_a_failed_run_still_shows(mini: Path) -> None:
+def test_a_malformed_attribute_is_absent_and_counted_the_rest_read(mini: Path) -> None:
     roots = Roots.under(mini)
     source = make_source()
     first = source.collect(roots)
     nic_speed = _dir(mini, "0000:19:00.0") / "current_link_speed"
     good = nic_speed.read_text()
     (_dir(mini, "0000:18:00.0") / "aer_dev_fatal").write_text("TLP 2\nTOTAL_ERR_FATAL 2\n")
-    nic_speed.write_text("garbage\n")  # read after the GPU's: this run fails
-    with pytest.raises(ParseError, match="current_link_speed"):
-        source.collect(roots)
-    nic_speed.write_text(good)
+    nic_speed.write_text("garbage\n")  # read after the GPU's
     second = source.collect(roots)
-    assert second is not first and second.device("0000:18:00.0").aer[1].total == 2
+    assert second.device("0000:18:00.0").aer[1].total == 2
+    nic_link = second.device("0000:19:00.0").link
+    assert nic_link is not None and nic_link.current_speed_gts is None
+    assert nic_link.current_width == 16
+    assert second.skipped.counts == {pci_module.SKIP_ATTRIBUTE_UNPARSABLE: 1}
+    assert (
+        "0000:19:00.0/current_link_speed"
+        in (second.skipped.examples[pci_module.SKIP_ATTRIBUTE_UNPARSABLE])
+    )
+    # Unchanged bytes are not parsed (nor counted) again; the record stops carrying the skip
+    # and then the unchanged topology is the same object again.
+    third = source.collect(roots)
+    assert not third.skipped and third == second
+    assert source.collect(roots) is third
+    nic_speed.write_text(good)
+    fourth = source.collect(roots)
+    assert fourth.device("0000:19:00.0") == first.device("0000:19:00.0")
     source.close()
 
 
@@ -396,9 +409,15 @@ def test_link_state_is_read_again_when_the_device_resumes(mini: Path) -> None:
     (gpu_dir / "current_link_width").write_text("8\n")
     link = source.collect(roots).device("0000:18:00.0").link
     assert link is not None and (link.current_speed_gts, link.current_width) == (32.0, 8)
+    # A status that does not parse is counted, and the link is left alone as if suspended:
+    # reading it might resume the device.
     (gpu_dir / "power" / "runtime_status").write_text("garbage\n")
-    with pytest.raises(ParseError, match="runtime_status"):
-        source.collect(roots)
+    (gpu_dir / "current_link_width").write_text("not read\n")
+    topology = source.collect(roots)
+    link = topology.device("0000:18:00.0").link
+    assert link is not None and link.current_width is None
+    assert topology.skipped.counts == {pci_module.SKIP_ATTRIBUTE_UNPARSABLE: 1}
+    assert "runtime_status" in topology.skipped.examples[pci_module.SKIP_ATTRIBUTE_UNPARSABLE]
     source.close()
 
 
@@ -455,11 +474,45 @@ def test_suspended_device_link_is_not_read(mini: Path) -> None:
     assert gpu.link.current_speed_gts is None and gpu.link.max_speed_gts == 32.0
 
 
-def test_reader_names_the_bad_file(mini: Path) -> None:
+def test_a_function_with_a_bad_identity_is_skipped_and_named(mini: Path) -> None:
+    good = read_topology(Roots.under(mini))
     (_dir(mini, "0000:19:00.0") / "class").write_text("ethernet\n")
-    with pytest.raises(ParseError) as info:
-        read_topology(Roots.under(mini))
-    assert "0000:19:00.0/class" in str(info.value)
+    topology = read_topology(Roots.under(mini))
+    assert [d.bdf for d in topology.devices] == [
+        d.bdf for d in good.devices if d.bdf != "0000:19:00.0"
+    ]
+    assert topology.skipped.counts == {pci_module.SKIP_FUNCTION_UNREADABLE: 1}
+    assert "0000:19:00.0/class" in topology.skipped.examples[pci_module.SKIP_FUNCTION_UNREADABLE]
+    # Its bridge no longer lists it: the tree names only functions it holds.
+    assert topology.device("0000:17:01.0").children == ()
+
+
+def test_a_fifo_where_a_hot_plugged_bridge_has_its_vendor(mini: Path) -> None:
+    """The bridge is left out with the function below it, without waiting on the FIFO; every
+    remaining function's chain is in the tree."""
+    vendor = _dir(mini, "0000:17:01.0") / "vendor"
+    vendor.unlink()
+    os.mkfifo(vendor)
+    speed = _dir(mini, "0000:18:00.0") / "current_link_speed"
+    speed.unlink()
+    os.mkfifo(speed)
+    topology = PciSource().collect(Roots.under(mini))
+    assert [d.bdf for d in topology.devices] == [
+        "0000:15:01.0",
+        "0000:16:00.0",
+        "0000:17:00.0",
+        "0000:18:00.0",
+    ]
+    for device in topology.devices:
+        assert [d.bdf for d in path_to_root(topology, device.bdf)] == list(reversed(device.chain))
+    gpu_link = topology.device("0000:18:00.0").link
+    assert gpu_link is not None and gpu_link.current_speed_gts is None
+    assert topology.skipped.counts == {
+        pci_module.SKIP_FUNCTION_UNREADABLE: 1,
+        pci_module.SKIP_FUNCTION_BELOW_SKIPPED: 1,
+        pci_module.SKIP_FILE_REFUSED: 1,
+    }
+    assert "FIFO" in topology.skipped.examples[pci_module.SKIP_FUNCTION_UNREADABLE]
 
 
 def test_missing_tree_is_an_error(tmp_path: Path) -> None:

@@ -5,15 +5,17 @@ each function's sysfs realpath ``/sys/devices/pciDDDD:BB/<root port>/.../<functi
 its root bus and its chain of parent bridges. This module holds the typed, immutable records
 and the pure functions the rest of nodescope asks questions with: link capacities, the path
 of a device to its root port, and the ``nvidia-smi topo -m`` relation between two devices
-(§9). It imports nothing else of nodescope.
+(§9). Of nodescope it imports only the record of skipped input (:mod:`nodescope.model.skips`).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped
 
 #: PCI vendor ids this module names (pci.ids).
 VENDOR_NVIDIA = 0x10DE
@@ -288,6 +290,9 @@ class Topology:
     devices: tuple[PciDevice, ...]
     roots: tuple[PciRoot, ...]
     numa_nodes: tuple[NumaNode, ...] = ()
+    #: functions and attributes the read that made this record left out as unreadable or
+    #: malformed (a function is left out with every function below it)
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 
     @cached_property
     def _by_bdf(self) -> Mapping[str, PciDevice]:

@@ -25,17 +25,26 @@ event, or ``slow_every`` runs passed. A function whose files read the same bytes
 keeps its record, and a run where no function changed returns the previous topology object.
 A runtime-suspended function's link files are not read, because reading them resumes the
 device.
+
+A function hot-unplugged in the middle of a walk, or one whose ``vendor``, ``device`` or
+``class`` cannot be read (refused: a FIFO or device where the attribute should be) or parsed,
+is left out with every function below it, so the tree stays whole; an optional attribute
+that is refused or malformed (``numa_node``, a link speed, an AER file) is absent. Both are
+counted in ``Topology.skipped``; only an unreadable ``bus/pci/devices`` takes the source down.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from nodescope.errors import ParseError
-from nodescope.fileio import SYSFS_ATTRIBUTE, read_optional_bytes
+from nodescope.fileio import SYSFS_ATTRIBUTE, FileTooLarge, NotARegularFile, read_bytes
+from nodescope.model.skips import SkipTally
 from nodescope.model.topology import (
     AerCounter,
     AerRecord,
@@ -50,10 +59,23 @@ from nodescope.model.topology import (
     is_pci_bridge,
 )
 from nodescope.roots import Roots
-from nodescope.sources.base import read_optional, read_text
 from nodescope.sources.udev import topology_generation
 
 SOURCE_NAME = "pci"
+
+T = TypeVar("T")
+
+# Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
+#: a ``bus/pci/devices`` entry whose realpath is not below a ``pciDDDD:BB`` host bridge
+SKIP_FUNCTION_PATH_UNPARSABLE = "function_path_unparsable"
+#: a function whose ``vendor``, ``device`` or ``class`` is gone, refused or malformed
+SKIP_FUNCTION_UNREADABLE = "function_unreadable"
+#: a function below one that was skipped: its chain would name a function not in the tree
+SKIP_FUNCTION_BELOW_SKIPPED = "function_below_skipped"
+#: an optional attribute (``numa_node``, ``*_link_*``, ``aer_dev_*``...) that does not parse
+SKIP_ATTRIBUTE_UNPARSABLE = "attribute_unparsable"
+#: an attribute that is not a regular file or is over its size cap, refused unread
+SKIP_FILE_REFUSED = "file_refused"
 
 BDF_RE = re.compile(r"^([0-9a-f]{4,8}):([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])$")
 ROOT_RE = re.compile(r"^pci([0-9a-f]{4,8}):([0-9a-f]{2})$")
@@ -292,7 +314,37 @@ def _role(chain: tuple[str, ...], bridge: bool) -> PortRole:
     return PortRole.UPSTREAM_PORT if position % 2 == 1 else PortRole.DOWNSTREAM_PORT
 
 
-def _read_numa_nodes(roots: Roots) -> tuple[NumaNode, ...]:
+def _read_attribute(path: str, tally: SkipTally) -> bytes | None:
+    """A sysfs attribute's bytes; ``None`` when absent or unreadable, and when refused (a FIFO
+    or device planted where the attribute should be), which ``tally`` counts."""
+    try:
+        return read_bytes(path, SYSFS_ATTRIBUTE)
+    except (NotARegularFile, FileTooLarge):
+        tally.skip(SKIP_FILE_REFUSED, path)
+        return None
+    except OSError:
+        return None
+
+
+def _parsed(
+    text: str | None, path: str, parse: Callable[[str, str], T], tally: SkipTally
+) -> T | None:
+    """``parse(text)``; ``None`` for no text, and (counted) for text that does not parse."""
+    if text is None:
+        return None
+    try:
+        return parse(text, path)
+    except ParseError as exc:
+        tally.skip(SKIP_ATTRIBUTE_UNPARSABLE, str(exc))
+        return None
+
+
+def _read_text(path: str, tally: SkipTally) -> str | None:
+    data = _read_attribute(path, tally)
+    return None if data is None else _text(data)
+
+
+def _read_numa_nodes(roots: Roots, tally: SkipTally) -> tuple[NumaNode, ...]:
     base = roots.sysfs / "devices" / "system" / "node"
     try:
         names = os.listdir(base)
@@ -303,16 +355,26 @@ def _read_numa_nodes(roots: Roots) -> tuple[NumaNode, ...]:
         match = re.fullmatch(r"node([0-9]+)", name)
         if match is None:
             continue
-        path = base / name / "cpulist"
-        text = read_optional(path)
-        cpus = parse_cpulist(text, str(path)) if text is not None else ()
-        nodes.append(NumaNode(int(match.group(1)), cpus))
+        path = str(base / name / "cpulist")
+        cpus = _parsed(_read_text(path, tally), path, parse_cpulist, tally)
+        nodes.append(NumaNode(int(match.group(1)), cpus or ()))
     return tuple(sorted(nodes, key=lambda n: n.node))
 
 
 def _required(directory: str, name: str) -> tuple[str, str]:
+    """``(text, path)`` of an attribute every function has; ``OSError`` when it is gone
+    (the function was unplugged) or refused."""
     path = f"{directory}/{name}"
-    return read_text(path), path
+    return _text(read_bytes(path, SYSFS_ATTRIBUTE)), path
+
+
+def _identity(directory: str) -> tuple[int, int, int]:
+    """``vendor``, ``device`` and ``class``; ``OSError`` or :class:`ParseError` otherwise."""
+    return (
+        parse_hex_id(*_required(directory, "vendor")),
+        parse_hex_id(*_required(directory, "device")),
+        parse_class(*_required(directory, "class")),
+    )
 
 
 def _function_dir(devices_dir: str, devices_real: str, sysfs_real: str, entry: str) -> str:
@@ -337,20 +399,40 @@ def _function_dir(devices_dir: str, devices_real: str, sysfs_real: str, entry: s
 _NIC_CLASSES = (DeviceClass.ETHERNET, DeviceClass.INFINIBAND)
 
 
-def _walk(roots: Roots, entries: tuple[str, ...]) -> _Structure:
+def _walk(roots: Roots, entries: tuple[str, ...], tally: SkipTally) -> _Structure:
     devices_dir = str(_devices_dir(roots))
     devices_real = os.path.realpath(devices_dir)
     sysfs_real = os.path.realpath(roots.sysfs)
-    found: list[tuple[str, tuple[str, ...], str]] = []
+    placed: list[tuple[str, tuple[str, ...], str, tuple[int, int, int]]] = []
+    left_out: set[str] = set()
     for entry in entries:
         real = _function_dir(devices_dir, devices_real, sysfs_real, entry)
         relative = os.path.relpath(real, sysfs_real)
-        root, chain = parse_device_path(relative, f"{devices_dir}/{entry}")
-        found.append((root, chain, real))
+        try:
+            root, chain = parse_device_path(relative, f"{devices_dir}/{entry}")
+        except ParseError as exc:
+            tally.skip(SKIP_FUNCTION_PATH_UNPARSABLE, str(exc))
+            left_out.add(entry)
+            continue
+        try:
+            identity = _identity(real)
+        except (OSError, ParseError) as exc:
+            tally.skip(SKIP_FUNCTION_UNREADABLE, str(exc))
+            left_out.add(chain[-1])
+            continue
+        placed.append((root, chain, real, identity))
+    # A function below one left out goes too: its chain would name a bridge not in the tree.
+    found: list[tuple[str, tuple[str, ...], str, tuple[int, int, int]]] = []
+    for item in placed:
+        chain = item[1]
+        if left_out.isdisjoint(chain[:-1]):
+            found.append(item)
+        else:
+            tally.skip(SKIP_FUNCTION_BELOW_SKIPPED, item[2])
 
     children: dict[str, list[str]] = {}
     root_children: dict[str, list[str]] = {}
-    for root, chain, _ in found:
+    for root, chain, _, _ in found:
         if len(chain) == 1:
             root_children.setdefault(root, []).append(chain[0])
         else:
@@ -359,43 +441,33 @@ def _walk(roots: Roots, entries: tuple[str, ...]) -> _Structure:
     functions: list[_Static] = []
     # Functions of one NUMA node share their CPU list: parse each text once per walk.
     cpulists: dict[str, tuple[int, ...]] = {}
-    for root, chain, directory in found:
+    for root, chain, directory, (vendor, device_id, class_code) in found:
         bdf = chain[-1]
 
-        vendor = parse_hex_id(*_required(directory, "vendor"))
-        device_id = parse_hex_id(*_required(directory, "device"))
-        class_code = parse_class(*_required(directory, "class"))
         numa_path = f"{directory}/numa_node"
-        numa_text = read_optional(numa_path)
-        numa = parse_numa_node(numa_text, numa_path) if numa_text is not None else None
+        numa = _parsed(_read_text(numa_path, tally), numa_path, parse_numa_node, tally)
         cpus_path = f"{directory}/local_cpulist"
-        cpus_text = read_optional(cpus_path)
+        cpus_text = _read_text(cpus_path, tally)
         cpus = None
         if cpus_text is not None:
             cpus = cpulists.get(cpus_text)
             if cpus is None:
-                cpus = cpulists[cpus_text] = parse_cpulist(cpus_text, cpus_path)
+                cpus = _parsed(cpus_text, cpus_path, parse_cpulist, tally)
+                if cpus is not None:
+                    cpulists[cpus_text] = cpus
 
         max_speed_path = f"{directory}/max_link_speed"
-        max_speed_text = read_optional(max_speed_path)
+        max_speed_text = _read_text(max_speed_path, tally)
         max_width_path = f"{directory}/max_link_width"
-        max_width_text = read_optional(max_width_path)
+        max_width_text = _read_text(max_width_path, tally)
         has_current = os.path.exists(f"{directory}/current_link_speed")
         link: LinkState | None = None
         if max_speed_text is not None or max_width_text is not None or has_current:
             link = LinkState(
                 current_speed_gts=None,
                 current_width=None,
-                max_speed_gts=(
-                    parse_link_speed(max_speed_text, max_speed_path)
-                    if max_speed_text is not None
-                    else None
-                ),
-                max_width=(
-                    parse_link_width(max_width_text, max_width_path)
-                    if max_width_text is not None
-                    else None
-                ),
+                max_speed_gts=_parsed(max_speed_text, max_speed_path, parse_link_speed, tally),
+                max_width=_parsed(max_width_text, max_width_path, parse_link_width, tally),
             )
         base = directory
         aer = tuple(
@@ -432,7 +504,7 @@ def _walk(roots: Roots, entries: tuple[str, ...]) -> _Structure:
         functions.append(_Static(record, base, link_files, aer, net_dir))
 
     host_bridges = []
-    for name in sorted({root for root, _, _ in found}):
+    for name in sorted({root for root, _, _, _ in found}):
         match = ROOT_RE.match(name)
         assert match is not None  # parse_device_path only returns matching names
         host_bridges.append(
@@ -448,14 +520,8 @@ def _walk(roots: Roots, entries: tuple[str, ...]) -> _Structure:
         entries=entries,
         functions=tuple(functions),
         host_bridges=tuple(host_bridges),
-        numa_nodes=_read_numa_nodes(roots),
+        numa_nodes=_read_numa_nodes(roots, tally),
     )
-
-
-def _read_bytes(path: str) -> bytes | None:
-    """A sysfs attribute's bytes (as :func:`read_optional`, undecoded: most runs only compare
-    them with the last run's), ``None`` when it cannot be read or is refused."""
-    return read_optional_bytes(path, SYSFS_ATTRIBUTE)
 
 
 def _text(data: bytes) -> str:
@@ -510,56 +576,73 @@ def _listing(directory: str | None) -> tuple[str, ...]:
 
 
 def _read_function(
-    entry: _Entry, ib: dict[str, tuple[str, ...]], nvme: dict[str, tuple[str, ...]]
+    entry: _Entry,
+    ib: dict[str, tuple[str, ...]],
+    nvme: dict[str, tuple[str, ...]],
+    tally: SkipTally,
 ) -> _Raw:
-    """What changes of one function, as read now. A runtime-suspended function's link files
-    are not read: reading them would resume it."""
+    """What changes of one function, as read now (the attribute files' bytes, undecoded: most
+    runs only compare them with the last run's). A runtime-suspended function's link files
+    are not read: reading them would resume it; nor are they with a status that does not
+    parse, for the same reason."""
     static = entry.static
     status = speed = width = None
     if static.link_files is not None:
         status_path, speed_path, width_path = static.link_files
-        status = _read_bytes(status_path)
+        status = _read_attribute(status_path, tally)
         if status != entry.status:
-            entry.suspended = (
-                status is not None
-                and parse_runtime_status(_text(status), status_path) == "suspended"
+            state = _parsed(
+                None if status is None else _text(status),
+                status_path,
+                parse_runtime_status,
+                tally,
             )
+            entry.suspended = status is not None and state in (None, "suspended")
             entry.status = status
         if not entry.suspended:
-            speed = _read_bytes(speed_path)
-            width = _read_bytes(width_path)
+            speed = _read_attribute(speed_path, tally)
+            width = _read_attribute(width_path, tally)
     bdf = static.device.bdf
     return (
         status,
         speed,
         width,
-        tuple(_read_bytes(path) for _, path in static.aer_files),
+        tuple(_read_attribute(path, tally) for _, path in static.aer_files),
         _listing(static.net_dir),
         ib.get(bdf, ()),
         nvme.get(bdf, ()),
     )
 
 
-def _build(static: _Static, raw: _Raw) -> PciDevice:
+def _parse_aer_of(severity: str) -> Callable[[str, str], AerRecord]:
+    return lambda text, source: parse_aer(text, severity, source)
+
+
+def _build(static: _Static, raw: _Raw, tally: SkipTally) -> PciDevice:
     """The function's record from the static part and one run's reading (pure but for the
-    paths in error messages)."""
+    paths in the skipped records' examples)."""
     _status, speed, width, aer_texts, nets, ib, nvme = raw
     dev = static.device
     link = dev.link
     if link is not None and static.link_files is not None:
         _, speed_path, width_path = static.link_files
         link = LinkState(
-            current_speed_gts=(
-                parse_link_speed(_text(speed), speed_path) if speed is not None else None
+            current_speed_gts=_parsed(
+                None if speed is None else _text(speed), speed_path, parse_link_speed, tally
             ),
-            current_width=parse_link_width(_text(width), width_path) if width is not None else None,
+            current_width=_parsed(
+                None if width is None else _text(width), width_path, parse_link_width, tally
+            ),
             max_speed_gts=link.max_speed_gts,
             max_width=link.max_width,
         )
     aer: list[AerRecord] = []
     for (severity, path), text in zip(static.aer_files, aer_texts, strict=True):
-        if text is not None:
-            aer.append(parse_aer(_text(text), severity, path))
+        record = _parsed(
+            None if text is None else _text(text), path, _parse_aer_of(severity), tally
+        )
+        if record is not None:
+            aer.append(record)
     return replace(
         dev, link=link, aer=tuple(aer), net_interfaces=nets, ib_devices=ib, nvme_controllers=nvme
     )
@@ -579,10 +662,14 @@ def _adopt(structure: _Structure, entries: dict[str, _Entry]) -> dict[str, _Entr
 
 
 def _refresh(
-    structure: _Structure, entries: dict[str, _Entry], previous: Topology | None
+    structure: _Structure,
+    entries: dict[str, _Entry],
+    previous: Topology | None,
+    tally: SkipTally,
 ) -> Topology:
     """The topology with the link state, AER counters and OS names read now; ``previous``
-    itself when nothing differs from the run that built it."""
+    itself when nothing differs from the run that built it and neither run skipped anything
+    (the collector counts a record's ``skipped`` once per run that returns it)."""
     roots = structure.roots
     ib = _link_targets(roots.sysfs / "class" / "infiniband")
     nvme = _link_targets(roots.sysfs / "class" / "nvme")
@@ -590,16 +677,19 @@ def _refresh(
     changed = False
     for static in structure.functions:
         entry = entries[static.device.bdf]
-        raw = _read_function(entry, ib, nvme)
+        raw = _read_function(entry, ib, nvme, tally)
         device = entry.device
         if device is None or raw != entry.raw:
-            device = _build(static, raw)
+            device = _build(static, raw, tally)
             entry.raw, entry.device = raw, device
             changed = True
         devices.append(device)
+    skipped = tally.freeze()
     if (
         previous is not None
         and not changed
+        and not skipped
+        and not previous.skipped
         and previous.roots == structure.host_bridges
         and previous.numa_nodes == structure.numa_nodes
         and len(previous.devices) == len(devices)
@@ -610,13 +700,15 @@ def _refresh(
         devices=tuple(devices),
         roots=structure.host_bridges,
         numa_nodes=structure.numa_nodes,
+        skipped=skipped,
     )
 
 
 def read_topology(roots: Roots) -> Topology:
     """Walk and read the whole PCI tree once (no cache: for the CLI and tests)."""
-    structure = _walk(roots, _list_entries(roots))
-    return _refresh(structure, _adopt(structure, {}), None)
+    tally = SkipTally()
+    structure = _walk(roots, _list_entries(roots), tally)
+    return _refresh(structure, _adopt(structure, {}), None, tally)
 
 
 class PciSource:
@@ -645,6 +737,7 @@ class PciSource:
         entries = _list_entries(roots)
         generation = topology_generation()
         cached = self._structure
+        tally = SkipTally()
         self._runs_since_walk += 1
         if (
             cached is None
@@ -655,13 +748,13 @@ class PciSource:
         ):
             if cached is not None and cached.roots != roots:
                 self.close()
-            cached = _walk(roots, entries)
+            cached = _walk(roots, entries, tally)
             self._entries = _adopt(cached, self._entries)
             self._structure = cached
             self._generation = generation
             self._runs_since_walk = 0
             self.walks += 1
-        self._topology = _refresh(cached, self._entries, self._topology)
+        self._topology = _refresh(cached, self._entries, self._topology, tally)
         return self._topology
 
     def close(self) -> None:
