@@ -615,7 +615,12 @@ def parse_controllers(text: str, source: str = "cgroup.controllers") -> tuple[st
 
 def parse_proc_cgroup(text: str, source: str = "/proc/self/cgroup") -> ProcCgroup:
     """``/proc/<pid>/cgroup``: ``hierarchy-id:controllers:path`` per line (hybrid hosts have
-    one line per v1 hierarchy plus ``0::<path>``)."""
+    one line per v1 hierarchy plus ``0::<path>``).
+
+    The kernel prints paths as they are; a line break still ends an entry, as
+    ``cgroup_mkdir`` refuses a name that holds one (``EINVAL``), so a user who names the
+    cgroups delegated to them cannot forge an entry. A malformed file raises: the caller
+    skips that process or thread."""
     entries: list[ProcCgroupEntry] = []
     for number, line in enumerate(text.split("\n"), start=1):
         if not line:
