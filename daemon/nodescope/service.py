@@ -73,6 +73,8 @@ class Service:
         self._stop = False
         self._reload = False
         self.cycle_errors: dict[str, int] = {}
+        #: SIGHUP reloads by outcome, both from 0 so increase() sees the first failure.
+        self.config_reloads: dict[str, int] = {"success": 0, "failure": 0}
         self.last_completed = time.monotonic()
 
     # -- signals: flags only -------------------------------------------------------------
@@ -107,38 +109,62 @@ class Service:
             self.hooks = Hooks.start(lambda: self.config)
 
     def reload(self) -> bool:
-        """Validate the new config, then swap. Returns whether the new config took effect."""
+        """Validate the new config, then swap. Returns whether the new config took effect.
+
+        A reload that fails for any reason — a file that is invalid, unreadable or refused, a
+        listener or collector that cannot be built for it, a bug — keeps the running config,
+        server and collector: the daemon goes on as before, says why and counts it
+        (``nodescope_config_reloads_total{result="failure"}``)."""
         self.notifier.reloading()
         try:
             new = self._load_config()
-        except ConfigError as exc:
-            log.error("event=reload_failed reason=%r kept=previous_config", str(exc))
+            self._switch_to(new)
+        except Exception as exc:
+            self.config_reloads["failure"] += 1
+            reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            log.error("event=reload_failed reason=%r kept=previous_config", reason)
             self.notifier.ready("reload failed; previous configuration kept")
             return False
+        self.config_reloads["success"] += 1
+        log.info("event=reloaded config=%s", new.path or "<defaults>")
+        self.notifier.ready("reloaded")
+        return True
+
+    def _switch_to(self, new: Config) -> None:
+        """Build what ``new`` needs, then swap. Everything that can fail happens before the
+        swap, and what was built for ``new`` is closed again when something does, so a failure
+        part-way leaves the running server, collector and config as they were."""
         old = self.config
-        if new.listen != old.listen:
-            try:
-                server = MetricsHTTPServer(
-                    new.listen_address, self.cache, self.alerts_cache, self.web_config
-                )
-            except OSError as exc:
-                log.error("event=reload_failed reason=%r kept=previous_config", f"listen: {exc}")
-                self.notifier.ready("reload failed; previous configuration kept")
-                return False
-            server.start()
+        server: MetricsHTTPServer | None = None
+        collector: Collector | None = None
+        try:
+            if new.listen != old.listen:
+                try:
+                    server = MetricsHTTPServer(
+                        new.listen_address, self.cache, self.alerts_cache, self.web_config
+                    )
+                except OSError as exc:
+                    raise OSError(exc.errno, f"listen on {new.listen}: {exc.strerror}") from exc
+                server.start()
+            if new.sources != old.sources or new.roots != old.roots:
+                collector = self._make_collector(new)
+            self.analyzer.configure(new)
+        except BaseException:
+            if server is not None:
+                server.stop()
+            if collector is not None:
+                collector.close()
+            raise
+        if server is not None:
             if self.server is not None:
                 self.server.stop()
             self.server = server
             log.info("event=listening address=%s", server.bound)
-        if new.sources != old.sources or new.roots != old.roots:
+        if collector is not None:
             self.collector.close()
-            self.collector = self._make_collector(new)
+            self.collector = collector
         logs.set_level(new.log_level)
-        self.analyzer.configure(new)
         self.config = new
-        log.info("event=reloaded config=%s", new.path or "<defaults>")
-        self.notifier.ready("reloaded")
-        return True
 
     def _survived(self, stage: str, exc: Exception) -> None:
         """Count and log an exception a stage of the cycle raised; the daemon goes on."""
@@ -173,6 +199,7 @@ class Service:
                 self._survived("jobs", exc)
         if self.cycle_errors:
             snapshot = replace(snapshot, cycle_errors=self.cycle_errors)
+        snapshot = replace(snapshot, config_reloads=self.config_reloads)
         try:
             self.cache.update(snapshot)
             self.alerts_cache.update(alerts_document(snapshot))

@@ -80,6 +80,13 @@ CYCLE_ERRORS = metric(
     ("stage",),
     area=AREA,
 )
+CONFIG_RELOADS = metric(
+    "nodescope_config_reloads_total",
+    "counter",
+    "configuration reloads (SIGHUP) by result; a failed one keeps the previous configuration",
+    ("result",),
+    area=AREA,
+)
 SOURCE_INTERVAL = metric(
     "nodescope_source_interval_seconds",
     "gauge",
@@ -133,3 +140,9 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     for stage in sorted(snapshot.cycle_errors):
         cycle_errors.add_metric([stage], snapshot.cycle_errors[stage])
     yield cycle_errors
+    # Only the daemon reloads: snapshots of replays and of `nodescope snapshot` have none.
+    if snapshot.config_reloads:
+        reloads = CONFIG_RELOADS.family()
+        for result in sorted(snapshot.config_reloads):
+            reloads.add_metric([result], snapshot.config_reloads[result])
+        yield reloads

@@ -50,7 +50,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"nodescope: {exc}", file=sys.stderr)
             return 2
     logs.setup(config.log_level)
-    service = Service(loader)
+    try:
+        # The service reads the file again, and it may have changed in between.
+        service = Service(loader)
+    except ConfigError as exc:
+        print(f"nodescope: {exc}", file=sys.stderr)
+        return 2
     service.web_config = web
     service.install_signal_handlers()
     try:

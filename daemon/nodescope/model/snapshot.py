@@ -78,12 +78,15 @@ class Snapshot:
     alerts: tuple[Alert, ...] = ()
     alert_counters: AlertCounters | None = None
     cycle_errors: Mapping[str, int] = field(default_factory=dict)
+    #: The daemon's config reloads by result (``success``, ``failure``); empty outside it.
+    config_reloads: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "current", _frozen(self.current))
         object.__setattr__(self, "previous", _frozen(self.previous))
         object.__setattr__(self, "status", _frozen(self.status))
         object.__setattr__(self, "cycle_errors", _frozen(self.cycle_errors))
+        object.__setattr__(self, "config_reloads", _frozen(self.config_reloads))
 
     def data(self, source: str, kind: type[T]) -> T | None:
         """The latest good data of ``source`` if it is of type ``kind``."""
