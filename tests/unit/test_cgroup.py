@@ -785,6 +785,53 @@ def test_a_bad_file_costs_its_figure_not_the_walk(slurm_node: Roots) -> None:
     assert not before.skipped
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from(
+        [
+            "cgroup.controllers",
+            "cgroup.type",
+            "cgroup.events",
+            "cgroup.procs",
+            "cgroup.threads",
+            "memory.max",
+            "memory.events",
+            "memory.stat",
+            "cpu.stat",
+            "io.stat",
+            "memory.pressure",
+            "pids.current",
+        ]
+    ),
+    text=FUZZ_TEXT,
+)
+def test_any_text_in_a_cgroup_file_costs_at_most_that_cgroup_figure(
+    tmp_path_factory: pytest.TempPathFactory, name: str, text: str
+) -> None:
+    """Whatever one file of one cgroup holds, the walk reads every cgroup, and every other
+    cgroup exactly as before; what did not parse is counted."""
+    roots = make_slurm_node(tmp_path_factory.mktemp("fuzz"))
+    before = read_tree(roots, keep_pids=True)
+    (roots.cgroupfs / TASK / name).write_text(text)
+    tree = read_tree(roots, keep_pids=True)
+    assert [c.path for c in tree.cgroups] == [c.path for c in before.cgroups]
+    others = [c for c in tree.cgroups if c.path != "/" + TASK]
+    assert others == [c for c in before.cgroups if c.path != "/" + TASK]
+    assert set(tree.skipped.counts) <= {"cgroup_file_unparsable", "id_unparsable"}
+
+
+def test_a_refused_cgroup_file_is_counted_not_waited_on(slurm_node: Roots) -> None:
+    """A file too large for its kind, in place of ``memory.stat``: refused, counted as
+    unreadable, the cgroup kept without it."""
+    big = slurm_node.cgroupfs / TASK / "memory.stat"
+    big.write_bytes(b"anon 1\n" * (700 * 1024))  # 4.9 MB, over the 4 MiB cap
+    tree = read_tree(slurm_node)
+    task = tree.get(TASK)
+    assert task is not None and task.memory_stat is None
+    assert dict(tree.skipped.counts) == {"cgroup_file_unreadable": 1}
+    assert tree.skipped.examples["cgroup_file_unreadable"] == str(big)
+
+
 def test_no_v2_hierarchy_is_reported_not_raised(tmp_path: Path) -> None:
     _write(tmp_path / "sys" / "fs" / "cgroup" / "memory", {"memory.usage_in_bytes": "1\n"})
     tree = make_source().collect(Roots.under(tmp_path))
