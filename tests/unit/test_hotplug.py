@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,7 +28,7 @@ from nodescope.errors import ParseError
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.model.topology import Topology
 from nodescope.roots import Roots
-from nodescope.sources import udev
+from nodescope.sources import link_events, udev
 from nodescope.sources.link_events import (
     FlapCounter,
     LinkEvent,
@@ -306,6 +307,73 @@ def test_udev_source_returns_its_last_record_while_nothing_changed(tmp_path: Pat
     source.close()
 
 
+def test_udev_refused_or_malformed_class_is_counted_and_read_again(tmp_path: Path) -> None:
+    """A hot-plugged function whose ``class`` is a FIFO (never opened for writing) and one
+    whose ``class`` is junk: both counted, neither blocks nor takes the source down, and both
+    are read again once they are files with a class in them."""
+    devices = tmp_path / "sys" / "bus" / "pci" / "devices"
+    for bdf in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (devices / bdf).mkdir(parents=True)
+    (devices / "0000:01:00.0" / "class").write_text("0x030200\n")
+    os.mkfifo(devices / "0000:02:00.0" / "class")
+    (devices / "0000:03:00.0" / "class").write_text("a GPU, trust me\n")
+    roots = Roots.under(tmp_path)
+    source = UdevSource(monitor=None)
+    first = source.collect(roots)
+    assert first.skipped.counts == {udev.SKIP_FILE_REFUSED: 1, udev.SKIP_CLASS_UNPARSABLE: 1}
+    assert first.skipped.examples[udev.SKIP_FILE_REFUSED].endswith("0000:02:00.0/class")
+    # Skipped again on the next run (a record that skipped is never handed out twice).
+    second = source.collect(roots)
+    assert second is not first and second.skipped == first.skipped
+    (devices / "0000:02:00.0" / "class").unlink()
+    (devices / "0000:02:00.0" / "class").write_text("0x030200\n")
+    (devices / "0000:03:00.0" / "class").write_text("0x030000\n")
+    third = source.collect(roots)
+    assert not third.skipped
+    # All three are GPUs now: their going is noticed.
+    for bdf in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0"):
+        (devices / bdf / "class").unlink()
+        (devices / bdf).rmdir()
+    gone = source.collect(roots)
+    assert gone.gpus_missing == ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0")
+    source.close()
+
+
+class _FakeUdevMonitor:
+    """pyudev's ``Monitor.poll`` handing out the given devices, then stopping the thread."""
+
+    def __init__(self, devices: list[Any], stop: Any) -> None:
+        self.devices = devices
+        self.stop = stop
+
+    def poll(self, timeout: float) -> Any:
+        if self.devices:
+            return self.devices.pop(0)
+        self.stop.set()
+        return None
+
+
+def test_udev_malformed_monitor_events_are_counted() -> None:
+    source = UdevSource(monitor=None)
+    monitor = udev.UdevMonitor(source._enqueue, on_bad_event=source._bad_event)
+    good = {
+        "ACTION": "remove",
+        "DEVPATH": "/devices/pci0000:00/0000:03:00.0",
+        "SUBSYSTEM": "pci",
+        "PCI_CLASS": "30000",
+        "PCI_SLOT_NAME": "0000:03:00.0",
+    }
+    bad = dict(good, PCI_SLOT_NAME="not a slot")
+    devices = [argparse.Namespace(properties=p) for p in (bad, good, {"ACTION": "add"})]
+    monitor._monitor = _FakeUdevMonitor(devices, monitor._stop)
+    monitor._run()
+    with tempfile.TemporaryDirectory() as root:
+        data = source.collect(Roots.under(root))
+    assert data.events == (("pci", "remove", 1),)
+    assert data.skipped.counts == {udev.SKIP_EVENT_UNPARSABLE: 2}
+    assert not source.collect(Roots.under(root)).skipped
+
+
 # --- link events ----------------------------------------------------------------------------
 
 
@@ -394,6 +462,50 @@ def test_ib_ports_polled(tmp_path: Path) -> None:
     now[0] = 100.0
     assert source.collect(roots).link("mlx5_0/1").recent == 0  # type: ignore[union-attr]
     assert ib_port_state("4: ACTIVE\n") == "up" and ib_port_state("3: ARMED") == "down"
+
+
+def test_ib_port_with_a_malformed_or_refused_state_is_skipped_not_the_others(
+    tmp_path: Path,
+) -> None:
+    ports = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports"
+    for port in ("1", "2", "3"):
+        (ports / port).mkdir(parents=True)
+    (ports / "1" / "state").write_text("4: ACTIVE\n")
+    (ports / "2" / "state").write_text("ACTIVE\n")
+    os.mkfifo(ports / "3" / "state")
+    now = [0.0]
+    source = LinkEventsSource(netlink=False, clock=lambda: now[0])
+    roots = Roots.under(tmp_path)
+    first = source.collect(roots)
+    assert [link.interface for link in first.links] == ["mlx5_0/1"]
+    assert first.skipped.counts == {
+        link_events.SKIP_IB_STATE_UNPARSABLE: 1,
+        link_events.SKIP_FILE_REFUSED: 1,
+    }
+    now[0] = 1.0
+    (ports / "1" / "state").write_text("1: DOWN\n")
+    link = source.collect(roots).link("mlx5_0/1")
+    assert link is not None and (link.state, link.down_total) == ("down", 1)
+
+
+def test_malformed_link_messages_are_counted() -> None:
+    source = LinkEventsSource(netlink=False, clock=lambda: 5.0)
+    monitor = link_events.NetlinkMonitor(
+        source._enqueue, clock=lambda: 5.0, on_bad_message=source._bad_message
+    )
+    nameless = _message("x", "UP", 1, None, "RTM_NEWLINK")
+    del nameless["IFLA_IFNAME"]
+    monitor._deliver(
+        [
+            _message("ens1f0", "UP", 1, None, "RTM_NEWLINK"),
+            nameless,
+            _message("ens1f1", "SIDEWAYS", 1, None, "RTM_NEWLINK"),
+        ]
+    )
+    with tempfile.TemporaryDirectory() as root:
+        data = source.collect(Roots.under(root))
+    assert [link.interface for link in data.links] == ["ens1f0"]
+    assert data.skipped.counts == {link_events.SKIP_MESSAGE_UNPARSABLE: 2}
 
 
 # --- metrics --------------------------------------------------------------------------------

@@ -30,12 +30,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodescope.errors import ParseError
+from nodescope.fileio import SYSFS_ATTRIBUTE, FileTooLarge, NotARegularFile, read_bytes
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
-from nodescope.sources.base import read_optional
 from nodescope.sources.infiniband import parse_state
 from nodescope.sources.netlink import LinkMessage, NetLink, parse_link
 
@@ -112,12 +113,23 @@ class LinkEventsData:
     window_seconds: float
     monitor: bool
     untracked: int
+    #: link messages and port states of this run left out as malformed or refused
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 
     def link(self, interface: str) -> LinkTransitions | None:
         for link in self.links:
             if link.interface == interface:
                 return link
         return None
+
+
+# Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
+#: an rtnetlink link message without a usable name, state or carrier
+SKIP_MESSAGE_UNPARSABLE = "link_message_unparsable"
+#: an InfiniBand port ``state`` that is not ``<number>: <name>``
+SKIP_IB_STATE_UNPARSABLE = "ib_state_unparsable"
+#: a port ``state`` that is not a regular file or is over its size cap, refused unread
+SKIP_FILE_REFUSED = "file_refused"
 
 
 class FlapCounter:
@@ -228,11 +240,14 @@ class NetlinkMonitor:
         netns: str | None = None,
         include_virtual: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        on_bad_message: Callable[[str], None] | None = None,
     ) -> None:
         self.on_event = on_event
         self.netns = netns
         self.include_virtual = include_virtual
         self.clock = clock
+        #: told what was wrong with each link message that did not parse
+        self.on_bad_message = on_bad_message
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
@@ -245,7 +260,8 @@ class NetlinkMonitor:
             try:
                 event = parse_link_event(message, self.clock(), self.include_virtual)
             except ParseError as exc:
-                log.debug("netns=%s bad_message=%r", self.netns, str(exc))
+                if self.on_bad_message is not None:
+                    self.on_bad_message(str(exc))
                 continue
             if event is not None:
                 self.on_event(event)
@@ -317,12 +333,20 @@ class LinkEventsSource:
         self.counter = FlapCounter(window_seconds)
         self._lock = threading.Lock()
         self._queue: deque[LinkEvent] = deque(maxlen=65536)
+        #: link messages the monitor could not parse since the last run, and the latest fault
+        self._bad_messages = 0
+        self._bad_message_example = ""
         self._monitor: NetlinkMonitor | None = None
         self._failed = False
 
     def _enqueue(self, event: LinkEvent) -> None:
         with self._lock:
             self._queue.append(event)
+
+    def _bad_message(self, fault: str) -> None:
+        with self._lock:
+            self._bad_messages += 1
+            self._bad_message_example = fault
 
     def _ensure_monitor(self) -> None:
         if not self.netlink or self._failed:
@@ -332,7 +356,13 @@ class LinkEventsSource:
         if self._monitor is not None:
             # It stopped on an error: start afresh (states re-seeded, not counted).
             self._monitor = None
-        monitor = NetlinkMonitor(self._enqueue, self.netns, self.include_virtual, self.clock)
+        monitor = NetlinkMonitor(
+            self._enqueue,
+            self.netns,
+            self.include_virtual,
+            self.clock,
+            on_bad_message=self._bad_message,
+        )
         try:
             monitor.start()
         except Exception as exc:
@@ -341,7 +371,7 @@ class LinkEventsSource:
             return
         self._monitor = monitor
 
-    def _read_ib(self, roots: Roots) -> None:
+    def _read_ib(self, roots: Roots, tally: SkipTally) -> None:
         # Plain string paths: a pathlib join per port costs as much as reading the file.
         base = f"{roots.sysfs}/class/infiniband"
         try:
@@ -357,21 +387,35 @@ class LinkEventsSource:
                 continue
             for port in ports:
                 path = f"{ports_dir}/{port}/state"
-                text = read_optional(path)
-                if text is None:
+                try:
+                    data = read_bytes(path, SYSFS_ATTRIBUTE)
+                except (NotARegularFile, FileTooLarge):
+                    tally.skip(SKIP_FILE_REFUSED, path)
                     continue
-                state = ib_port_state(text, path)
+                except OSError:
+                    continue
+                try:
+                    state = ib_port_state(data.decode("utf-8", errors="replace"), path)
+                except ParseError as exc:
+                    # That port keeps its last state; the other ports are followed as usual.
+                    tally.skip(SKIP_IB_STATE_UNPARSABLE, str(exc))
+                    continue
                 self.counter.observe(LinkEvent(f"{device}/{port}", "infiniband", state, now))
 
     def collect(self, roots: Roots) -> LinkEventsData:
         self._ensure_monitor()
+        tally = SkipTally()
         with self._lock:
             events = list(self._queue)
             self._queue.clear()
+            for _ in range(self._bad_messages):
+                tally.skip(SKIP_MESSAGE_UNPARSABLE, self._bad_message_example)
+            self._bad_messages = 0
         for event in events:
             self.counter.observe(event)
-        self._read_ib(roots)
-        return self.counter.snapshot(self.clock(), self._monitor is not None)
+        self._read_ib(roots, tally)
+        data = self.counter.snapshot(self.clock(), self._monitor is not None)
+        return replace(data, skipped=tally.freeze()) if tally else data
 
     def close(self) -> None:
         monitor, self._monitor = self._monitor, None

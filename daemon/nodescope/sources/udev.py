@@ -29,12 +29,13 @@ import re
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nodescope.errors import ParseError
+from nodescope.fileio import SYSFS_ATTRIBUTE, FileTooLarge, NotARegularFile, read_bytes
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
-from nodescope.sources.base import read_optional
 
 NAME = "udev"
 SUBSYSTEMS = ("pci", "block", "net")
@@ -111,6 +112,17 @@ class UdevData:
     recent: tuple[UdevEvent, ...]
     dropped: int
     topology_generation: int
+    #: events and ``class`` attributes of this run left out as malformed or refused
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
+
+
+# Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
+#: a monitor event without the properties of a device event, or with malformed ones
+SKIP_EVENT_UNPARSABLE = "event_unparsable"
+#: a function's ``class`` attribute that is not ``0x`` and six hex digits
+SKIP_CLASS_UNPARSABLE = "class_unparsable"
+#: a ``class`` attribute that is not a regular file or is over its size cap, refused unread
+SKIP_FILE_REFUSED = "file_refused"
 
 
 # --- parsers (pure) -------------------------------------------------------------------------
@@ -204,10 +216,13 @@ class UdevMonitor:
         on_event: Callable[[UdevEvent], None],
         source: str = "kernel",
         subsystems: tuple[str, ...] = SUBSYSTEMS,
+        on_bad_event: Callable[[str], None] | None = None,
     ) -> None:
         self.source = source
         self.subsystems = subsystems
         self.on_event = on_event
+        #: told what was wrong with each event that did not parse
+        self.on_bad_event = on_bad_event
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._monitor: Any = None
@@ -238,7 +253,8 @@ class UdevMonitor:
             try:
                 event = event_from_properties(dict(device.properties), f"udev {self.source}")
             except ParseError as exc:
-                log.debug("monitor=%s bad_event=%r", self.source, str(exc))
+                if self.on_bad_event is not None:
+                    self.on_bad_event(str(exc))
                 continue
             if event.under_pci and event.action in ACTIONS:
                 mark_topology_stale()
@@ -255,14 +271,23 @@ class UdevMonitor:
 # --- the source -----------------------------------------------------------------------------
 
 
-def _read_class(roots: Roots, bdf: str) -> int | None:
-    text = read_optional(roots.sysfs / "bus" / "pci" / "devices" / bdf / "class")
-    if text is None:
-        return None
+def _read_class(roots: Roots, bdf: str, tally: SkipTally) -> tuple[int | None, bool]:
+    """The function's class code, and whether that answer is final: a refused or malformed
+    ``class`` (counted in ``tally``) is read again on a later run; an absent one (the
+    function went) is not."""
+    path = f"{roots.sysfs}/bus/pci/devices/{bdf}/class"
     try:
-        return _pci_class(text.strip(), bdf)
-    except ParseError:
-        return None
+        data = read_bytes(path, SYSFS_ATTRIBUTE)
+    except (NotARegularFile, FileTooLarge):
+        tally.skip(SKIP_FILE_REFUSED, path)
+        return None, False
+    except OSError:
+        return None, True
+    try:
+        return _pci_class(data.decode("utf-8", errors="replace").strip(), path), True
+    except ParseError as exc:
+        tally.skip(SKIP_CLASS_UNPARSABLE, str(exc))
+        return None, False
 
 
 def _pci_names(roots: Roots) -> list[str] | None:
@@ -285,6 +310,9 @@ class UdevSource:
         self._lock = threading.Lock()
         self._queue: deque[UdevEvent] = deque()
         self._dropped = 0
+        #: events the monitor could not parse since the last run, and the latest's fault
+        self._bad_events = 0
+        self._bad_event_example = ""
         self._counts: Counter[tuple[str, str]] = Counter()
         self._removals: Counter[str] = Counter()
         self._gpus: set[str] = set()
@@ -303,10 +331,15 @@ class UdevSource:
                 self._dropped += 1
             self._queue.append(event)
 
+    def _bad_event(self, fault: str) -> None:
+        with self._lock:
+            self._bad_events += 1
+            self._bad_event_example = fault
+
     def _ensure_monitor(self) -> None:
         if self._monitor is not None or self._monitor_failed or self.monitor_source is None:
             return
-        monitor = UdevMonitor(self._enqueue, self.monitor_source)
+        monitor = UdevMonitor(self._enqueue, self.monitor_source, on_bad_event=self._bad_event)
         try:
             monitor.start()
         except Exception as exc:
@@ -317,10 +350,14 @@ class UdevSource:
 
     def collect(self, roots: Roots) -> UdevData:
         self._ensure_monitor()
+        tally = SkipTally()
         with self._lock:
             events = list(self._queue)
             self._queue.clear()
             dropped = self._dropped
+            for _ in range(self._bad_events):
+                tally.skip(SKIP_EVENT_UNPARSABLE, self._bad_event_example)
+            self._bad_events = 0
         removed_by_event: set[str] = set()
         for event in events:
             self._counts[(event.subsystem, event.action)] += 1
@@ -335,7 +372,9 @@ class UdevSource:
         last = self._last
         if (
             not events
+            and not tally
             and last is not None
+            and not last.skipped
             and not last.recent
             and last.dropped == dropped
             and last.topology_generation == generation
@@ -348,8 +387,10 @@ class UdevSource:
         listing = None if names is None else {n for n in names if _BDF.fullmatch(n)}
         if listing is not None:
             for bdf in listing - set(self._classes):
-                self._classes[bdf] = _read_class(roots, bdf)
-                if is_gpu_class(self._classes[bdf]):
+                pci_class, final = _read_class(roots, bdf, tally)
+                if final:
+                    self._classes[bdf] = pci_class
+                if is_gpu_class(pci_class):
                     self._gpus.add(bdf)
             if self._present is not None:
                 for bdf in (self._present - listing) & self._gpus:
@@ -369,6 +410,7 @@ class UdevSource:
             recent=tuple(events[-MAX_RECENT:]),
             dropped=dropped,
             topology_generation=generation,
+            skipped=tally.freeze(),
         )
         self._last = data
         return data
