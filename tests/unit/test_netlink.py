@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
+from nodescope import jsonout
 from nodescope.derive import deriver
 from nodescope.errors import ParseError
+from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sources import netlink as nl
@@ -109,7 +111,7 @@ def test_parse_links_sorted_by_ifindex_and_serialisable() -> None:
     assert links[0].operstate == "unknown"
     assert links[0].stats is None
     data = nl.NetdevData(links)
-    assert json.loads(json.dumps(dataclasses.asdict(data)))["links"][1]["kind"] == "veth"
+    assert json.loads(jsonout.dumps(data))["links"][1]["kind"] == "veth"
 
 
 def test_numeric_operstate() -> None:
@@ -136,11 +138,19 @@ def test_numeric_operstate() -> None:
 def test_parse_rejects(fields: dict[str, Any], fragment: str) -> None:
     good = FakeMessage({"IFLA_IFNAME": "ok", "index": 1})
     with pytest.raises(ParseError) as err:
-        nl.parse_links([good, FakeMessage(fields)], "dump")
+        nl.parse_link(FakeMessage(fields), "dump", 2)
     assert fragment in str(err.value)
-    # The second message of the dump: reported as line 2.
     assert err.value.line == 2
     assert err.value.source == "dump"
+    # In a dump the bad message is left out and counted, named by its position; the good
+    # links around it are kept.
+    tally = SkipTally()
+    after = FakeMessage({"IFLA_IFNAME": "ok2", "index": 3})
+    links = nl.parse_links([good, FakeMessage(fields), after], "dump", tally)
+    assert [x.name for x in links] == ["ok", "ok2"]
+    skipped = tally.freeze()
+    assert skipped.counts == {nl.SKIP_LINK_UNPARSABLE: 1}
+    assert skipped.examples[nl.SKIP_LINK_UNPARSABLE].startswith("dump:2: ")
 
 
 # ------------------------------------------------------------------------------------------
@@ -228,14 +238,10 @@ _junk = st.one_of(
         max_size=4,
     )
 )
-def test_parse_links_raises_only_parse_error(messages: list[dict[str, Any]]) -> None:
-    try:
-        links = nl.parse_links([FakeMessage(m) for m in messages], "fuzz")
-    except ParseError as err:
-        assert err.source == "fuzz"
-        assert err.line is not None and 1 <= err.line <= len(messages)
-    else:
-        assert len(links) == len(messages)
+def test_parse_links_gives_links_and_skips(messages: list[dict[str, Any]]) -> None:
+    tally = SkipTally()
+    links = nl.parse_links([FakeMessage(m) for m in messages], "fuzz", tally)
+    assert len(links) + sum(tally.freeze().counts.values()) == len(messages)
 
 
 # ------------------------------------------------------------------------------------------

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from nodescope.errors import ParseError
 from nodescope.model.counters import counter_rate
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import Source
 from nodescope.sources.infiniband import pci_address_from_path
@@ -121,9 +122,16 @@ class NetLink:
     pci_address: str | None = None
 
 
+#: Reason a link message was skipped (nodescope_source_records_skipped_total{reason}): one
+#: without a usable name, index, state or statistics.
+SKIP_LINK_UNPARSABLE = "link_unparsable"
+
+
 @dataclass(frozen=True, slots=True)
 class NetdevData:
     links: tuple[NetLink, ...]
+    #: link messages of this dump left out as malformed
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 
     def link(self, name: str) -> NetLink | None:
         for link in self.links:
@@ -218,9 +226,18 @@ def parse_link(message: LinkMessage, source: str = "rtnetlink", position: int = 
     )
 
 
-def parse_links(messages: Iterable[LinkMessage], source: str = "rtnetlink") -> tuple[NetLink, ...]:
-    """Every link of an ``RTM_GETLINK`` dump, sorted by ifindex."""
-    links = [parse_link(m, source, i) for i, m in enumerate(messages, start=1)]
+def parse_links(
+    messages: Iterable[LinkMessage], source: str = "rtnetlink", tally: SkipTally | None = None
+) -> tuple[NetLink, ...]:
+    """Every well-formed link of an ``RTM_GETLINK`` dump, sorted by ifindex; a message that
+    does not parse is left out and counted in ``tally``, the other links are kept."""
+    links: list[NetLink] = []
+    for position, message in enumerate(messages, start=1):
+        try:
+            links.append(parse_link(message, source, position))
+        except ParseError as exc:
+            if tally is not None:
+                tally.skip(SKIP_LINK_UNPARSABLE, str(exc))
     return tuple(sorted(links, key=lambda link: link.ifindex))
 
 
@@ -263,12 +280,13 @@ class NetdevSource:
         except Exception:
             self.close()
             raise
-        links = parse_links(messages, source)
+        tally = SkipTally()
+        links = parse_links(messages, source, tally)
         if self.netns is None:
             links = tuple(
                 replace(x, pci_address=interface_pci_address(roots, x.name)) for x in links
             )
-        return NetdevData(links)
+        return NetdevData(links, tally.freeze())
 
     def close(self) -> None:
         ipr, self._ipr = self._ipr, None
