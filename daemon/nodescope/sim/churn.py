@@ -89,6 +89,11 @@ class JobChurn:
         for job in self.jobs:
             job.cpu_ticks += seconds * CLK_TCK
             self._write_counters(job)
+        self.add_gpu_processes()
+
+    def add_gpu_processes(self) -> None:
+        """Put the ranks into the fake NVML's process lists, which every move of the node
+        sets afresh."""
         gpus = self.nvml.gpus
         for job in self.jobs:
             if job.gpu < len(gpus) and not gpus[job.gpu].lost:

@@ -378,6 +378,18 @@ class SimulatedNode:
         self.nvlink_snapshot_path = self.roots.dev / "nvlink_stats"
         self.nvlink_module = SimulatedModule(self.hardware, scenario.timeline)
         self._build_processes()
+        #: each GPU's processes as NVML lists them, fixed once the processes are built; the
+        #: lists are handed out anew at every move (the churn appends to them)
+        self._gpu_processes: dict[int, tuple[tuple[int, int | None], ...]] = {
+            gpu.index: tuple(
+                (p.pid, p.spec.gpu_memory_bytes)
+                for p in self._procs.values()
+                if p.gpu == gpu.index and p.spec is not None
+            )
+            for gpu in self.hardware.gpus
+        }
+        #: (InfiniBand port, counter file) of every traffic counter, with its accumulator key
+        self._ib_counter_files: list[tuple[str, tuple[Any, ...], Path]] = []
 
     # ---- public -------------------------------------------------------------------------
 
@@ -412,7 +424,7 @@ class SimulatedNode:
         """One tick: move to simulated second ``t`` (counters advance by rate × time for every
         activity overlapping (previous t, t], events due by ``t`` happen), write every file
         that changed and take one read of the nvlink_counter module."""
-        self._move(t, frozenset(Part))
+        self.move_to(t, frozenset(Part))
 
     def refresh(self, t: float, reader: str | None = None) -> None:
         """Move to second ``t`` (any real number from the present on) and write what the
@@ -420,9 +432,10 @@ class SimulatedNode:
         that source reads the values of ``t``. The other parts catch up at their own reader's
         refresh: counters are integrated over time, not over refreshes, so how often a part
         is written changes no value."""
-        self._move(t, parts_read_by(reader))
+        self.move_to(t, parts_read_by(reader))
 
-    def _move(self, t: float, parts: frozenset[Part]) -> None:
+    def move_to(self, t: float, parts: frozenset[Part]) -> None:
+        """Move to second ``t`` and write ``parts``."""
         if not math.isfinite(t) or t < self.t:
             raise ValueError(f"cannot go from t={self.t:g} to t={t:g}")
         t0, self.t = self.t, t
@@ -1299,9 +1312,7 @@ class SimulatedNode:
                 link.raw_tx_kib = int(tx * NVLINK_RAW_OVERHEAD)
                 link.raw_rx_kib = int(rx * NVLINK_RAW_OVERHEAD)
             fake.processes = [
-                FakeProcess(p.pid, p.spec.gpu_memory_bytes if p.spec else None)
-                for p in self._procs.values()
-                if p.gpu == gpu.index and p.spec is not None
+                FakeProcess(pid, memory) for pid, memory in self._gpu_processes[gpu.index]
             ]
         self.nvlink_stall_ratio = {}
         for activity in self._active("nvlink", t):
@@ -1388,26 +1399,34 @@ class SimulatedNode:
 
     def _write_ib_counters(self) -> None:
         """The traffic counters of every port that is still there."""
+        if not self._ib_counter_files:
+            # Paths built once: a refresh between two reads writes them several times a second.
+            for nic in self.hardware.nics:
+                device = self._dirs[nic.pci[0]] / "infiniband" / nic.name
+                for port in range(1, nic.ports + 1):
+                    counters = device / "ports" / str(port) / "counters"
+                    for name in _IB_TRAFFIC_COUNTERS:
+                        key = ("ib", nic.name, port, name)
+                        self._ib_counter_files.append((nic.pci[0], key, counters / name))
         files = self._files
-        for nic in self.hardware.nics:
-            if nic.pci[0] in self._removed:
+        for function, key, path in self._ib_counter_files:
+            if function in self._removed:
                 continue
-            device = self._dirs[nic.pci[0]] / "infiniband" / nic.name
-            for port in range(1, nic.ports + 1):
-                counters = device / "ports" / str(port) / "counters"
-                for name in (
-                    "port_xmit_data",
-                    "port_rcv_data",
-                    "port_xmit_packets",
-                    "port_rcv_packets",
-                    "unicast_xmit_packets",
-                    "unicast_rcv_packets",
-                    "port_xmit_wait",
-                ):
-                    value = self._acc.get(("ib", nic.name, port, name))
-                    if value is not None:
-                        files.write(counters / name, f"{int(value)}\n")
+            value = self._acc.get(key)
+            if value is not None:
+                files.write(path, f"{int(value)}\n")
 
+
+#: The InfiniBand counters that traffic moves.
+_IB_TRAFFIC_COUNTERS = (
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+    "unicast_xmit_packets",
+    "unicast_rcv_packets",
+    "port_xmit_wait",
+)
 
 #: /proc/net/snmp columns (net/ipv4/proc.c, Linux 6.12), one header line per group.
 _SNMP_FIELDS: dict[str, tuple[str, ...]] = {

@@ -25,7 +25,7 @@ import ctypes
 import json
 import os
 import time
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,23 @@ _LINK_SCALARS = tuple(f.name for f in fields(FakeLink) if f.name != "errors")
 def state_document(nvml: FakeNvml, t: float, epoch: float, xids: list[tuple[int, int]]) -> bytes:
     """The state of every GPU of ``nvml`` at simulated second ``t``."""
     gpus: list[dict[str, Any]] = []
+    # Field by field rather than dataclasses.asdict, which deep-copies every value and made
+    # up half of a refresh's cost: the document is published several times a second.
     for gpu in nvml.gpus:
-        record = asdict(gpu)
+        record = {name: getattr(gpu, name) for name in _GPU_SCALARS}
         record["unsupported"] = sorted(gpu.unsupported, key=str)
-        for link in record["links"]:
-            # JSON object keys are strings; the error counters are keyed by int.
-            link["errors"] = [[k, v] for k, v in sorted(link["errors"].items())]
+        record["links"] = [
+            {
+                **{name: getattr(link, name) for name in _LINK_SCALARS},
+                # JSON object keys are strings; the error counters are keyed by int.
+                "errors": [[k, v] for k, v in sorted(link.errors.items())],
+            }
+            for link in gpu.links
+        ]
+        record["processes"] = [
+            {"pid": process.pid, "used_memory_bytes": process.used_memory_bytes}
+            for process in gpu.processes
+        ]
         gpus.append(record)
     doc = {"format": FORMAT, "t": t, "epoch": epoch, "gpus": gpus, "xids": xids}
     return json.dumps(doc, separators=(",", ":")).encode()

@@ -11,13 +11,17 @@ follow.
 Two ways to run:
 
 * real time (default): simulated time is the wall time since the start, until
-  SIGTERM/SIGINT. Every ``--refresh`` seconds (0.1 by default) the files and the NVML state
-  are brought to the present, so a counter read between two refreshes is at most that old
-  (the daemon in another process cannot ask for a refresh before it reads, as the demo's
-  sources do); once per ``tick_seconds`` the tick's work is done as well: a read of the
-  nvlink_counter module (its window, one per tick) and the churn. Past the scenario's end
-  the node goes on at the rates its open-ended activities leave (as ``nodescope demo``
-  does). After a stall the next refresh is at the present.
+  SIGTERM/SIGINT. The daemon in another process cannot ask for a refresh before it reads, as
+  the demo's sources do, so the node refreshes on its own: every ``--refresh`` seconds (0.1
+  by default) the files the daemon reads every second (``/proc/diskstats`` and the other
+  ``/proc`` files, the InfiniBand counters) and the NVML state are brought to the present,
+  so such a counter is at most that old when read; once per ``tick_seconds`` every file,
+  a read of the nvlink_counter module (its window, one per tick) and the churn. The process
+  and cgroup files are read every 10 to 15 s: a tick old at most, they are within a tenth of
+  their interval, and writing them ten times a second would cost the simulator about ten
+  times its CPU (docs/performance.md). Past the scenario's end the node goes on at the rates
+  its open-ended activities leave (as ``nodescope demo`` does). After a stall the next
+  refresh is at the present.
 * ``--stepped``: for each line ``T`` read on stdin, advance to simulated second ``T`` and
   answer one JSON line ``{"t": T, "active": [...], "ended": [...]}`` (the churn jobs' ids)
   when the files are written; exits at end of input. A driver in simulated time (the soak)
@@ -42,13 +46,15 @@ from pathlib import Path
 from types import FrameType
 
 from nodescope.sim.churn import JobChurn
-from nodescope.sim.node import EPOCH, SimulatedNode
+from nodescope.sim.node import EPOCH, Part, SimulatedNode
 from nodescope.sim.nvml_mirror import XidRecorder, state_document, write_state
 from nodescope.sim.scenario import load_scenario
 
 STATE_FILE = "nvml-state.json"
 #: How stale a counter read in real time may be: 10 % of one second between two reads.
 DEFAULT_REFRESH_SECONDS = 0.1
+#: What a refresh between two ticks writes: the counters the daemon reads every second.
+REFRESHED_PARTS = frozenset({Part.PROC_FILES, Part.INFINIBAND})
 
 
 class NodeProcess:
@@ -68,8 +74,10 @@ class NodeProcess:
         self._publish(t)
 
     def refresh(self, t: float) -> None:
-        """Every file and the NVML state at ``t``, between two ticks."""
-        self.node.refresh(t)
+        """The files read every second and the NVML state at ``t``, between two ticks."""
+        self.node.move_to(t, REFRESHED_PARTS)
+        if self.churn is not None:
+            self.churn.add_gpu_processes()
         self._publish(t)
 
     def _publish(self, t: float) -> None:
