@@ -807,3 +807,18 @@ if __name__ == "__main__":
         crlf_stream(int(rest[0]), float(rest[1]))
     else:
         raise SystemExit(f"unknown attack {kind!r}")
+
+
+def test_the_unit_lets_the_serving_process_give_up_root() -> None:
+    """Under the shipped unit the drop must be possible: the capabilities it uses in the
+    bounding set, and the calls it makes allowed after the filter that refuses
+    ``@privileged``."""
+    lines = [line.strip() for line in UNIT.read_text().splitlines()]
+    bounding = next(line for line in lines if line.startswith("CapabilityBoundingSet="))
+    for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"):
+        assert capability in bounding.split("=", 1)[1].split()
+    filters = [line.split("=", 1)[1] for line in lines if line.startswith("SystemCallFilter=")]
+    refusing = next(i for i, value in enumerate(filters) if "~@privileged" in value)
+    allowed_after = {call for value in filters[refusing + 1 :] for call in value.split()}
+    assert {"setgroups", "setresuid", "setresgid"} <= allowed_after
+    assert "NoNewPrivileges=yes" in lines
