@@ -170,7 +170,7 @@ def test_each_bad_file_is_a_config_error(tmp_path: Path, name: str) -> None:
 def test_a_unix_socket_is_refused(tmp_path: Path) -> None:
     # open(2) of a socket fails with ENXIO before fstat could name it: refused either way.
     for path in _unix_socket(tmp_path):
-        with pytest.raises(ConfigError, match="a socket|No such device or address") as info:
+        with pytest.raises(ConfigError, match=r"a socket|No such device or address") as info:
             config.load(path)
         assert str(path) in str(info.value)
 

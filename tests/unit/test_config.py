@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import math
+import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -129,3 +132,112 @@ def test_reference_lists_every_option() -> None:
     for option in config.DAEMON_OPTIONS:
         assert f"`daemon.{option.key}`" in ref
     assert "`sources.disks.interval_seconds`" in ref
+
+
+# -- bounds, the nesting scan and the listen address -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bounds", "value", "problem"),
+    [
+        (config.Range(0.1, 60), 0.1, None),
+        (config.Range(0.1, 60), 60, None),
+        (config.Range(0.1, 60), 60.000001, "must be a finite number between 0.1 and 60, not"),
+        (config.Range(0.1, 3600), math.inf, "between 0.1 and 3600, not inf"),
+        (config.Range(0.1, 3600), math.nan, "not nan"),
+        (config.Range(0, 1, low_open=True), 0, "above 0 and at most 1, not 0"),
+        (config.Range(0, 1e13), 10**400, "between 0 and 1e13, not an integer of 1329 bits"),
+        (config.Range(0, 1024, integer=True), 1025, "must be an integer between 0 and 1024"),
+    ],
+)
+def test_range_names_its_bounds(bounds: config.Range, value: float, problem: str | None) -> None:
+    found = bounds(value)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a = [[1, 2], [3]]\n[[t]]\n[x.y.z]\nk = {a = {b = [1]}}\n",
+        'a = "[[[[[[[[[[[[[["\n',
+        "a = '{{{{{{{{{{{{{{{{'\n",
+        'a = """\n[[[[[[[[[[[[\n"""\n',
+        'a = """x""""\nb = [1]\n',  # a multi-line string may end in two more quotes
+        "a = '''\n{{{{{{{{{{{\n'''''\n",
+        "# [[[[[[[[[[[[[[[[[[[[\na = 1\n",
+        'a = "\\"[[[[[[[[[[[[[[[[["\n',
+        '"a.b.c.d.e.f.g.h.i.j" = 1\n',  # one quoted key part, dots inside it
+        "a.b.c.d.e.f.g.h = 1\n",  # 8 parts: the most allowed
+        "a = [1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 9.5, 10.5]\n",
+    ],
+)
+def test_the_scan_lets_the_schema_through(text: str) -> None:
+    tomllib.loads(text)
+    assert config.structure_problem(text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("a = " + "[" * 9 + "]" * 9 + "\n", "line 1: arrays and tables nested more than 8 deep"),
+        ("x = 1\na = " + "{b = " * 9 + "1" + "}" * 9, "line 2: arrays and tables nested"),
+        ("a.b.c.d.e.f.g.h.i = 1\n", "line 1: a dotted key of more than 8 parts"),
+        ('[a . "b" . c.d.e.f.g.h.i]\n', "dotted key of more than 8 parts"),
+        ('a = "]]]"\nb = ' + "[" * 9 + "]" * 9, "line 2: arrays and tables nested"),
+    ],
+)
+def test_the_scan_refuses_what_the_schema_cannot_use(text: str, problem: str) -> None:
+    found = config.structure_problem(text)
+    assert found is not None and problem in found
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        ("127.0.0.1:9839", ("127.0.0.1", 9839)),
+        ("[::1]:9100", ("::1", 9100)),
+        ("[::]:0", ("::", 0)),
+        ("0.0.0.0:9839", ("0.0.0.0", 9839)),
+        ("node17.mgmt.example:9839", ("node17.mgmt.example", 9839)),
+        ("localhost:9839", ("localhost", 9839)),
+    ],
+)
+def test_listen_addresses_an_operator_writes(value: str, parsed: tuple[str, int]) -> None:
+    assert config.parse_listen(value) == parsed
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["127.0.0.1: 80", "127.0.0.1:+80", "127.0.0.1:8_0", "*:80", "[]:80", "a b:80", "x" * 64 + ":1"],
+)
+def test_listen_addresses_getaddrinfo_would_choke_on(value: str) -> None:
+    with pytest.raises(ValueError):
+        config.parse_listen(value)
+
+
+def test_bounds_in_the_sample_comments_are_the_codes() -> None:
+    """``tick_seconds = 1.0  # 0.1 to 60`` in systemd/nodescope.toml says what the code holds."""
+    from tests.conftest import REPO
+
+    ranges = {
+        "tick_seconds": config.SECONDS_TICK,
+        "interval_seconds": config.SECONDS_SOURCE_INTERVAL,
+        **{o.key: o.check for o in config.ALERT_OPTIONS if isinstance(o.check, config.Range)},
+        "utilisation_ratio": config.FRACTION,
+    }
+    pattern = re.compile(r"^#? ?([a-z_]+) = \S+\s+#[^0-9]*([0-9.]+)(?: to|, at most) ([0-9.]+)$")
+    checked = 0
+    for line in (REPO / "systemd" / "nodescope.toml").read_text().splitlines():
+        match = pattern.match(line)
+        if match is None:
+            continue
+        key, low, high = match.groups()
+        bounds = ranges[key]
+        assert isinstance(bounds, config.Range)
+        assert (float(low), float(high)) == (bounds.low, bounds.high), line
+        assert ("above" in line) == bounds.low_open, line
+        checked += 1
+    assert checked == 5
