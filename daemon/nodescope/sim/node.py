@@ -21,9 +21,9 @@ every file here is written in the format the kernel uses and the sources parse:
   (fs/nfs/super.c, net/sunrpc/stats.c) and ``mounts``, ``net/snmp`` (net/ipv4/proc.c);
 * the fake NVML (:class:`nodescope.sim.fake_nvml.FakeNvml`) whose counters and field
   timestamps follow simulated time;
-* ``dev/nvlink_stats``: the ``nvlink_counter`` module's snapshot, one read per tick, in the
-  module's ABI (:mod:`nodescope.sim.kmod`: window statistics of 100 µs samples, bursts
-  included).
+* ``dev/nvlink_stats``: the ``nvlink_counter`` module's snapshot, one read per tick (in wall
+  time, one per read of the daemon's nvlink_kmod source), in the module's ABI
+  (:mod:`nodescope.sim.kmod`: window statistics of 100 µs samples, bursts included).
 
 Counters advance by rate × overlap of each timeline activity with the interval moved over,
 and time is a real number, not a count of ticks: :meth:`SimulatedNode.refresh` moves the node
