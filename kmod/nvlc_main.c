@@ -14,19 +14,30 @@
 
 #include "nvlc.h"
 
-/* Open files are sampled by the timer one by one: their number bounds its work. */
-#define NVLC_MAX_READERS 32
+/* Each open file holds about 400 KiB (its windows and its snapshot buffer). */
+#define NVLC_MAX_OPEN_LIMIT 1024
 
 static ulong period_ns = NVLC_PERIOD_DEFAULT_NS;
 module_param(period_ns, ulong, 0444);
 MODULE_PARM_DESC(period_ns, "sampling period in ns at load (10000..1000000000, default 100000)");
 
-static unsigned int nvlc_nfiles;	/* under nvlc_lock */
+static uint max_open = 64;
+module_param(max_open, uint, 0444);
+MODULE_PARM_DESC(max_open, "open files of all users together (2..1024, default 64)");
+
+static uint max_open_per_user = 4;
+module_param(max_open_per_user, uint, 0444);
+MODULE_PARM_DESC(max_open_per_user,
+		 "open files of one user other than root (1..max_open - root_reserve, default 4)");
+
+static uint root_reserve = 16;
+module_param(root_reserve, uint, 0444);
+MODULE_PARM_DESC(root_reserve,
+		 "open files only root may take, so that other users cannot keep the daemon out (1..max_open - 1, default 16)");
 
 static int nvlc_open(struct inode *inode, struct file *file)
 {
 	struct nvlc_file *f;
-	unsigned long flags;
 	int ret = 0;
 
 	f = kvzalloc(sizeof(*f), GFP_KERNEL_ACCOUNT);
@@ -39,15 +50,7 @@ static int nvlc_open(struct inode *inode, struct file *file)
 	}
 	mutex_init(&f->read_lock);
 
-	spin_lock_irqsave(&nvlc_lock, flags);
-	if (nvlc_nfiles >= NVLC_MAX_READERS) {
-		ret = -EBUSY;
-	} else {
-		nvlc_nfiles++;
-		nvlc_file_reset_locked(f);
-		list_add_tail(&f->node, &nvlc_files);
-	}
-	spin_unlock_irqrestore(&nvlc_lock, flags);
+	ret = nvlc_reader_attach(f);
 	if (ret)
 		goto err_free;
 	file->private_data = f;
@@ -62,12 +65,8 @@ err_free:
 static int nvlc_release(struct inode *inode, struct file *file)
 {
 	struct nvlc_file *f = file->private_data;
-	unsigned long flags;
 
-	spin_lock_irqsave(&nvlc_lock, flags);
-	list_del(&f->node);
-	nvlc_nfiles--;
-	spin_unlock_irqrestore(&nvlc_lock, flags);
+	nvlc_reader_detach(f);
 	mutex_destroy(&f->read_lock);
 	kvfree(f->snap);
 	kvfree(f);
@@ -79,7 +78,6 @@ static ssize_t nvlc_read(struct file *file, char __user *buf, size_t count, loff
 {
 	struct nvlc_file *f = file->private_data;
 	loff_t pos = *ppos;
-	unsigned long flags;
 	ssize_t ret;
 	size_t n;
 
@@ -91,9 +89,10 @@ static ssize_t nvlc_read(struct file *file, char __user *buf, size_t count, loff
 		return -ERESTARTSYS;
 	if (pos == 0) {
 		memset(f->snap, 0, NVLC_SNAPSHOT_MAX);
-		spin_lock_irqsave(&nvlc_lock, flags);
-		f->snap_len = nvlc_build_snapshot_locked(f, f->snap);
-		spin_unlock_irqrestore(&nvlc_lock, flags);
+		f->snap_len = 0;
+		ret = nvlc_snapshot(f, f->snap, &f->snap_len);
+		if (ret)
+			goto out;
 	}
 	if (pos >= f->snap_len) {
 		ret = 0;
@@ -117,7 +116,7 @@ static __poll_t nvlc_poll(struct file *file, poll_table *wait)
 	struct nvlc_file *f = file->private_data;
 
 	poll_wait(file, &nvlc_wq, wait);
-	return READ_ONCE(f->event) ? EPOLLIN | EPOLLRDNORM | EPOLLPRI : 0;
+	return nvlc_reader_event(f) ? EPOLLIN | EPOLLRDNORM | EPOLLPRI : 0;
 }
 
 /* Known command number: a wrong direction is another command, a wrong size is invalid. */
@@ -397,15 +396,59 @@ static const struct file_operations nvlc_fops = {
 	.compat_ioctl = compat_ptr_ioctl,
 };
 
+/*
+ * Figures about the module itself in /sys/class/misc/nvlink_stats/: how many files are open,
+ * and what sampling costs (samples taken and the time the timer spent taking them, whose
+ * ratio is the cost of one sample: it must not grow with the number of readers).
+ */
+static ssize_t open_files_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%u\n", nvlc_open_files());
+}
+static DEVICE_ATTR_RO(open_files);
+
+static ssize_t samples_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	u64 samples, busy_ns;
+
+	nvlc_sampler_stats(&samples, &busy_ns);
+	return sysfs_emit(buf, "%llu\n", samples);
+}
+static DEVICE_ATTR_RO(samples);
+
+static ssize_t sample_busy_ns_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	u64 samples, busy_ns;
+
+	nvlc_sampler_stats(&samples, &busy_ns);
+	return sysfs_emit(buf, "%llu\n", busy_ns);
+}
+static DEVICE_ATTR_RO(sample_busy_ns);
+
+static struct attribute *nvlc_attrs[] = {
+	&dev_attr_open_files.attr,
+	&dev_attr_samples.attr,
+	&dev_attr_sample_busy_ns.attr,
+	NULL,
+};
+ATTRIBUTE_GROUPS(nvlc);
+
+/*
+ * World-readable on purpose: reading is bounded per user (max_open_per_user) and root keeps a
+ * reserve of open files (root_reserve), so readers cannot keep the daemon out; configuration
+ * needs CAP_SYS_ADMIN. A site that wants fewer readers narrows the mode with a udev rule.
+ */
 static struct miscdevice nvlc_misc = {
 	.minor = MISC_DYNAMIC_MINOR,
 	.name = "nvlink_stats",
 	.fops = &nvlc_fops,
+	.groups = nvlc_groups,
 	.mode = 0444,
 };
 
 static int __init nvlc_init(void)
 {
+	struct nvlc_limits limits;
 	int ret;
 
 	BUILD_BUG_ON(sizeof(struct nvlc_header) % 8 || sizeof(struct nvlc_record) % 8);
@@ -421,20 +464,36 @@ static int __init nvlc_init(void)
 		       NVLC_PERIOD_MIN_NS, NVLC_PERIOD_MAX_NS);
 		return -EINVAL;
 	}
-	ret = nvlc_mmio_notifier_register();
+	if (max_open < 2 || max_open > NVLC_MAX_OPEN_LIMIT || !root_reserve ||
+	    root_reserve >= max_open || !max_open_per_user ||
+	    max_open_per_user > max_open - root_reserve) {
+		pr_err("nvlink_counter: need 2 <= max_open (%u) <= %u, 1 <= root_reserve (%u) < max_open, 1 <= max_open_per_user (%u) <= max_open - root_reserve\n",
+		       max_open, NVLC_MAX_OPEN_LIMIT, root_reserve, max_open_per_user);
+		return -EINVAL;
+	}
+	limits.max_open = max_open;
+	limits.max_open_per_user = max_open_per_user;
+	limits.root_reserve = root_reserve;
+	ret = nvlc_readers_init(&limits);
 	if (ret)
 		return ret;
+	ret = nvlc_mmio_notifier_register();
+	if (ret)
+		goto err_readers;
 	nvlc_sampler_start(period_ns);
 	ret = misc_register(&nvlc_misc);
 	if (ret)
 		goto err_sampler;
-	pr_info("nvlink_counter: /dev/%s, ABI %u.%u, period %lu ns\n", nvlc_misc.name,
-		NVLC_ABI_MAJOR, NVLC_ABI_MINOR, period_ns);
+	pr_info("nvlink_counter: /dev/%s, ABI %u.%u, period %lu ns, open files %u (%u per user, %u for root only)\n",
+		nvlc_misc.name, NVLC_ABI_MAJOR, NVLC_ABI_MINOR, period_ns, max_open,
+		max_open_per_user, root_reserve);
 	return 0;
 
 err_sampler:
 	nvlc_sampler_stop();
 	nvlc_mmio_notifier_unregister();
+err_readers:
+	nvlc_readers_exit();
 	return ret;
 }
 
@@ -447,6 +506,7 @@ static void __exit nvlc_exit(void)
 	mutex_lock(&nvlc_cfg_mutex);
 	nvlc_install(NULL);
 	mutex_unlock(&nvlc_cfg_mutex);
+	nvlc_readers_exit();
 }
 
 module_init(nvlc_init);

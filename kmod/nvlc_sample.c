@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * The sampler: an hrtimer in hard interrupt context reads every configured link, folds the
- * per-sample deltas into cumulative histograms and into the window of every open file.
+ * The sampler: an hrtimer in hard interrupt context reads every configured link and folds the
+ * per-sample deltas into cumulative histograms and into one shared segment of window
+ * statistics (nvlc_seg). Its work is O(links) whatever the number of open files: the segment
+ * reaches each file's window in process context (nvlc_readers.c).
  *
  * Everything the timer touches is protected by nvlc_lock (taken with interrupts saved from
  * process context). The timer never allocates, sleeps or copies to user space; configuration
@@ -19,9 +21,11 @@
 #include "nvlc.h"
 
 DEFINE_SPINLOCK(nvlc_lock);
-LIST_HEAD(nvlc_files);
 DECLARE_WAIT_QUEUE_HEAD(nvlc_wq);
 struct nvlc_state *nvlc_cur;
+struct nvlc_win *nvlc_seg;	/* NVLC_MAX_LINKS entries, owned by nvlc_readers.c */
+/* Bumped when a link crosses a threshold upwards or a device goes away; poll compares it. */
+unsigned long nvlc_event_seq;
 u64 nvlc_period_ns = NVLC_PERIOD_DEFAULT_NS;
 u64 nvlc_stall_threshold = 2000;
 u64 nvlc_util_threshold = NVLC_UTIL_ONE * 9 / 10;
@@ -30,6 +34,7 @@ static struct hrtimer nvlc_timer;
 static u64 nvlc_seq;		/* samples taken */
 static u64 nvlc_ticks;		/* periods elapsed, from the overrun counts */
 static u64 nvlc_last_ns;	/* time of the latest sample */
+static u64 nvlc_busy_ns;	/* time spent in the timer's sampling, for its cost per sample */
 
 /* a * b / c, saturating instead of trapping when the quotient does not fit in 64 bits. */
 static u64 nvlc_scale(u64 a, u64 b, u64 c)
@@ -79,14 +84,6 @@ static unsigned int nvlc_bucket(u64 v)
 	return v ? min_t(unsigned int, fls64(v), NVLC_HIST_BUCKETS - 1) : 0;
 }
 
-static void nvlc_mark_event_locked(void)
-{
-	struct nvlc_file *f;
-
-	list_for_each_entry(f, &nvlc_files, node)
-		f->event = true;
-}
-
 /* One sample of every link; returns whether readers must be woken. */
 static bool nvlc_sample_locked(u64 now)
 {
@@ -102,7 +99,7 @@ static bool nvlc_sample_locked(u64 now)
 		u64 elapsed, util, stall;
 		unsigned int bu, bs, c;
 		bool over_s, over_u, crossed;
-		struct nvlc_file *f;
+		struct nvlc_win *w = &nvlc_seg[i];
 
 		if (l->flags & NVLC_LINK_DEVICE_GONE)
 			continue;
@@ -113,7 +110,7 @@ static bool nvlc_sample_locked(u64 now)
 				l->cum[c] = nvlc_sim_value(&l->sim, c, t_ns);
 		} else if (!nvlc_mmio_read_link(l)) {
 			l->flags |= NVLC_LINK_DEVICE_GONE;
-			nvlc_mark_event_locked();
+			WRITE_ONCE(nvlc_event_seq, nvlc_event_seq + 1);
 			wake = true;
 			continue;
 		}
@@ -152,22 +149,19 @@ static bool nvlc_sample_locked(u64 now)
 		if (over_u)
 			l->flags |= NVLC_LINK_OVER_UTIL;
 
-		list_for_each_entry(f, &nvlc_files, node) {
-			struct nvlc_win *w = &f->win[i];
-
-			w->samples++;
-			for (c = 0; c < NVLC_NUM_COUNTERS; c++)
-				w->max_delta[c] = max(w->max_delta[c], delta[c]);
-			w->max_util = max(w->max_util, util);
-			w->max_stall = max(w->max_stall, stall);
-			w->over_stall += over_s;
-			w->over_util += over_u;
-			w->util_hist[bu]++;
-			w->stall_hist[bs]++;
-			if (crossed)
-				f->event = true;
+		w->samples++;
+		for (c = 0; c < NVLC_NUM_COUNTERS; c++)
+			w->max_delta[c] = max(w->max_delta[c], delta[c]);
+		w->max_util = max(w->max_util, util);
+		w->max_stall = max(w->max_stall, stall);
+		w->over_stall += over_s;
+		w->over_util += over_u;
+		w->util_hist[bu]++;
+		w->stall_hist[bs]++;
+		if (crossed) {
+			WRITE_ONCE(nvlc_event_seq, nvlc_event_seq + 1);
+			wake = true;
 		}
-		wake |= crossed;
 	}
 	return wake;
 }
@@ -189,6 +183,7 @@ static enum hrtimer_restart nvlc_tick(struct hrtimer *t)
 	nvlc_seq++;
 	nvlc_last_ns = now;
 	wake = nvlc_sample_locked(now);
+	nvlc_busy_ns += ktime_get_ns() - now;
 	spin_unlock(&nvlc_lock);
 	if (wake)
 		wake_up_interruptible_poll(&nvlc_wq, EPOLLIN | EPOLLRDNORM | EPOLLPRI);
@@ -210,92 +205,24 @@ void nvlc_sampler_stop(void)
 	hrtimer_cancel(&nvlc_timer);
 }
 
-void nvlc_file_reset_locked(struct nvlc_file *f)
+/* Where the sampler stands now. nvlc_lock held. */
+void nvlc_marks_locked(struct nvlc_marks *m)
 {
-	f->start_seq = nvlc_seq;
-	f->start_ticks = nvlc_ticks;
-	f->start_ns = nvlc_last_ns;
-	f->event = false;
-	memset(f->win, 0, sizeof(f->win));
+	m->seq = nvlc_seq;
+	m->ticks = nvlc_ticks;
+	m->ns = nvlc_last_ns;
+	m->event_seq = nvlc_event_seq;
 }
 
-/* The snapshot of @f into @buf (zeroed by the caller), and the start of its next window. */
-size_t nvlc_build_snapshot_locked(struct nvlc_file *f, u8 *buf)
+/* Samples taken since load and the time the timer spent taking them. */
+void nvlc_sampler_stats(u64 *samples, u64 *busy_ns)
 {
-	struct nvlc_header *h = (struct nvlc_header *)buf;
-	struct nvlc_record *r = (struct nvlc_record *)(buf + sizeof(*h));
-	struct nvlc_state *s = nvlc_cur;
-	u32 n = s ? s->nlinks : 0;
-	u32 i;
-
-	h->magic = NVLC_MAGIC;
-	h->abi_version = NVLC_ABI_VERSION;
-	h->header_size = sizeof(*h);
-	h->record_size = sizeof(*r);
-	h->record_count = n;
-	h->source = s ? s->source : NVLC_SOURCE_NONE;
-	h->sequence = nvlc_seq;
-	h->ticks = nvlc_ticks;
-	h->timestamp_ns = nvlc_last_ns;
-	h->period_ns = nvlc_period_ns;
-	h->window_ns = nvlc_last_ns - f->start_ns;
-	h->window_samples = nvlc_seq - f->start_seq;
-	h->window_ticks = nvlc_ticks - f->start_ticks;
-	h->stall_threshold = nvlc_stall_threshold;
-	h->util_threshold = nvlc_util_threshold;
-	if (f->event)
-		h->flags |= NVLC_HDR_THRESHOLD_EVENT;
-	if (h->window_ticks > h->window_samples)
-		h->flags |= NVLC_HDR_MISSED_TICKS;
-
-	for (i = 0; i < n; i++, r++) {
-		const struct nvlc_link *l = &s->links[i];
-		const struct nvlc_win *w = &f->win[i];
-		unsigned int c;
-
-		r->device = l->device;
-		r->link = l->link;
-		r->flags = l->flags;
-		for (c = 0; c < NVLC_NUM_COUNTERS; c++)
-			if (s->source == NVLC_SOURCE_SIM || l->regs[c])
-				r->flags |= 1U << (NVLC_LINK_COUNTER_SHIFT + c);
-		if (l->flags & NVLC_LINK_DEVICE_GONE)
-			h->flags |= NVLC_HDR_DEVICE_GONE;
-		r->capacity_bps = l->capacity;
-		memcpy(r->counters, l->cum, sizeof(r->counters));
-		r->samples = l->samples;
-		r->window_samples = w->samples;
-		memcpy(r->window_max_delta, w->max_delta, sizeof(r->window_max_delta));
-		r->window_max_util = w->max_util;
-		r->window_max_stall = w->max_stall;
-		r->window_over_stall = w->over_stall;
-		r->window_over_util = w->over_util;
-		memcpy(r->window_util_hist, w->util_hist, sizeof(r->window_util_hist));
-		memcpy(r->window_stall_hist, w->stall_hist, sizeof(r->window_stall_hist));
-		memcpy(r->util_hist, l->util_hist, sizeof(r->util_hist));
-		memcpy(r->stall_hist, l->stall_hist, sizeof(r->stall_hist));
-	}
-	nvlc_file_reset_locked(f);
-	return sizeof(*h) + (size_t)n * sizeof(*r);
-}
-
-/* Make @next the configured source (NULL: none); returns the old one for the caller to free. */
-struct nvlc_state *nvlc_swap_state(struct nvlc_state *next)
-{
-	struct nvlc_state *old;
-	struct nvlc_file *f;
 	unsigned long flags;
 
 	spin_lock_irqsave(&nvlc_lock, flags);
-	old = nvlc_cur;
-	if (next)
-		next->epoch_ns = ktime_get_ns();
-	nvlc_cur = next;
-	/* Windows are per link index: a new link table starts every window afresh. */
-	list_for_each_entry(f, &nvlc_files, node)
-		nvlc_file_reset_locked(f);
+	*samples = nvlc_seq;
+	*busy_ns = nvlc_busy_ns;
 	spin_unlock_irqrestore(&nvlc_lock, flags);
-	return old;
 }
 
 void nvlc_state_free(struct nvlc_state *s)
