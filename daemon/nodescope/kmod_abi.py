@@ -19,16 +19,19 @@ Parts:
 * :func:`encode_snapshot` / :func:`write_snapshot` — the same ABI written out (the simulated
   node's snapshot file; atomic rename).
 * :class:`Device` — the character device: ``GET_VERSION``, a fresh snapshot with ``pread`` at
-  offset 0, and the configuration ioctls (``CAP_SYS_ADMIN``), with cffi structs.
+  offset 0, and the configuration ioctls (``CAP_SYS_ADMIN``), with cffi structs. An open the
+  module or the node's permissions refuse raises :class:`DeviceRefused`, which says why.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import operator
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -436,12 +439,52 @@ def _array(struct: str, items: Sequence[Any]) -> Any:
     return arr
 
 
+class DeviceRefused(OSError):
+    """Opening the device was refused; ``errno`` is the kernel's and the message says what it
+    means for this device. Nothing is wrong with the reader: the same open may succeed later."""
+
+
+#: What a refused open of ``/dev/nvlink_stats`` means. EBUSY and EMFILE are the module's
+#: limits on open files (docs/kmod.md); EMFILE is also this process's own RLIMIT_NOFILE.
+OPEN_REFUSALS: dict[int, str] = {
+    errno.EBUSY: "every open file the module allows is taken (max_open in all; other users "
+    "than root get all but root_reserve of them)",
+    errno.EMFILE: "too many open files: this user's limit in the module (max_open_per_user) "
+    "or this process's RLIMIT_NOFILE",
+    errno.ENFILE: "the system's table of open files is full",
+    errno.EACCES: "permission denied by the device node's mode, owner or group",
+    errno.EPERM: "not permitted (a device cgroup or systemd's DeviceAllow= denies it)",
+}
+
+
+def open_device_fd(path: str) -> int:
+    """A read-only descriptor of the character device at ``path``.
+
+    ``O_NONBLOCK`` so that a FIFO planted at the path cannot hold the caller in ``open`` (the
+    module's own reads never block); anything that is not a character device is refused with
+    ENODEV before it is read. Refusals of the open raise :class:`DeviceRefused`.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        reason = OPEN_REFUSALS.get(exc.errno or 0)
+        if reason is None:
+            raise
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        raise DeviceRefused(exc.errno, f"{path}: open refused ({name}): {reason}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISCHR(mode):
+        os.close(fd)
+        raise OSError(errno.ENODEV, f"{path}: not a character device")
+    return fd
+
+
 class Device:
     """An open ``/dev/nvlink_stats``. Window statistics belong to this open file."""
 
     def __init__(self, path: str | os.PathLike[str] = "/dev/nvlink_stats") -> None:
         self.path = str(path)
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fd = open_device_fd(self.path)
 
     def close(self) -> None:
         if self.fd >= 0:

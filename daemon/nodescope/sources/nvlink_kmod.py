@@ -9,10 +9,18 @@ The source keeps the device open between runs on purpose: the module's window st
 (per-sample maxima, histograms, samples over threshold) cover the time since this open
 file's previous read, i.e. since the source's previous run. A daemon holding the device open
 makes ``rmmod`` fail with EBUSY (the module cannot go away under a reader).
+
+An open the module refuses — every file it allows is taken (EBUSY), a per-user limit or this
+process's own (EMFILE), or the node's permissions (EACCES, EPERM) — raises
+:class:`~nodescope.kmod_abi.DeviceRefused`, whose message says which: the source is down for
+that run with that reason, holds nothing, and opens the device again on its next run. The
+module keeps open files for root alone (``root_reserve``), so other users cannot keep the
+daemon out: a refusal means the node's permissions or root's own readers holding every file.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -81,7 +89,13 @@ class NvlinkKmodSource:
             self.close()
             device = Device(path)
             try:
-                version = device.version()
+                try:
+                    version = device.version()
+                except OSError as exc:
+                    raise RuntimeError(
+                        f"{path}: not the nvlink_counter module (GET_VERSION failed: "
+                        f"{errno.errorcode.get(exc.errno or 0, exc.errno)})"
+                    ) from exc
                 if version.abi_version >> 16 != ABI_MAJOR:
                     raise RuntimeError(f"{path}: module ABI {version.abi_version:#x} unsupported")
             except BaseException:
