@@ -214,10 +214,15 @@ class Publisher:
 class ServingProcess:
     """One serving process and the daemon's end of its control channel."""
 
-    def __init__(self, listener: socket.socket, web: WebConfig | None = None) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        web: WebConfig | None = None,
+        stale_after: float | None = None,
+    ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_VARIABLES}
-        settings = _settings_memfd(web or WebConfig())
+        settings = _settings_memfd(web or WebConfig(), stale_after)
         fds = (listener.fileno(), theirs.fileno(), settings)
         try:
             # -I -S: the standard library only, whatever the environment says; the script
@@ -262,12 +267,15 @@ class ServingProcess:
             return self.proc.wait()
 
 
-def _settings_memfd(web: WebConfig) -> int:
+def _settings_memfd(web: WebConfig, stale_after: float | None) -> int:
     """A memfd holding the serving process's settings (JSON), at offset 0: not on its command
     line, which every user can read, since the settings hold password hashes."""
     fd = os.memfd_create("nodescope-serving-settings")
+    settings = dict(web.settings())
+    if stale_after is not None:
+        settings["stale_after"] = stale_after
     try:
-        _pwrite(fd, json.dumps(web.settings()).encode(), 0)
+        _pwrite(fd, json.dumps(settings).encode(), 0)
     except BaseException:
         os.close(fd)
         raise
@@ -298,7 +306,11 @@ def describe_status(status: int) -> str:
 
 class MetricsHTTPServer:
     """The listening socket, the serving process behind it, and the documents it serves:
-    ``cache`` (the exposition) and ``alerts`` (published whenever it is updated)."""
+    ``cache`` (the exposition) and ``alerts`` (published whenever it is updated).
+
+    ``stale_after``: seconds without a new publish after which ``/healthz`` answers 503 — the
+    daemon publishes after every completed cycle, so stale documents mean cycles stopped.
+    """
 
     def __init__(
         self,
@@ -306,10 +318,12 @@ class MetricsHTTPServer:
         cache: MetricsCache,
         alerts: JsonCache | None = None,
         web: WebConfig | None = None,
+        stale_after: float | None = None,
     ) -> None:
         self.cache = cache
         self.alerts = alerts
         self.web = web
+        self.stale_after = stale_after
         self.socket = listen(address)
         self.process: ServingProcess | None = None
         self._lock = threading.RLock()
@@ -327,7 +341,7 @@ class MetricsHTTPServer:
     def start(self) -> None:
         with self._lock:
             self._started = True
-            self.process = ServingProcess(self.socket, self.web)
+            self.process = ServingProcess(self.socket, self.web, self.stale_after)
             log.debug("event=serving_started pid=%d", self.process.pid)
             if self.alerts is not None:
                 self.alerts.subscribe(self.publish)
@@ -376,7 +390,7 @@ class MetricsHTTPServer:
         if now < self._start_after:
             return
         try:
-            self.process = ServingProcess(self.socket, self.web)
+            self.process = ServingProcess(self.socket, self.web, self.stale_after)
         except OSError as exc:
             self._quick_exits += 1
             self._start_after = now + _backoff(self._quick_exits)

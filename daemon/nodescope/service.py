@@ -101,7 +101,11 @@ class Service:
     # -- lifecycle -----------------------------------------------------------------------
     def start_server(self) -> None:
         self.server = MetricsHTTPServer(
-            self.config.listen_address, self.cache, self.alerts_cache, self.web_config
+            self.config.listen_address,
+            self.cache,
+            self.alerts_cache,
+            self.web_config,
+            stale_after=self.stale_after(self.config),
         )
         self.server.start()
         log.info("event=listening address=%s", self.server.bound)
@@ -141,7 +145,11 @@ class Service:
             if new.listen != old.listen:
                 try:
                     server = MetricsHTTPServer(
-                        new.listen_address, self.cache, self.alerts_cache, self.web_config
+                        new.listen_address,
+                        self.cache,
+                        self.alerts_cache,
+                        self.web_config,
+                        stale_after=self.stale_after(new),
                     )
                 except OSError as exc:
                     raise OSError(exc.errno, f"listen on {new.listen}: {exc.strerror}") from exc
@@ -219,12 +227,17 @@ class Service:
             self.last_completed = time.monotonic()
         return completed
 
+    @staticmethod
+    def stale_after(config: Config) -> float:
+        """Seconds without a completed cycle after which the daemon is unhealthy: its tick
+        and a grace (the same bound feeds the watchdog)."""
+        return config.tick_seconds + max(config.tick_seconds, CYCLE_GRACE)
+
     def cycles_on_time(self) -> bool:
         """Whether cycles still complete: the last one within its tick and a grace. The
         watchdog is fed only while this holds, so systemd restarts a daemon whose cycles
         stopped even though its loop still turns."""
-        late = time.monotonic() - self.last_completed
-        return late <= self.config.tick_seconds + max(self.config.tick_seconds, CYCLE_GRACE)
+        return time.monotonic() - self.last_completed <= self.stale_after(self.config)
 
     def _sleep_seconds(self) -> float:
         wait = self.config.tick_seconds

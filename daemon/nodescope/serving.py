@@ -257,12 +257,16 @@ _NOT_READY_METRICS = Body(b"no collection cycle has completed yet\n", TEXT_TYPE)
 _NOT_READY_ALERTS = Body(b'{"error": "no analysis cycle has completed yet"}\n', JSON_TYPE)
 _HEALTHY = Body(b"ok\n", TEXT_TYPE)
 _STARTING = Body(b"starting\n", TEXT_TYPE)
+_STALE = Body(b"stale: no collection cycle completed recently\n", TEXT_TYPE)
 _INDEX = Body(INDEX, HTML_TYPE)
 _NOT_FOUND = Body(b"not found\n", TEXT_TYPE)
 
 
-def route(method: str, path: str, current: Documents) -> tuple[int, Body, str]:
-    """(status, body, extra header lines) of a request, from the current documents."""
+def route(
+    method: str, path: str, current: Documents, stale: bool = False
+) -> tuple[int, Body, str]:
+    """(status, body, extra header lines) of a request, from the current documents;
+    ``stale`` when the daemon has published nothing for longer than it should."""
     if method not in ("GET", "HEAD"):
         return 405, Body(f"{method} is not allowed\n".encode(), TEXT_TYPE), "Allow: GET, HEAD\r\n"
     if path == "/metrics":
@@ -274,7 +278,9 @@ def route(method: str, path: str, current: Documents) -> tuple[int, Body, str]:
             return 503, _NOT_READY_ALERTS, ""
         return 200, current.alerts, ""
     if path == "/healthz":
-        return (200, _HEALTHY, "") if current.metrics is not None else (503, _STARTING, "")
+        if current.metrics is None:
+            return 503, _STARTING, ""
+        return (503, _STALE, "") if stale else (200, _HEALTHY, "")
     if path == "/":
         return 200, _INDEX, ""
     return 404, _NOT_FOUND, ""
@@ -733,10 +739,14 @@ class Server:
         auth: BasicAuth | None = None,
         headers: str = "",
         max_connections: int | None = None,
+        stale_after: float | None = None,
     ) -> None:
         self.listener = listener
         self.control = control
         self.clock = clock
+        #: /healthz answers 503 once the documents are older than this (``None``: never).
+        self.stale_after = stale_after
+        self.published_at = clock()
         self.tls = tls
         self.allowed_sans = allowed_sans or []
         self.auth = auth
@@ -881,6 +891,7 @@ class Server:
         if self.current is not docs:
             self.current.retire()
         self.current = docs
+        self.published_at = self.clock()
         if self.job is not None and self.job.body is not docs.metrics:
             self.job = None  # nothing current needs it any more
         self._resume_parked()
@@ -1065,7 +1076,11 @@ class Server:
                 keep_alive=request.keep_alive, http10=request.http10,
             )  # fmt: skip
             return
-        status, body, extra = route(request.method, request.path, self.current)
+        stale = (
+            self.stale_after is not None
+            and self.clock() - self.published_at > self.stale_after
+        )
+        status, body, extra = route(request.method, request.path, self.current, stale)
         gzip = request.gzip and body.negotiable
         if gzip:
             if body is self.current.metrics:
@@ -1287,9 +1302,11 @@ def build_server(
     extra = ""
     if isinstance(headers, dict):
         extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    stale_after = settings.get("stale_after")
     server = Server(
         listener, control, tls=tls, allowed_sans=[str(n) for n in allowed], auth=auth,
         headers=extra, max_connections=max_connections,
+        stale_after=float(stale_after) if isinstance(stale_after, int | float) else None,
     )  # fmt: skip
     user = settings.get("user", "nobody")
     reason = drop_privileges(str(user))

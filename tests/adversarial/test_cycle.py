@@ -181,3 +181,49 @@ def test_the_watchdog_is_fed_only_while_cycles_complete(monkeypatch: pytest.Monk
     assert service.cycle_errors == {"collect": 1}
     service.last_completed -= service.config.tick_seconds + CYCLE_GRACE + 1
     assert not service.cycles_on_time()
+
+
+def test_healthz_turns_unhealthy_when_publishes_stop() -> None:
+    """The real serving process: /healthz is 200 while the daemon publishes, 503 once nothing
+    was published for ``stale_after`` seconds (cycles stopped), 200 again after a publish."""
+    import urllib.error
+    import urllib.request
+
+    from nodescope.httpserver import MetricsHTTPServer
+    from nodescope.model.snapshot import Snapshot, SourceStatus
+    from nodescope_exporters.prometheus import MetricsCache, SnapshotCollector
+    from nodescope_exporters.self_metrics import families
+
+    def status(url: str) -> int:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
+
+    server = MetricsHTTPServer(
+        ("127.0.0.1", 0), MetricsCache(SnapshotCollector([families])), stale_after=1.0
+    )
+    server.start()
+    try:
+        url = f"http://{server.bound}/healthz"
+
+        def publish(cycle: int) -> None:
+            status_of = {"disks": SourceStatus("disks", True, cycle, 0, 1.0)}
+            server.cache.update(Snapshot(cycle, float(cycle), 1.7e9 + cycle, status=status_of))
+            server.publish()
+
+        publish(1)
+        deadline = time.monotonic() + 5
+        while status(url) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status(url) == 200
+        time.sleep(1.5)
+        assert status(url) == 503
+        publish(2)
+        deadline = time.monotonic() + 5
+        while status(url) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status(url) == 200
+    finally:
+        server.stop()
