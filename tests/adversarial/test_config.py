@@ -492,6 +492,19 @@ def test_other_commands_refuse_a_bad_config(tmp_path: Path, command: list[str], 
     assert says in proc.stderr and str(path) in proc.stderr
 
 
+@pytest.mark.parametrize("action", ["prolog", "epilog"])
+@pytest.mark.parametrize("name", ["fifo", "dev-zero", "tick-inf"])
+def test_a_slurm_hook_never_hangs_on_a_bad_config(tmp_path: Path, action: str, name: str) -> None:
+    """A hook that blocked on its config would hold up every job launch on the node; it skips
+    itself with one line and lets the job run (Slurm drains on a non-zero status)."""
+    make, says = BAD_FILES[name]
+    path = make(tmp_path)
+    proc, _ = run_nodescope("slurm", action, "--config", str(path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and lines[0].endswith("hook skipped")
+
+
 GOOD = """
 [daemon]
 tick_seconds = 0.2
