@@ -479,6 +479,7 @@ def test_run_refuses_a_bad_config_at_start_with_one_line(tmp_path: Path, name: s
         ["alerts"],
         ["report", "1"],
         ["demo", "--no-tty", "--duration", "1"],
+        ["probe", "--cpu", "--quick", "--no-allreduce"],
     ],
     ids=lambda c: c[0],
 )
