@@ -34,6 +34,7 @@ from typing import Any
 
 from nodescope import derive
 from nodescope.config import Config, SlurmSettings
+from nodescope.fileio import PROC_PROCESS
 from nodescope.hooksocket import (
     SOCKET_NAME,
     HookServer,
@@ -106,6 +107,12 @@ MAX_HOLDERS = 1024
 GATE_STATE_NAME = "gate-state.json"
 GATE_STATE_FORMAT = "nodescope-gate-state/1"
 
+
+
+def _printable(name: str) -> str:
+    """A process name as one line of text: its user chose it, newlines and escapes included,
+    and it lands in Slurm's reason and the job's output."""
+    return name.encode("unicode_escape").decode("ascii")
 
 def run_dir(roots: Roots) -> Path:
     return roots.run / RUN_SUBDIR
@@ -306,10 +313,15 @@ def gpu_holders(
             if stat.S_ISCHR(st.st_mode) and st.st_rdev in wanted:
                 found.add(os.minor(st.st_rdev))
         if found:
-            comm = read_optional(roots.procfs / str(pid) / "comm")
+            comm = read_optional(roots.procfs / str(pid) / "comm", PROC_PROCESS)
             for minor in sorted(found):
                 holders.append(
-                    {"pid": pid, "gpu": minor, "comm": None if comm is None else comm.strip()}
+                    {
+                        "pid": pid,
+                        "gpu": minor,
+                        # The kernel's one newline goes; the name's own characters stay.
+                        "comm": None if comm is None else comm.removesuffix("\n"),
+                    }
                 )
     return holders
 
@@ -555,7 +567,8 @@ def build_report(
     reason = None
     if holders:
         shown = ", ".join(
-            f"pid {h['pid']} ({h.get('comm') or '?'}) on GPU {h['gpu']}" for h in holders
+            f"pid {h['pid']} ({_printable(h.get('comm') or '?')}) on GPU {h['gpu']}"
+            for h in holders
         )
         reason = f"nodescope: job {job.job_id} GPU(s) still held after the job: {shown}"[:200]
     memory: dict[str, Any] = {}
@@ -1003,12 +1016,12 @@ def _nvml_holders(roots: Roots, nvml: NvmlData | None, gpus: set[int]) -> list[d
             continue
         for process in gpu.processes:
             if (roots.procfs / str(process.pid)).exists():
-                comm = read_optional(roots.procfs / str(process.pid) / "comm")
+                comm = read_optional(roots.procfs / str(process.pid) / "comm", PROC_PROCESS)
                 out.append(
                     {
                         "pid": process.pid,
                         "gpu": gpu.index,
-                        "comm": None if comm is None else comm.strip(),
+                        "comm": None if comm is None else comm.removesuffix("\n"),
                     }
                 )
     return out
