@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from nodescope.config import Config
+from nodescope.config import DEFAULT_SOURCE_TIMEOUT, Config
 from nodescope.model.skips import Skipped
 from nodescope.model.snapshot import Snapshot, SourceSample, SourceStatus
 from nodescope.roots import Roots
@@ -51,15 +51,10 @@ def _make(name: str) -> Source:
         return UnavailableSource(name, f"cannot start: {type(exc).__name__}: {exc}")
 
 
-#: Seconds one run of a source may take before it is reported down with reason ``timeout``
-#: and the cycle goes on without it.
-DEFAULT_SOURCE_TIMEOUT = 5.0
-
-
 def _timeout_of(config: Config, name: str) -> float:
+    """Seconds one run of the source may take (``[sources.<name>] timeout_seconds``)."""
     settings = config.sources.get(name)
-    timeout = getattr(settings, "timeout_seconds", None)
-    return float(timeout) if isinstance(timeout, int | float) else DEFAULT_SOURCE_TIMEOUT
+    return settings.timeout_seconds if settings is not None else DEFAULT_SOURCE_TIMEOUT
 
 
 @dataclass

@@ -168,6 +168,10 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
 SECONDS_TICK = Range(0.1, 60)
 #: Between reads of one source: as often as the loop wakes, up to once an hour.
 SECONDS_SOURCE_INTERVAL = Range(0.1, HOUR)
+#: A read of a healthy node takes milliseconds; the first NVML read of a large node takes
+#: seconds. Past a minute the cycle would wait too long for a read that is stuck.
+SECONDS_SOURCE_TIMEOUT = Range(0.1, 60)
+DEFAULT_SOURCE_TIMEOUT = 5.0
 #: A fraction of a link's capacity, a share or a utilisation: 0 would always hold.
 FRACTION = Range(0, 1, low_open=True)
 #: A pressure stall share in percent (``avg10``, ``avg60``).
@@ -321,6 +325,15 @@ SOURCE_OPTIONS: tuple[Option, ...] = (
         0.0,
         "seconds between reads (default per source)",
         SECONDS_SOURCE_INTERVAL,
+    ),
+    Option(
+        "timeout_seconds",
+        float,
+        DEFAULT_SOURCE_TIMEOUT,
+        "seconds one read may take; a read that overruns is reported down with reason"
+        " `timeout`, the cycle goes on without it, and the source is not called again"
+        " until the stuck read returns",
+        SECONDS_SOURCE_TIMEOUT,
     ),
 )
 
@@ -740,6 +753,7 @@ def _slurm(path: str, table: Any) -> SlurmSettings:
 class SourceSettings:
     enabled: bool
     interval_seconds: float
+    timeout_seconds: float = DEFAULT_SOURCE_TIMEOUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -909,6 +923,7 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
         sources[info.name] = SourceSettings(
             enabled=settings.get("enabled", True),
             interval_seconds=settings.get("interval_seconds", info.default_interval),
+            timeout_seconds=settings.get("timeout_seconds", DEFAULT_SOURCE_TIMEOUT),
         )
     for name in sources_table:
         if name not in SOURCES:

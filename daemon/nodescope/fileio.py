@@ -19,6 +19,7 @@ through :func:`read_bytes`. Three things make that one function necessary:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -109,7 +110,16 @@ def read_bytes(
     Raises :class:`NotARegularFile` for anything but a regular file, :class:`FileTooLarge`
     past ``kind.max_bytes``, and the ``OSError`` of the open or read otherwise.
     """
-    fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
+    try:
+        fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            # What open(2) answers for a unix socket (and a device with no driver behind it).
+            raise NotARegularFile(
+                f"{os.fspath(path)}: a socket or a device without a driver, not a regular"
+                " file; refused"
+            ) from None
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -268,7 +268,9 @@ class Service:
                     break
                 if self._reload:
                     self._reload = False
-                    self.reload()
+                    if self.reload():
+                        # A shorter tick takes effect now, not after the old one ran out.
+                        next_tick = min(next_tick, time.monotonic() + self.config.tick_seconds)
                 if self.cycles_on_time():
                     self.notifier.watchdog()
                 now = time.monotonic()

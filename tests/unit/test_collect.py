@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from nodescope.collect import Collector, ScheduledSource
+from nodescope.errors import ConfigError
 from nodescope.roots import Roots
 
 
@@ -132,3 +134,17 @@ def test_jitter_of_the_loop_does_not_skip_a_due_source() -> None:
         clock.now = 100.0 + i + (0.03 if i % 2 else -0.03)
         c.run_cycle()
     assert src.calls == 20
+
+
+def test_source_deadlines_come_from_the_config(tmp_path: Path) -> None:
+    from nodescope.config import load
+
+    path = tmp_path / "nodescope.toml"
+    path.write_text("[sources.disks]\ntimeout_seconds = 2.5\n")
+    config = load(path)
+    collector = Collector.from_config(config, [Counting("disks"), Counting("locks")])
+    timeouts = {item.source.name: item.timeout for item in collector.scheduled}
+    assert timeouts == {"disks": 2.5, "locks": 5.0}
+    path.write_text("[sources.disks]\ntimeout_seconds = inf\n")
+    with pytest.raises(ConfigError, match="timeout_seconds"):
+        load(path)

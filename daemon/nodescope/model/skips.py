@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 #: Characters of an example kept for the log: enough to find the record, never a whole
 #: hostile payload.
@@ -30,10 +29,14 @@ def _escaped(detail: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """What one run of a source skipped: counts per reason and one example of each."""
+    """What one run of a source skipped: counts per reason and one example of each.
 
-    counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    examples: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    The mappings are plain dicts that nothing writes after :meth:`SkipTally.freeze` (a
+    ``MappingProxyType`` would keep records that hold a ``Skipped`` from being copied or
+    turned into dicts by :func:`dataclasses.asdict`)."""
+
+    counts: Mapping[str, int] = field(default_factory=dict)
+    examples: Mapping[str, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.counts)
@@ -84,4 +87,4 @@ class SkipTally:
     def freeze(self) -> Skipped:
         if not self._counts:
             return NOTHING_SKIPPED
-        return Skipped(MappingProxyType(dict(self._counts)), MappingProxyType(dict(self._examples)))
+        return Skipped(dict(self._counts), dict(self._examples))
