@@ -72,6 +72,8 @@ def kernelfs(
     sysfs: str = "sys",
     procfs: str = "proc",
     cgroupfs: str = "sys/fs/cgroup",
+    entry_timeout: float = 0.0,
+    attr_timeout: float = 0.0,
 ) -> Iterator[KernelFsMount]:
     """Serve ``backing`` at ``mountpoint`` (an empty directory) with kernel read semantics;
     ``sysfs``, ``procfs`` and ``cgroupfs`` are where those roots sit inside ``backing``."""
@@ -80,6 +82,7 @@ def kernelfs(
     command = [
         sys.executable, "-m", "tests.kernelfs.server", str(backing), str(mountpoint),
         "--sysfs", sysfs, "--procfs", procfs, "--cgroupfs", cgroupfs,
+        "--entry-timeout", str(entry_timeout), "--attr-timeout", str(attr_timeout),
     ]  # fmt: skip
     with log.open("wb") as log_file:
         child = subprocess.Popen(

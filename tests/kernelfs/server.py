@@ -25,11 +25,12 @@ node. Served through this filesystem, by path under the mount:
 * **Everything else** (the ``dev`` and ``run`` roots): the backing file as it is.
 
 Every file is opened with ``direct_io`` and without ``keep_cache``, so each ``read`` reaches
-this server and the page cache never joins short reads into a long one; entry and attribute
-timeouts are 0, so a file the simulated node replaces is seen at once, as procfs shows a
-process the moment it exists. The content of a pseudo-file is taken when it is opened (the
-kernel makes a ``seq_file``'s records as it reads; a snapshot per open is what a reader can
-rely on either way).
+this server and the page cache never joins short reads into a long one. Each read is made
+from the backing file as it is at that read, as ``seq_read`` makes each page from the
+records as they are then. By default the kernel keeps no name and no attribute either, as
+procfs shows a process the moment it exists; a mount may let it keep them for a while
+(``--entry-timeout``, ``--attr-timeout``), which costs only how fresh a ``stat`` is:
+directories are listed afresh every time and reads always reach the backing file.
 
 Writes, creates, renames and removals pass through to the backing directory, so the tree can
 be written through the mount as well as beside it. Inode numbers are the backing files'
@@ -50,13 +51,16 @@ import stat
 import sys
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import PurePosixPath
 from typing import Any
 
 #: What the kernel hands out per ``read`` of a table or an environment block: one page.
 PAGE = 4096
 #: ``st_size`` of every sysfs text attribute (kernfs sets a page whatever the content).
 SYSFS_ATTRIBUTE_SIZE = 4096
+
+#: ``FUSE_CAP_CACHE_SYMLINKS`` (fuse_common.h): the kernel keeps a link's target in its page
+#: cache instead of asking again on every path walk through it.
+FUSE_CAP_CACHE_SYMLINKS = 1 << 23
 
 #: cgroupfs files that list tasks: ``seq_file`` tables of one line per task.
 CGROUP_TABLES = frozenset({"cgroup.procs", "cgroup.threads", "tasks"})
@@ -92,27 +96,28 @@ class Layout:
 
     def serving(self, relative: str) -> Serving:
         """How the regular file at ``relative`` (no leading slash) is served."""
-        path = PurePosixPath(relative)
-        name = path.name
+        # String prefixes, not pathlib: this runs for every stat and read the mount serves.
+        name = relative.rpartition("/")[2]
         # cgroupfs first: it is mounted inside sysfs.
-        if _under(path, self.cgroupfs):
+        if _under(relative, self.cgroupfs):
             return Serving.TABLE if name in CGROUP_TABLES else Serving.ONE_RECORD
-        if _under(path, self.procfs):
+        if _under(relative, self.procfs):
             if name in PROC_PAGED:
                 return Serving.PAGED
             if name in PROC_ONE_RECORD:
                 return Serving.ONE_RECORD
             # Any other procfs file is a table: the stricter case for a reader.
             return Serving.TABLE
-        if _under(path, self.sysfs):
+        if _under(relative, self.sysfs):
             return Serving.SYSFS_ATTRIBUTE
         return Serving.PLAIN
 
 
-def _under(path: PurePosixPath, root: str) -> bool:
+def _under(relative: str, root: str) -> bool:
+    root = root.strip("/")
     if not root:
         return False
-    return path.is_relative_to(PurePosixPath(root))
+    return relative == root or relative.startswith(root + "/")
 
 
 def reported_size(serving: Serving, real_size: int) -> int:
@@ -156,12 +161,19 @@ class KernelSemanticsFs:
 
     use_ns = True
 
-    def __init__(self, backing: str, mountpoint: str, layout: Layout) -> None:
+    def __init__(
+        self,
+        backing: str,
+        mountpoint: str,
+        layout: Layout,
+        entry_timeout: float = 0.0,
+        attr_timeout: float = 0.0,
+    ) -> None:
         self.backing = os.path.realpath(backing)
+        self.entry_timeout = entry_timeout
+        self.attr_timeout = attr_timeout
         self.mountpoint = os.path.realpath(mountpoint)
         self.layout = layout
-        # Content of each open pseudo-file, by the backing descriptor that is its handle.
-        self._snapshots: dict[int, tuple[Serving, bytes]] = {}
 
     # ---- paths -----------------------------------------------------------------------------
 
@@ -174,13 +186,15 @@ class KernelSemanticsFs:
     # ---- setup -----------------------------------------------------------------------------
 
     def init_with_config(self, conn: Any, config: Any) -> None:
+        if conn is not None and conn.capable & FUSE_CAP_CACHE_SYMLINKS:
+            conn.want |= FUSE_CAP_CACHE_SYMLINKS
         if config is None:
             return
-        # Nothing cached in the kernel: every lookup, stat and read reaches the server, as
-        # every access to procfs reaches the kernel's code.
-        config.entry_timeout = 0.0
+        # Names and attributes are kept only as long as the mount was told (none by
+        # default); a name not found is never kept, so a new file is seen at once.
+        config.entry_timeout = self.entry_timeout
         config.negative_timeout = 0.0
-        config.attr_timeout = 0.0
+        config.attr_timeout = self.attr_timeout
         config.use_ino = 1
         config.direct_io = 1
         config.kernel_cache = 0
@@ -242,54 +256,39 @@ class KernelSemanticsFs:
 
     # ---- file content ----------------------------------------------------------------------
 
-    def open(self, path: str, fi: Any) -> int:
-        fd = os.open(self._real(path), fi.flags & ~os.O_CREAT)
-        self._remember(path, fd, fi.flags)
-        fi.fh = fd
-        fi.direct_io = 1
-        fi.keep_cache = 0
-        return 0
-
-    def create(self, path: str, mode: int, fi: Any) -> int:
-        fd = os.open(self._real(path), fi.flags | os.O_CREAT, mode)
-        fi.fh = fd
-        fi.direct_io = 1
-        fi.keep_cache = 0
-        return 0
-
-    def _remember(self, path: str, fd: int, flags: int) -> None:
-        serving = self._serving(path)
-        if serving is Serving.PLAIN or flags & os.O_ACCMODE != os.O_RDONLY:
-            return
-        chunks = []
-        while part := os.pread(fd, 1 << 20, sum(len(c) for c in chunks)):
-            chunks.append(part)
-        self._snapshots[fd] = (serving, b"".join(chunks))
+    # No open and no release: libfuse answers them itself (direct_io comes from the config),
+    # and every read makes its answer from the file as it is at that read, as seq_file makes
+    # each page from the records as they are then. Two requests per file read fewer through
+    # the interpreter is what lets a whole replay run through the mount. Unlike seq_file, a
+    # table rewritten between two reads of one open could be cut inside a line; the
+    # simulated node writes only between the daemon's cycles, never during one.
 
     def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
-        snapshot = self._snapshots.get(fi.fh)
-        if snapshot is None:
-            return os.pread(fi.fh, size, offset)
-        serving, data = snapshot
+        serving = self._serving(path)
+        fd = os.open(self._real(path), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if serving is Serving.PLAIN:
+                return os.pread(fd, size, offset)
+            data = _read_all(fd)
+        finally:
+            os.close(fd)
         return chunk(serving, data, offset, size)
 
+    def create(self, path: str, mode: int, fi: Any) -> int:
+        os.close(os.open(self._real(path), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode))
+        fi.direct_io = 1
+        fi.keep_cache = 0
+        return 0
+
     def write(self, path: str, data: bytes, offset: int, fi: Any) -> int:
-        return os.pwrite(fi.fh, data, offset)
+        fd = os.open(self._real(path), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            return os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
 
     def truncate(self, path: str, length: int, fh: Any = None) -> int:
         os.truncate(self._real(path), length)
-        return 0
-
-    def flush(self, path: str, fi: Any) -> int:
-        return 0
-
-    def fsync(self, path: str, datasync: int, fi: Any) -> int:
-        os.fsync(fi.fh)
-        return 0
-
-    def release(self, path: str, fi: Any) -> int:
-        self._snapshots.pop(fi.fh, None)
-        os.close(fi.fh)
         return 0
 
     # ---- tree changes, passed through ------------------------------------------------------
@@ -335,6 +334,13 @@ class KernelSemanticsFs:
         return 0
 
 
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while part := os.read(fd, 1 << 20):
+        chunks.append(part)
+    return b"".join(chunks)
+
+
 def _entry_mode(entry: os.DirEntry[str]) -> int:
     """The file type of a directory entry, from its d_type where the filesystem gives one."""
     if entry.is_symlink():
@@ -361,12 +367,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sysfs", default="sys", help="sysfs root, relative ('' for none)")
     parser.add_argument("--procfs", default="proc", help="procfs root, relative")
     parser.add_argument("--cgroupfs", default="sys/fs/cgroup", help="cgroupfs root, relative")
+    parser.add_argument("--entry-timeout", type=float, default=0.0, help="seconds")
+    parser.add_argument("--attr-timeout", type=float, default=0.0, help="seconds")
     args = parser.parse_args(argv)
 
     import mfusepy
 
     operations = KernelSemanticsFs(
-        args.backing, args.mountpoint, Layout(args.sysfs, args.procfs, args.cgroupfs)
+        args.backing,
+        args.mountpoint,
+        Layout(args.sysfs, args.procfs, args.cgroupfs),
+        args.entry_timeout,
+        args.attr_timeout,
     )
     # One thread: every request is served from memory or one pread, and a single thread
     # keeps the handle table free of races.

@@ -96,6 +96,10 @@ def test_stat_sizes_are_the_kernels(tmp_path: Path, mount_kernelfs: MountTree):
     assert os.stat(root / "sys" / "class" / "net" / "eth0" / "mtu").st_size == 4096
     # Outside the pseudo-filesystems a file is what it is.
     assert os.stat(root / "run" / "state.json").st_size == 9002
+    # Directories list what the backing tree holds, with its inode numbers.
+    for directory in ("proc", "proc/1", "sys/fs/cgroup/job"):
+        served = {(e.name, e.inode()) for e in os.scandir(root / directory)}
+        assert served == {(e.name, e.inode()) for e in os.scandir(backing / directory)}
 
 
 def test_one_record_files_and_attributes_come_whole_in_the_first_read(
@@ -177,3 +181,26 @@ def test_every_serving_rebuilds_the_file(data: bytes, serving: Serving, size: in
         pieces.append(piece)
         offset += len(piece)
     assert b"".join(pieces) == data
+
+
+def test_the_tree_can_be_written_through_the_mount(tmp_path: Path, mount_kernelfs: MountTree):
+    backing = tmp_path / "tree"
+    write_tree(backing)
+    root = mount_kernelfs(backing).mountpoint
+    staging = root / "proc" / "1" / "status.tmp"
+    staging.write_text("Name:\tinit\n")
+    os.replace(staging, root / "proc" / "1" / "status")
+    (root / "proc" / "2").mkdir()
+    (root / "proc" / "self").symlink_to("1")
+    with open(root / "run" / "state.json", "r+b") as f:
+        f.write(b"[]")
+    (root / "proc" / "1" / "environ").unlink()
+    assert (backing / "proc" / "1" / "status").read_text() == "Name:\tinit\n"
+    assert not (backing / "proc" / "1" / "status.tmp").exists()
+    assert (backing / "proc" / "2").is_dir()
+    assert os.readlink(backing / "proc" / "self") == "1"
+    assert (backing / "run" / "state.json").read_bytes().startswith(b"[]  ")
+    assert not (backing / "proc" / "1" / "environ").exists()
+    # Read back through the mount with procfs semantics.
+    assert os.stat(root / "proc" / "self" / "status").st_size == 0
+    assert (root / "proc" / "self" / "status").read_text() == "Name:\tinit\n"
