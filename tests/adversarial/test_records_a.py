@@ -25,42 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from nodescope.collect import Collector, ScheduledSource
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
 from nodescope.sources import cgroup as cgroups
 from nodescope.sources import jobs, procs, threads
-from nodescope.sources.base import Source, read_optional
+from nodescope.sources.base import read_optional
 from nodescope.sources.cgroup import SharedWalk, find_v2_root
-from nodescope_exporters import self_metrics
-from nodescope_exporters.prometheus import render
+from tests.adversarial.common import one_cycle, skipped_metric
 
 #: A name any user can give a process: a newline, a parenthesis and what looks like the
 #: fields of a stat line.
 HOSTILE_NAME = "x\ny) R 1"
 #: A thread's name ending in a newline of its own, with a parenthesis and a state letter.
 HOSTILE_THREAD_NAME = "a) D 1 2\n"
-
-
-def _cycle(roots: Roots, *sources: Source) -> Snapshot:
-    collector = Collector(roots=roots, scheduled=[ScheduledSource(s, 1.0, 30.0) for s in sources])
-    try:
-        return collector.run_cycle()
-    finally:
-        collector.close()
-
-
-def _skipped_metric(snapshot: Snapshot) -> dict[tuple[str, str], float]:
-    """``nodescope_source_records_skipped_total`` as rendered on /metrics, by (source, reason)."""
-    text = render(snapshot, [self_metrics.families]).decode()
-    found: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "nodescope_source_records_skipped_total":
-                found[(sample.labels["source"], sample.labels["reason"])] = sample.value
-    return found
 
 
 def _assert_up(snapshot: Snapshot, *names: str) -> None:
@@ -158,7 +136,7 @@ def test_a_process_named_like_a_stat_line_is_counted_not_fatal(scratch: Scratch)
     tid = int(line)
     assert read_optional(f"/proc/{child.pid}/comm") == HOSTILE_NAME + "\n"
 
-    snapshot = _cycle(Roots(), threads.ThreadsSource(host_every=1, shared=SharedWalk()))
+    snapshot = one_cycle(Roots(), threads.ThreadsSource(host_every=1, shared=SharedWalk()))
     _assert_up(snapshot, "threads")
     data = snapshot.current["threads"].data
     assert isinstance(data, threads.ThreadsData)
@@ -203,7 +181,7 @@ def test_a_job_with_thousands_of_threads_is_counted_whole(scratch: Scratch) -> N
     assert len(listed) > 4 * 4096 and len(listed.split()) == count + 1
 
     shared = SharedWalk()
-    snapshot = _cycle(
+    snapshot = one_cycle(
         Roots(),
         cgroups.CgroupSource(shared=shared),
         jobs.JobsSource(shared=shared),
@@ -345,7 +323,7 @@ def test_junk_in_one_job_cgroup_is_counted_not_fatal(tmp_path: Path) -> None:
     (job_1 / "memory.stat").write_text("anon 4096\nthis is not a key value line\n")
     (job_1 / "cgroup.procs").write_text("100\n\u202enot-a-pid\n")
     shared = SharedWalk()
-    snapshot = _cycle(
+    snapshot = one_cycle(
         roots,
         cgroups.CgroupSource(shared=shared),
         jobs.JobsSource(shared=shared),
@@ -362,7 +340,7 @@ def test_junk_in_one_job_cgroup_is_counted_not_fatal(tmp_path: Path) -> None:
     stats = {j.job_id: j.stats for j in found.jobs}
     assert stats["1"] is not None and stats["1"].memory_stat is None
     assert stats["2"] is not None and stats["2"].memory_stat is not None
-    assert _skipped_metric(snapshot) == {
+    assert skipped_metric(snapshot) == {
         ("cgroups", "cgroup_file_unparsable"): 1.0,
         ("cgroups", "id_unparsable"): 1.0,
         ("jobs", "cgroup_file_unparsable"): 1.0,
@@ -378,11 +356,11 @@ def test_an_unparsable_task_stat_is_counted_not_fatal(tmp_path: Path) -> None:
     _write(roots.procfs / "300" / "stat", _stat(300, "rsync", threads_count=2))
     _write(roots.procfs / "300" / "task" / "300" / "stat", _stat(300, "rsync"))
     _write(roots.procfs / "300" / "task" / "301" / "stat", "301 (rsync\n")
-    snapshot = _cycle(roots, threads.ThreadsSource(shared=SharedWalk()))
+    snapshot = one_cycle(roots, threads.ThreadsSource(shared=SharedWalk()))
     _assert_up(snapshot, "threads")
     data = snapshot.current["threads"].data
     assert isinstance(data, threads.ThreadsData)
     assert [(j.job_id, j.processes, j.threads) for j in data.jobs] == [("1", 0, 0), ("2", 1, 1)]
     assert data.host_threads == 2  # pid 200 and rsync's leader
-    assert _skipped_metric(snapshot) == {("threads", "stat_unparsable"): 3.0}
+    assert skipped_metric(snapshot) == {("threads", "stat_unparsable"): 3.0}
     assert snapshot.status["threads"].skipped_total == {"stat_unparsable": 3}

@@ -19,42 +19,16 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from nodescope.collect import Collector, ScheduledSource
-from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
 from nodescope.sim.lspci import parse_lspci_vvv
 from nodescope.sim.sysfs_tree import materialise
 from nodescope.sources import diskstats, locks, mountstats, pci
 from nodescope.sources import infiniband as ib
-from nodescope.sources.base import Source
-from nodescope_exporters import self_metrics
-from nodescope_exporters.prometheus import render
+from tests.adversarial.common import one_cycle, skipped_metric
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
 PROCFS_IB = CAPTURES / "procfs-sysfs-infiniband"
-
-
-def _cycle(roots: Roots, *sources: Source, timeout: float | None = 5.0) -> Snapshot:
-    collector = Collector(
-        roots=roots, scheduled=[ScheduledSource(s, 1.0, timeout) for s in sources]
-    )
-    try:
-        return collector.run_cycle()
-    finally:
-        collector.close()
-
-
-def _skipped_metric(snapshot: Snapshot) -> dict[tuple[str, str], float]:
-    """``nodescope_source_records_skipped_total`` as rendered on /metrics, by (source, reason)."""
-    text = render(snapshot, [self_metrics.families]).decode()
-    found: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "nodescope_source_records_skipped_total":
-                found[(sample.labels["source"], sample.labels["reason"])] = sample.value
-    return found
 
 
 def _ports(data: ib.InfinibandData) -> Iterable[tuple[str, int]]:
@@ -68,14 +42,14 @@ def _ports(data: ib.InfinibandData) -> Iterable[tuple[str, int]]:
 def test_infiniband_reads_the_procfs_capture_whole() -> None:
     """mlx4_0 port 2 of this capture has ``link_layer`` = ``InfiniBand\\n\\n``: it took every
     device down."""
-    snapshot = _cycle(Roots.under(PROCFS_IB), ib.InfinibandSource())
+    snapshot = one_cycle(Roots.under(PROCFS_IB), ib.InfinibandSource())
     assert snapshot.status["infiniband"].up, snapshot.current["infiniband"].error
     data = snapshot.current["infiniband"].data
     assert isinstance(data, ib.InfinibandData)
     assert _ports(data) == [("hfi1_0", 1), ("mlx4_0", 1), ("mlx4_0", 2), ("mlx5_0", 1)]
     assert {p.link_layer for p in data.ports()} == {"InfiniBand"}
     assert not data.skipped
-    assert _skipped_metric(snapshot) == {}
+    assert skipped_metric(snapshot) == {}
 
 
 def test_infiniband_bad_port_attributes_are_skipped_and_counted(tmp_path: Path) -> None:
@@ -91,7 +65,7 @@ def test_infiniband_bad_port_attributes_are_skipped_and_counted(tmp_path: Path) 
     (base / "mlx5_0" / "ports" / "1" / "counters" / "symbol_error").write_text("-1\n")
 
     started = time.monotonic()
-    snapshot = _cycle(Roots.under(tmp_path), ib.InfinibandSource())
+    snapshot = one_cycle(Roots.under(tmp_path), ib.InfinibandSource())
     assert time.monotonic() - started < 4.0
     assert snapshot.status["infiniband"].up, snapshot.current["infiniband"].error
     data = snapshot.current["infiniband"].data
@@ -104,7 +78,7 @@ def test_infiniband_bad_port_attributes_are_skipped_and_counted(tmp_path: Path) 
     assert ports[("hfi1_0", 1)].rate == ib.LinkRate(100.0, 4, "EDR")
     assert ports[("mlx5_0", 1)].counter("symbol_error") is None
     assert ports[("mlx5_0", 1)].counter("port_xmit_data") is not None
-    assert _skipped_metric(snapshot) == {
+    assert skipped_metric(snapshot) == {
         ("infiniband", ib.SKIP_ATTRIBUTE_UNPARSABLE): 1,
         ("infiniband", ib.SKIP_FILE_REFUSED): 1,
         ("infiniband", ib.SKIP_COUNTER_UNPARSABLE): 1,
@@ -139,18 +113,18 @@ def test_diskstats_malformed_lines_are_skipped_and_counted(tmp_path: Path) -> No
     (tmp_path / "proc" / "uptime").write_text("1000.00 2000.00\n")
     for disk in ("sda", "sdb", "sdc", "sdd", "nvme0n1"):
         (tmp_path / "sys" / "block" / disk).mkdir(parents=True)
-    snapshot = _cycle(Roots.under(tmp_path), diskstats.DisksSource())
+    snapshot = one_cycle(Roots.under(tmp_path), diskstats.DisksSource())
     name = diskstats.SOURCE_NAME
     assert snapshot.status[name].up, snapshot.current[name].error
     data = snapshot.current[name].data
     assert isinstance(data, diskstats.DisksData)
     assert [d.name for d in data.disks] == ["nvme0n1", "sda", "sdb"]
-    assert _skipped_metric(snapshot) == {(name, diskstats.SKIP_LINE_UNPARSABLE): 3}
+    assert skipped_metric(snapshot) == {(name, diskstats.SKIP_LINE_UNPARSABLE): 3}
 
 
 def test_diskstats_missing_as_a_whole_is_the_source_down(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
-    snapshot = _cycle(Roots.under(tmp_path), diskstats.DisksSource())
+    snapshot = one_cycle(Roots.under(tmp_path), diskstats.DisksSource())
     assert not snapshot.status[diskstats.SOURCE_NAME].up
 
 
@@ -178,7 +152,7 @@ def test_locks_malformed_lines_and_hostile_names_leave_the_source_up(tmp_path: P
     for pid, comm in ((100, "holder"), (101, "x\ny) R 1")):
         (proc / str(pid)).mkdir()
         (proc / str(pid) / "comm").write_text(comm + "\n")
-    snapshot = _cycle(Roots.under(tmp_path), locks.LocksSource())
+    snapshot = one_cycle(Roots.under(tmp_path), locks.LocksSource())
     assert snapshot.status[locks.NAME].up, snapshot.current[locks.NAME].error
     data = snapshot.current[locks.NAME].data
     assert isinstance(data, locks.LocksData)
@@ -187,7 +161,7 @@ def test_locks_malformed_lines_and_hostile_names_leave_the_source_up(tmp_path: P
     assert lock.holder.comm == "holder"
     assert [(w.pid, w.comm) for w in lock.waiters] == [(101, "x\ny) R 1")]
     assert lock.mountpoint == "/"
-    assert _skipped_metric(snapshot) == {
+    assert skipped_metric(snapshot) == {
         (locks.NAME, locks.SKIP_LOCK_LINE_UNPARSABLE): 2,
         (locks.NAME, locks.SKIP_LOCK_WAITER_ORPHANED): 1,
         (locks.NAME, locks.SKIP_MOUNTINFO_LINE_UNPARSABLE): 1,
@@ -197,7 +171,7 @@ def test_locks_malformed_lines_and_hostile_names_leave_the_source_up(tmp_path: P
 def test_locks_unreadable_as_a_whole_is_the_source_down(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
     os.mkfifo(tmp_path / "proc" / "locks")
-    snapshot = _cycle(Roots.under(tmp_path), locks.LocksSource())
+    snapshot = one_cycle(Roots.under(tmp_path), locks.LocksSource())
     assert not snapshot.status[locks.NAME].up
     assert "FIFO" in str(snapshot.current[locks.NAME].error)
 
@@ -222,12 +196,12 @@ def test_mountstats_malformed_block_is_skipped_and_counted(tmp_path: Path) -> No
         + "device half a heading\n\tage:\t1\n"
         + nfs.format(name="c", age=30)
     )
-    snapshot = _cycle(Roots.under(tmp_path), mountstats.MountstatsSource())
+    snapshot = one_cycle(Roots.under(tmp_path), mountstats.MountstatsSource())
     assert snapshot.status[mountstats.NAME].up, snapshot.current[mountstats.NAME].error
     data = snapshot.current[mountstats.NAME].data
     assert isinstance(data, mountstats.MountstatsData)
     assert [(m.mountpoint, m.age_seconds) for m in data.mounts] == [("/mnt/a", 10), ("/mnt/c", 30)]
-    assert _skipped_metric(snapshot) == {
+    assert skipped_metric(snapshot) == {
         (mountstats.NAME, mountstats.SKIP_NFS_MOUNT_MALFORMED): 1,
         (mountstats.NAME, mountstats.SKIP_MOUNT_HEADING_UNPARSABLE): 1,
     }
@@ -353,7 +327,7 @@ def test_pci_fifo_attributes_of_a_hot_plugged_gpu_skip_it_not_the_source(
     materialise(parse_lspci_vvv(_TWO_PORTS, "two-ports"), tmp_path, {0: (0, 1)})
     source = pci.PciSource()
     roots = Roots.under(tmp_path)
-    first = _cycle(roots, source)
+    first = one_cycle(roots, source)
     assert [d.bdf for d in first.current[pci.SOURCE_NAME].data.devices] == [
         "0000:00:01.0",
         "0000:00:02.0",
@@ -366,14 +340,14 @@ def test_pci_fifo_attributes_of_a_hot_plugged_gpu_skip_it_not_the_source(
         os.mkfifo(path)
     # A fresh source walks the tree, as after a hotplug event.
     started = time.monotonic()
-    snapshot = _cycle(roots, pci.PciSource())
+    snapshot = one_cycle(roots, pci.PciSource())
     assert time.monotonic() - started < 4.0
     assert snapshot.status[pci.SOURCE_NAME].up, snapshot.current[pci.SOURCE_NAME].error
     topology = snapshot.current[pci.SOURCE_NAME].data
     assert [d.bdf for d in topology.devices] == ["0000:00:01.0", "0000:00:02.0", "0000:19:00.0"]
     gpu = topology.device("0000:19:00.0")
     assert [a.severity for a in gpu.aer] == ["correctable", "nonfatal"]
-    assert _skipped_metric(snapshot) == {
+    assert skipped_metric(snapshot) == {
         (pci.SOURCE_NAME, pci.SKIP_FUNCTION_UNREADABLE): 1,
         (pci.SOURCE_NAME, pci.SKIP_FILE_REFUSED): 1,
     }
