@@ -1,11 +1,19 @@
 """Every bundled scenario replayed with the daemon's sources reading the simulated node through
 the kernel-semantics mount: the node writes its tree as plain files into a backing directory,
 the collector reads it where procfs tables come a page per read and report size 0 and sysfs
-attributes report 4096, and every expectation of the scenario must still hold."""
+attributes report 4096, and every expectation of the scenario must still hold.
+
+A replay through the mount is bound by the round trip of each read to the FUSE server, not by
+either process's work, so two scenarios run at once, each with its own mount and server.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +25,18 @@ from nodescope.sim.driver import NodeLike, replay, replay_text
 from nodescope.sim.node import SimulatedNode
 from nodescope.sim.scenario import bundled_scenarios, load_scenario
 from nodescope.sources.cgroup import CgroupTree
-from tests.kernelfs.conftest import MountTree
+from tests.kernelfs.mount import fuse_unavailable_reason, kernelfs
 
 pytestmark = pytest.mark.integration
 
 #: How long the kernel may keep names and attributes it looked up. Uncached, every step of
 #: every path walk and every fstat is a request to the server, and a replay walks the same
-#: paths every cycle: about 4 s a cycle instead of 0.8 s on a 2-core machine. Reads are
-#: never cached (direct_io) and directories are listed afresh each time, so the content the
-#: sources parse and the files they find are always the node's present ones.
+#: paths every cycle: several times slower. Reads are never cached (direct_io) and
+#: directories are listed afresh each time, so the content the sources parse and the files
+#: they find are always the node's present ones.
 CACHE_S = 600.0
+#: Scenarios replayed at once.
+WORKERS = 2
 
 
 class ReadThroughMount:
@@ -41,30 +51,71 @@ class ReadThroughMount:
         return getattr(self._node, name)
 
 
-@pytest.mark.parametrize("name", bundled_scenarios())
-def test_scenario_passes_over_kernel_semantics(
-    name: str, tmp_path: Path, mount_kernelfs: MountTree
-):
-    backing = tmp_path / "node"
-    backing.mkdir()
-    mount = mount_kernelfs(backing, entry_timeout=CACHE_S, attr_timeout=CACHE_S)
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    passed: bool
+    report: str
+    cycles: int
+    elapsed_s: float
+    #: The cgroup roots the sources reported: under the mount, or the replay read beside it.
+    cgroup_roots: frozenset[str]
+    mountpoint: str
 
-    def node_factory(scenario: Any, root: Path) -> NodeLike:
-        node: NodeLike = ReadThroughMount(SimulatedNode(scenario, root), mount.roots())
-        return node
 
-    cgroup_roots: list[str | None] = []
+def replay_over_kernelfs(name: str, workdir: str) -> Outcome:
+    """Replay the bundled scenario ``name`` on a node under ``workdir`` read through a
+    kernel-semantics mount (runs in a worker process)."""
+    backing = Path(workdir) / name / "node"
+    backing.mkdir(parents=True)
+    with kernelfs(
+        backing, backing.parent / "mnt", entry_timeout=CACHE_S, attr_timeout=CACHE_S
+    ) as mount:
 
-    def on_cycle(t: float, snapshot: Snapshot, body: bytes) -> None:
-        tree = snapshot.data("cgroups", CgroupTree)
-        cgroup_roots.append(None if tree is None else tree.root)
+        def node_factory(scenario: Any, root: Path) -> NodeLike:
+            node: NodeLike = ReadThroughMount(SimulatedNode(scenario, root), mount.roots())
+            return node
 
+        cgroup_roots: set[str] = set()
+
+        def on_cycle(t: float, snapshot: Snapshot, body: bytes) -> None:
+            tree = snapshot.data("cgroups", CgroupTree)
+            if tree is not None and tree.root is not None:
+                cgroup_roots.add(tree.root)
+
+        started = time.monotonic()
+        result = replay(load_scenario(name), backing, node_factory=node_factory, on_cycle=on_cycle)
+        return Outcome(
+            name=name,
+            passed=result.passed,
+            report=replay_text(result),
+            cycles=result.cycles,
+            elapsed_s=time.monotonic() - started,
+            cgroup_roots=frozenset(cgroup_roots),
+            mountpoint=str(mount.mountpoint),
+        )
+
+
+def test_every_bundled_scenario_passes_over_kernel_semantics(tmp_path: Path):
+    reason = fuse_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    names = bundled_scenarios()
     started = time.monotonic()
-    result = replay(load_scenario(name), backing, node_factory=node_factory, on_cycle=on_cycle)
+    # spawn, not fork: the workers start without the test process's threads and locks.
+    with ProcessPoolExecutor(
+        max_workers=min(WORKERS, os.cpu_count() or 1),
+        mp_context=multiprocessing.get_context("spawn"),
+    ) as pool:
+        outcomes = list(pool.map(replay_over_kernelfs, names, [str(tmp_path)] * len(names)))
     elapsed = time.monotonic() - started
 
-    assert result.passed, replay_text(result)
-    # The sources read the mount, not the backing directory beside it.
-    seen = {root for root in cgroup_roots if root is not None}
-    assert seen and all(root.startswith(str(mount.mountpoint)) for root in seen), seen
-    print(f"{name}: {result.cycles} cycles over kernelfs in {elapsed:.1f} s")
+    for outcome in outcomes:
+        print(f"{outcome.name}: {outcome.cycles} cycles over kernelfs in {outcome.elapsed_s:.1f} s")
+    print(f"{len(outcomes)} scenarios over kernelfs in {elapsed:.1f} s")
+    failed = [o for o in outcomes if not o.passed]
+    assert not failed, "\n\n".join(o.report for o in failed)
+    for outcome in outcomes:
+        # The sources read the mount, not the backing directory beside it.
+        assert outcome.cgroup_roots, outcome.name
+        assert all(r.startswith(outcome.mountpoint) for r in outcome.cgroup_roots), outcome
