@@ -8,7 +8,7 @@ from an NVML event set, or from the kernel log (``/dev/kmsg``) where event sets 
 supported.
 
 The call surface and the formats are those of ``pynvml.py`` (nvidia-ml-py 13.615) and NVIDIA's
-``nvml.h``; docs/datasources.md §1 names the lines. What the code relies on:
+``nvml.h``; docs/datasources.md §1 names the calls, fields and units. What the code relies on:
 
 * ``nvmlDeviceGetFieldValues(h, [(fieldId, scopeId), ...])`` succeeds when *any* value was
   filled: every ``c_nvmlFieldValue_t.nvmlReturn`` is checked on its own, and the value is
