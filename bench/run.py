@@ -853,6 +853,10 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
             from nodescope.collect import Collector
 
             collector = Collector.from_config(cfg, sources)
+            for item in collector.scheduled:
+                # Sources in this thread, so its CPU clock counts them (the daemon runs them
+                # in a worker under a deadline; in simulated time nothing blocks).
+                item.timeout = None
             collector.clock = clock
             collector.wall_clock = lambda: 1_750_000_000.0 + clock.now
             return collector
