@@ -1,7 +1,7 @@
 """A single-node Slurm cluster on 127.0.0.1 for tests: munged, slurmctld and slurmd.
 
-Debian's slurm-wlm (22.05) and munge, started by hand with a config directory of our own
-(``/work/shared/docs/real-parts.md``, "Slurm"): non-default ports, state and logs under a temp
+Debian's slurm-wlm (22.05) and munge, started by hand with a config directory of our own:
+non-default ports, state and logs under a temp
 directory, fake GPUs through GRES on ``mknod`` character devices (``gres.conf`` rejects
 regular files and sets no GPU variables for them), ``PrologFlags=Alloc`` so the prolog runs
 when the job is allocated, and ``proctrack/cgroup`` + ``task/cgroup`` with
