@@ -138,13 +138,27 @@ class MetricSpec:
 
 CATALOG: dict[str, MetricSpec] = {}
 
+#: The names Prometheus's client libraries give a process's own figures, unprefixed so that
+#: one dashboard or alert serves every exporter: the self-metrics use them as they are.
+PROCESS_COLLECTOR_NAMES = frozenset(
+    {
+        "process_cpu_seconds_total",
+        "process_max_fds",
+        "process_open_fds",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+        "process_virtual_memory_bytes",
+    }
+)
+
 
 def metric(
     name: str, kind: Kind, help: str, labels: tuple[str, ...] = (), *, area: str
 ) -> MetricSpec:
     """Declare a metric. Names follow Prometheus conventions: ``nodescope_`` prefix, the unit
-    in the name, ``_total`` on counters, ``_info`` on info metrics."""
-    if not name.startswith("nodescope_"):
+    in the name, ``_total`` on counters, ``_info`` on info metrics; the process collector's
+    names (:data:`PROCESS_COLLECTOR_NAMES`) are the one exception to the prefix."""
+    if not name.startswith("nodescope_") and name not in PROCESS_COLLECTOR_NAMES:
         raise ValueError(f"metric {name} lacks the nodescope_ prefix")
     if kind == "counter" and not name.endswith("_total"):
         raise ValueError(f"counter {name} must end in _total")

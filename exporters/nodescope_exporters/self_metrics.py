@@ -1,17 +1,28 @@
-"""The daemon's own metrics: build, cycles, and the health of every source.
+"""The daemon's own metrics: build, cycles, the health of every source, and what its
+processes cost the node.
 
 Like node_exporter's ``*_scrape_collector_success``: a source that fails shows
 ``nodescope_source_up{source} 0`` and counts an error, while the other sources' series go on.
+
+The process figures carry the names Prometheus's process collector gives them
+(``process_cpu_seconds_total``, ``process_resident_memory_bytes``, ...), with a ``process``
+label: ``daemon`` for the process that collects and renders, ``serving`` for the one that
+answers scrapes. One family per figure rather than a second set of names for the serving
+process, so ``sum without (process)`` is what nodescope as a whole costs, the figure to hold
+against another agent's ``process_*``. The daemon measures them
+(:mod:`nodescope.selfstats`) and hands them over in ``Snapshot.processes``; only the daemon
+does, so renderings of fixtures and replays have none of these families.
 """
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from nodescope import __version__
+from nodescope.model.process import PSS_EVERY_SECONDS, ProcessFigures
 from nodescope.model.snapshot import Snapshot
-from nodescope_exporters.catalog import Metric, metric
+from nodescope_exporters.catalog import Metric, MetricSpec, metric
 
 AREA = "self"
 
@@ -87,6 +98,64 @@ CONFIG_RELOADS = metric(
     ("result",),
     area=AREA,
 )
+PROCESS_LABELS = ("process",)
+PROCESS_CPU = metric(
+    "process_cpu_seconds_total",
+    "counter",
+    "user and system CPU time of the nodescope process (daemon or serving), children excluded",
+    PROCESS_LABELS,
+    area=AREA,
+)
+PROCESS_RESIDENT = metric(
+    "process_resident_memory_bytes",
+    "gauge",
+    "resident memory of the nodescope process, the pages it shares with others counted whole",
+    PROCESS_LABELS,
+    area=AREA,
+)
+PROCESS_VIRTUAL = metric(
+    "process_virtual_memory_bytes",
+    "gauge",
+    "virtual memory size of the nodescope process",
+    PROCESS_LABELS,
+    area=AREA,
+)
+PROCESS_PSS = metric(
+    "nodescope_process_pss_bytes",
+    "gauge",
+    "proportional set size of the nodescope process (smaps_rollup: each shared page divided "
+    f"among its sharers), read every {PSS_EVERY_SECONDS:g} s",
+    PROCESS_LABELS,
+    area=AREA,
+)
+PROCESS_OPEN_FDS = metric(
+    "process_open_fds",
+    "gauge",
+    "open file descriptors of the nodescope process",
+    PROCESS_LABELS,
+    area=AREA,
+)
+PROCESS_MAX_FDS = metric(
+    "process_max_fds",
+    "gauge",
+    "soft limit on open file descriptors of the nodescope process; no series when unlimited",
+    PROCESS_LABELS,
+    area=AREA,
+)
+PROCESS_THREADS = metric(
+    "nodescope_process_threads",
+    "gauge",
+    "threads of the nodescope process",
+    PROCESS_LABELS,
+    area=AREA,
+)
+PROCESS_START_TIME = metric(
+    "process_start_time_seconds",
+    "gauge",
+    "Unix time the nodescope process started",
+    PROCESS_LABELS,
+    area=AREA,
+)
 SOURCE_INTERVAL = metric(
     "nodescope_source_interval_seconds",
     "gauge",
@@ -146,3 +215,27 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
         for result in sorted(snapshot.config_reloads):
             reloads.add_metric([result], snapshot.config_reloads[result])
         yield reloads
+    if snapshot.processes:
+        yield from process_families(snapshot.processes)
+
+
+def process_families(processes: Sequence[ProcessFigures]) -> Iterator[Metric]:
+    """One family per figure, a series per process; a figure the daemon could not read has
+    no series rather than a made-up value."""
+    figures: tuple[tuple[MetricSpec, Callable[[ProcessFigures], float | None]], ...] = (
+        (PROCESS_CPU, lambda p: p.cpu_seconds),
+        (PROCESS_RESIDENT, lambda p: p.resident_bytes),
+        (PROCESS_VIRTUAL, lambda p: p.virtual_bytes),
+        (PROCESS_PSS, lambda p: p.pss_bytes),
+        (PROCESS_OPEN_FDS, lambda p: p.open_fds),
+        (PROCESS_MAX_FDS, lambda p: p.max_fds),
+        (PROCESS_THREADS, lambda p: p.threads),
+        (PROCESS_START_TIME, lambda p: p.start_time_seconds),
+    )
+    for spec, figure in figures:
+        family = spec.family()
+        for process in processes:
+            value = figure(process)
+            if value is not None:
+                family.add_metric([process.role], value)
+        yield family

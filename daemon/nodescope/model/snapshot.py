@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from nodescope.model.alert import Alert, AlertCounters
 from nodescope.model.finding import Finding
+from nodescope.model.process import ProcessFigures
 
 T = TypeVar("T")
 
@@ -80,6 +81,9 @@ class Snapshot:
     cycle_errors: Mapping[str, int] = field(default_factory=dict)
     #: The daemon's config reloads by result (``success``, ``failure``); empty outside it.
     config_reloads: Mapping[str, int] = field(default_factory=dict)
+    #: The daemon's own processes (itself, its serving process), measured by the daemon after
+    #: the cycle; empty outside it, so fixture and replay renderings hold no such figures.
+    processes: tuple[ProcessFigures, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "current", _frozen(self.current))
