@@ -4,9 +4,11 @@ descriptors, threads and start time, read with psutil.
 Per process, psutil reads ``/proc/<pid>/stat`` (CPU time, start time), ``statm`` (RSS,
 virtual size), ``status`` (threads), lists ``fd/``, and reads ``smaps_rollup`` (Linux 4.14)
 for PSS; the descriptor limit comes from ``/proc/<pid>/limits`` (proc(5)), as Prometheus's
-process collectors read it, because psutil's ``rlimit`` is ``prlimit(2)``, which on another
-process needs CAP_SYS_RESOURCE: the serving process runs as another user, and the systemd
-unit grants no such capability.
+process collectors read it, because psutil's ``rlimit`` is ``prlimit(2)``, which on a
+process of another user needs CAP_SYS_RESOURCE: a serving process started by root becomes
+``nobody``, and the systemd unit grants no such capability. Its descriptors and memory map
+stay readable to the root daemon (the map through the unit's CAP_SYS_PTRACE, as the serving
+process is not dumpable); a figure refused anyway is left out, not the process.
 
 These are the real ``/proc`` of the running processes, never the ``--procfs`` root: that root
 may be a fixture tree or a simulated node, while the daemon itself always runs here.
