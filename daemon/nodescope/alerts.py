@@ -40,10 +40,11 @@ Per finding kind an :class:`AlertRule` says
 
 Severity follows the latest finding on the same identity: a change while firing is an
 ``escalated`` or ``deescalated`` transition, never a second alert. Several findings with one
-key in one cycle are one finding (the most severe). Rules come from the built-in table
-:data:`BUILTIN_RULES` (per kind, set next to the detectors) overridden key by key by the
-``[alerts.rules.<kind>]`` tables of the configuration, falling back to the ``[alerts]``
-defaults.
+key in one cycle are one finding (the most severe). Rules are the built-in rules the caller
+hands in (per kind, declared beside the detectors that emit the kind, in
+``nodescope.detectors.registry``) overridden key by key by the ``[alerts.rules.<kind>]`` tables
+of the configuration, falling back to the ``[alerts]`` defaults. This module keeps no table of
+its own: the rules an engine applies are what its builder gave it, whatever was imported first.
 """
 
 from __future__ import annotations
@@ -95,12 +96,6 @@ class AlertRule:
         return self.clear_below is not None and value is not None and value >= self.clear_below
 
 
-#: Per-kind rules that differ from the ``[alerts]`` defaults, e.g. findings that hold for one
-#: cycle only (an error counter that moved) need ``for_seconds=0`` and a longer
-#: ``resolve_after_seconds`` to stay visible. Set next to the detectors that emit the kind.
-BUILTIN_RULES: dict[str, AlertRule] = {}
-
-
 @dataclass(frozen=True, slots=True)
 class AlertRules:
     """The rule of every kind: ``per_kind`` where given, else ``default``."""
@@ -116,10 +111,10 @@ class AlertRules:
 
     @classmethod
     def from_settings(
-        cls, settings: AlertsSettings, builtin: Mapping[str, AlertRule] | None = None
+        cls, settings: AlertsSettings, builtin: Mapping[str, AlertRule]
     ) -> AlertRules:
-        """Built-in per-kind rules, overridden key by key by the configuration."""
-        builtin = BUILTIN_RULES if builtin is None else builtin
+        """``builtin``, the per-kind rules that differ from the ``[alerts]`` defaults,
+        overridden key by key by the configuration."""
         gap = settings.pending_gap_seconds
         default = AlertRule(
             settings.for_seconds, settings.resolve_after_seconds, pending_gap_seconds=gap
@@ -151,16 +146,15 @@ def _overridden(base: AlertRule, over: AlertRuleSettings) -> AlertRule:
     )
 
 
-def keep_floor(config: Config, kind: str) -> float | None:
+def keep_floor(config: Config, kind: str, builtin: AlertRule | None) -> float | None:
     """The lowest ``value`` at which a finding of ``kind`` still matters (the rule's
     ``clear_below``), for detectors that report values in the keep band; ``None``: emit only
-    when the raise condition holds."""
+    when the raise condition holds. ``builtin`` is the kind's built-in rule, which the
+    detector declares (``None`` where the kind takes the ``[alerts]`` defaults)."""
     # The one kind's rule as AlertRules.from_settings makes it, without building every rule:
     # detectors ask each cycle.
     settings = config.alerts
-    base = BUILTIN_RULES.get(kind) or AlertRule(
-        settings.for_seconds, settings.resolve_after_seconds
-    )
+    base = builtin or AlertRule(settings.for_seconds, settings.resolve_after_seconds)
     over = settings.rules.get(kind)
     return (base if over is None else _overridden(base, over)).clear_below
 

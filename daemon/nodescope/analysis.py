@@ -5,28 +5,61 @@ and the current snapshot, each isolated like the sources are (a detector that ra
 returns something that is not a :class:`Finding`, loses its findings for this cycle, is
 counted and logged once per change between working and failing; the others go on), steps the
 alert engine, logs each transition once as a ``key=value`` line, hands the alerts to the
-Alertmanager push when one is configured, and returns the snapshot with ``findings``,
-``alerts`` and ``alert_counters`` filled in. Nothing here reads a clock: times are the
-snapshot's.
+alert push it was given (the composition root builds the Alertmanager push when one is
+configured), and returns the snapshot with ``findings``, ``alerts`` and ``alert_counters``
+filled in. Nothing here reads a clock: times are the snapshot's.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from nodescope import jsonout
-from nodescope.alerts import AlertEngine, AlertRules, AlertStep
+from nodescope.alerts import AlertEngine, AlertRule, AlertRules, AlertStep
 from nodescope.config import Config
-from nodescope.detectors.registry import DETECTORS, DetectorInfo
+from nodescope.detectors.registry import ALERT_RULES, DETECTORS, DetectorInfo
 from nodescope.model.alert import Alert, AlertCounters, Transition
 from nodescope.model.finding import Finding
 from nodescope.model.snapshot import Snapshot
-from nodescope_exporters.push import AlertmanagerPusher
 
 log = logging.getLogger("nodescope.alerts")
+
+
+class PushTally(Protocol):
+    """Batches an alert push has sent, failed to send and replaced before sending."""
+
+    @property
+    def sent(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+
+
+class AlertPush(Protocol):
+    """Where each cycle's alerts go (Alertmanager's push in the daemon)."""
+
+    def submit(
+        self,
+        active: Iterable[Alert],
+        transitions: Iterable[Transition],
+        now_monotonic: float,
+        now_wall: float,
+    ) -> object: ...
+    def counts(self) -> PushTally: ...
+    def close(self) -> None: ...
+
+
+#: Builds the alert push a configuration asks for; ``None`` when it asks for none.
+PushFactory = Callable[[Config], AlertPush | None]
+
+
+def no_push(config: Config) -> None:
+    """The push factory of an analysis that tells no one (tests, replays, one-shot commands)."""
+    return None
 
 
 def _log_transition(transition: Transition) -> None:
@@ -54,12 +87,19 @@ class Analyzer:
         detectors: Sequence[DetectorInfo],
         engine: AlertEngine,
         config: Config | None = None,
-        pusher: AlertmanagerPusher | None = None,
+        pusher: AlertPush | None = None,
+        *,
+        builtin_rules: Mapping[str, AlertRule] = ALERT_RULES,
+        make_pusher: PushFactory = no_push,
     ) -> None:
+        """``builtin_rules`` and ``make_pusher`` serve :meth:`configure`: the per-kind rules
+        a reloaded configuration overrides, and the push it asks for."""
         self.detectors = tuple(detectors)
         self.engine = engine
         self.config = config or Config()
         self.pusher = pusher
+        self.builtin_rules = builtin_rules
+        self._make_pusher = make_pusher
         self._previous: Snapshot | None = None
         # Zero from the start, so increase() sees a detector's first error.
         self._errors: dict[str, int] = {d.name: 0 for d in self.detectors}
@@ -67,23 +107,30 @@ class Analyzer:
 
     @classmethod
     def from_config(
-        cls, config: Config, detectors: Sequence[DetectorInfo] | None = None
+        cls,
+        config: Config,
+        detectors: Sequence[DetectorInfo] | None = None,
+        *,
+        builtin_rules: Mapping[str, AlertRule] = ALERT_RULES,
+        make_pusher: PushFactory = no_push,
     ) -> Analyzer:
-        """The registry's detectors, rules from ``config``, a push if a URL is configured."""
-        analyzer = cls(
+        """The registry's detectors, its alert rules overridden by ``config``, and the push
+        ``make_pusher`` builds for ``config``."""
+        return cls(
             DETECTORS if detectors is None else detectors,
-            AlertEngine(AlertRules.from_settings(config.alerts)),
+            AlertEngine(AlertRules.from_settings(config.alerts, builtin_rules)),
             config,
+            make_pusher(config),
+            builtin_rules=builtin_rules,
+            make_pusher=make_pusher,
         )
-        analyzer.pusher = _pusher(config)
-        return analyzer
 
     def configure(self, config: Config) -> None:
         """Apply a reloaded config: new rules keep the alerts' state; the push is rebuilt
         only when its settings changed."""
         old = self.config.alerts
         new = config.alerts
-        self.engine.set_rules(AlertRules.from_settings(new))
+        self.engine.set_rules(AlertRules.from_settings(new, self.builtin_rules))
         if (
             old.alertmanager_url,
             old.instance,
@@ -99,7 +146,7 @@ class Analyzer:
         ):
             if self.pusher is not None:
                 self.pusher.close()
-            self.pusher = _pusher(config)
+            self.pusher = self._make_pusher(config)
         self.config = config
 
     def detect(self, snapshot: Snapshot) -> list[Finding]:
@@ -153,21 +200,6 @@ class Analyzer:
         if self.pusher is not None:
             self.pusher.close()
             self.pusher = None
-
-
-def _pusher(config: Config) -> AlertmanagerPusher | None:
-    settings = config.alerts
-    if not settings.alertmanager_url:
-        return None
-    host, port = config.listen_address
-    shown = f"[{host}]" if ":" in host else host
-    return AlertmanagerPusher(
-        settings.alertmanager_url,
-        instance=settings.instance,
-        resend_seconds=settings.resend_seconds,
-        timeout_seconds=settings.push_timeout_seconds,
-        generator_url=f"http://{shown}:{port}/api/v1/alerts",
-    )
 
 
 def alert_json(alert: Alert) -> dict[str, Any]:

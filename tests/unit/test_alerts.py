@@ -9,6 +9,8 @@ import json
 import logging
 import math
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -35,15 +38,19 @@ from nodescope.alerts import (
 from nodescope.analysis import Analyzer, alerts_document
 from nodescope.cli import alerts as alerts_cli
 from nodescope.cli.main import main
-from nodescope.detectors.registry import DetectorInfo
+from nodescope.collect import Collector
+from nodescope.detectors.registry import ALERT_RULES, DetectorInfo, alert_rules_of
 from nodescope.errors import ConfigError
 from nodescope.httpserver import JsonCache, MetricsHTTPServer
-from nodescope.model.alert import Alert, AlertState, TransitionKind, fingerprint
+from nodescope.model.alert import Alert, AlertState, Transition, TransitionKind, fingerprint
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.snapshot import Snapshot
+from nodescope.roots import Roots
+from nodescope.sdnotify import Notifier
+from nodescope.service import Service, alertmanager_pusher
 from nodescope_exporters import alert_metrics
 from nodescope_exporters.prometheus import MetricsCache, render
-from nodescope_exporters.push import AlertmanagerPusher, alertname
+from nodescope_exporters.push import AlertmanagerPusher, PushCounts, alertname
 
 LINK = {"link": "0000:16:01.0"}
 
@@ -324,8 +331,8 @@ def test_keep_floor_is_the_configured_clear_below() -> None:
     cfg = config.from_mapping(
         {"alerts": {"rules": {"pcie_contention": {"clear_below": 0.65}}}}, "t.toml"
     )
-    assert keep_floor(cfg, "pcie_contention") == 0.65
-    assert keep_floor(cfg, "nvlink_errors") is None
+    assert keep_floor(cfg, "pcie_contention", ALERT_RULES.get("pcie_contention")) == 0.65
+    assert keep_floor(cfg, "nvlink_errors", ALERT_RULES.get("nvlink_errors")) is None
 
 
 # -- the engine: severity, identity, deduplication ---------------------------------------------
@@ -437,6 +444,71 @@ def test_rules_from_settings_override_builtins_key_by_key() -> None:
     assert rules.for_kind("nvlink_errors") == AlertRule(5.0, 50.0)
     assert rules.for_kind("pcie_contention") == AlertRule(20.0, 40.0, 0.7, enabled=False)
     assert rules.for_kind("other") == AlertRule(20.0, 40.0)
+
+
+# Prints the rules an engine gets from the registry's table, as JSON. ``{first}`` is what the
+# process imports before it: nothing but the alert engine, or the whole daemon.
+_RULES_PROGRAM = """
+import json
+from dataclasses import asdict
+{first}
+from nodescope.config import Config
+from nodescope.detectors.registry import ALERT_RULES
+{build}
+print(json.dumps({{
+    "default": asdict(rules.default),
+    "per_kind": {{kind: asdict(rule) for kind, rule in sorted(rules.per_kind.items())}},
+}}))
+"""
+
+
+def _rules_in_a_fresh_process(first: str, build: str) -> dict[str, Any]:
+    program = _RULES_PROGRAM.format(first=first, build=build)
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    document: dict[str, Any] = json.loads(done.stdout)
+    return document
+
+
+def test_the_engines_rules_do_not_depend_on_import_order() -> None:
+    alone = _rules_in_a_fresh_process(
+        "from nodescope.alerts import AlertRules",
+        "rules = AlertRules.from_settings(Config().alerts, ALERT_RULES)",
+    )
+    everything = _rules_in_a_fresh_process(
+        "import nodescope.cli.main, nodescope.service, nodescope.sim.driver\n"
+        "from nodescope.analysis import Analyzer",
+        "rules = Analyzer.from_config(Config(), detectors=()).engine.rules",
+    )
+    assert alone == everything
+    # The registry's rules reach the engine: an error counter that moved fires at once.
+    assert alone["per_kind"]["pcie_aer_errors"]["for_seconds"] == 0.0
+    assert alone["per_kind"]["pcie_contention"]["clear_below"] == 0.5
+
+
+def test_no_module_level_table_of_rules_to_fill() -> None:
+    import nodescope.alerts as alerts_module
+
+    mutable = [
+        name
+        for name, value in vars(alerts_module).items()
+        if isinstance(value, dict | list | set | bytearray) and not name.startswith("__")
+    ]
+    assert mutable == []
+    assert isinstance(ALERT_RULES, MappingProxyType)
+
+
+def test_a_kind_has_one_built_in_rule() -> None:
+    def detect(prev: Snapshot | None, cur: Snapshot, cfg: config.Config) -> list[Finding]:
+        return []
+
+    rule = AlertRule(for_seconds=0.0)
+    one = DetectorInfo("one", detect, MappingProxyType({"xid": rule}))
+    other = DetectorInfo("other", detect, MappingProxyType({"xid": rule}))
+    assert alert_rules_of([one]) == {"xid": rule}
+    with pytest.raises(ValueError, match="'xid' declared twice"):
+        alert_rules_of([one, other])
 
 
 # -- the engine: properties --------------------------------------------------------------------
@@ -910,7 +982,9 @@ def test_analyzer_pushes_when_configured(receiver: Receiver) -> None:
     def detect(prev: Snapshot | None, cur: Snapshot, c: config.Config) -> list[Finding]:
         return [finding(kind="xid")]
 
-    analyzer = Analyzer.from_config(cfg, detectors=[DetectorInfo("x", detect)])
+    analyzer = Analyzer.from_config(
+        cfg, detectors=[DetectorInfo("x", detect)], make_pusher=alertmanager_pusher
+    )
     analyzer.engine.set_rules(AlertRules(AlertRule(for_seconds=0)))
     try:
         analyzer.analyze(snap(1))
@@ -923,6 +997,96 @@ def test_analyzer_pushes_when_configured(receiver: Receiver) -> None:
         assert analyzer.pusher is None
     finally:
         analyzer.close()
+
+
+class RecordingPush:
+    """An alert push that records what the analysis hands it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.batches: list[tuple[list[str], list[str], float]] = []
+        self.closed = False
+
+    def submit(
+        self,
+        active: Iterable[Alert],
+        transitions: Iterable[Transition],
+        now_monotonic: float,
+        now_wall: float,
+    ) -> bool:
+        self.batches.append(
+            ([a.key for a in active], [t.kind.value for t in transitions], now_monotonic)
+        )
+        return True
+
+    def counts(self) -> PushCounts:
+        return PushCounts(sent=len(self.batches), errors=1, dropped=2)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_analyzer_calls_the_push_its_factory_built() -> None:
+    built: list[RecordingPush] = []
+
+    def make_push(cfg: config.Config) -> RecordingPush | None:
+        url = cfg.alerts.alertmanager_url
+        if not url:
+            return None
+        built.append(RecordingPush(url))
+        return built[-1]
+
+    def detect(prev: Snapshot | None, cur: Snapshot, c: config.Config) -> list[Finding]:
+        return [finding(kind="xid")]
+
+    first = config.from_mapping({"alerts": {"alertmanager_url": "http://am:9093"}}, "t.toml")
+    analyzer = Analyzer.from_config(
+        first, detectors=[DetectorInfo("x", detect)], make_pusher=make_push
+    )
+    analyzer.engine.set_rules(AlertRules(AlertRule(for_seconds=0)))
+    out = analyzer.analyze(snap(1))
+    assert built[0].batches == [(["xid{link=0000:16:01.0}"], ["firing"], 1.0)]
+    assert out.alert_counters is not None
+    assert (out.alert_counters.push_sent, out.alert_counters.push_errors) == (1, 1)
+    assert out.alert_counters.push_dropped == 2
+    # Settings that do not touch the push keep it; a new URL closes it and builds another.
+    analyzer.configure(replace(first, tick_seconds=2.0))
+    assert len(built) == 1 and not built[0].closed
+    second = config.from_mapping({"alerts": {"alertmanager_url": "http://am2:9093"}}, "t.toml")
+    analyzer.configure(second)
+    assert built[0].closed and [p.url for p in built] == ["http://am:9093", "http://am2:9093"]
+    analyzer.close()
+    assert built[1].closed and analyzer.pusher is None
+
+
+def test_the_daemon_hands_its_analysis_the_configured_push(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    cfg = config.from_mapping(
+        {
+            "daemon": {"listen": "[::1]:9839"},
+            "alerts": {"alertmanager_url": receiver.url, "instance": "node-1"},
+        },
+        "t.toml",
+    )
+    service = Service(
+        lambda: replace(cfg, roots=Roots.under(tmp_path)),
+        notifier=Notifier(address=""),
+        make_collector=lambda c: Collector.from_config(c, []),
+    )
+    try:
+        pusher = service.analyzer.pusher
+        assert isinstance(pusher, AlertmanagerPusher)
+        assert (pusher.endpoint, pusher.instance) == (receiver.url + "/api/v2/alerts", "node-1")
+        assert pusher.generator_url == "http://[::1]:9839/api/v1/alerts"
+        # A reload that drops the URL stops the push; one that sets it again starts one.
+        service.analyzer.configure(config.Config())
+        assert service.analyzer.pusher is None
+        service.analyzer.configure(cfg)
+        assert isinstance(service.analyzer.pusher, AlertmanagerPusher)
+    finally:
+        service.shutdown()
+    assert alertmanager_pusher(config.Config()) is None
 
 
 # -- /api/v1/alerts and `nodescope alerts` -----------------------------------------------------

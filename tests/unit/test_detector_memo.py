@@ -10,10 +10,11 @@ from collections.abc import Mapping
 import pytest
 
 from nodescope import jobs as registry_module
-from nodescope.alerts import BUILTIN_RULES, AlertRules, keep_floor
+from nodescope.alerts import AlertRules, keep_floor
 from nodescope.config import Config, from_mapping
 from nodescope.detectors import errors, hangs, placement
 from nodescope.detectors import jobs as jobs_detector
+from nodescope.detectors.registry import ALERT_RULES
 from nodescope.memo import Memo
 from nodescope.model import attribution
 from nodescope.model.attribution import EndpointFlow, attribute
@@ -286,6 +287,8 @@ def test_the_link_index_is_built_again_for_a_new_topology() -> None:
 )
 def test_keep_floor_is_the_full_rule_tables_clear_below(rules: dict[str, object]) -> None:
     config = from_mapping({"alerts": {"rules": rules}})
-    table = AlertRules.from_settings(config.alerts)
-    for kind in [*BUILTIN_RULES, *rules, "never_configured"]:
-        assert keep_floor(config, kind) == table.for_kind(kind).clear_below, kind
+    table = AlertRules.from_settings(config.alerts, ALERT_RULES)
+    for kind in [*ALERT_RULES, *rules, "never_configured"]:
+        assert (
+            keep_floor(config, kind, ALERT_RULES.get(kind)) == table.for_kind(kind).clear_below
+        ), kind

@@ -10,10 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.alerts import BUILTIN_RULES
 from nodescope.config import Config, from_mapping
 from nodescope.detectors import contention, errors, links, placement
-from nodescope.detectors.registry import DETECTORS
+from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.errors import ConfigError
 from nodescope.model.attribution import EndpointFlow, attribute
 from nodescope.model.finding import THRESHOLD, VALUE, Severity
@@ -360,7 +359,7 @@ def test_ib_errors_and_xmit_wait() -> None:
 
 def test_error_kinds_fire_at_once() -> None:
     for kind in (errors.AER, errors.REPLAYS, errors.NVLINK, errors.IB_ERRORS):
-        assert BUILTIN_RULES[kind].for_seconds == 0.0
+        assert ALERT_RULES[kind].for_seconds == 0.0
 
 
 # --- placement and the job view ---------------------------------------------------------------

@@ -257,13 +257,13 @@ def test_wchan_classes() -> None:
 
 
 def test_registered_with_alert_rules() -> None:
-    from nodescope.alerts import BUILTIN_RULES
+    from nodescope.detectors.registry import ALERT_RULES
 
     names = [d.name for d in DETECTORS]
     assert "hangs" in names and "hotplug" in names
     # T of "idle for at least T" is the alert's for.
-    assert BUILTIN_RULES[hangs.STORAGE].for_seconds > 0
-    assert BUILTIN_RULES[hangs.UNKNOWN].for_seconds >= BUILTIN_RULES[hangs.STORAGE].for_seconds
+    assert ALERT_RULES[hangs.STORAGE].for_seconds > 0
+    assert ALERT_RULES[hangs.UNKNOWN].for_seconds >= ALERT_RULES[hangs.STORAGE].for_seconds
     disabled = Config()
     values = {k: dict(v) for k, v in disabled.detectors.values.items()}
     values["hangs"]["enabled"] = False

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from nodescope.alerts import BUILTIN_RULES
 from nodescope.config import Config, from_mapping
 from nodescope.detectors import nvlink as det
-from nodescope.detectors.registry import DETECTORS
+from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.errors import ConfigError
 from nodescope.kmod_abi import parse_snapshot
 from nodescope.model.snapshot import Snapshot, SourceSample
@@ -51,7 +50,7 @@ def _snapshot(
 
 def test_the_detector_is_registered() -> None:
     assert det.detect in [d.detect for d in DETECTORS]
-    assert BUILTIN_RULES[det.GONE].for_seconds == 0.0
+    assert ALERT_RULES[det.GONE].for_seconds == 0.0
 
 
 def test_thresholds_come_from_the_detectors_nvlink_table() -> None:

@@ -84,10 +84,7 @@ def _first(cycles: list[dict[str, Any]], key: str) -> float:
 def test_contention_names_devices_jobs_and_fires_after_for(
     runs: dict[str, dict[str, Any]],
 ) -> None:
-    from nodescope.alerts import BUILTIN_RULES
-    from nodescope.detectors.registry import DETECTORS
-
-    assert DETECTORS  # the registry sets the rules of its kinds
+    from nodescope.detectors.registry import ALERT_RULES
     cycles = runs["root-port-contention"]["cycles"]
     key = "pcie_contention{link=0000:15:01.0}"
     first = _first(cycles, key)
@@ -101,7 +98,7 @@ def test_contention_names_devices_jobs_and_fires_after_for(
     assert evidence["nvme0n1_upstream_bytes_per_second"] == pytest.approx(6.5e9, rel=1e-3)
     assert "tcp_retransmitted_segments_per_second" in evidence
     # The alert fires in the first cycle at or after first + for: no later than one tick.
-    for_seconds = BUILTIN_RULES["pcie_contention"].for_seconds
+    for_seconds = ALERT_RULES["pcie_contention"].for_seconds
     fired = min(c["t"] for c in cycles if (key, "firing") in c["alerts"])
     assert first + for_seconds <= fired <= first + for_seconds + 1
     # Exported during the contention: the root port's utilisation downstream.

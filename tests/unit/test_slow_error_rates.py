@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from nodescope.alerts import BUILTIN_RULES
 from nodescope.analysis import Analyzer
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.config import AlertRuleSettings, AlertsSettings, Config
 from nodescope.detectors import errors
-from nodescope.detectors.registry import DetectorInfo
+from nodescope.detectors.registry import ALERT_RULES, DetectorInfo
 from nodescope.model.alert import AlertState
 from nodescope.model.slow import SlowRead, slow_pair
 from nodescope.model.snapshot import Snapshot
@@ -141,7 +140,7 @@ def test_slow_every_1_finds_the_same_rates_from_the_second_cycle(tmp_path: Path)
 
 def test_builtin_rules_of_these_kinds_fire_at_once() -> None:
     # The test above overrides them: a steady rate must fire a rule with a "for" too.
-    assert all(BUILTIN_RULES[kind].for_seconds == 0.0 for kind in KINDS)
+    assert all(ALERT_RULES[kind].for_seconds == 0.0 for kind in KINDS)
 
 
 # ---- the pair itself ----------------------------------------------------------------------

@@ -6,7 +6,7 @@ Pure: reads only the snapshot.
 from __future__ import annotations
 
 from nodescope import derive
-from nodescope.alerts import keep_floor
+from nodescope.alerts import AlertRule, keep_floor
 from nodescope.config import Config
 from nodescope.jobs import placement_views
 from nodescope.model.jobs import JobView
@@ -56,11 +56,11 @@ def tcp_text(evidence: dict[str, float]) -> str:
     return f"; TCP retransmits {retrans:.1f}/s{share}"
 
 
-def emit_floor(config: Config, kind: str, threshold: float) -> float:
+def emit_floor(config: Config, kind: str, builtin: AlertRule, threshold: float) -> float:
     """The least ``value`` worth a finding of ``kind``: the raise threshold, or the alert
-    rule's ``clear_below`` when lower (a finding in that band keeps a firing alert firing;
-    the alert engine decides, the detector only reports)."""
-    floor = keep_floor(config, kind)
+    rule's ``clear_below`` (``builtin`` as configured) when lower (a finding in that band
+    keeps a firing alert firing; the alert engine decides, the detector only reports)."""
+    floor = keep_floor(config, kind, builtin)
     return threshold if floor is None else min(threshold, floor)
 
 

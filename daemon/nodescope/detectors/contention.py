@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from nodescope.alerts import AlertRule
 from nodescope.config import Config
 from nodescope.detectors.common import (
     emit_floor,
@@ -41,6 +42,9 @@ from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import DeviceClass, generation_of
 
 KIND = "pcie_contention"
+#: Its alert rule, declared here because :func:`detect` reports the keep band down to
+#: ``clear_below``: a firing alert holds while the link stays at least half busy.
+RULE = AlertRule(for_seconds=30.0, resolve_after_seconds=60.0, clear_below=0.5)
 
 _KIND_TEXT = {
     LinkKind.ROOT_PORT: "root port",
@@ -160,7 +164,7 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
         attribution.shared_links,
         threshold,
         settings.number("contention", "min_share"),
-        floor=emit_floor(config, KIND, threshold),
+        floor=emit_floor(config, KIND, RULE, threshold),
         jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
         extra_evidence=tcp_evidence(snapshot),
     )

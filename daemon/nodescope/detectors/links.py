@@ -23,6 +23,7 @@ not in use"), so an idle link below its maximum is no finding.
 
 from __future__ import annotations
 
+from nodescope.alerts import AlertRule
 from nodescope.config import Config
 from nodescope.detectors.common import (
     emit_floor,
@@ -40,6 +41,10 @@ from nodescope.model.topology import DeviceClass, UpstreamLink, generation_of
 from nodescope.sources.nvml import GpuSample, NvmlData
 
 SATURATION = "pcie_saturation"
+#: Its alert rule, declared here because :func:`detect_saturation` reports the keep band down
+#: to ``clear_below``: a firing alert holds while the endpoint stays at 90 % of its
+#: saturation point.
+SATURATION_RULE = AlertRule(for_seconds=30.0, resolve_after_seconds=60.0, clear_below=0.9)
 DOWNTRAINED = "pcie_link_downtrained"
 
 
@@ -246,7 +251,7 @@ def detect_saturation(
         settings.number("saturation", "bidirectional_ratio"),
         settings.number("saturation", "one_way_ratio"),
         dict(settings.saturation_models),
-        floor=emit_floor(config, SATURATION, 1.0),
+        floor=emit_floor(config, SATURATION, SATURATION_RULE, 1.0),
         jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
         extra_evidence=tcp_evidence(snapshot),
     )
