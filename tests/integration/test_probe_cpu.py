@@ -91,13 +91,14 @@ def test_impossible_threshold_fails_with_one_line_and_the_daemon_exports_it(
     tmp_path: Path,
 ) -> None:
     config = tmp_path / "nodescope.toml"
-    config.write_text("[probe]\nmin_h2d_bytes_per_second = 1e15\n")
+    # 10 TB/s, the most the config allows: no host-to-device copy comes near it.
+    config.write_text("[probe]\nmin_h2d_bytes_per_second = 1e13\n")
     table = _probe("--quick", "--cpu", "--no-allreduce", "--config", str(config))
     assert table.returncode == EXIT_FAILED
     reason = [line for line in table.stderr.splitlines() if "FAILED" in line]
     assert len(reason) == 1
     assert reason[0].startswith("nodescope probe: FAILED: cpu0 H2D ")
-    assert reason[0].endswith("is below the minimum 1000000.0 GB/s (+1 more)")
+    assert reason[0].endswith("is below the minimum 10000.0 GB/s (+1 more)")
     assert "CPU stand-in (no GPU)" in table.stdout
     assert "FAILED: 2 threshold(s)" in table.stdout
 

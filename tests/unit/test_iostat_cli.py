@@ -207,8 +207,22 @@ def test_unreadable_or_malformed_input_is_reported_without_a_traceback(
     host = Host(tmp_path, ["8 0 sda 1 2 3\n"])
     status, _ = host.run(None, None)
     assert status == 1
-    assert "diskstats:1: expected 14, 18 or 20 fields" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "skipped 1 record(s): diskstats_line_unparsable" in err
+    assert "no readable line" in err and "Traceback" not in err
     (tmp_path / "proc" / "diskstats").unlink()
     status, _ = host.run(None, None)
     assert status == 1
     assert "No such file" in capsys.readouterr().err
+
+
+def test_a_malformed_line_is_skipped_said_once_and_the_other_disks_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = "   8 0 sda 1 2 3\n"
+    host = Host(tmp_path, [SAMPLE_1 + bad, SAMPLE_2 + bad])
+    status, out = host.run(2.0, 2)
+    assert status == 0
+    err = capsys.readouterr().err
+    assert err.count("skipped 1 record(s): diskstats_line_unparsable") == 1
+    assert ROW_INTERVAL in out

@@ -22,6 +22,7 @@ from nodescope.errors import ParseError
 from nodescope.roots import Roots
 from nodescope.sources.diskstats import (
     IOSTAT_COLUMNS,
+    SKIP_LINE_UNPARSABLE,
     DisksData,
     DiskStat,
     IostatFigures,
@@ -142,6 +143,8 @@ def run_iostat(
         out.write(banner() + "\n\n")
     prev: DisksData | None = None
     prev_t = 0.0
+    # Each reason for skipped lines is said once, not in every report.
+    warned: set[str] = set()
     start = clock()
     tick = 0
     try:
@@ -150,6 +153,22 @@ def run_iostat(
                 cur = source.collect(roots)
             except (OSError, ParseError) as exc:
                 print(f"nodescope iostat: {exc}", file=sys.stderr)
+                return 1
+            for reason, skipped in sorted(cur.skipped.counts.items()):
+                if reason in warned:
+                    continue
+                warned.add(reason)
+                example = cur.skipped.examples.get(reason, "")
+                print(
+                    f"nodescope iostat: skipped {skipped} record(s): {reason} ({example})",
+                    file=sys.stderr,
+                )
+            if not cur.disks and cur.skipped.counts.get(SKIP_LINE_UNPARSABLE):
+                # Nothing left to report: the input as a whole is unusable.
+                print(
+                    f"nodescope iostat: no readable line in {roots.procfs / 'diskstats'}",
+                    file=sys.stderr,
+                )
                 return 1
             now = clock()
             if prev is None:
