@@ -28,6 +28,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.adversarial.common import cgroup_v1_limits, unit_limits
+
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "nodescoped.service"
 #: systemd's default for services that set no LimitNOFILE= (systemd.exec(5)): soft 1024,
@@ -147,75 +149,12 @@ def finish(attack: subprocess.Popen[str]) -> str:
 # The server under the shipped unit's limits
 
 
-def unit_limits() -> dict[str, str]:
-    """The resource settings of the shipped unit (MemoryMax=, CPUQuota=, LimitNOFILE=)."""
-    found = {}
-    for line in UNIT.read_text().splitlines():
-        name, _, value = line.partition("=")
-        if name in ("MemoryMax", "CPUQuota", "LimitNOFILE", "TasksMax"):
-            found[name] = value.strip()
-    return found
-
-
-def _bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
 def _nofile(limits: dict[str, str]) -> tuple[int, int]:
     value = limits.get("LimitNOFILE")
     if value is None:
         return SYSTEMD_NOFILE
     soft, _, hard = value.partition(":")
     return int(soft), int(hard or soft)
-
-
-@contextlib.contextmanager
-def cgroup_v1_limits(pid: int, limits: dict[str, str]) -> Iterator[list[str]]:
-    """Put ``pid`` into memory and cpu cgroups (v1, beside this process's own) with the unit's
-    MemoryMax= and CPUQuota=; yields what was applied (nothing where it cannot be)."""
-    made: list[Path] = []
-    applied: list[str] = []
-    own = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, where = line.split(":", 2)
-        for controller in controllers.split(","):
-            own[controller] = where
-    wanted = []
-    if "MemoryMax" in limits:
-        wanted.append(("memory", "memory.limit_in_bytes", str(_bytes(limits["MemoryMax"]))))
-    if "CPUQuota" in limits:
-        quota = int(float(limits["CPUQuota"].rstrip("%")) * 1000)  # of a 100 ms period
-        wanted.append(("cpu", "cpu.cfs_quota_us", str(quota)))
-    try:
-        for controller, knob, value in wanted:
-            base = Path("/sys/fs/cgroup") / controller
-            if controller not in own or not (base / "cgroup.procs").exists():
-                continue
-            group = base / own[controller].lstrip("/") / f"nodescope-http-{os.getpid()}-{pid}"
-            try:
-                group.mkdir()
-                made.append(group)
-                if controller == "cpu":
-                    (group / "cpu.cfs_period_us").write_text("100000")
-                (group / knob).write_text(value)
-                (group / "cgroup.procs").write_text(str(pid))
-            except OSError as exc:
-                applied.append(f"{knob} not applied: {exc}")
-                continue
-            applied.append(f"{knob}={value}")
-        yield applied
-    finally:
-        for group in made:
-            # Back to the parent group (if still alive), or the directory cannot go.
-            with contextlib.suppress(OSError):
-                (group.parent / "cgroup.procs").write_text(str(pid))
-            for _ in range(50):
-                try:
-                    group.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
 
 
 class FixedCache:
