@@ -31,6 +31,9 @@ from hypothesis import strategies as st
 from tests.adversarial.common import cgroup_v1_limits, unit_limits
 
 REPO = Path(__file__).resolve().parents[2]
+#: Run as a module (attackers and the daemon side are this file run again), so its imports of
+#: the tests package resolve from the repository root.
+MODULE = "tests.adversarial.test_http"
 UNIT = REPO / "systemd" / "nodescoped.service"
 #: systemd's default for services that set no LimitNOFILE= (systemd.exec(5)): soft 1024,
 #: hard 524288.
@@ -128,7 +131,7 @@ def start_attack(*args: object) -> subprocess.Popen[str]:
     """An attacker process at the lowest priority: a real one runs on another machine, so its
     own CPU must not be taken from the server and the scraper on this one."""
     return subprocess.Popen(
-        ["nice", "-n", "19", sys.executable, __file__, *map(str, args)],
+        ["nice", "-n", "19", sys.executable, "-m", MODULE, *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -217,7 +220,7 @@ def serving(
     # Without CAP_SYS_RESOURCE no process here may go above this process's hard limit.
     hard = min(hard, own_hard)
     daemon = subprocess.Popen(
-        [sys.executable, __file__, "serve", str(min(soft, hard)), str(hard), web_config],
+        [sys.executable, "-m", MODULE, "serve", str(min(soft, hard)), str(hard), web_config],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
