@@ -2,7 +2,8 @@
 
 Many POSIX locks (tests/integration/test_locks_real.py), a job cgroup with thousands of
 threads and a mount namespace with hundreds of tmpfs mounts (tests/adversarial/
-test_records_a.py and test_records_b.py) are covered where their sources are tested; this
+test_process_and_cgroup_records.py and test_device_and_table_records.py) are covered where
+their sources are tested; this
 file adds the disks: ``/proc/diskstats`` with more block devices than one page holds,
 attached as loop devices when the machine has too few of its own.
 """
