@@ -29,8 +29,10 @@ from nodescope.errors import ConfigError
 from nodescope.hooks import Hooks
 from nodescope.httpserver import JsonCache, MetricsHTTPServer
 from nodescope.sdnotify import Notifier
+from nodescope.selfstats import ProcessMeter
 from nodescope.webconfig import WebConfig
 from nodescope_exporters.prometheus import MetricsCache
+from nodescope_exporters.push import AlertmanagerPusher
 
 log = logging.getLogger("nodescope.service")
 
@@ -39,6 +41,23 @@ CYCLE_GRACE = 10.0
 
 ConfigLoader = Callable[[], Config]
 CollectorFactory = Callable[[Config], Collector]
+
+
+def alertmanager_pusher(config: Config) -> AlertmanagerPusher | None:
+    """The Alertmanager push ``[alerts] alertmanager_url`` asks for; ``None`` without a URL.
+    Its alerts link back to this daemon's ``/api/v1/alerts``."""
+    settings = config.alerts
+    if not settings.alertmanager_url:
+        return None
+    host, port = config.listen_address
+    shown = f"[{host}]" if ":" in host else host
+    return AlertmanagerPusher(
+        settings.alertmanager_url,
+        instance=settings.instance,
+        resend_seconds=settings.resend_seconds,
+        timeout_seconds=settings.push_timeout_seconds,
+        generator_url=f"http://{shown}:{port}/api/v1/alerts",
+    )
 
 
 class Service:
@@ -62,7 +81,7 @@ class Service:
         self.notifier = notifier or Notifier()
         self.cache = MetricsCache()
         self.alerts_cache = JsonCache()
-        self.analyzer = Analyzer.from_config(self.config)
+        self.analyzer = Analyzer.from_config(self.config, make_pusher=alertmanager_pusher)
         self.collector = self._make_collector(self.config)
         self.server: MetricsHTTPServer | None = None
         #: TLS, basic auth and headers for the HTTP endpoint (``--web-config-file``), read
@@ -75,6 +94,8 @@ class Service:
         self.cycle_errors: dict[str, int] = {}
         #: SIGHUP reloads by outcome, both from 0 so increase() sees the first failure.
         self.config_reloads: dict[str, int] = {"success": 0, "failure": 0}
+        #: Measures this process and the serving process for the self-metrics, every cycle.
+        self.process_meter = ProcessMeter()
         self.last_completed = time.monotonic()
 
     # -- signals: flags only -------------------------------------------------------------
@@ -207,7 +228,13 @@ class Service:
                 self._survived("jobs", exc)
         if self.cycle_errors:
             snapshot = replace(snapshot, cycle_errors=self.cycle_errors)
-        snapshot = replace(snapshot, config_reloads=self.config_reloads)
+        serving = self.server.process if self.server is not None else None
+        try:
+            processes = self.process_meter.measure(serving.pid if serving is not None else None)
+        except Exception as exc:
+            self._survived("processes", exc)
+            processes = ()
+        snapshot = replace(snapshot, config_reloads=self.config_reloads, processes=processes)
         try:
             self.cache.update(snapshot)
             self.alerts_cache.update(alerts_document(snapshot))

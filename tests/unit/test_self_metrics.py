@@ -14,9 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from nodescope.collect import Collector
+from nodescope.config import Config
 from nodescope.model.process import PSS_EVERY_SECONDS, ProcessFigures
 from nodescope.model.snapshot import Snapshot
+from nodescope.roots import Roots
+from nodescope.sdnotify import Notifier
 from nodescope.selfstats import ProcessMeter, parse_max_open_files
+from nodescope.service import Service
 from nodescope_exporters.catalog import metric
 from nodescope_exporters.prometheus import render
 from nodescope_exporters.self_metrics import families
@@ -260,3 +265,37 @@ def test_snapshots_outside_the_daemon_have_no_process_families() -> None:
 def test_only_the_process_collectors_names_go_without_the_prefix() -> None:
     with pytest.raises(ValueError, match="nodescope_ prefix"):
         metric("process_cpu_seconds", "gauge", "not a name of the process collector", area="self")
+
+
+def test_the_daemon_exports_its_own_and_its_serving_processs_figures(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    config = Config(listen="127.0.0.1:0", roots=Roots.under(tmp_path))
+    service = Service(
+        lambda: config,
+        notifier=Notifier(address=""),
+        make_collector=lambda cfg: Collector.from_config(cfg, []),
+    )
+    service.start_server()
+    try:
+        assert service.server is not None and service.server.process is not None
+        assert service.run_cycle()
+        _, body = service.cache.body()
+    finally:
+        service.shutdown()
+    text = body.decode()
+    value = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("process_")
+    }
+    for role in ("daemon", "serving"):
+        assert f'process_open_fds{{process="{role}"}}' in value
+    # The serving process is a small interpreter the daemon (this test) started.
+    assert (
+        value['process_resident_memory_bytes{process="serving"}']
+        < value['process_resident_memory_bytes{process="daemon"}']
+    )
+    assert (
+        value['process_start_time_seconds{process="serving"}']
+        >= value['process_start_time_seconds{process="daemon"}']
+    )
