@@ -57,3 +57,23 @@ def test_commented_examples_of_the_sample_config_are_valid(tmp_path: Path) -> No
     uncommented.write_text("\n".join(lines) + "\n")
     cfg = config.load(uncommented)
     assert cfg.listen == config.DEFAULT_LISTEN
+
+
+def test_every_datasources_citation_in_the_code_names_a_section() -> None:
+    """Code cites docs/datasources.md by section number ("§2.4", "§1, §4"); each must exist."""
+    headings = {
+        match.group(1)
+        for match in re.finditer(
+            r"^#{2,3} (\d+(?:\.\d+)?)\.? ", (REPO / "docs" / "datasources.md").read_text(), re.M
+        )
+    }
+    cited: dict[str, set[str]] = {}
+    for root in ("daemon", "exporters"):
+        for path in (REPO / root).rglob("*.py"):
+            text = path.read_text()
+            for match in re.finditer(r"datasources\.md`{0,2}((?:[ ,;and]*§\d+(?:\.\d+)?)+)", text):
+                for number in re.findall(r"§(\d+(?:\.\d+)?)", match.group(1)):
+                    cited.setdefault(number, set()).add(str(path.relative_to(REPO)))
+    assert cited, "no citation found: the pattern no longer matches how the code cites"
+    missing = {number: sorted(paths) for number, paths in cited.items() if number not in headings}
+    assert not missing
