@@ -81,9 +81,10 @@ class Processes:
     def __init__(self) -> None:
         self.started: list[subprocess.Popen[str]] = []
 
-    def hold(self, path: Path, how: str) -> subprocess.Popen[str]:
+    def _holding(self, script: str, *args: str) -> subprocess.Popen[str]:
+        """A child running ``script`` that says "held" once its locks are taken."""
         proc = subprocess.Popen(
-            [sys.executable, "-c", HOLD, str(path), how],
+            [sys.executable, "-c", script, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -92,6 +93,9 @@ class Processes:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "held"
         return proc
+
+    def hold(self, path: Path, how: str) -> subprocess.Popen[str]:
+        return self._holding(HOLD, str(path), how)
 
     def wait(self, path: Path, how: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen([sys.executable, "-c", WAIT, str(path), how])
@@ -99,16 +103,7 @@ class Processes:
         return proc
 
     def hold_many(self, path: Path, count: int) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", HOLD_MANY, str(path), str(count)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.started.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "held"
-        return proc
+        return self._holding(HOLD_MANY, str(path), str(count))
 
     def wait_named(self, path: Path, name: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen([sys.executable, "-c", WAIT_NAMED, str(path), name])
