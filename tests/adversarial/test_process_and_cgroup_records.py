@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,8 +30,9 @@ from nodescope.roots import Roots
 from nodescope.sources import cgroup as cgroups
 from nodescope.sources import jobs, procs, threads
 from nodescope.sources.base import read_optional
-from nodescope.sources.cgroup import SharedWalk, find_v2_root
+from nodescope.sources.cgroup import SharedWalk
 from tests.adversarial.common import one_cycle, skipped_metric
+from tests.conftest import new_v2_cgroup, remove_cgroup_tree
 
 #: A name any user can give a process: a newline, a parenthesis and what looks like the
 #: fields of a stat line.
@@ -79,14 +79,8 @@ def _unique_job_id() -> int:
 
 @pytest.fixture
 def scratch() -> Iterator[Scratch]:
-    if os.geteuid() != 0:
-        pytest.skip("creating cgroups needs root")
-    hierarchy = find_v2_root(Roots().cgroupfs)
-    if hierarchy.path is None:
-        pytest.skip(f"no cgroup2 mount under {Roots().cgroupfs}")
-    base = hierarchy.path / f"nodescope-records-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    base.mkdir()
-    made = Scratch(hierarchy.path, base)
+    v2_root, base = new_v2_cgroup("nodescope-records")
+    made = Scratch(v2_root, base)
     try:
         yield made
     finally:
@@ -98,15 +92,7 @@ def scratch() -> Iterator[Scratch]:
             child.wait(timeout=30)
             if child.stdout is not None:
                 child.stdout.close()
-        for directory, _, _ in os.walk(base, topdown=False):
-            for _ in range(100):
-                try:
-                    os.rmdir(directory)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.02)  # "populated" drops just after the last task leaves
+        remove_cgroup_tree(base)
         assert not base.exists(), f"{base} left behind"
 
 
@@ -170,9 +156,10 @@ stop.wait(120)
 
 
 def test_a_job_with_thousands_of_threads_is_counted_whole(scratch: Scratch) -> None:
-    """``cgroup.threads`` of a job with 3,000 threads is about 20 KB, five pages of a
-    ``seq_file``: every source counts every thread."""
-    count = 3_000
+    """``cgroup.threads`` of a job with 5,000 threads is over four pages of a ``seq_file``
+    whatever the machine's pid numbers (at least 4,000 of the ids have four digits or more):
+    every source counts every thread."""
+    count = 5_000
     job_id = _unique_job_id()
     job_dir = scratch.job(job_id)
     child, line = scratch.start(_MANY_THREADS.format(n=count), job_dir)

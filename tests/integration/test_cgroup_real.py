@@ -13,8 +13,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +21,8 @@ import pytest
 
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
-from nodescope.sources.cgroup import find_v2_root, make_source, read_proc_cgroup
+from nodescope.sources.cgroup import make_source, read_proc_cgroup
+from tests.conftest import new_v2_cgroup, remove_cgroup_tree
 
 pytestmark = pytest.mark.integration
 
@@ -66,28 +65,10 @@ def _evacuate(scratch: Scratch) -> None:
                 (scratch.v2_root / "cgroup.procs").write_text(tid)
 
 
-def _remove(base: Path) -> None:
-    for directory, _, _ in os.walk(base, topdown=False):
-        for _ in range(50):
-            try:
-                os.rmdir(directory)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.02)  # "populated" drops just after the last task leaves
-
-
 @pytest.fixture
 def scratch() -> Iterator[Scratch]:
-    if os.geteuid() != 0:
-        pytest.skip("creating cgroups needs root")
-    hierarchy = find_v2_root(Roots().cgroupfs)
-    if hierarchy.path is None:
-        pytest.skip(f"no cgroup2 mount under {Roots().cgroupfs}")
-    base = hierarchy.path / f"nodescope-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    base.mkdir()
-    s = Scratch(hierarchy.path, base)
+    v2_root, base = new_v2_cgroup("nodescope-test")
+    s = Scratch(v2_root, base)
     try:
         yield s
     finally:
@@ -97,7 +78,7 @@ def scratch() -> Iterator[Scratch]:
             proc.wait(timeout=10)
             if proc.stdout is not None:
                 proc.stdout.close()
-        _remove(base)
+        remove_cgroup_tree(base)
         assert not base.exists(), f"{base} left behind"
 
 
