@@ -34,7 +34,7 @@ from typing import Any
 
 from nodescope import derive
 from nodescope.config import Config, SlurmSettings
-from nodescope.fileio import PROC_PROCESS
+from nodescope.fileio import PROC_PROCESS, FileKind
 from nodescope.hooksocket import (
     SOCKET_NAME,
     HookServer,
@@ -505,6 +505,10 @@ def write_gate_state(roots: Roots, xids: Sequence[tuple[str, int, int]], wall_ti
     write_private(run_dir(roots), GATE_STATE_NAME, (json.dumps(document) + "\n").encode(), 0o640)
 
 
+#: The record of uncleared Xids is a few hundred bytes; anything of 1 MiB or more is not one.
+GATE_STATE_FILE = FileKind("uncleared-Xid record", (1 << 20) - 1)
+
+
 def read_gate_state(roots: Roots) -> tuple[tuple[str, int, int], ...] | None:
     """The uncleared Xids last recorded; ``None`` when there is no record. A record that
     cannot be read is not "no Xids": it counts as one uncleared Xid of unknown kind, so that
@@ -516,7 +520,9 @@ def read_gate_state(roots: Roots) -> tuple[tuple[str, int, int], ...] | None:
         return None
     except OSError:
         return (("?", -1, 1),)
-    text = read_optional(path) if stat.S_ISREG(info.st_mode) and info.st_size < 1 << 20 else None
+    # lstat: a symlink in its place is refused; the file layer refuses the rest (a FIFO, a
+    # device, anything of 1 MiB or more).
+    text = None if stat.S_ISLNK(info.st_mode) else read_optional(path, GATE_STATE_FILE)
     try:
         document = json.loads(text or "")
         xids = document["uncleared_xids"]
