@@ -65,7 +65,7 @@ def test_previous_and_current_samples_give_measured_time() -> None:
     c.run_cycle()
     clock.now += 2.5
     snap = c.run_cycle()
-    pair = snap.pair("a", int)
+    pair = snap.pair_of("a", int)
     assert pair == (1, 2, 2.5)
 
 

@@ -246,7 +246,7 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
         return []
     findings: list[Finding] = []
     tcp = tcp_evidence(snapshot)
-    pci = snapshot.pair("pci", Topology)
+    pci = snapshot.pair_of("pci", Topology)
     if pci is not None:
         before, now, seconds = pci
         threshold = settings.number("errors", "aer_correctable_per_second")
@@ -255,7 +255,7 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
             (seconds, threshold, tcp),
             lambda: aer_findings(before, now, seconds, threshold, extra_evidence=tcp),
         )
-    nvml = snapshot.pair("nvml", NvmlData)
+    nvml = snapshot.pair_of("nvml", NvmlData)
     # The counters these findings compare are read on the source's slow cadence: compare
     # the two latest reads of them, over the span between those reads.
     nvml_slow = None if nvml is None else slow_pair(*nvml)

@@ -349,7 +349,7 @@ def _io_bytes(cg: Cgroup | None) -> int | None:
 
 def job_io_bytes_per_second(snapshot: Snapshot, job_id: str) -> float | None:
     """Block I/O of the job cgroup (``io.stat`` read+write bytes) per second."""
-    pair = snapshot.pair("cgroups", CgroupTree)
+    pair = snapshot.pair_of("cgroups", CgroupTree)
     if pair is None:
         return None
     prev, cur, seconds = pair

@@ -207,7 +207,7 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
         return []
     gpus = gpu_uses(snapshot.data("nvml", NvmlData))
     current = registry(snapshot.data(NAME, JobsData), gpus)
-    pair = snapshot.pair(NAME, JobsData)
+    pair = snapshot.pair_of(NAME, JobsData)
     before = None
     if pair is not None:
         old = pair[0]

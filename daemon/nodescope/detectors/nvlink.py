@@ -227,7 +227,7 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
     """The registry's form: the source's two latest samples, ``[detectors.nvlink]`` bands."""
     if not config.detectors.values.get("nvlink", {}).get("enabled", True):
         return []
-    pair = snapshot.pair(NAME, NvlinkKmodData)
+    pair = snapshot.pair_of(NAME, NvlinkKmodData)
     if pair is None:
         return []
     prev, cur, _seconds = pair

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from nodescope.model.alert import Alert, AlertCounters
 from nodescope.model.finding import Finding
 from nodescope.model.process import ProcessFigures
+from nodescope.model.source_key import SourceKey
 
 T = TypeVar("T")
 
@@ -92,6 +93,27 @@ class Snapshot:
         object.__setattr__(self, "cycle_errors", _frozen(self.cycle_errors))
         object.__setattr__(self, "config_reloads", _frozen(self.config_reloads))
 
+    def latest(self, key: SourceKey[T]) -> T | None:
+        """The latest good record of the source ``key`` names."""
+        sample = self.current.get(key.name)
+        return None if sample is None else key.of(sample.data)
+
+    def pair(self, key: SourceKey[T]) -> tuple[T, T, float] | None:
+        """(previous, current, seconds between them) of the source ``key`` names, for rates,
+        when both reads succeeded."""
+        cur = self.current.get(key.name)
+        prev = self.previous.get(key.name)
+        if cur is None or prev is None:
+            return None
+        now = key.of(cur.data)
+        before = key.of(prev.data)
+        if now is None or before is None:
+            return None
+        seconds = cur.monotonic - prev.monotonic
+        if seconds <= 0:
+            return None
+        return before, now, seconds
+
     def data(self, source: str, kind: type[T]) -> T | None:
         """The latest good data of ``source`` if it is of type ``kind``."""
         sample = self.current.get(source)
@@ -99,7 +121,7 @@ class Snapshot:
             return None
         return sample.data
 
-    def pair(self, source: str, kind: type[T]) -> tuple[T, T, float] | None:
+    def pair_of(self, source: str, kind: type[T]) -> tuple[T, T, float] | None:
         """(previous, current, seconds between them) for rates, when both reads succeeded."""
         cur = self.current.get(source)
         prev = self.previous.get(source)

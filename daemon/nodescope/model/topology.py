@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from nodescope.model.skips import NOTHING_SKIPPED, Skipped
+from nodescope.model.source_key import SourceKey
 
 #: PCI vendor ids this module names (pci.ids).
 VENDOR_NVIDIA = 0x10DE
@@ -474,3 +475,7 @@ def format_cpulist(cpus: Iterable[int]) -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+#: The ``pci`` source's records: the node's PCIe tree.
+PCI = SourceKey("pci", Topology)
