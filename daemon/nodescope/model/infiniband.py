@@ -1,0 +1,320 @@
+"""The records of the ``infiniband`` source: RDMA devices, their ports and counters, and
+the per-second figures of two of them.
+
+``sources/infiniband.py`` reads them from ``/sys/class/infiniband``. A port's bytes are bytes
+here (the kernel's ``port_xmit_data`` and ``port_rcv_data`` count 4-byte words), each counter
+carries its width, and a counter at all-ones is saturated: IBA counters stop there rather than
+wrap, so its increase since is unknown.
+
+The source reads the traffic counters (:data:`TRAFFIC_COUNTERS`) on every run and the rest
+every few runs, carrying the last values in between: :func:`port_rates` takes the traffic
+rates over the interval between two records and the others over the span between the two
+full reads (:mod:`nodescope.model.slow`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from nodescope.model.counters import counter_delta
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped
+from nodescope.model.slow import SlowRead
+from nodescope.model.slow import slow_pair as _slow_pair
+from nodescope.model.source_key import SourceKey
+
+# Widths from the PORT_PMA_ATTR table of drivers/infiniband/core/sysfs.c.
+ERROR_COUNTER_BITS: dict[str, int] = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+}
+#: Error counters of ``counters/``, in the kernel's order.
+ERROR_COUNTERS: tuple[str, ...] = tuple(ERROR_COUNTER_BITS)
+
+#: Counters that are 64 bits wide with extended PMA counters and 32 bits without.
+DATA_COUNTERS: tuple[str, ...] = (
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+)
+#: ``counters/`` files the source reads on every run: the port's bytes, packets and transmit
+#: waits. The error counters and the unicast/multicast split of the packets are read every
+#: few runs: a counters/ file is a PerfMgmt MAD to the HCA on every read.
+TRAFFIC_COUNTERS: frozenset[str] = frozenset((*DATA_COUNTERS, "port_xmit_wait"))
+#: hw_counters entries that are gauges, not counters.
+HW_GAUGE_PREFIXES: tuple[str, ...] = ("active_", "watermark_")
+
+PORT_STATES = ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")
+PORT_STATE_ACTIVE = 4
+PHYS_STATE_LINK_UP = 5
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+
+
+@dataclass(frozen=True, slots=True)
+class PortState:
+    """A numbered state as the kernel prints it: ``code`` 4, ``name`` ``"ACTIVE"``."""
+
+    code: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRate:
+    """``rate``: total data rate over all lanes, lane count and speed name (``None`` when the
+    kernel printed none, which old kernels did for SDR)."""
+
+    gbps: float
+    lanes: int
+    speed: str | None
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.gbps * 1e9 / 8
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """One counter file: its value and its width in bits (``None``: unknown width)."""
+
+    name: str
+    value: int
+    bits: int | None
+
+    @property
+    def saturated(self) -> bool:
+        """At all-ones: IBA counters stop there, so later increases are invisible."""
+        return self.bits is not None and self.bits < 64 and self.value == (1 << self.bits) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class IbPort:
+    device: str
+    port: int
+    state: PortState | None
+    phys_state: PortState | None
+    rate: LinkRate | None
+    link_layer: str | None
+    counters: tuple[Counter, ...]
+    hw_counters: tuple[Counter, ...]
+    hw_counters_lifespan_ms: int | None
+    #: ``port_xmit_data``/``port_rcv_data`` × 4: bytes, not words.
+    xmit_bytes: int | None
+    rcv_bytes: int | None
+
+    def counter(self, name: str) -> Counter | None:
+        return _find(self.counters, name)
+
+    def hw_counter(self, name: str) -> Counter | None:
+        return _find(self.hw_counters, name)
+
+
+@dataclass(frozen=True, slots=True)
+class IbDevice:
+    name: str
+    node_guid: str | None
+    fw_ver: str | None
+    hca_type: str | None
+    board_id: str | None
+    #: The PCI function behind ``<dev>/device``; ``None`` for soft devices and captures.
+    pci_address: str | None
+    netdevs: tuple[str, ...]
+    hw_counters: tuple[Counter, ...]
+    ports: tuple[IbPort, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InfinibandData:
+    devices: tuple[IbDevice, ...]
+    #: when the values other than the traffic counters were read (the source's clock), and
+    #: the record of the full read before; ``None`` in a record that does not say
+    slow: SlowRead[InfinibandData] | None = field(default=None, compare=False, repr=False)
+    #: attributes and counters of this run left absent because they were malformed or refused
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
+
+    def ports(self) -> Iterable[IbPort]:
+        for device in self.devices:
+            yield from device.ports
+
+
+def _find(counters: tuple[Counter, ...], name: str) -> Counter | None:
+    for counter in counters:
+        if counter.name == name:
+            return counter
+    return None
+
+
+def hw_counter_is_gauge(name: str) -> bool:
+    return name.startswith(HW_GAUGE_PREFIXES)
+
+
+# --------------------------------------------------------------------------------------------
+# Rates
+
+
+@dataclass(frozen=True, slots=True)
+class CounterRate:
+    name: str
+    per_second: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PortRates:
+    """Per-second figures of one port; ``None`` where not knowable (counter absent, reset,
+    or saturated, or no two full reads yet). The traffic figures (:data:`TRAFFIC_COUNTERS`)
+    are over the interval between the two records, the others (``errors_per_second``, the
+    other ``counters`` and the ``hw_counters``) over the span between the two full reads
+    (``InfinibandRates.slow_seconds``)."""
+
+    device: str
+    port: int
+    xmit_bytes_per_second: float | None
+    rcv_bytes_per_second: float | None
+    xmit_packets_per_second: float | None
+    rcv_packets_per_second: float | None
+    xmit_wait_per_second: float | None
+    #: Share of the link's data rate in use, 0..1 (can exceed 1 slightly through timing).
+    xmit_utilization: float | None
+    rcv_utilization: float | None
+    #: Sum over the error counters that could be measured.
+    errors_per_second: float | None
+    counters: tuple[CounterRate, ...]
+    hw_counters: tuple[CounterRate, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InfinibandRates:
+    seconds: float
+    ports: tuple[PortRates, ...]
+    #: the span the rates of all but the traffic counters are over: ``seconds`` when both
+    #: records read everything; ``None`` before two full reads
+    slow_seconds: float | None = None
+
+    def port(self, device: str, port: int) -> PortRates | None:
+        for rates in self.ports:
+            if rates.device == device and rates.port == port:
+                return rates
+        return None
+
+
+def _delta(prev: Counter | None, cur: Counter | None) -> int | None:
+    if prev is None or cur is None or cur.saturated:
+        return None
+    return counter_delta(prev.value, cur.value, cur.bits)
+
+
+def _rate(
+    prev: Counter | None, cur: Counter | None, seconds: float, scale: int = 1
+) -> float | None:
+    delta = _delta(prev, cur)
+    return None if delta is None else delta * scale / seconds
+
+
+def _port_rates(
+    prev: IbPort, cur: IbPort, seconds: float, slow_prev: IbPort | None, slow_seconds: float
+) -> PortRates:
+    """``slow_prev`` is the port at the full read before the one ``cur`` carries, taken
+    ``slow_seconds`` before it (``None``: not in that read, or none yet)."""
+
+    def rate(name: str, scale: int = 1) -> float | None:
+        return _rate(prev.counter(name), cur.counter(name), seconds, scale)
+
+    def counter_rate(counter: Counter) -> float | None:
+        if counter.name in TRAFFIC_COUNTERS:
+            return _rate(prev.counter(counter.name), counter, seconds)
+        if slow_prev is None:
+            return None
+        return _rate(slow_prev.counter(counter.name), counter, slow_seconds)
+
+    xmit_bps = rate("port_xmit_data", 4)
+    rcv_bps = rate("port_rcv_data", 4)
+    capacity = cur.rate.bytes_per_second if cur.rate is not None else None
+    error_deltas = (
+        []
+        if slow_prev is None
+        else [
+            d
+            for name in ERROR_COUNTERS
+            if (d := _delta(slow_prev.counter(name), cur.counter(name))) is not None
+        ]
+    )
+    return PortRates(
+        device=cur.device,
+        port=cur.port,
+        xmit_bytes_per_second=xmit_bps,
+        rcv_bytes_per_second=rcv_bps,
+        xmit_packets_per_second=rate("port_xmit_packets"),
+        rcv_packets_per_second=rate("port_rcv_packets"),
+        xmit_wait_per_second=rate("port_xmit_wait"),
+        xmit_utilization=None if xmit_bps is None or not capacity else xmit_bps / capacity,
+        rcv_utilization=None if rcv_bps is None or not capacity else rcv_bps / capacity,
+        errors_per_second=sum(error_deltas) / slow_seconds if error_deltas else None,
+        counters=tuple(CounterRate(c.name, counter_rate(c)) for c in cur.counters),
+        hw_counters=tuple(
+            CounterRate(
+                c.name,
+                None if slow_prev is None else _rate(slow_prev.hw_counter(c.name), c, slow_seconds),
+            )
+            for c in cur.hw_counters
+            if not hw_counter_is_gauge(c.name)
+        ),
+    )
+
+
+def slow_pair(
+    previous: InfinibandData, current: InfinibandData, seconds: float
+) -> tuple[InfinibandData, float] | None:
+    """The record to take the change of ``current``'s counters other than the traffic ones
+    against, and the seconds between them: ``previous`` (read ``seconds`` before) when both
+    were full reads, else the record of the full read before the one ``current`` carries
+    (see :mod:`nodescope.model.slow`)."""
+    return _slow_pair(previous, previous.slow, current.slow, seconds)
+
+
+def port_rates(prev: InfinibandData, cur: InfinibandData, seconds: float) -> InfinibandRates:
+    """Rates of every port present in both samples (a port that appeared has none yet);
+    the counters read only on full reads over the span between the two latest."""
+    if seconds <= 0:
+        return InfinibandRates(seconds, ())
+    before = {(p.device, p.port): p for p in prev.ports()}
+    slow = slow_pair(prev, cur, seconds)
+    if slow is None:
+        slow_before: dict[tuple[str, int], IbPort] = {}
+        slow_seconds = None
+    else:
+        slow_before = (
+            before if slow[0] is prev else {(p.device, p.port): p for p in slow[0].ports()}
+        )
+        slow_seconds = slow[1]
+    return InfinibandRates(
+        seconds,
+        tuple(
+            _port_rates(
+                before[key],
+                p,
+                seconds,
+                slow_before.get(key),
+                seconds if slow_seconds is None else slow_seconds,
+            )
+            for p in cur.ports()
+            if (key := (p.device, p.port)) in before
+        ),
+        slow_seconds,
+    )
+
+
+#: The ``infiniband`` source's records: the node's RDMA devices and ports.
+INFINIBAND = SourceKey("infiniband", InfinibandData)
