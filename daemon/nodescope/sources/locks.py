@@ -24,7 +24,7 @@ A line of ``/proc/locks`` or ``mountinfo`` that does not parse (a kernel with a 
 class, say) is left out and counted in ``LocksData.skipped``; only a ``/proc/locks`` that
 cannot be read at all takes the source down. A process name is whatever its process chose
 (``prctl(PR_SET_NAME)`` takes newlines too): it is read as the kernel writes it, never
-rejected.
+rejected. The records the source hands on are declared in :mod:`nodescope.model.locks`.
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from nodescope.errors import ParseError
 from nodescope.fileio import PROC_PROCESS, PROC_TABLE
-from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
+from nodescope.model.locks import LOCKS, ContendedLock, LockParty, LocksData
+from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_text
 
-NAME = "locks"
+NAME = LOCKS.name
 
 #: At most this many open files of a holder are examined for the locked file's path.
 MAX_FDS_SCANNED = 4096
@@ -118,62 +119,6 @@ class MountInfo:
     mountpoint: str
     fstype: str
     source: str
-
-
-@dataclass(frozen=True, slots=True)
-class LockParty:
-    """A process on one side of a contended lock: pid, ``comm`` (``None``: not readable or
-    not a local process) and the type it holds or asks for."""
-
-    pid: int
-    comm: str | None
-    access: str
-
-
-@dataclass(frozen=True, slots=True)
-class ContendedLock:
-    """A granted lock with requests blocked behind it, resolved as far as the node allows.
-
-    ``waiters`` are every request blocked in its tree, at any depth. ``mountpoint``/``fstype``
-    /``mount_source`` come from mountinfo, ``path`` from the holder's open files (``None``
-    when the holder is not local, has closed the file, or cannot be read).
-    """
-
-    id: int
-    kind: str
-    holder: LockParty
-    waiters: tuple[LockParty, ...]
-    major: int | None
-    minor: int | None
-    inode: int | None
-    start: int
-    end: int | None
-    mountpoint: str | None = None
-    fstype: str | None = None
-    mount_source: str | None = None
-    path: str | None = None
-
-    @property
-    def device(self) -> str | None:
-        if self.major is None or self.minor is None:
-            return None
-        return f"{self.major:02x}:{self.minor:02x}"
-
-    @property
-    def is_nfs(self) -> bool:
-        return self.fstype in ("nfs", "nfs4")
-
-
-@dataclass(frozen=True, slots=True)
-class LocksData:
-    """Counts of every lock by kind (granted ones only), the number of blocked requests, and
-    the contended locks resolved."""
-
-    counts: tuple[tuple[str, int], ...]
-    blocked: int
-    contended: tuple[ContendedLock, ...]
-    #: lines of /proc/locks and mountinfo left out of this run as malformed
-    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 
 
 # --- parsers (pure) -------------------------------------------------------------------------
@@ -477,3 +422,30 @@ class LocksSource:
 
 def make_source() -> LocksSource:
     return LocksSource()
+
+
+__all__ = [
+    "MAX_CONTENDED",
+    "MAX_FDS_SCANNED",
+    "NAME",
+    "SKIP_LOCK_LINE_UNPARSABLE",
+    "SKIP_LOCK_WAITER_ORPHANED",
+    "SKIP_MOUNTINFO_LINE_UNPARSABLE",
+    "ContendedLock",
+    "LockEntry",
+    "LockParty",
+    "LocksData",
+    "LocksSource",
+    "MountInfo",
+    "contended",
+    "locked_path",
+    "make_source",
+    "mount_of",
+    "parse_comm",
+    "parse_locks",
+    "parse_mountinfo",
+    "parse_mountinfo_line",
+    "read_locks",
+    "resolve",
+    "unescape_mount_field",
+]
