@@ -16,7 +16,8 @@ Two inputs:
 Per link the record counts transitions to up and to down since the source started, and the
 transitions within the last :data:`WINDOW_SECONDS` (the flap detector's input). Virtual
 links (veth, bridges, tunnels: containers make them by the thousand) are left out unless the
-source is told to include them, so the ``interface`` label stays bounded.
+source is told to include them, so the ``interface`` label stays bounded. The records the
+source hands on are declared in :mod:`nodescope.model.link_events`.
 """
 
 from __future__ import annotations
@@ -30,17 +31,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nodescope.errors import ParseError
 from nodescope.fileio import SYSFS_ATTRIBUTE, FileTooLarge, NotARegularFile, read_bytes
-from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
+from nodescope.model.link_events import LINK_EVENTS, LinkEventsData, LinkTransitions
+from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.infiniband import parse_state
 from nodescope.sources.netlink import LinkMessage, NetLink, parse_link
 
-NAME = "link_events"
+NAME = LINK_EVENTS.name
 WINDOW_SECONDS = 300.0
 #: Links followed at most; more are ignored (and counted as ``untracked``).
 MAX_LINKS = 256
@@ -93,34 +95,6 @@ def parse_link_event(
     if message.get("event") == "RTM_DELLINK":
         return LinkEvent(link.name, "netdev", "removed", monotonic)
     return LinkEvent(link.name, "netdev", link_state(link), monotonic)
-
-
-@dataclass(frozen=True, slots=True)
-class LinkTransitions:
-    """One link: its latest state, transitions since start, and those in the window."""
-
-    interface: str
-    kind: str
-    state: str
-    up_total: int
-    down_total: int
-    recent: int
-
-
-@dataclass(frozen=True, slots=True)
-class LinkEventsData:
-    links: tuple[LinkTransitions, ...]
-    window_seconds: float
-    monitor: bool
-    untracked: int
-    #: link messages and port states of this run left out as malformed or refused
-    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
-
-    def link(self, interface: str) -> LinkTransitions | None:
-        for link in self.links:
-            if link.interface == interface:
-                return link
-        return None
 
 
 # Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
@@ -425,3 +399,26 @@ class LinkEventsSource:
 
 def make_source() -> LinkEventsSource:
     return LinkEventsSource()
+
+
+__all__ = [
+    "MAX_LINKS",
+    "MAX_RECENT",
+    "NAME",
+    "SKIP_FILE_REFUSED",
+    "SKIP_IB_STATE_UNPARSABLE",
+    "SKIP_MESSAGE_UNPARSABLE",
+    "VIRTUAL_KINDS",
+    "WINDOW_SECONDS",
+    "FlapCounter",
+    "LinkEvent",
+    "LinkEventsData",
+    "LinkEventsSource",
+    "LinkTransitions",
+    "NetlinkMonitor",
+    "ib_port_state",
+    "link_state",
+    "make_source",
+    "open_link_socket",
+    "parse_link_event",
+]

@@ -1,0 +1,46 @@
+"""The records of the ``link_events`` source: per network interface and InfiniBand port,
+its latest state and how often it went up and down.
+
+``sources/link_events.py`` follows the links (an rtnetlink monitor for interfaces, the
+``state`` file of each InfiniBand port) and counts the transitions since it started and
+those within its window, the flap detector's input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped
+from nodescope.model.source_key import SourceKey
+
+
+@dataclass(frozen=True, slots=True)
+class LinkTransitions:
+    """One link: its latest state, transitions since start, and those in the window."""
+
+    interface: str
+    kind: str
+    state: str
+    up_total: int
+    down_total: int
+    recent: int
+
+
+@dataclass(frozen=True, slots=True)
+class LinkEventsData:
+    links: tuple[LinkTransitions, ...]
+    window_seconds: float
+    monitor: bool
+    untracked: int
+    #: link messages and port states of this run left out as malformed or refused
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
+
+    def link(self, interface: str) -> LinkTransitions | None:
+        for link in self.links:
+            if link.interface == interface:
+                return link
+        return None
+
+
+#: The ``link_events`` source's records: link transitions and flap counts.
+LINK_EVENTS = SourceKey("link_events", LinkEventsData)
