@@ -35,17 +35,25 @@ import stat
 import struct
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nodescope._nvlink_counter_cffi import ffi
 from nodescope.errors import ParseError
 
-# Re-exported: the header's path and how it is read belong to the ABI's public face.
+# Re-exported (the ``as`` names): the header's path and how it is read belong to the ABI's
+# public face, and so do the records it decodes into, which the model declares so that
+# readers of snapshots need not load these declarations.
 from nodescope.kmod_abi_build import HEADER_PATH as HEADER_PATH
 from nodescope.kmod_abi_build import IoctlDef as IoctlDef
 from nodescope.kmod_abi_build import split_header as split_header
+from nodescope.model import nvlink_kmod as records
+from nodescope.model.nvlink_kmod import COUNTER_NAMES as COUNTER_NAMES
+from nodescope.model.nvlink_kmod import SOURCE_NAMES as SOURCE_NAMES
+from nodescope.model.nvlink_kmod import NvlcHeader as NvlcHeader
+from nodescope.model.nvlink_kmod import NvlcRecord as NvlcRecord
+from nodescope.model.nvlink_kmod import NvlcSnapshot as NvlcSnapshot
 
 _IOC_NRBITS, _IOC_TYPEBITS, _IOC_SIZEBITS = 8, 8, 14
 _IOC_NRSHIFT = 0
@@ -83,16 +91,6 @@ HEADER_SIZE: int = ffi.sizeof("struct nvlc_header")
 RECORD_SIZE: int = ffi.sizeof("struct nvlc_record")
 SNAPSHOT_MAX = HEADER_SIZE + MAX_LINKS * RECORD_SIZE
 
-#: NVLC_COUNTER_* order of ``nvlc_record.counters``.
-COUNTER_NAMES: tuple[str, ...] = (
-    "tx_bytes",
-    "rx_bytes",
-    "stall_cycles",
-    "replay_errors",
-    "crc_errors",
-)
-SOURCE_NAMES = {lib.NVLC_SOURCE_NONE: "none", lib.NVLC_SOURCE_SIM: "sim", 2: "mmio"}
-
 
 def _ioctl_number(d: IoctlDef) -> int:
     size = ffi.sizeof(f"struct {d.struct}") if d.struct else 0
@@ -108,86 +106,43 @@ def struct_fields(name: str) -> list[tuple[str, int, int]]:
 
 
 # --------------------------------------------------------------------------------------------
-# Typed records. Field names are the C names; reserved fields are not carried.
+# Typed records: declared in nodescope.model.nvlink_kmod, decoded and encoded here
 
 
-def _zeros(n: int) -> tuple[int, ...]:
-    return (0,) * n
+def _check_record_values() -> None:
+    """The records state the ABI values they use as plain numbers, so that their readers
+    need not load these declarations; each must be the header's, or records would be built
+    with wrong sizes and read with wrong flags or units."""
+    defines = {
+        "NVLC_MAGIC": records.MAGIC,
+        "NVLC_ABI_VERSION": records.ABI_VERSION,
+        "NVLC_NUM_COUNTERS": records.NUM_COUNTERS,
+        "NVLC_HIST_BUCKETS": records.HIST_BUCKETS,
+        "NVLC_UTIL_ONE": records.UTIL_ONE,
+        "NVLC_HDR_DEVICE_GONE": records.HDR_DEVICE_GONE,
+        "NVLC_HDR_THRESHOLD_EVENT": records.HDR_THRESHOLD_EVENT,
+        "NVLC_LINK_DEVICE_GONE": records.LINK_DEVICE_GONE,
+        "NVLC_LINK_COUNTER_SHIFT": records.LINK_COUNTER_SHIFT,
+        **{f"NVLC_COUNTER_{name.upper()}": i for i, name in enumerate(records.COUNTER_NAMES)},
+        **{f"NVLC_SOURCE_{name.upper()}": n for n, name in records.SOURCE_NAMES.items()},
+    }
+    # (what, the model's value, the header's)
+    pairs: list[tuple[str, int, object]] = [
+        (name, value, getattr(lib, name, None)) for name, value in defines.items()
+    ]
+    pairs += [
+        ("len(COUNTER_NAMES)", len(records.COUNTER_NAMES), NUM_COUNTERS),
+        ("sizeof(struct nvlc_header)", records.HEADER_SIZE, HEADER_SIZE),
+        ("sizeof(struct nvlc_record)", records.RECORD_SIZE, RECORD_SIZE),
+    ]
+    differ = [
+        f"{what}: {model} (header: {header})" for what, model, header in pairs if model != header
+    ]
+    if differ:
+        raise RuntimeError(f"nodescope.model.nvlink_kmod differs from the header: {differ}")
 
 
-@dataclass(frozen=True, slots=True)
-class NvlcHeader:
-    """``struct nvlc_header``. Times in ns (CLOCK_MONOTONIC), thresholds in the header's units:
-    stall cycles per microsecond, utilisation in 1/65536 of capacity."""
-
-    magic: int = MAGIC
-    abi_version: int = ABI_VERSION
-    header_size: int = HEADER_SIZE
-    record_size: int = RECORD_SIZE
-    record_count: int = 0
-    flags: int = 0
-    source: int = 0
-    sequence: int = 0
-    ticks: int = 0
-    timestamp_ns: int = 0
-    period_ns: int = 0
-    window_ns: int = 0
-    window_samples: int = 0
-    window_ticks: int = 0
-    stall_threshold: int = 0
-    util_threshold: int = 0
-
-    @property
-    def source_name(self) -> str:
-        return SOURCE_NAMES.get(self.source, f"unknown-{self.source}")
-
-    @property
-    def device_gone(self) -> bool:
-        return bool(self.flags & lib.NVLC_HDR_DEVICE_GONE)
-
-    @property
-    def threshold_event(self) -> bool:
-        return bool(self.flags & lib.NVLC_HDR_THRESHOLD_EVENT)
-
-
-@dataclass(frozen=True, slots=True)
-class NvlcRecord:
-    """``struct nvlc_record``: one (device, link). ``counters`` in :data:`COUNTER_NAMES` order;
-    histograms have :data:`HIST_BUCKETS` buckets (see the header for the bucket bounds)."""
-
-    device: int = 0
-    link: int = 0
-    flags: int = 0
-    capacity_bps: int = 0
-    counters: tuple[int, ...] = field(default_factory=lambda: _zeros(NUM_COUNTERS))
-    samples: int = 0
-    window_samples: int = 0
-    window_max_delta: tuple[int, ...] = field(default_factory=lambda: _zeros(NUM_COUNTERS))
-    window_max_util: int = 0
-    window_max_stall: int = 0
-    window_over_stall: int = 0
-    window_over_util: int = 0
-    window_util_hist: tuple[int, ...] = field(default_factory=lambda: _zeros(HIST_BUCKETS))
-    window_stall_hist: tuple[int, ...] = field(default_factory=lambda: _zeros(HIST_BUCKETS))
-    util_hist: tuple[int, ...] = field(default_factory=lambda: _zeros(HIST_BUCKETS))
-    stall_hist: tuple[int, ...] = field(default_factory=lambda: _zeros(HIST_BUCKETS))
-
-    def counter(self, name: str) -> int:
-        return self.counters[COUNTER_NAMES.index(name)]
-
-    @property
-    def device_gone(self) -> bool:
-        return bool(self.flags & lib.NVLC_LINK_DEVICE_GONE)
-
-    def has_counter(self, name: str) -> bool:
-        bit = lib.NVLC_LINK_COUNTER_SHIFT + COUNTER_NAMES.index(name)
-        return bool(self.flags & (1 << bit))
-
-
-@dataclass(frozen=True, slots=True)
-class NvlcSnapshot:
-    header: NvlcHeader
-    records: tuple[NvlcRecord, ...]
+_check_record_values()
 
 
 _set_class = object.__setattr__

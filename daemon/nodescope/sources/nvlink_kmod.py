@@ -16,6 +16,9 @@ process's own (EMFILE), or the node's permissions (EACCES, EPERM) — raises
 that run with that reason, holds nothing, and opens the device again on its next run. The
 module keeps open files for root alone (``root_reserve``), so other users cannot keep the
 daemon out: a refusal means the node's permissions or root's own readers holding every file.
+
+The records and their rates are declared in :mod:`nodescope.model.nvlink_kmod`; this module
+names them too, for the code that builds and tests the source.
 """
 
 from __future__ import annotations
@@ -23,39 +26,25 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from nodescope.fileio import FileKind, read_bytes
-from nodescope.kmod_abi import (
-    ABI_MAJOR,
-    SNAPSHOT_MAX,
-    UTIL_ONE,
-    Device,
+from nodescope.kmod_abi import ABI_MAJOR, SNAPSHOT_MAX, Device, parse_snapshot
+from nodescope.model.nvlink_kmod import (
+    NVLINK_KMOD,
+    LinkRates,
     NvlcSnapshot,
-    parse_snapshot,
+    NvlinkKmodData,
+    NvlinkKmodRates,
+    interval_seconds,
+    link_rates,
+    snapshot_rates,
 )
-from nodescope.model.counters import counter_rate
 from nodescope.roots import Roots
 from nodescope.sources.base import Source
 
-NAME = "nvlink_kmod"
+NAME = NVLINK_KMOD.name
 DEVICE_NAME = "nvlink_stats"
-
-
-@dataclass(frozen=True, slots=True)
-class NvlinkKmodData:
-    """What ``<dev>/nvlink_stats`` held: ``kind`` is ``device`` (the module), ``file`` (a
-    snapshot file) or ``absent`` (then ``snapshot`` is None and NVLink figures come from NVML
-    alone)."""
-
-    path: str
-    kind: str
-    snapshot: NvlcSnapshot | None
-
-    @property
-    def serving(self) -> bool:
-        return self.snapshot is not None and bool(self.snapshot.records)
 
 
 #: A snapshot file (a capture, the simulated node's) holds at most what the device hands out.
@@ -120,100 +109,17 @@ def make_source() -> Source:
     return NvlinkKmodSource()
 
 
-# --------------------------------------------------------------------------------------------
-# Rates
-
-
-@dataclass(frozen=True, slots=True)
-class LinkRates:
-    """Figures of one link between two reads.
-
-    Rates are averages over the interval; ``window_*`` figures are the module's per-sample
-    statistics over the same interval (the kernel sampled every ``period_ns``). Utilisation is
-    a fraction of the link's capacity per direction (the larger of TX and RX); stall rates are
-    stall cycles per microsecond.
-    """
-
-    device: int
-    link: int
-    tx_bytes_per_second: float | None
-    rx_bytes_per_second: float | None
-    stall_cycles_per_microsecond: float | None
-    replay_errors_per_second: float | None
-    crc_errors_per_second: float | None
-    utilisation: float | None
-    window_samples: int
-    window_max_utilisation: float
-    window_max_stall_cycles_per_microsecond: int
-    window_stall_over_threshold_ratio: float | None
-    window_utilisation_over_threshold_ratio: float | None
-    device_gone: bool
-
-
-@dataclass(frozen=True, slots=True)
-class NvlinkKmodRates:
-    seconds: float
-    samples_per_second: float | None
-    missed_ticks: int
-    links: tuple[LinkRates, ...]
-
-
-def interval_seconds(prev: NvlcSnapshot, cur: NvlcSnapshot, seconds: float) -> float:
-    """The time between two snapshots: the module's sample timestamps when they are usable
-    (they date the counters exactly), else the reader's measured ``seconds``."""
-    if cur.header.timestamp_ns > prev.header.timestamp_ns > 0:
-        return (cur.header.timestamp_ns - prev.header.timestamp_ns) / 1e9
-    return seconds
-
-
-def snapshot_rates(prev: NvlcSnapshot, cur: NvlcSnapshot, seconds: float) -> NvlinkKmodRates:
-    """Pure: per-link rates and window figures from two snapshots of one reader."""
-    secs = interval_seconds(prev, cur, seconds)
-    before = {(r.device, r.link): r for r in prev.records}
-    links: list[LinkRates] = []
-    for r in cur.records:
-        p = before.get((r.device, r.link))
-        if p is None:
-            tx = rx = stall = replay = crc = None
-        else:
-            tx, rx, stall, replay, crc = (
-                counter_rate(a, b, secs) for a, b in zip(p.counters, r.counters, strict=True)
-            )
-        util = None
-        if tx is not None and rx is not None and r.capacity_bps > 0:
-            util = max(tx, rx) / r.capacity_bps
-        ws = r.window_samples
-        links.append(
-            LinkRates(
-                device=r.device,
-                link=r.link,
-                tx_bytes_per_second=tx,
-                rx_bytes_per_second=rx,
-                stall_cycles_per_microsecond=None if stall is None else stall / 1e6,
-                replay_errors_per_second=replay,
-                crc_errors_per_second=crc,
-                utilisation=util,
-                window_samples=ws,
-                window_max_utilisation=r.window_max_util / UTIL_ONE,
-                window_max_stall_cycles_per_microsecond=r.window_max_stall,
-                window_stall_over_threshold_ratio=r.window_over_stall / ws if ws else None,
-                window_utilisation_over_threshold_ratio=r.window_over_util / ws if ws else None,
-                device_gone=r.device_gone,
-            )
-        )
-    samples = None
-    if cur.header.sequence >= prev.header.sequence and secs > 0:
-        samples = (cur.header.sequence - prev.header.sequence) / secs
-    missed = max(0, cur.header.window_ticks - cur.header.window_samples)
-    return NvlinkKmodRates(secs, samples, missed, tuple(links))
-
-
-def link_rates(prev: NvlinkKmodData, cur: NvlinkKmodData, seconds: float) -> NvlinkKmodRates | None:
-    """The deriver of this source (``derive.DERIVERS``). A snapshot file read twice before it
-    was rewritten (same sequence and sample time) has no new samples: no rates, not zeros."""
-    if prev.snapshot is None or cur.snapshot is None:
-        return None
-    p, c = prev.snapshot.header, cur.snapshot.header
-    if c.timestamp_ns and (p.sequence, p.timestamp_ns) == (c.sequence, c.timestamp_ns):
-        return None
-    return snapshot_rates(prev.snapshot, cur.snapshot, seconds)
+__all__ = [
+    "DEVICE_NAME",
+    "NAME",
+    "SNAPSHOT_FILE",
+    "LinkRates",
+    "NvlinkKmodData",
+    "NvlinkKmodRates",
+    "NvlinkKmodSource",
+    "interval_seconds",
+    "link_rates",
+    "make_source",
+    "read_snapshot_file",
+    "snapshot_rates",
+]
