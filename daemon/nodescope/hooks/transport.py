@@ -1,4 +1,4 @@
-"""The daemon's Unix socket for the Slurm hooks: client, server, who may connect.
+"""The daemon's Unix socket for the Slurm hooks: the protocol, its client and its server.
 
 Protocol: a client connects to ``<run>/nodescope/nodescope.sock``, writes one JSON object
 with a ``command`` field, ``issued_at`` and ``deadline`` (wall clock, seconds since the epoch:
@@ -11,7 +11,7 @@ Who can reach it, in three layers:
 
 * the directory ``<run>/nodescope`` is root's, mode 0750, and a POSIX ACL entry gives the
   SlurmUser search (``--x``) on it; the socket is 0600 with an ACL entry giving the SlurmUser
-  read-write. Nobody else can ``connect()`` at all.
+  read-write (:mod:`nodescope.hooks.auth`). Nobody else can ``connect()`` at all.
 * ``SO_PEERCRED`` is checked as soon as a connection is accepted, before a byte is read: a
   peer that is neither root nor the SlurmUser (a socket opened up by hand, an ACL the
   filesystem does not keep) gets one line and is closed at once. Refusals are counted and
@@ -33,12 +33,10 @@ import json
 import logging
 import math
 import os
-import pwd
 import queue
 import selectors
 import socket
 import stat
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -46,8 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodescope.config import SlurmSettings
+from nodescope.hooks.auth import Peer, grant, peer_of, prepare_directory
+from nodescope.roots import Roots
+from nodescope.sources.jobs import RUN_SUBDIR
 
+#: One logger for every part of the hooks: its name is in each line operators search for.
 log = logging.getLogger("nodescope.hooks")
 
 SOCKET_NAME = "nodescope.sock"
@@ -66,8 +67,6 @@ BACKLOG = 512
 #: Refusals, expired requests and the like are logged at most once per this many seconds,
 #: with the count since the last line.
 LOG_EVERY_SECONDS = 60.0
-
-_UCRED = struct.Struct("3i")
 
 Request = dict[str, Any]
 Response = dict[str, Any]
@@ -137,96 +136,17 @@ def call(path: Path, request: Request, timeout: float = 2.0) -> Response:
 
 
 # ---------------------------------------------------------------------------------------------
-# Who may connect
+# Where the socket is
 
 
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """The connecting process as the kernel saw it at ``connect()`` (``SO_PEERCRED``)."""
-
-    pid: int
-    uid: int
-    gid: int
+def run_dir(roots: Roots) -> Path:
+    """``<run>/nodescope``: the socket's directory, which also holds the registrations and
+    the gate record."""
+    return roots.run / RUN_SUBDIR
 
 
-def peer_of(conn: socket.socket) -> Peer:
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    pid, uid, gid = _UCRED.unpack(raw)
-    return Peer(pid, uid, gid)
-
-
-def slurm_uid(slurm_user: str) -> int | None:
-    """The SlurmUser's uid, or ``None`` when the name does not resolve on this host."""
-    try:
-        return pwd.getpwnam(slurm_user).pw_uid
-    except KeyError:
-        return None
-
-
-def allowed_uids(settings: SlurmSettings) -> frozenset[int]:
-    """Root and the SlurmUser (``settings.slurm_user``, when the name resolves here)."""
-    uid = slurm_uid(settings.slurm_user)
-    return frozenset({0} if uid is None else {0, uid})
-
-
-# POSIX ACL as the kernel takes it in the ``system.posix_acl_access`` attribute
-# (include/uapi/linux/posix_acl_xattr.h): a version, then (tag, permissions, id) entries
-# sorted by tag, then id.
-_ACL_VERSION = 2
-_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
-_ACL_UNDEFINED_ID = 0xFFFFFFFF
-
-
-def _acl_granting(mode: int, uid: int, permissions: int) -> bytes:
-    """The ACL of a file of ``mode`` plus one named-user entry; the mask admits it."""
-    owner, group, other = (mode >> 6) & 7, (mode >> 3) & 7, mode & 7
-    entries = [
-        (_ACL_USER_OBJ, owner, _ACL_UNDEFINED_ID),
-        (_ACL_USER, permissions, uid),
-        (_ACL_GROUP_OBJ, group, _ACL_UNDEFINED_ID),
-        (_ACL_MASK, group | permissions, _ACL_UNDEFINED_ID),
-        (_ACL_OTHER, other, _ACL_UNDEFINED_ID),
-    ]
-    return struct.pack("<I", _ACL_VERSION) + b"".join(
-        struct.pack("<HHI", tag, perm, ident) for tag, perm, ident in entries
-    )
-
-
-def grant(path: Path, uid: int, permissions: int) -> None:
-    """Give user ``uid`` ``permissions`` (rwx bits, 0-7) on ``path`` with an ACL entry.
-
-    An ACL rather than a group: the SlurmUser's primary group may be shared with every user
-    of the node, and the daemon may not ``chown`` (the unit leaves it no ``CAP_CHOWN``)."""
-    mode = stat.S_IMODE(os.lstat(path).st_mode)
-    os.setxattr(path, "system.posix_acl_access", _acl_granting(mode, uid, permissions))
-
-
-def prepare_directory(directory: Path) -> bool:
-    """Create ``directory`` root-only (0750) or check the existing one: owned by this
-    process's user and writable by nobody else, else :class:`PermissionError`. Returns
-    whether it was created here."""
-    made = False
-    try:
-        os.mkdir(directory, 0o750)
-        made = True
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        os.makedirs(directory.parent, exist_ok=True)
-        os.mkdir(directory, 0o750)
-        made = True
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode):
-        raise PermissionError(f"{directory}: not a directory (a link?): refusing the socket")
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise PermissionError(
-            f"{directory}: owned by uid {info.st_uid} with mode"
-            f" {stat.S_IMODE(info.st_mode):04o}: must be owned by uid {os.geteuid()} and"
-            " writable by nobody else"
-        )
-    if made:
-        os.chmod(directory, 0o750)  # whatever the umask
-    return made
+def socket_path(roots: Roots) -> Path:
+    return run_dir(roots) / SOCKET_NAME
 
 
 # ---------------------------------------------------------------------------------------------

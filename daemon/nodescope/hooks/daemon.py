@@ -1,0 +1,80 @@
+"""The hooks as the service runs them: the socket server with its commands, and the tracker
+it feeds every analysed snapshot.
+
+``ping`` is the server's own; ``prolog``, ``epilog`` and ``clear_xids`` are the tracker's;
+``probe`` and ``probe_result`` come from :mod:`nodescope.probe_runner`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from nodescope.config import Config
+from nodescope.hooks.auth import allowed_uids, slurm_uid
+from nodescope.hooks.tracker import JobTracker
+from nodescope.hooks.transport import HookServer, run_dir, socket_path
+from nodescope.model.snapshot import Snapshot
+from nodescope.probe_runner import ProbeHook
+from nodescope.sources.jobs import registrations_dir
+from nodescope_exporters.reports import remove_orphan_temporaries
+
+#: One logger for every part of the hooks: its name is in each line operators search for.
+log = logging.getLogger("nodescope.hooks")
+
+
+class Hooks:
+    """The socket server and the tracker, as the service starts and feeds them."""
+
+    def __init__(self, config: Callable[[], Config]) -> None:
+        self.tracker = JobTracker(config)
+        self._config = config
+        self.server = HookServer(
+            socket_path(config().roots),
+            lambda peer: peer.uid in allowed_uids(self._config().slurm),
+            lambda: self._config().slurm.timeout_seconds,
+            grant_uid=lambda: slurm_uid(self._config().slurm.slurm_user),
+        )
+        self.server.register("prolog", self.tracker.prolog)
+        self.server.register("epilog", self.tracker.epilog)
+        self.server.register("clear_xids", self.tracker.clear_xids)
+        self.probe = ProbeHook(config)
+        self.server.register("probe", self.probe.start)
+        self.server.register("probe_result", self.probe.result)
+
+    @classmethod
+    def start(cls, config: Callable[[], Config]) -> Hooks | None:
+        """Start the socket; a daemon that cannot bind it still collects (and says why)."""
+        hooks = cls(config)
+        hooks.sweep()
+        try:
+            hooks.server.start()
+        except OSError as exc:
+            log.error("event=hooks_unavailable socket=%s error=%r", hooks.server.path, str(exc))
+            return None
+        log.info("event=hooks_listening socket=%s", hooks.server.path)
+        return hooks
+
+    def sweep(self) -> None:
+        """Remove temporary files of writers that died (``kill -9``, power loss) and say
+        now, not at the first epilog, when the reports directory is unsafe."""
+        config = self._config()
+        for directory in (
+            registrations_dir(config.roots),
+            run_dir(config.roots),
+            Path(config.slurm.reports_dir),
+        ):
+            try:
+                removed = remove_orphan_temporaries(directory)
+            except OSError as exc:
+                log.error("event=directory_unsafe path=%s error=%r", directory, str(exc))
+                continue
+            if removed:
+                log.info("event=orphans_removed path=%s count=%d", directory, len(removed))
+
+    def observe(self, snapshot: Snapshot) -> None:
+        self.tracker.observe(snapshot)
+
+    def stop(self) -> None:
+        self.server.stop()
