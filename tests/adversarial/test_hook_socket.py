@@ -11,16 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pwd
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,22 +34,16 @@ from nodescope.hooks import (
 )
 from nodescope.roots import Roots
 from tests.conftest import nodescope_command
+from tests.hook_peers import NOBODY, as_nobody, enterable_dir, hook_env, run_hook
 from tests.integration.daemon_harness import Daemon
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as nobody")
 
-NOBODY = pwd.getpwnam("nobody").pw_uid
-
 
 @pytest.fixture
 def world_dir() -> Iterator[Path]:
-    """A directory ``nobody`` can enter (pytest's tmp_path is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="nodescope-adv-", dir="/tmp"))
-    os.chmod(path, 0o755)
-    try:
+    with enterable_dir() as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _root_only(peer: Peer) -> bool:
@@ -64,23 +55,6 @@ def _open_up(server: HookServer) -> None:
     connect, so only SO_PEERCRED stands between a stranger and the daemon."""
     os.chmod(server.path.parent, 0o755)
     os.chmod(server.path, 0o666)
-
-
-def _as_nobody(action: Callable[[], None]) -> int:
-    """Run ``action`` in a forked child as nobody; its exit status."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        status = 1
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            action()
-            status = 0
-        finally:
-            os._exit(status)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
 
 
 def test_idle_strangers_cannot_starve_root(world_dir: Path) -> None:
@@ -102,7 +76,7 @@ def test_idle_strangers_cannot_starve_root(world_dir: Path) -> None:
 
     try:
         _open_up(server)
-        holder = threading.Thread(target=lambda: _as_nobody(hold_forty))
+        holder = threading.Thread(target=lambda: as_nobody(hold_forty))
         holder.start()
         assert os.read(ready_r, 1) == b"x"
         started = time.monotonic()
@@ -136,7 +110,7 @@ def test_a_stranger_is_refused_before_anything_is_read(world_dir: Path) -> None:
 
     try:
         _open_up(server)
-        assert _as_nobody(talk) == 0
+        assert as_nobody(talk) == 0
         os.close(answer_w)
         assert json.loads(os.read(answer_r, 4096)) == {"ok": False, "error": "permission denied"}
         assert reached == [] and server.refused.total == 1
@@ -162,7 +136,7 @@ def test_refusals_are_logged_as_a_count_not_a_line_each(
 
     try:
         _open_up(server)
-        assert _as_nobody(knock) == 0
+        assert as_nobody(knock) == 0
     finally:
         server.stop()
     lines = [r.getMessage() for r in caplog.records if "event=hook_refused" in r.getMessage()]
@@ -200,7 +174,7 @@ def test_per_uid_limit_keeps_one_allowed_user_from_holding_every_slot(world_dir:
 
     try:
         _open_up(server)
-        assert _as_nobody(crowd) == 0
+        assert as_nobody(crowd) == 0
         os.close(result_w)
         held, busy = map(int, os.read(result_r, 64).split())
         assert (held, busy) == (8, 12)
@@ -348,15 +322,8 @@ def _daemon_config(work: Path) -> Path:
     return config
 
 
-def _hook(
-    action: str, config: Path, job: str, timeout: float = 30
-) -> subprocess.CompletedProcess[str]:
-    env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
-           "SLURMD_NODENAME": "nowhere", "SLURM_JOB_EXIT_CODE": "0"}  # fmt: skip
-    return subprocess.run(
-        [*nodescope_command(), "slurm", action, "--config", str(config)],
-        env=env, capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+def _hook(action: str, config: Path, job: str) -> subprocess.CompletedProcess[str]:
+    return run_hook(action, config, hook_env(job, SLURM_JOB_EXIT_CODE="0"))
 
 
 def test_a_stalled_daemon_does_not_act_on_requests_given_up(tmp_path: Path) -> None:

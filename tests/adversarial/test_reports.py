@@ -6,7 +6,6 @@ from __future__ import annotations
 import configparser
 import json
 import os
-import pwd
 import signal
 import subprocess
 import sys
@@ -27,33 +26,16 @@ from nodescope_exporters.reports import (
     remove_orphan_temporaries,
     write_report,
 )
-from tests.conftest import nodescope_command
+from tests.hook_peers import NOBODY, as_nobody, hook_env, run_hook
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (nobody, mount)")
 
 REPO = Path(__file__).resolve().parents[2]
-NOBODY = pwd.getpwnam("nobody").pw_uid
 
 
 def _report(job: str, issued_at: float, daemon: bool = True, note: str = "") -> dict[str, object]:
     return {"format": "nodescope-job-report/1", "job_id": job, "issued_at": issued_at,
             "daemon": daemon, "note": note}  # fmt: skip
-
-
-def _as_nobody_symlink(target: str, link: Path) -> None:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        status = 1
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.symlink(target, link)
-            status = 0
-        finally:
-            os._exit(status)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_link_planted_in_a_world_writable_reports_dir_is_never_followed(
@@ -67,7 +49,8 @@ def test_a_link_planted_in_a_world_writable_reports_dir_is_never_followed(
     try:
         os.chmod(shared, 0o1777)
         # The names the old writer used: .<name>.<pid>.tmp
-        _as_nobody_symlink(str(victim), shared / f".42.json.{os.getpid()}.tmp")
+        planted = shared / f".42.json.{os.getpid()}.tmp"
+        assert as_nobody(lambda: os.symlink(victim, planted)) == 0
         with pytest.raises(UnsafeDirectory, match="writable by group or others"):
             write_report(shared, _report("42", time.time()))
         assert victim.read_text() == "root's file\n"
@@ -149,11 +132,6 @@ def _config(tmp_path: Path, reports: Path) -> tuple[Config, Path]:
     return config, path
 
 
-def _env(job: str) -> dict[str, str]:
-    return {"SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
-            "SLURM_JOB_EXIT_CODE": "0"}  # fmt: skip
-
-
 def test_registrations_go_even_when_the_disk_is_full(tmp_path: Path, full_disk: Path) -> None:
     """Finding: after ENOSPC, finished jobs stayed in nodescope_job_info for good: their
     registrations were never removed. Both writers: the daemon's epilog and the hook's own."""
@@ -170,10 +148,7 @@ def test_registrations_go_even_when_the_disk_is_full(tmp_path: Path, full_disk: 
     assert answer["ok"] is True and answer["report"] is None
     assert "No space left" in answer["report_error"]
     assert not (registrations / "61.json").exists()
-    hook = subprocess.run(
-        [*nodescope_command(), "slurm", "epilog", "--config", str(config_path)],
-        env=_env("62"), capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+    hook = run_hook("epilog", config_path, hook_env("62", SLURM_JOB_EXIT_CODE="0"))
     assert hook.returncode == 0, hook.stderr
     assert "cannot write the report" in hook.stderr and "No space left" in hook.stderr
     assert not (registrations / "62.json").exists()

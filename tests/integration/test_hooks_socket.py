@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,22 +25,17 @@ from pathlib import Path
 import pytest
 
 from nodescope.config import Config, SlurmSettings
-from nodescope.hooks import HookServer, HookUnavailable, Peer, allowed_uids, call
-from nodescope.hooksocket import slurm_uid
+from nodescope.hooks import HookServer, HookUnavailable, Peer, allowed_uids, call, slurm_uid
 from tests.conftest import nodescope_command
+from tests.hook_peers import enterable_dir, hook_env, run_hook
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def world_dir() -> Iterator[Path]:
-    """A directory that ``nobody`` can enter (pytest's tmp_path is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="nodescope-hooks-", dir="/tmp"))
-    os.chmod(path, 0o755)
-    try:
+    with enterable_dir() as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_socket_answers_root_and_the_slurm_user_and_nobody_else(world_dir: Path) -> None:
@@ -133,14 +127,6 @@ def test_a_second_server_does_not_steal_a_live_socket(world_dir: Path) -> None:
         first.stop()
 
 
-def _hook_env(job: str, **extra: str) -> dict[str, str]:
-    # What slurmd gives a hook: no PATH.
-    env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
-           "SLURM_JOB_GPUS": "0,1", "SLURMD_NODENAME": "nowhere"}  # fmt: skip
-    env.update(extra)
-    return env
-
-
 def test_hooks_without_a_daemon(tmp_path: Path) -> None:
     run = tmp_path / "run"
     reports = tmp_path / "reports"
@@ -153,12 +139,8 @@ def test_hooks_without_a_daemon(tmp_path: Path) -> None:
         )
 
     write_config(expected=8)
-    argv = [*nodescope_command(), "slurm"]
     started = time.monotonic()
-    result = subprocess.run(
-        [*argv, "prolog", "--config", str(config)],
-        env=_hook_env("5"), capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+    result = run_hook("prolog", config, hook_env("5", SLURM_JOB_GPUS="0,1"))
     assert time.monotonic() - started < 10
     assert result.returncode == 1, result.stderr
     assert result.stdout.strip().splitlines() == [
@@ -169,19 +151,14 @@ def test_hooks_without_a_daemon(tmp_path: Path) -> None:
     assert not (run / "nodescope" / "jobs" / "5.json").exists()
 
     write_config(expected=0)
-    result = subprocess.run(
-        [*argv, "prolog", "--config", str(config)],
-        env=_hook_env("5"), capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+    result = run_hook("prolog", config, hook_env("5", SLURM_JOB_GPUS="0,1"))
     assert result.returncode == 0, result.stderr
     registration = json.loads((run / "nodescope" / "jobs" / "5.json").read_text())
     assert registration["gpus"] == [0, 1] and registration["format"] == "nodescope-registration/1"
     assert "disks" in registration["baseline"]
-    result = subprocess.run(
-        [*argv, "epilog", "--config", str(config)],
-        env=_hook_env("5", SLURM_JOB_EXIT_CODE="0"), capture_output=True, text=True, timeout=30,
-        check=False,
-    )  # fmt: skip
+    result = run_hook(
+        "epilog", config, hook_env("5", SLURM_JOB_GPUS="0,1", SLURM_JOB_EXIT_CODE="0")
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads((reports / "5.json").read_text())
     assert report["daemon"] is False and report["gpus"] == [0, 1]
@@ -196,10 +173,7 @@ def test_hooks_without_a_daemon(tmp_path: Path) -> None:
     assert "job 5  user root" in shown.stdout and "daemon was down" in shown.stdout
     assert (tmp_path / "5.svg").read_text().startswith("<svg")
     # A hook run without a job in its environment does nothing and never fails the job.
-    result = subprocess.run(
-        [*argv, "prolog", "--config", str(config)], env={}, capture_output=True, text=True,
-        timeout=30, check=False,
-    )  # fmt: skip
+    result = run_hook("prolog", config, {})
     assert result.returncode == 0 and "hook skipped" in result.stderr
 
 
