@@ -36,17 +36,37 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from pathlib import Path
-from typing import Literal, TypeVar, cast
+from typing import TypeVar, cast
 
 from nodescope.errors import ParseError
 from nodescope.fileio import CGROUP_LIST, CGROUP_STAT, PROC_PROCESS
+from nodescope.model.cgroup import (
+    CGROUPS,
+    CPU_STAT_NAMES,
+    IO_STAT_NAMES,
+    MEMORY_EVENT_NAMES,
+    Cgroup,
+    CgroupEvents,
+    CgroupTree,
+    CpuStat,
+    HierarchyMode,
+    IoDeviceStat,
+    IoStat,
+    KeyValues,
+    Limit,
+    MemoryEvents,
+    Pressure,
+    PressureLine,
+    ProcCgroup,
+    ProcCgroupEntry,
+    V2Hierarchy,
+)
 from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_text
 
-SOURCE_NAME = "cgroups"
+SOURCE_NAME = CGROUPS.name
 
 DEFAULT_MAX_CGROUPS = 10_000
 
@@ -75,312 +95,6 @@ ID_UNPARSABLE = "id_unparsable"
 
 #: The task lists, read to EOF a page at a time; every other interface file is one record.
 _ID_FILES = frozenset({"cgroup.procs", "cgroup.threads"})
-
-
-# ---------------------------------------------------------------------------------------------
-# Records
-
-
-@dataclass(frozen=True, slots=True)
-class KeyValues:
-    """A flat ``key value`` file (``memory.stat``, ``cgroup.stat``, ``pids.events``), in file
-    order. The kernel adds keys over time, also "in the middle", so read it by key."""
-
-    items: tuple[tuple[str, int], ...]
-
-    def get(self, key: str) -> int | None:
-        for name, value in self.items:
-            if name == key:
-                return value
-        return None
-
-    def keys(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.items)
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryEvents:
-    """``memory.events`` (this cgroup and its descendants) or ``memory.events.local``.
-
-    ``high``: times throttled into reclaim above ``memory.high``; ``max``: times usage was
-    about to exceed ``memory.max``; ``oom``: times the limit was hit and an allocation was
-    about to fail; ``oom_kill``: processes killed by the OOM killer. Keys this version does
-    not name are kept in ``other``.
-    """
-
-    low: int | None = None
-    high: int | None = None
-    max: int | None = None
-    oom: int | None = None
-    oom_kill: int | None = None
-    oom_group_kill: int | None = None
-    other: tuple[tuple[str, int], ...] = ()
-
-    def items(self) -> tuple[tuple[str, int], ...]:
-        """Every event present in the file, named ones first, then the others in file order."""
-        named = tuple(
-            (name, value)
-            for name in _MEMORY_EVENT_NAMES
-            if (value := getattr(self, name)) is not None
-        )
-        return named + self.other
-
-
-_MEMORY_EVENT_NAMES = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
-
-
-@dataclass(frozen=True, slots=True)
-class CpuStat:
-    """``cpu.stat`` in microseconds and counts. ``usage_usec``, ``user_usec`` and
-    ``system_usec`` exist without the cpu controller; the throttling fields need it."""
-
-    usage_usec: int | None = None
-    user_usec: int | None = None
-    system_usec: int | None = None
-    nice_usec: int | None = None
-    nr_periods: int | None = None
-    nr_throttled: int | None = None
-    throttled_usec: int | None = None
-    nr_bursts: int | None = None
-    burst_usec: int | None = None
-    other: tuple[tuple[str, int], ...] = ()
-
-
-_CPU_STAT_NAMES = (
-    "usage_usec",
-    "user_usec",
-    "system_usec",
-    "nice_usec",
-    "nr_periods",
-    "nr_throttled",
-    "throttled_usec",
-    "nr_bursts",
-    "burst_usec",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupEvents:
-    """``cgroup.events``: ``populated`` is true when this cgroup or a descendant has live
-    processes; ``frozen`` when the freezer has stopped it."""
-
-    populated: bool | None = None
-    frozen: bool | None = None
-    other: tuple[tuple[str, int], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class PressureLine:
-    """One PSI line: share of wall time stalled (percent) over 10/60/300 s, and the
-    cumulative stall time in microseconds."""
-
-    avg10: float
-    avg60: float
-    avg300: float
-    total_usec: int
-
-
-@dataclass(frozen=True, slots=True)
-class Pressure:
-    """A ``<resource>.pressure`` file. ``some``: at least one task stalled; ``full``: all
-    non-idle tasks stalled at once. ``cpu.pressure`` lacks ``full`` before Linux 5.13 and shows
-    zeros there at the system level; ``irq.pressure`` has only ``full``."""
-
-    some: PressureLine | None
-    full: PressureLine | None
-
-
-@dataclass(frozen=True, slots=True)
-class IoDeviceStat:
-    """One ``MAJ:MIN`` line of ``io.stat``: cumulative bytes and operations per direction
-    (``d`` = discard). Keys added by io.latency/io.cost (``depth``, ``avg_lat``,
-    ``cost.vrate`` …) are kept as text in ``other``."""
-
-    major: int
-    minor: int
-    rbytes: int | None = None
-    wbytes: int | None = None
-    rios: int | None = None
-    wios: int | None = None
-    dbytes: int | None = None
-    dios: int | None = None
-    other: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def device(self) -> str:
-        return f"{self.major}:{self.minor}"
-
-
-_IO_STAT_NAMES = ("rbytes", "wbytes", "rios", "wios", "dbytes", "dios")
-
-
-@dataclass(frozen=True, slots=True)
-class IoStat:
-    devices: tuple[IoDeviceStat, ...]
-
-    def get(self, device: str) -> IoDeviceStat | None:
-        for entry in self.devices:
-            if entry.device == device:
-                return entry
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class Limit:
-    """A limit file that reads ``max`` or a number: ``value`` is ``None`` when unlimited.
-
-    A cgroup field of type ``Limit | None`` is ``None`` when the file is absent, which is not
-    the same as unlimited.
-    """
-
-    value: int | None
-
-    @property
-    def unlimited(self) -> bool:
-        return self.value is None
-
-
-@dataclass(frozen=True, slots=True)
-class ProcCgroupEntry:
-    """One line of ``/proc/<pid>/cgroup``. ``hierarchy_id`` 0 with no controllers is the v2
-    hierarchy; v1 lines name their controllers (``memory``, ``cpu,cpuacct``,
-    ``name=systemd``). Inside a cgroup namespace ``path`` is relative to the namespace root
-    and may start with ``/..``."""
-
-    hierarchy_id: int
-    controllers: tuple[str, ...]
-    path: str
-    deleted: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ProcCgroup:
-    entries: tuple[ProcCgroupEntry, ...]
-
-    @property
-    def v2_path(self) -> str | None:
-        """The path in the unified hierarchy (``0::<path>``), or ``None`` on a pure v1 host."""
-        for entry in self.entries:
-            if entry.hierarchy_id == 0 and not entry.controllers:
-                return entry.path
-        return None
-
-    def v1_path(self, controller: str) -> str | None:
-        """The path in the v1 hierarchy that has ``controller`` (``memory``, ``name=systemd``)."""
-        for entry in self.entries:
-            if controller in entry.controllers:
-                return entry.path
-        return None
-
-
-HierarchyMode = Literal["unified", "hybrid", "none"]
-
-
-@dataclass(frozen=True, slots=True)
-class V2Hierarchy:
-    """Where the cgroup v2 hierarchy is: ``unified`` when it is the cgroupfs root itself,
-    ``hybrid`` when v1 hierarchies own the root and v2 sits at ``<root>/unified``."""
-
-    mode: HierarchyMode
-    path: Path | None
-
-
-@dataclass(frozen=True, slots=True)
-class Cgroup:
-    """One cgroup as read in one walk.
-
-    ``path`` is relative to the v2 root in the form ``/proc/<pid>/cgroup`` uses: ``/`` for the
-    root, ``/system.slice/slurmstepd.scope`` below it. Every file field is ``None`` when the
-    file is absent (controller not enabled, the root cgroup, an older kernel).
-
-    ``nr_procs``/``nr_threads`` count distinct ids in ``cgroup.procs``/``cgroup.threads``
-    (direct members only, not descendants). ``nr_procs`` is ``None`` in a ``threaded`` cgroup,
-    where the kernel refuses to list processes. ``procs``/``threads`` hold the ids only when
-    the source was made with ``keep_pids``.
-    """
-
-    path: str
-    depth: int
-    type: str | None
-    controllers: tuple[str, ...] | None
-    nr_children: int
-    events: CgroupEvents | None = None
-    nr_procs: int | None = None
-    nr_threads: int | None = None
-    procs: tuple[int, ...] | None = None
-    threads: tuple[int, ...] | None = None
-    memory_current: int | None = None
-    memory_peak: int | None = None
-    memory_high: Limit | None = None
-    memory_max: Limit | None = None
-    memory_events: MemoryEvents | None = None
-    memory_events_local: MemoryEvents | None = None
-    memory_stat: KeyValues | None = None
-    cpu_stat: CpuStat | None = None
-    io_stat: IoStat | None = None
-    pids_current: int | None = None
-    pids_max: Limit | None = None
-    pids_events: KeyValues | None = None
-    cpu_pressure: Pressure | None = None
-    memory_pressure: Pressure | None = None
-    io_pressure: Pressure | None = None
-    irq_pressure: Pressure | None = None
-
-    @property
-    def name(self) -> str:
-        return self.path.rsplit("/", 1)[-1] or "/"
-
-    @property
-    def parent_path(self) -> str | None:
-        if self.path == "/":
-            return None
-        parent = self.path.rsplit("/", 1)[0]
-        return parent or "/"
-
-
-@dataclass(frozen=True)
-class CgroupTree:
-    """The cgroup v2 tree as read in one walk.
-
-    ``cgroups`` is breadth first, siblings by name, the root first, so a walk cut short by
-    ``max_cgroups`` keeps the shallow cgroups. ``truncated``: cgroups exist that the walk did
-    not reach because of ``max_cgroups``; ``depth_limited``: cgroups exist below
-    ``max_depth`` (a chosen limit, not a loss of the configured view).
-    """
-
-    mode: HierarchyMode
-    root: str | None
-    cgroups: tuple[Cgroup, ...]
-    max_depth: int | None
-    max_cgroups: int
-    truncated: bool = False
-    depth_limited: bool = False
-    #: What the walk skipped: cgroups it could not list, files it could not read or parse.
-    skipped: Skipped = NOTHING_SKIPPED
-
-    @cached_property
-    def _index(self) -> dict[str, Cgroup]:
-        return {cgroup.path: cgroup for cgroup in self.cgroups}
-
-    def get(self, path: str) -> Cgroup | None:
-        return self._index.get(_normalise(path))
-
-    def children(self, path: str) -> tuple[Cgroup, ...]:
-        parent = _normalise(path)
-        return tuple(c for c in self.cgroups if c.parent_path == parent)
-
-    def subtree(self, path: str) -> tuple[Cgroup, ...]:
-        """The cgroup at ``path`` and every descendant that was read, in walk order."""
-        top = _normalise(path)
-        if top == "/":
-            return self.cgroups
-        prefix = top + "/"
-        return tuple(c for c in self.cgroups if c.path == top or c.path.startswith(prefix))
-
-
-def _normalise(path: str) -> str:
-    stripped = path.strip("/")
-    return "/" + stripped if stripped else "/"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,13 +180,13 @@ def _split_named(
 
 def parse_memory_events(text: str, source: str = "memory.events") -> MemoryEvents:
     """``memory.events`` or ``memory.events.local``; unknown event names are kept."""
-    known, other = _split_named(parse_key_values(text, source), _MEMORY_EVENT_NAMES)
+    known, other = _split_named(parse_key_values(text, source), MEMORY_EVENT_NAMES)
     return MemoryEvents(**known, other=other)
 
 
 def parse_cpu_stat(text: str, source: str = "cpu.stat") -> CpuStat:
     """``cpu.stat`` (microseconds and counts); unknown keys are kept."""
-    known, other = _split_named(parse_key_values(text, source), _CPU_STAT_NAMES)
+    known, other = _split_named(parse_key_values(text, source), CPU_STAT_NAMES)
     return CpuStat(**known, other=other)
 
 
@@ -560,7 +274,7 @@ def parse_io_stat(text: str, source: str = "io.stat") -> IoStat:
             if key in keys:
                 raise ParseError(source, f"{key} repeated for {major}:{minor}", number)
             keys.add(key)
-            if key in _IO_STAT_NAMES:
+            if key in IO_STAT_NAMES:
                 known[key] = _to_int(value, source, number, key)
             else:
                 other.append((key, value))
@@ -1203,3 +917,56 @@ def make_source(
     if max_cgroups < 1:
         raise ValueError(f"max_cgroups must be >= 1, not {max_cgroups}")
     return CgroupSource(max_depth=max_depth, max_cgroups=max_cgroups, keep_pids=keep_pids)
+
+
+__all__ = [
+    "CGROUPS",
+    "CGROUP_UNREADABLE",
+    "CPU_STAT_NAMES",
+    "DEFAULT_MAX_CGROUPS",
+    "FILE_UNPARSABLE",
+    "FILE_UNREADABLE",
+    "ID_UNPARSABLE",
+    "IO_STAT_NAMES",
+    "MEMORY_EVENT_NAMES",
+    "SHARED",
+    "SHARE_SECONDS",
+    "SLOW_EVERY",
+    "SOURCE_NAME",
+    "STATIC_FILES",
+    "Cgroup",
+    "CgroupEvents",
+    "CgroupSource",
+    "CgroupTree",
+    "CgroupWalker",
+    "CpuStat",
+    "HierarchyMode",
+    "IoDeviceStat",
+    "IoStat",
+    "KeyValues",
+    "Limit",
+    "MemoryEvents",
+    "Pressure",
+    "PressureLine",
+    "ProcCgroup",
+    "ProcCgroupEntry",
+    "SharedWalk",
+    "V2Hierarchy",
+    "find_v2_root",
+    "make_source",
+    "parse_cgroup_events",
+    "parse_cgroup_type",
+    "parse_controllers",
+    "parse_cpu_stat",
+    "parse_ids",
+    "parse_io_stat",
+    "parse_key_values",
+    "parse_limit",
+    "parse_memory_events",
+    "parse_pressure",
+    "parse_proc_cgroup",
+    "parse_value",
+    "read_cgroup",
+    "read_proc_cgroup",
+    "read_tree",
+]
