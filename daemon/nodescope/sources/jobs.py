@@ -46,13 +46,29 @@ import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from nodescope.errors import ParseError
 from nodescope.fileio import CGROUP_LIST, CGROUP_STAT, PROC_PROCESS
-from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
+from nodescope.model.job_records import (
+    JOBS,
+    NVIDIA_CTL_MINOR,
+    NVIDIA_MAJOR,
+    REGISTRATION_FORMAT,
+    RUN_SUBDIR,
+    EscapedThread,
+    JobCgroup,
+    JobsData,
+    JobStep,
+    JobTask,
+    Layout,
+    OtherCgroup,
+    Registration,
+    parse_gpu_list,
+    registrations_dir,
+)
+from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_optional
 from nodescope.sources.cgroup import (
@@ -75,7 +91,7 @@ from nodescope.sources.cgroup import (
     read_tree,
 )
 
-NAME = "jobs"
+NAME = JOBS.name
 
 #: Environment variables kept from a job process's environ: the job it claims, the GPUs Slurm
 #: gave it (global indices in SLURM_JOB_GPUS/SLURM_STEP_GPUS; CUDA_VISIBLE_DEVICES is
@@ -92,10 +108,6 @@ KEPT_VARIABLES = (
     "NCCL_IB_HCA",
 )
 
-#: Where the hooks keep what the prolog registered, below ``roots.run``.
-RUN_SUBDIR = "nodescope"
-REGISTRATION_FORMAT = "nodescope-registration/1"
-
 #: Bounds of one run: how deep job directories are searched for, how many cgroups the
 #: search and the index of other processes visit, how many cgroups one job may have.
 MAX_SEARCH_DEPTH = 4
@@ -104,10 +116,6 @@ MAX_JOB_CGROUPS = 2_000
 #: Threads of one process compared with the job's thread lists; beyond it a process is
 #: reported as not checked rather than read for ever.
 MAX_THREADS_CHECKED = 4_096
-
-#: The character major of NVIDIA GPUs (``/dev/nvidia<N>`` is 195:N; 255 is nvidiactl).
-NVIDIA_MAJOR = 195
-NVIDIA_CTL_MINOR = 255
 
 #: cgroup v1 reports "no limit" as the largest page-aligned counter value; anything from 2^62
 #: up is unlimited in practice.
@@ -118,10 +126,7 @@ _STEP_DIR = re.compile(r"step_([A-Za-z0-9_+]+)")
 _SLUID = re.compile(r"[A-Za-z0-9]{4,40}")
 _UID_DIR = re.compile(r"uid_([0-9]+)")
 _DEVICE_RULE = re.compile(r"([abc]) (\*|[0-9]+):(\*|[0-9]+) ([rwm]+)")
-_GPU_LIST = re.compile(r"[0-9]+(?:,[0-9]+)*")
 _V1_JOB_CONTROLLERS = ("memory", "freezer")
-
-Layout = Literal["v2", "v2-sluid", "v1"]
 
 #: Why part of a job, or a job, was skipped (the ``reason`` of
 #: ``nodescope_source_records_skipped_total``, next to the cgroup walk's own reasons): a
@@ -136,119 +141,6 @@ REGISTRATION_UNPARSABLE = "registration_unparsable"
 
 
 # ---------------------------------------------------------------------------------------------
-# Records
-
-
-@dataclass(frozen=True, slots=True)
-class EscapedThread:
-    """A thread of a job process that is not in the job's cgroups; ``cgroup`` is where it is
-    (``None``: it exited before it could be read)."""
-
-    tid: int
-    comm: str | None
-    cgroup: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobTask:
-    """A process in a job's cgroups: where it sits, its kept environment, its thread count and
-    the threads that sit outside the job. ``memory_max_bytes`` is the tightest ``memory.max``
-    on the path from its cgroup to the root (``None``: no limit applies)."""
-
-    pid: int
-    comm: str | None
-    cgroup: str
-    step: str | None
-    environ: tuple[tuple[str, str], ...]
-    threads: int | None
-    escaped_threads: tuple[EscapedThread, ...]
-    memory_max_bytes: int | None
-    slurm_internal: bool = False
-
-    def env(self, name: str) -> str | None:
-        for key, value in self.environ:
-            if key == name:
-                return value
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class JobStep:
-    """``step_<name>`` of a job: ``batch``, ``extern``, ``interactive`` or a number."""
-
-    name: str
-    path: str
-    stats: Cgroup | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobCgroup:
-    """One job as its cgroup shows it.
-
-    ``key`` is the directory name (``job_42`` or a SLUID), ``job_id`` the Slurm job id when it
-    is known (from the name, or the processes' ``SLURM_JOB_ID``), ``path`` the directory below
-    its hierarchy's root in ``/proc/<pid>/cgroup`` form. ``stats`` are the job cgroup's own
-    figures (v1: memory, cpuacct and pids put together). ``memory_limit_bytes`` is the tightest
-    ``memory.max`` anywhere in the job's subtree: the memory the job asked for.
-    ``gpu_minors`` are the NVIDIA minors its device cgroup allows (v1 only; ``None``: unknown
-    or unconstrained).
-    """
-
-    key: str
-    job_id: str | None
-    layout: Layout
-    path: str
-    uid: int | None
-    stats: Cgroup | None
-    steps: tuple[JobStep, ...]
-    tasks: tuple[JobTask, ...]
-    memory_limit_bytes: int | None
-    gpu_minors: tuple[int, ...] | None
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """What the prolog told the daemon about a job (``registered_at``: Unix time)."""
-
-    job_id: str
-    uid: int | None
-    user: str | None
-    partition: str | None
-    gpus: tuple[int, ...]
-    registered_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class OtherCgroup:
-    """A populated cgroup outside every job: its processes and the tightest ``memory.max``
-    from it up to the root (``None``: unlimited)."""
-
-    path: str
-    pids: tuple[int, ...]
-    memory_max_bytes: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobsData:
-    """``hierarchy``: where jobs were looked for (``v2``, ``v1`` or ``none``)."""
-
-    hierarchy: str
-    jobs: tuple[JobCgroup, ...]
-    registrations: tuple[Registration, ...]
-    others: tuple[OtherCgroup, ...]
-    truncated: bool = False
-    #: What this run skipped: unreadable or malformed cgroups, threads, registrations.
-    skipped: Skipped = NOTHING_SKIPPED
-
-    def cgroup_of(self, pid: int) -> tuple[str, int | None] | None:
-        """(cgroup, memory limit) of a pid outside every job, when the index has it."""
-        for other in self.others:
-            if pid in other.pids:
-                return other.path, other.memory_max_bytes
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
 # Parsers (pure)
 
 
@@ -256,16 +148,6 @@ def parse_environ(text: str, source: str = "/proc/self/environ") -> Environ:
     """The :data:`KEPT_VARIABLES` of a NUL-separated environment, in file order
     (:func:`~nodescope.sources.base.kept_environ`)."""
     return kept_environ(text, KEPT_VARIABLES)
-
-
-def parse_gpu_list(value: str, source: str = "SLURM_JOB_GPUS") -> tuple[int, ...]:
-    """``SLURM_JOB_GPUS``-style global GPU indices, ``0,1,3``; an empty value is none."""
-    text = value.strip()
-    if not text:
-        return ()
-    if not _GPU_LIST.fullmatch(text):
-        raise ParseError(source, f"not a list of GPU indices: {value!r}")
-    return tuple(sorted({int(part) for part in text.split(",")}))
 
 
 def job_dir_id(name: str) -> str | None:
@@ -923,10 +805,6 @@ def read_others_v1(
     return _read_others(hierarchy, skip, "memory.limit_in_bytes", parse_v1_limit, tally)
 
 
-def registrations_dir(roots: Roots) -> Path:
-    return roots.run / RUN_SUBDIR / "jobs"
-
-
 def read_registrations(roots: Roots, tally: SkipTally | None = None) -> tuple[Registration, ...]:
     """The prolog's registrations; a file that is not one is skipped, counted in ``tally``."""
     tally = SkipTally() if tally is None else tally
@@ -1043,3 +921,52 @@ class JobsSource:
 
 def make_source() -> JobsSource:
     return JobsSource()
+
+
+__all__ = [
+    "JOBS",
+    "JOB_UNPARSABLE",
+    "KEPT_VARIABLES",
+    "LIMIT_UNPARSABLE",
+    "MAX_CGROUPS",
+    "MAX_JOB_CGROUPS",
+    "MAX_SEARCH_DEPTH",
+    "MAX_THREADS_CHECKED",
+    "NAME",
+    "NVIDIA_CTL_MINOR",
+    "NVIDIA_MAJOR",
+    "REGISTRATION_FORMAT",
+    "REGISTRATION_UNPARSABLE",
+    "RUN_SUBDIR",
+    "THREAD_UNPARSABLE",
+    "V1_UNLIMITED",
+    "EscapedThread",
+    "JobCgroup",
+    "JobStep",
+    "JobTask",
+    "JobsData",
+    "JobsSource",
+    "Layout",
+    "OtherCgroup",
+    "Registration",
+    "find_v1_jobs",
+    "find_v2_jobs",
+    "is_sluid_dir",
+    "job_dir_id",
+    "make_source",
+    "parse_devices_list",
+    "parse_environ",
+    "parse_gpu_list",
+    "parse_registration",
+    "parse_status_tgid",
+    "parse_v1_limit",
+    "read_jobs",
+    "read_others_v1",
+    "read_others_v2",
+    "read_registrations",
+    "read_v1_job",
+    "read_v1_stats",
+    "read_v2_job",
+    "registrations_dir",
+    "step_of",
+]
