@@ -24,14 +24,20 @@ from __future__ import annotations
 import os
 import re
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 from nodescope.errors import ParseError
 from nodescope.fileio import CGROUP_LIST, PROC_TABLE
-from nodescope.model.counters import counter_rate
 from nodescope.model.jobs import JobProcess
-from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
+from nodescope.model.procs import (
+    PROCS,
+    ProcsData,
+    ProcsRates,
+    TcpCounters,
+    TcpRates,
+    procs_rates,
+)
+from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_text
 from nodescope.sources.cgroup import (
@@ -43,7 +49,7 @@ from nodescope.sources.cgroup import (
     find_v2_root,
 )
 
-NAME = "procs"
+NAME = PROCS.name
 
 #: Environment variables kept from a job process's environ.
 KEPT_VARIABLES = ("NCCL_IB_HCA", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
@@ -64,40 +70,6 @@ PID_UNPARSABLE = "pid_unparsable"
 CGROUP_UNREADABLE = "cgroup_unreadable"
 SNMP_UNREADABLE = "snmp_unreadable"
 SNMP_UNPARSABLE = "snmp_unparsable"
-
-
-@dataclass(frozen=True, slots=True)
-class TcpCounters:
-    """The ``Tcp:`` group of ``/proc/net/snmp`` (cumulative segment counts)."""
-
-    in_segs: int
-    out_segs: int
-    retrans_segs: int
-
-
-@dataclass(frozen=True, slots=True)
-class ProcsData:
-    processes: tuple[JobProcess, ...]
-    tcp: TcpCounters | None
-    skipped: Skipped = NOTHING_SKIPPED
-
-
-@dataclass(frozen=True, slots=True)
-class TcpRates:
-    out_segs_per_second: float | None
-    retrans_segs_per_second: float | None
-
-    @property
-    def retransmit_ratio(self) -> float | None:
-        """Retransmitted over sent segments in the interval (``None`` when nothing was sent)."""
-        if not self.out_segs_per_second or self.retrans_segs_per_second is None:
-            return None
-        return self.retrans_segs_per_second / self.out_segs_per_second
-
-
-@dataclass(frozen=True, slots=True)
-class ProcsRates:
-    tcp: TcpRates | None
 
 
 # --- parsers (pure) -------------------------------------------------------------------------
@@ -344,17 +316,29 @@ def make_source() -> ProcsSource:
     return ProcsSource()
 
 
-# --- rates ----------------------------------------------------------------------------------
-
-
-def procs_rates(previous: ProcsData, current: ProcsData, seconds: float) -> ProcsRates:
-    """TCP segments sent and retransmitted per second between two reads."""
-    if previous.tcp is None or current.tcp is None:
-        return ProcsRates(None)
-    # The MIB counters are unsigned long: 64 bits on the 64-bit hosts nodescope runs on.
-    return ProcsRates(
-        TcpRates(
-            counter_rate(previous.tcp.out_segs, current.tcp.out_segs, seconds),
-            counter_rate(previous.tcp.retrans_segs, current.tcp.retrans_segs, seconds),
-        )
-    )
+__all__ = [
+    "CGROUP_UNREADABLE",
+    "KEPT_VARIABLES",
+    "MAX_DIRECTORIES",
+    "MAX_SEARCH_DEPTH",
+    "NAME",
+    "PID_UNPARSABLE",
+    "PROCS",
+    "SNMP_UNPARSABLE",
+    "SNMP_UNREADABLE",
+    "ProcsData",
+    "ProcsRates",
+    "ProcsSource",
+    "TcpCounters",
+    "TcpRates",
+    "find_job_cgroups",
+    "find_job_dirs",
+    "job_id_of",
+    "job_members",
+    "make_source",
+    "parse_environ",
+    "parse_pids",
+    "parse_snmp",
+    "procs_rates",
+    "read_procs",
+]
