@@ -30,18 +30,18 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from nodescope.errors import ParseError
 from nodescope.fileio import CGROUP_LIST, PROC_PROCESS, FileKind
-from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
+from nodescope.model.skips import SkipTally
+from nodescope.model.threads import THREADS, BlockedThread, JobThreads, TaskStat, ThreadsData
 from nodescope.roots import Roots
 from nodescope.sources.base import read_text
 from nodescope.sources.cgroup import SHARED, CgroupTree, SharedWalk, find_v2_root
 from nodescope.sources.procs import find_job_dirs, job_members, parse_pids
 
-NAME = "threads"
+NAME = THREADS.name
 
 #: Task states of ``fs/proc/array.c`` ``task_state_array`` (and ``W``/``x``/``K``/``w`` of
 #: older kernels).
@@ -66,69 +66,6 @@ STAT_UNPARSABLE = "stat_unparsable"
 STAT_UNREADABLE = "stat_unreadable"
 WCHAN_UNPARSABLE = "wchan_unparsable"
 CGROUP_UNREADABLE = "cgroup_unreadable"
-
-
-@dataclass(frozen=True, slots=True)
-class TaskStat:
-    """The fields of a ``stat`` line this source uses. ``utime``/``stime`` in clock ticks."""
-
-    tid: int
-    comm: str
-    state: str
-    ppid: int
-    utime: int
-    stime: int
-
-
-@dataclass(frozen=True, slots=True)
-class BlockedThread:
-    """A thread in ``D`` state: process and thread id, the thread's name, its wait channel
-    (``None``: ``0`` or unreadable) and the job of its process (``None``: not in a job)."""
-
-    pid: int
-    tid: int
-    comm: str
-    wchan: str | None
-    job_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobThreads:
-    """One job's threads: how many in each state, and those in ``D``."""
-
-    job_id: str
-    processes: int
-    threads: int
-    states: tuple[tuple[str, int], ...]
-    blocked: tuple[BlockedThread, ...]
-
-    def count(self, state: str) -> int:
-        return dict(self.states).get(state, 0)
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadsData:
-    """``host_blocked``/``host_threads`` are from the latest host walk, ``host_age_runs``
-    runs ago (0: this run); ``None`` before the first."""
-
-    jobs: tuple[JobThreads, ...]
-    host_threads: int | None
-    host_blocked: tuple[BlockedThread, ...]
-    host_age_runs: int | None
-    #: Threads and processes this run skipped (and those of the host walk, when it ran).
-    skipped: Skipped = NOTHING_SKIPPED
-
-    def job(self, job_id: str) -> JobThreads | None:
-        for job in self.jobs:
-            if job.job_id == job_id:
-                return job
-        return None
-
-    def blocked(self) -> tuple[BlockedThread, ...]:
-        """Every ``D`` thread known: the jobs' of this run, then the host walk's others."""
-        seen = {(b.pid, b.tid) for j in self.jobs for b in j.blocked}
-        jobs = tuple(b for j in self.jobs for b in j.blocked)
-        return jobs + tuple(b for b in self.host_blocked if (b.pid, b.tid) not in seen)
 
 
 # --- parsers (pure) -------------------------------------------------------------------------
@@ -454,3 +391,30 @@ class ThreadsSource:
 
 def make_source() -> ThreadsSource:
     return ThreadsSource()
+
+
+__all__ = [
+    "CGROUP_UNREADABLE",
+    "HOST_EVERY",
+    "MAX_BLOCKED",
+    "MAX_COMM",
+    "NAME",
+    "STATES",
+    "STAT_UNPARSABLE",
+    "STAT_UNREADABLE",
+    "THREADS",
+    "WCHAN_UNPARSABLE",
+    "BlockedThread",
+    "JobThreads",
+    "TaskStat",
+    "ThreadsData",
+    "ThreadsSource",
+    "count_process_threads",
+    "job_pids",
+    "make_source",
+    "parse_stat",
+    "parse_stat_summary",
+    "parse_wchan",
+    "read_host_blocked",
+    "read_process_threads",
+]
