@@ -29,21 +29,27 @@ import re
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from nodescope.errors import ParseError
 from nodescope.fileio import SYSFS_ATTRIBUTE, FileTooLarge, NotARegularFile, read_bytes
-from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
+from nodescope.model.skips import SkipTally
+from nodescope.model.udev import (
+    ACTIONS,
+    UDEV,
+    GpuRemovals,
+    UdevData,
+    UdevEvent,
+    is_gpu_class,
+)
 from nodescope.roots import Roots
 
-NAME = "udev"
+NAME = UDEV.name
 SUBSYSTEMS = ("pci", "block", "net")
 #: Events kept between two runs; the oldest are dropped first (counted as ``dropped``).
 MAX_QUEUED = 4096
 #: Events of the latest run kept in the record.
 MAX_RECENT = 32
-ACTIONS = ("add", "remove", "change", "move", "bind", "unbind", "online", "offline")
 
 log = logging.getLogger("nodescope.udev")
 
@@ -69,53 +75,6 @@ def topology_generation() -> int:
         return _generation
 
 
-@dataclass(frozen=True, slots=True)
-class UdevEvent:
-    """One device event. ``pci_slot``/``pci_class`` for PCI functions, ``interface`` for
-    network devices; ``seqnum`` is the kernel's event number."""
-
-    action: str
-    subsystem: str
-    devpath: str
-    pci_slot: str | None = None
-    pci_class: int | None = None
-    interface: str | None = None
-    seqnum: int | None = None
-
-    @property
-    def under_pci(self) -> bool:
-        """A device of a PCI function (not ``/devices/virtual``): it changes the topology."""
-        return self.subsystem == "pci" or self.devpath.startswith("/devices/pci")
-
-    @property
-    def is_gpu(self) -> bool:
-        return self.subsystem == "pci" and is_gpu_class(self.pci_class)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuRemovals:
-    bdf: str
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class UdevData:
-    """``monitor``: ``"kernel"``/``"udev"`` or ``None`` when no monitor runs (listing only).
-    ``events``: (subsystem, action, count) since start; ``gpu_removals``: GPUs removed since
-    start, by BDF; ``gpus_missing``: GPUs seen before and absent now; ``recent``: events of
-    this run; ``dropped``: events lost to a full queue."""
-
-    monitor: str | None
-    events: tuple[tuple[str, str, int], ...]
-    gpu_removals: tuple[GpuRemovals, ...]
-    gpus_missing: tuple[str, ...]
-    recent: tuple[UdevEvent, ...]
-    dropped: int
-    topology_generation: int
-    #: events and ``class`` attributes of this run left out as malformed or refused
-    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
-
-
 # Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
 #: a monitor event without the properties of a device event, or with malformed ones
 SKIP_EVENT_UNPARSABLE = "event_unparsable"
@@ -126,11 +85,6 @@ SKIP_FILE_REFUSED = "file_refused"
 
 
 # --- parsers (pure) -------------------------------------------------------------------------
-
-
-def is_gpu_class(pci_class: int | None) -> bool:
-    """Display controllers (base class 0x03: VGA 0x0300, 3D 0x0302) are GPUs."""
-    return pci_class is not None and (pci_class >> 16) == 0x03
 
 
 def parse_uevent(text: str, source: str = "uevent") -> tuple[tuple[str, str], ...]:
@@ -423,3 +377,28 @@ class UdevSource:
 
 def make_source() -> UdevSource:
     return UdevSource()
+
+
+__all__ = [
+    "ACTIONS",
+    "MAX_QUEUED",
+    "MAX_RECENT",
+    "NAME",
+    "SKIP_CLASS_UNPARSABLE",
+    "SKIP_EVENT_UNPARSABLE",
+    "SKIP_FILE_REFUSED",
+    "SUBSYSTEMS",
+    "UDEV",
+    "GpuRemovals",
+    "UdevData",
+    "UdevEvent",
+    "UdevMonitor",
+    "UdevSource",
+    "event_from_properties",
+    "is_gpu_class",
+    "make_source",
+    "mark_topology_stale",
+    "parse_kernel_message",
+    "parse_uevent",
+    "topology_generation",
+]
