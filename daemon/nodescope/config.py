@@ -1,10 +1,17 @@
-"""The TOML configuration file: schema, defaults and validation.
+"""The TOML configuration file: its options, their defaults and bounds, and validation.
 
-The schema below is the single source of the README's configuration reference. Validation is
-strict: an unknown key or a bad value is a :class:`ConfigError` naming the file and the key,
-and the CLI exits with status 2 on it. TOML's types are kept as written (an integer is accepted
-where a float is expected, nothing else is converted) and every number has bounds that the
-error and the reference name.
+Each option is declared once, as a field of the frozen dataclass that holds its value: the
+field's annotation is its type, the field's default its default, and :func:`option` (or
+:func:`about`) attaches its help and its check (bounds, a pattern) as field metadata. The
+validator, the sample file (``systemd/nodescope.toml``) and the README's configuration
+reference are all derived from these declarations, so none of them can disagree with the code
+that reads the value, and mypy checks every read of a typed attribute
+(``config.detectors.contention.min_share``).
+
+Validation is strict: an unknown key or a bad value is a :class:`ConfigError` naming the file
+and the key, and the CLI exits with status 2 on it. TOML's types are kept as written (an integer
+is accepted where a float is expected, nothing else is converted) and every number has bounds
+that the error and the reference name.
 
 The file is read as the daemon reads any file an operator or a user could have replaced
 (:mod:`nodescope.fileio`): a FIFO, a device, a socket or a directory is refused without
@@ -16,11 +23,15 @@ scan bounds how deep arrays and inline tables nest and how many parts a dotted k
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 import re
+import textwrap
 import tomllib
-from collections.abc import Callable, Mapping
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -34,16 +45,6 @@ from nodescope.sources.registry import SOURCE_TABLE, SOURCES
 DEFAULT_PORT = 9839
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-@dataclass(frozen=True, slots=True)
-class Option:
-    key: str
-    kind: type
-    default: Any
-    help: str
-    check: Callable[[Any], str | None] | None = None
-
 
 #: The longest waits an option may ask for: an hour, a day.
 HOUR = 3600.0
@@ -65,6 +66,9 @@ MAX_NESTING = 8
 #: ``tomllib`` keeps every prefix of a dotted key, so its cost grows with the square of the
 #: parts: 300,000 of them exhausted this machine's memory.
 MAX_KEY_PARTS = 8
+
+#: What an option's check says of a value: ``None`` when it is accepted, else the problem.
+Check = Callable[[Any], str | None]
 
 
 def _display(text: str, limit: int = 80) -> str:
@@ -198,6 +202,10 @@ def _absolute(value: Any) -> str | None:
     return None if str(value).startswith("/") else "must be an absolute path"
 
 
+def _absolute_or_empty(value: Any) -> str | None:
+    return None if value == "" or str(value).startswith("/") else "must be empty or absolute"
+
+
 def _alertmanager_url(value: Any) -> str | None:
     if value == "":
         return None
@@ -210,592 +218,387 @@ def _alertmanager_url(value: Any) -> str | None:
 KIND_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 
 
-DAEMON_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "listen",
-        str,
-        DEFAULT_LISTEN,
-        "HOST:PORT of the /metrics server; [::1]:PORT for IPv6",
-        _listen,
-    ),
-    Option(
-        "tick_seconds",
-        float,
-        1.0,
-        "how often the loop wakes to run the sources that are due; no source runs more often",
-        SECONDS_TICK,
-    ),
-    Option("log_level", str, "info", "one of debug, info, warning, error", _log_level),
-)
+# -- declaring an option ---------------------------------------------------------------------
 
-ROOT_OPTIONS: tuple[Option, ...] = tuple(
-    Option(name, str, str(getattr(Roots(), name)), f"root of {name} for every source", _absolute)
-    for name in ROOT_NAMES
-)
 
-ALERT_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "alertmanager_url",
-        str,
-        "",
-        "Alertmanager base URL to push firing and resolved alerts to (API v2); empty: no push",
-        _alertmanager_url,
-    ),
-    Option(
-        "instance",
-        str,
-        "",
-        "the instance label of pushed alerts; empty: the host name",
-    ),
-    Option(
-        "resend_seconds",
-        float,
-        60.0,
-        "how often firing alerts are sent to Alertmanager again while they last",
-        Range(1, DAY),
-    ),
-    Option(
-        "push_timeout_seconds",
-        float,
-        5.0,
-        "timeout of one push to Alertmanager",
-        Range(0.1, 60),
-    ),
-    Option(
-        "for_seconds",
-        float,
-        30.0,
-        "default for every kind: seconds a finding must hold before its alert fires",
-        Range(0, DAY),
-    ),
-    Option(
-        "resolve_after_seconds",
-        float,
-        60.0,
-        "default for every kind: seconds a finding must be gone before its alert resolves",
-        Range(0, DAY),
-    ),
-    # The pending alert's tolerance of a missing cycle (nodescope.alerts).
-    Option(
-        "pending_gap_seconds",
-        float,
-        1.0,
-        "default for every kind: seconds a pending alert's finding may be missing before the"
-        " alert is cancelled; 0 cancels at the first missing cycle, as Prometheus's `for`",
-        Range(0, HOUR),
-    ),
-)
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One key of a table as the validator and the generated documents see it, derived from
+    its field by :func:`options_of`. ``kind`` is the TOML type (``list`` for a tuple field)."""
 
-#: ``[alerts.rules.<kind>]``: every key optional; an unset key falls back to the built-in rule
-#: of the kind, then to the ``[alerts]`` defaults.
-ALERT_RULE_OPTIONS: tuple[Option, ...] = (
-    Option("enabled", bool, True, "turn findings of this kind into alerts"),
-    Option(
-        "for_seconds", float, None, "seconds the finding must hold before firing", Range(0, DAY)
-    ),
-    Option(
-        "resolve_after_seconds",
-        float,
-        None,
-        "seconds the finding must be gone before resolving",
-        Range(0, DAY),
-    ),
-    Option(
-        "clear_below",
-        float,
-        None,
-        "a firing alert stays firing while its finding's evidence `value` is at least this,"
-        " even below the detector's raise threshold",
-        Range(0, 1e15),
-    ),
-    Option(
-        "pending_gap_seconds",
-        float,
-        None,
-        "seconds a pending alert's finding may be missing before the alert is cancelled",
-        Range(0, HOUR),
-    ),
-)
+    key: str
+    kind: type
+    default: Any
+    help: str
+    check: Check | None = None
 
-SOURCE_OPTIONS: tuple[Option, ...] = (
-    Option("enabled", bool, True, "run this source"),
-    Option(
-        "interval_seconds",
-        float,
-        0.0,
-        "seconds between reads (default per source)",
-        SECONDS_SOURCE_INTERVAL,
-    ),
-    Option(
-        "timeout_seconds",
-        float,
+
+@dataclass(frozen=True, slots=True)
+class _About:
+    """What a field's metadata adds to its annotation and default."""
+
+    help: str
+    check: Check | None
+    #: The default the documents name when the field's own default is ``None`` for "unset".
+    unset_means: Any
+
+
+_ABOUT = "nodescope.config.option"
+
+
+def about(help: str, check: Check | None = None, *, unset_means: Any = None) -> dict[str, Any]:
+    """The metadata that makes a field a key of the config file: the help the sample and the
+    reference show, and the check every value from a file must pass. ``unset_means`` is what
+    an unset key stands for where the field's default is ``None`` because the value comes
+    from elsewhere (an alert rule falls back to the kind's built-in rule)."""
+    return {_ABOUT: _About(help, check, unset_means)}
+
+
+def option(default: Any, help: str, check: Check | None = None, *, unset_means: Any = None) -> Any:
+    """A key of the config file with its default: ``field(default=..., metadata=about(...))``.
+    A key without a default of its own is declared with :func:`dataclasses.field` and
+    :func:`about`, so that mypy knows it must be given."""
+    return field(default=default, metadata=about(help, check, unset_means=unset_means))
+
+
+def _toml_kind(hint: Any) -> type:
+    """The TOML type of a field's annotation: ``float | None`` is a float that may be unset,
+    a tuple is written as an array."""
+    if isinstance(hint, types.UnionType):
+        (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
+    origin = typing.get_origin(hint) or hint
+    return list if origin is tuple else typing.cast(type, origin)
+
+
+def options_of(settings: type) -> tuple[Option, ...]:
+    """The options a settings class declares, in field order; fields without :func:`about`
+    metadata (nested tables, the typed detector sections) are not options."""
+    hints = typing.get_type_hints(settings)
+    found: list[Option] = []
+    for f in dataclasses.fields(settings):
+        described = f.metadata.get(_ABOUT)
+        if described is None:
+            continue
+        default = None if f.default is dataclasses.MISSING else f.default
+        if default is None:
+            default = described.unset_means
+        kind = _toml_kind(hints[f.name])
+        found.append(Option(f.name, kind, default, described.help, described.check))
+    return tuple(found)
+
+
+# -- the tables, each option declared once ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceSettings:
+    """One ``[sources.<name>]`` table; the read interval's default is the source's own
+    (``SourceInfo.default_interval``)."""
+
+    enabled: bool = option(True, "run this source")
+    interval_seconds: float = field(
+        metadata=about("seconds between reads (default per source)", SECONDS_SOURCE_INTERVAL)
+    )
+    timeout_seconds: float = option(
         DEFAULT_SOURCE_TIMEOUT,
         "seconds one read may take; a read that overruns is reported down with reason"
         " `timeout`, the cycle goes on without it, and the source is not called again"
         " until the stuck read returns",
         SECONDS_SOURCE_TIMEOUT,
-    ),
-)
-
-
-#: ``[detectors.<name>]``: thresholds of the pure detectors (``nodescope.detectors``). Rates
-#: are per second over the interval between a source's two latest reads; ratios are
-#: fractions of a link's capacity per direction after line encoding.
-DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
-    {
-        "contention": (
-            Option("enabled", bool, True, "report shared PCIe links that devices contend for"),
-            Option(
-                "utilisation_ratio",
-                float,
-                0.6,
-                "a shared link is contended from this demand over capacity in its busier"
-                " direction (DMA tops out near 0.8 of the encoded rate: TLP and DLLP overhead)",
-                FRACTION,
-            ),
-            Option(
-                "min_share",
-                float,
-                0.1,
-                "an endpoint takes part when it carries at least this share of the link's"
-                " traffic (both directions); two of different classes must",
-                FRACTION,
-            ),
-        ),
-        "saturation": (
-            Option("enabled", bool, True, "report GPUs that saturate their own PCIe link"),
-            Option(
-                "bidirectional_ratio",
-                float,
-                0.57,
-                "both directions together over twice the per-direction capacity; an A100 on"
-                " Gen4 x16 saturated at 38 of 63 GB/s (0.60): 0.57 is 95 % of that point."
-                ' Per model: [detectors.saturation.models] "A100" = 0.57',
-                FRACTION,
-            ),
-            Option(
-                "one_way_ratio",
-                float,
-                0.85,
-                "one direction over the per-direction capacity",
-                FRACTION,
-            ),
-        ),
-        "downtraining": (
-            Option("enabled", bool, True, "report links trained below their maximum under load"),
-            Option(
-                "min_bytes_per_second",
-                float,
-                1e9,
-                "traffic (both directions) from which a device counts as under load; idle"
-                " devices lower their link speed to save power",
-                BANDWIDTH,
-            ),
-        ),
-        "errors": (
-            Option("enabled", bool, True, "report PCIe, NVLink and InfiniBand error rates"),
-            Option(
-                "aer_correctable_per_second",
-                float,
-                0.0,
-                "correctable AER errors per second above which a function is reported"
-                " (non-fatal and fatal errors always are)",
-                EVENT_RATE,
-            ),
-            Option(
-                "pcie_replays_per_second",
-                float,
-                0.1,
-                "GPU PCIe replays per second from which a GPU is reported",
-                EVENT_RATE,
-            ),
-            Option(
-                "nvlink_errors_per_second",
-                float,
-                1.0,
-                "NVLink CRC (flit, data) or replay errors per second from which a link is"
-                " reported (recoveries always are)",
-                EVENT_RATE,
-            ),
-            Option(
-                "ib_symbol_errors_per_second",
-                float,
-                1 / 60,
-                "InfiniBand symbol errors per second from which a port is reported (link_downed"
-                " increments always are)",
-                EVENT_RATE,
-            ),
-            Option(
-                "ib_xmit_wait_per_second",
-                float,
-                1e6,
-                "port_xmit_wait ticks per second from which a port is reported as congested"
-                " (the tick length is the HCA's; tune per fabric)",
-                Range(0, 1e12),
-            ),
-        ),
-        "placement": (
-            Option(
-                "enabled",
-                bool,
-                True,
-                "report jobs whose GPUs use HCAs on another NUMA node or root complex",
-            ),
-        ),
-        "nvlink": (
-            Option(
-                "enabled",
-                bool,
-                True,
-                "report NVLink arbitration stalls, stall bursts and bandwidth saturation seen"
-                " by the nvlink_counter module",
-            ),
-            Option(
-                "stall_warning_cycles_per_us",
-                float,
-                500.0,
-                "average stall cycles per microsecond of a link from which it is a warning",
-                Range(0, 1e6, low_open=True),
-            ),
-            Option(
-                "stall_critical_cycles_per_us",
-                float,
-                2000.0,
-                "average stall cycles per microsecond above which it is critical; a per-sample"
-                " peak above it under a normal average is a stall burst",
-                Range(0, 1e6, low_open=True),
-            ),
-            Option(
-                "utilisation_warning_ratio",
-                float,
-                0.7,
-                "average utilisation (larger of TX and RX over the capacity per direction) from"
-                " which a link is a warning",
-                FRACTION,
-            ),
-            Option(
-                "utilisation_critical_ratio",
-                float,
-                0.9,
-                "average utilisation above which a link is critical",
-                FRACTION,
-            ),
-            Option(
-                "burst_findings",
-                bool,
-                True,
-                "report per-sample stall peaks in the critical band when the average is normal",
-            ),
-        ),
-        "jobs": (
-            Option(
-                "enabled",
-                bool,
-                True,
-                "report escaped job processes and threads, memory limits that do not apply,"
-                " OOM kills and memory pressure",
-            ),
-            Option(
-                "memory_pressure_percent",
-                float,
-                10.0,
-                "a job is under sustained memory pressure from this share of the last minute"
-                " in which all its tasks stalled on memory (memory.pressure full avg60, %)",
-                PERCENT,
-            ),
-        ),
-        "hangs": (
-            Option(
-                "enabled",
-                bool,
-                True,
-                "report jobs whose GPUs sit idle: stalled on a storage lock or NFS, a starving"
-                " data loader, or a stall of unknown cause",
-            ),
-            Option(
-                "idle_utilisation_ratio",
-                float,
-                0.05,
-                "a GPU is idle at or below this NVML utilisation (0.05 = 5 %) …",
-                FRACTION,
-            ),
-            Option(
-                "idle_bytes_per_second",
-                float,
-                1e8,
-                "… and at or below this PCIe plus NVLink traffic, both directions",
-                BANDWIDTH,
-            ),
-            Option(
-                "loader_utilisation_ratio",
-                float,
-                0.5,
-                "a job's GPUs are mostly idle below this mean utilisation",
-                FRACTION,
-            ),
-            Option(
-                "loader_io_pressure_percent",
-                float,
-                20.0,
-                "io pressure of the job cgroup (io.pressure some avg10, %) from which its data"
-                " loader counts as waiting on I/O",
-                PERCENT,
-            ),
-            Option(
-                "loader_max_bytes_per_second",
-                float,
-                2e8,
-                "the job's block I/O plus the node's NFS traffic below which that waiting is"
-                " starvation rather than a busy disk",
-                BANDWIDTH,
-            ),
-        ),
-        "hotplug": (
-            Option(
-                "enabled",
-                bool,
-                True,
-                "report GPUs that fell off the bus and network/InfiniBand links that flap",
-            ),
-            Option(
-                "flap_transitions",
-                float,
-                4.0,
-                "a link flaps from this many up/down transitions within the link_events"
-                " source's window (two downs and two ups)",
-                Range(1, 1000),
-            ),
-        ),
-    }
-)
-
-
-#: ``[probe]``: what ``nodescope probe`` must measure to pass (its exit status, for the Slurm
-#: prolog). Fractions are of the GPU's maximum PCIe capacity per direction after line encoding;
-#: asymmetries are ``|a→b − b→a| / mean`` of one GPU pair; 0 turns a minimum off.
-PROBE_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "min_h2d_fraction",
-        float,
-        0.7,
-        "host-to-device copy bandwidth (pinned, peak over sizes) over the link capacity; a"
-        " healthy Gen4/Gen5 x16 link reaches about 0.8, a link trained at half width 0.4",
-        Range(0, 1),
-    ),
-    Option(
-        "min_d2h_fraction",
-        float,
-        0.7,
-        "device-to-host copy bandwidth over the link capacity",
-        Range(0, 1),
-    ),
-    Option(
-        "min_h2d_bytes_per_second",
-        float,
-        0.0,
-        "host-to-device bandwidth in bytes per second (also checked on the CPU stand-in)",
-        BANDWIDTH,
-    ),
-    Option(
-        "min_d2h_bytes_per_second",
-        float,
-        0.0,
-        "device-to-host bandwidth in bytes per second (also checked on the CPU stand-in)",
-        BANDWIDTH,
-    ),
-    Option(
-        "max_bandwidth_asymmetry",
-        float,
-        0.25,
-        "GPU pair copy bandwidth asymmetry from which the pair fails",
-        Range(0, 10, low_open=True),
-    ),
-    Option(
-        "max_latency_asymmetry",
-        float,
-        0.3,
-        "GPU pair small-copy latency asymmetry from which the pair fails (a +42 % bias in"
-        " one direction is 0.35)",
-        Range(0, 10, low_open=True),
-    ),
-    Option(
-        "min_allreduce_busbw_bytes_per_second",
-        float,
-        0.0,
-        "local all-reduce bus bandwidth (nccl-tests busbw, peak over sizes)",
-        BANDWIDTH,
-    ),
-    Option(
-        "timeout_seconds",
-        float,
-        300.0,
-        "the daemon stops a probe it started after this long",
-        Range(1, HOUR),
-    ),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeSettings:
-    min_h2d_fraction: float = 0.7
-    min_d2h_fraction: float = 0.7
-    min_h2d_bytes_per_second: float = 0.0
-    min_d2h_bytes_per_second: float = 0.0
-    max_bandwidth_asymmetry: float = 0.25
-    max_latency_asymmetry: float = 0.3
-    min_allreduce_busbw_bytes_per_second: float = 0.0
-    timeout_seconds: float = 300.0
-
-
-def _absolute_or_empty(value: Any) -> str | None:
-    return None if value == "" or str(value).startswith("/") else "must be empty or absolute"
-
-
-#: ``[slurm]``: the prolog/epilog hooks (``nodescope slurm prolog|epilog``), their socket to the
-#: daemon and the prolog's health gate. A gate key at 0, false or [] turns that check off.
-SLURM_OPTIONS: tuple[Option, ...] = (
-    Option(
-        "slurm_user",
-        str,
-        "slurm",
-        "besides root, the only user the daemon's hook socket answers (Slurm's SlurmUser)",
-    ),
-    Option(
-        "reports_dir",
-        str,
-        "/var/lib/nodescope/jobs",
-        "where the epilog's per-job reports are written (<job id>.json)",
-        _absolute,
-    ),
-    Option(
-        "scontrol",
-        str,
-        "/usr/bin/scontrol",
-        "scontrol used to drain the node with the gate's reason; empty: leave it to Slurm",
-        _absolute_or_empty,
-    ),
-    Option(
-        "timeout_seconds",
-        float,
-        2.0,
-        "how long a hook waits for the daemon before running its local checks (a hook must"
-        " never hang a job launch)",
-        Range(0, 2, low_open=True),
-    ),
-    Option(
-        "expected_gpus",
-        int,
-        0,
-        "GPUs the node must have (NVML, else /dev/nvidia<N>)",
-        Range(0, 1024, integer=True),
-    ),
-    Option(
-        "xid_codes",
-        list,
-        [48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120],
-        "Xid codes that fail the gate while uncleared (seen since the last job or the last"
-        " `nodescope slurm clear-xids`); application faults such as 13, 31 and 43 are not"
-        " in the default list",
-        IntList(0, 9999, max_items=256),
-    ),
-    Option(
-        "check_link_width",
-        bool,
-        True,
-        "fail when a GPU's PCIe link runs narrower than its maximum width",
-    ),
-    Option(
-        "min_link_gen",
-        int,
-        0,
-        "fail when a GPU's PCIe link runs below this generation (idle GPUs may lower it)",
-        Range(0, 7, integer=True),
-    ),
-    Option(
-        "required_modules",
-        list,
-        [],
-        "kernel modules that must be loaded (/sys/module/<name>), e.g. nvidia, nvlink_counter",
-        NameList(max_items=256, max_length=64),
-    ),
-    Option(
-        "run_probe",
-        bool,
-        False,
-        "run `nodescope probe --quick` (when installed) and fail on its exit status",
-    ),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmSettings:
-    slurm_user: str = "slurm"
-    reports_dir: str = "/var/lib/nodescope/jobs"
-    scontrol: str = "/usr/bin/scontrol"
-    timeout_seconds: float = 2.0
-    expected_gpus: int = 0
-    xid_codes: tuple[int, ...] = (48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120)
-    check_link_width: bool = True
-    min_link_gen: int = 0
-    required_modules: tuple[str, ...] = ()
-    run_probe: bool = False
-
-
-def _slurm(path: str, table: Any) -> SlurmSettings:
-    values = _section(path, "slurm", table, SLURM_OPTIONS)
-    for key in ("xid_codes", "required_modules"):
-        if key in values:
-            values[key] = tuple(values[key])
-    return SlurmSettings(**values)
-
-
-@dataclass(frozen=True, slots=True)
-class SourceSettings:
-    enabled: bool
-    interval_seconds: float
-    timeout_seconds: float = DEFAULT_SOURCE_TIMEOUT
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class AlertRuleSettings:
     """One ``[alerts.rules.<kind>]`` table; ``None`` where the file does not set the key."""
 
-    enabled: bool | None = None
-    for_seconds: float | None = None
-    resolve_after_seconds: float | None = None
-    clear_below: float | None = None
-    pending_gap_seconds: float | None = None
+    enabled: bool | None = option(None, "turn findings of this kind into alerts", unset_means=True)
+    for_seconds: float | None = option(
+        None, "seconds the finding must hold before firing", Range(0, DAY)
+    )
+    resolve_after_seconds: float | None = option(
+        None, "seconds the finding must be gone before resolving", Range(0, DAY)
+    )
+    clear_below: float | None = option(
+        None,
+        "a firing alert stays firing while its finding's evidence `value` is at least this,"
+        " even below the detector's raise threshold",
+        Range(0, 1e15),
+    )
+    pending_gap_seconds: float | None = option(
+        None,
+        "seconds a pending alert's finding may be missing before the alert is cancelled",
+        Range(0, HOUR),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class AlertsSettings:
-    alertmanager_url: str = ""
-    instance: str = ""
-    resend_seconds: float = 60.0
-    push_timeout_seconds: float = 5.0
-    for_seconds: float = 30.0
-    resolve_after_seconds: float = 60.0
-    pending_gap_seconds: float = 1.0
+    """``[alerts]``: the push to Alertmanager and the timing every kind defaults to."""
+
+    alertmanager_url: str = option(
+        "",
+        "Alertmanager base URL to push firing and resolved alerts to (API v2); empty: no push",
+        _alertmanager_url,
+    )
+    instance: str = option("", "the instance label of pushed alerts; empty: the host name")
+    resend_seconds: float = option(
+        60.0,
+        "how often firing alerts are sent to Alertmanager again while they last",
+        Range(1, DAY),
+    )
+    push_timeout_seconds: float = option(5.0, "timeout of one push to Alertmanager", Range(0.1, 60))
+    for_seconds: float = option(
+        30.0,
+        "default for every kind: seconds a finding must hold before its alert fires",
+        Range(0, DAY),
+    )
+    resolve_after_seconds: float = option(
+        60.0,
+        "default for every kind: seconds a finding must be gone before its alert resolves",
+        Range(0, DAY),
+    )
+    # The pending alert's tolerance of a missing cycle (nodescope.alerts).
+    pending_gap_seconds: float = option(
+        1.0,
+        "default for every kind: seconds a pending alert's finding may be missing before the"
+        " alert is cancelled; 0 cancels at the first missing cycle, as Prometheus's `for`",
+        Range(0, HOUR),
+    )
     rules: Mapping[str, AlertRuleSettings] = field(default_factory=lambda: MappingProxyType({}))
+
+
+# ``[detectors.<name>]``: one class per detector (``nodescope.detectors``), each a field of
+# DetectorsSettings below; SAMPLE_NOTES["detectors"] says what the rates and ratios are of.
+
+
+@dataclass(frozen=True, slots=True)
+class ContentionSettings:
+    enabled: bool = option(True, "report shared PCIe links that devices contend for")
+    utilisation_ratio: float = option(
+        0.6,
+        "a shared link is contended from this demand over capacity in its busier direction"
+        " (DMA tops out near 0.8 of the encoded rate: TLP and DLLP overhead)",
+        FRACTION,
+    )
+    min_share: float = option(
+        0.1,
+        "an endpoint takes part when it carries at least this share of the link's traffic"
+        " (both directions); two of different classes must",
+        FRACTION,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SaturationSettings:
+    """The per-model ratios of ``[detectors.saturation.models]`` are
+    :attr:`DetectorsSettings.saturation_models`."""
+
+    enabled: bool = option(True, "report GPUs that saturate their own PCIe link")
+    bidirectional_ratio: float = option(
+        0.57,
+        "both directions together over twice the per-direction capacity; an A100 on Gen4 x16"
+        " saturated at 38 of 63 GB/s (0.60): 0.57 is 95 % of that point."
+        ' Per model: [detectors.saturation.models] "A100" = 0.57',
+        FRACTION,
+    )
+    one_way_ratio: float = option(0.85, "one direction over the per-direction capacity", FRACTION)
+
+
+@dataclass(frozen=True, slots=True)
+class DowntrainingSettings:
+    enabled: bool = option(True, "report links trained below their maximum under load")
+    min_bytes_per_second: float = option(
+        1e9,
+        "traffic (both directions) from which a device counts as under load; idle devices"
+        " lower their link speed to save power",
+        BANDWIDTH,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorsSettings:
+    enabled: bool = option(True, "report PCIe, NVLink and InfiniBand error rates")
+    aer_correctable_per_second: float = option(
+        0.0,
+        "correctable AER errors per second above which a function is reported (non-fatal and"
+        " fatal errors always are)",
+        EVENT_RATE,
+    )
+    pcie_replays_per_second: float = option(
+        0.1, "GPU PCIe replays per second from which a GPU is reported", EVENT_RATE
+    )
+    nvlink_errors_per_second: float = option(
+        1.0,
+        "NVLink CRC (flit, data) or replay errors per second from which a link is reported"
+        " (recoveries always are)",
+        EVENT_RATE,
+    )
+    ib_symbol_errors_per_second: float = option(
+        1 / 60,
+        "InfiniBand symbol errors per second from which a port is reported (link_downed"
+        " increments always are)",
+        EVENT_RATE,
+    )
+    ib_xmit_wait_per_second: float = option(
+        1e6,
+        "port_xmit_wait ticks per second from which a port is reported as congested (the tick"
+        " length is the HCA's; tune per fabric)",
+        Range(0, 1e12),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSettings:
+    enabled: bool = option(
+        True, "report jobs whose GPUs use HCAs on another NUMA node or root complex"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkSettings:
+    """The warning bound of each band is at most its critical bound (checked on load)."""
+
+    enabled: bool = option(
+        True,
+        "report NVLink arbitration stalls, stall bursts and bandwidth saturation seen by the"
+        " nvlink_counter module",
+    )
+    stall_warning_cycles_per_us: float = option(
+        500.0,
+        "average stall cycles per microsecond of a link from which it is a warning",
+        Range(0, 1e6, low_open=True),
+    )
+    stall_critical_cycles_per_us: float = option(
+        2000.0,
+        "average stall cycles per microsecond above which it is critical; a per-sample peak"
+        " above it under a normal average is a stall burst",
+        Range(0, 1e6, low_open=True),
+    )
+    utilisation_warning_ratio: float = option(
+        0.7,
+        "average utilisation (larger of TX and RX over the capacity per direction) from which"
+        " a link is a warning",
+        FRACTION,
+    )
+    utilisation_critical_ratio: float = option(
+        0.9, "average utilisation above which a link is critical", FRACTION
+    )
+    burst_findings: bool = option(
+        True, "report per-sample stall peaks in the critical band when the average is normal"
+    )
+
+
+#: The ``[detectors.nvlink]`` bands as (warning, critical) keys: warning may not exceed critical.
+NVLINK_BANDS = (
+    ("stall_warning_cycles_per_us", "stall_critical_cycles_per_us"),
+    ("utilisation_warning_ratio", "utilisation_critical_ratio"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobsSettings:
+    enabled: bool = option(
+        True,
+        "report escaped job processes and threads, memory limits that do not apply, OOM kills"
+        " and memory pressure",
+    )
+    memory_pressure_percent: float = option(
+        10.0,
+        "a job is under sustained memory pressure from this share of the last minute in which"
+        " all its tasks stalled on memory (memory.pressure full avg60, %)",
+        PERCENT,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HangsSettings:
+    enabled: bool = option(
+        True,
+        "report jobs whose GPUs sit idle: stalled on a storage lock or NFS, a starving data"
+        " loader, or a stall of unknown cause",
+    )
+    idle_utilisation_ratio: float = option(
+        0.05, "a GPU is idle at or below this NVML utilisation (0.05 = 5 %) …", FRACTION
+    )
+    idle_bytes_per_second: float = option(
+        1e8, "… and at or below this PCIe plus NVLink traffic, both directions", BANDWIDTH
+    )
+    loader_utilisation_ratio: float = option(
+        0.5, "a job's GPUs are mostly idle below this mean utilisation", FRACTION
+    )
+    loader_io_pressure_percent: float = option(
+        20.0,
+        "io pressure of the job cgroup (io.pressure some avg10, %) from which its data loader"
+        " counts as waiting on I/O",
+        PERCENT,
+    )
+    loader_max_bytes_per_second: float = option(
+        2e8,
+        "the job's block I/O plus the node's NFS traffic below which that waiting is"
+        " starvation rather than a busy disk",
+        BANDWIDTH,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HotplugSettings:
+    enabled: bool = option(
+        True, "report GPUs that fell off the bus and network/InfiniBand links that flap"
+    )
+    flap_transitions: float = option(
+        4.0,
+        "a link flaps from this many up/down transitions within the link_events source's"
+        " window (two downs and two ups)",
+        Range(1, 1000),
+    )
+
+
+def _no_tables() -> Mapping[str, Mapping[str, Any]]:
+    return MappingProxyType({})
+
+
+def _default_models() -> Mapping[str, float]:
+    return MappingProxyType({"A100": 0.57})
 
 
 @dataclass(frozen=True, slots=True)
 class DetectorsSettings:
-    """``[detectors.<name>]`` tables with their defaults filled in, and the per-GPU-model
-    saturation ratios of ``[detectors.saturation.models]`` (a model matches when its key is
-    part of the GPU's name, e.g. ``"A100"``)."""
+    """Every ``[detectors.<name>]`` table as a typed attribute (``self.contention``, ...), and
+    the per-GPU-model saturation ratios of ``[detectors.saturation.models]`` (a model matches
+    when its key is part of the GPU's name, e.g. ``"A100"``).
 
-    values: Mapping[str, Mapping[str, Any]] = field(
-        default_factory=lambda: MappingProxyType(
-            {
-                name: MappingProxyType({o.key: o.default for o in options})
-                for name, options in DETECTOR_OPTIONS.items()
-            }
+    Built from ``values``, the tables by detector name (a missing table or key takes its
+    default); after construction ``values`` holds every table with every key, the form the
+    string-keyed readers :meth:`number` and :meth:`enabled` use. The typed attributes are the
+    same values, checked by mypy at each read."""
+
+    values: Mapping[str, Mapping[str, Any]] = field(default_factory=_no_tables)
+    saturation_models: Mapping[str, float] = field(default_factory=_default_models)
+    # One field per detector, in the order of the reference and the sample; the field's type
+    # is the detector's settings class (DETECTOR_SECTIONS is read from these).
+    contention: ContentionSettings = field(init=False, repr=False, compare=False)
+    saturation: SaturationSettings = field(init=False, repr=False, compare=False)
+    downtraining: DowntrainingSettings = field(init=False, repr=False, compare=False)
+    errors: ErrorsSettings = field(init=False, repr=False, compare=False)
+    placement: PlacementSettings = field(init=False, repr=False, compare=False)
+    nvlink: NvlinkSettings = field(init=False, repr=False, compare=False)
+    jobs: JobsSettings = field(init=False, repr=False, compare=False)
+    hangs: HangsSettings = field(init=False, repr=False, compare=False)
+    hotplug: HotplugSettings = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tables: dict[str, Mapping[str, Any]] = {}
+        for name, section in DETECTOR_SECTIONS.items():
+            typed = section(**self.values.get(name, {}))
+            object.__setattr__(self, name, typed)
+            tables[name] = MappingProxyType(
+                {o.key: getattr(typed, o.key) for o in DETECTOR_OPTIONS[name]}
+            )
+        object.__setattr__(self, "values", MappingProxyType(tables))
+        object.__setattr__(
+            self, "saturation_models", MappingProxyType(dict(self.saturation_models))
         )
-    )
-    saturation_models: Mapping[str, float] = field(
-        default_factory=lambda: MappingProxyType({"A100": 0.57})
-    )
 
     def number(self, section: str, key: str) -> float:
         return float(self.values[section][key])
@@ -805,16 +608,125 @@ class DetectorsSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class Config:
-    listen: str = DEFAULT_LISTEN
-    tick_seconds: float = 1.0
-    log_level: str = "info"
-    roots: Roots = field(default_factory=Roots)
-    sources: Mapping[str, SourceSettings] = field(
-        default_factory=lambda: MappingProxyType(
-            {s.name: SourceSettings(True, s.default_interval) for s in SOURCE_TABLE}
-        )
+class ProbeSettings:
+    """``[probe]``: what ``nodescope probe`` must measure to pass (SAMPLE_NOTES["probe"] says
+    what the fractions and asymmetries are of)."""
+
+    min_h2d_fraction: float = option(
+        0.7,
+        "host-to-device copy bandwidth (pinned, peak over sizes) over the link capacity; a"
+        " healthy Gen4/Gen5 x16 link reaches about 0.8, a link trained at half width 0.4",
+        Range(0, 1),
     )
+    min_d2h_fraction: float = option(
+        0.7, "device-to-host copy bandwidth over the link capacity", Range(0, 1)
+    )
+    min_h2d_bytes_per_second: float = option(
+        0.0,
+        "host-to-device bandwidth in bytes per second (also checked on the CPU stand-in)",
+        BANDWIDTH,
+    )
+    min_d2h_bytes_per_second: float = option(
+        0.0,
+        "device-to-host bandwidth in bytes per second (also checked on the CPU stand-in)",
+        BANDWIDTH,
+    )
+    max_bandwidth_asymmetry: float = option(
+        0.25,
+        "GPU pair copy bandwidth asymmetry from which the pair fails",
+        Range(0, 10, low_open=True),
+    )
+    max_latency_asymmetry: float = option(
+        0.3,
+        "GPU pair small-copy latency asymmetry from which the pair fails (a +42 % bias in one"
+        " direction is 0.35)",
+        Range(0, 10, low_open=True),
+    )
+    min_allreduce_busbw_bytes_per_second: float = option(
+        0.0,
+        "local all-reduce bus bandwidth (nccl-tests busbw, peak over sizes)",
+        BANDWIDTH,
+    )
+    timeout_seconds: float = option(
+        300.0, "the daemon stops a probe it started after this long", Range(1, HOUR)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmSettings:
+    """``[slurm]``: the prolog/epilog hooks, their socket to the daemon and the prolog's
+    health gate, where a key at 0, false or [] turns its check off."""
+
+    slurm_user: str = option(
+        "slurm",
+        "besides root, the only user the daemon's hook socket answers (Slurm's SlurmUser)",
+    )
+    reports_dir: str = option(
+        "/var/lib/nodescope/jobs",
+        "where the epilog's per-job reports are written (<job id>.json)",
+        _absolute,
+    )
+    scontrol: str = option(
+        "/usr/bin/scontrol",
+        "scontrol used to drain the node with the gate's reason; empty: leave it to Slurm",
+        _absolute_or_empty,
+    )
+    timeout_seconds: float = option(
+        2.0,
+        "how long a hook waits for the daemon before running its local checks (a hook must"
+        " never hang a job launch)",
+        Range(0, 2, low_open=True),
+    )
+    expected_gpus: int = option(
+        0, "GPUs the node must have (NVML, else /dev/nvidia<N>)", Range(0, 1024, integer=True)
+    )
+    xid_codes: tuple[int, ...] = option(
+        (48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120),
+        "Xid codes that fail the gate while uncleared (seen since the last job or the last"
+        " `nodescope slurm clear-xids`); application faults such as 13, 31 and 43 are not in"
+        " the default list",
+        IntList(0, 9999, max_items=256),
+    )
+    check_link_width: bool = option(
+        True, "fail when a GPU's PCIe link runs narrower than its maximum width"
+    )
+    min_link_gen: int = option(
+        0,
+        "fail when a GPU's PCIe link runs below this generation (idle GPUs may lower it)",
+        Range(0, 7, integer=True),
+    )
+    required_modules: tuple[str, ...] = option(
+        (),
+        "kernel modules that must be loaded (/sys/module/<name>), e.g. nvidia, nvlink_counter",
+        NameList(max_items=256, max_length=64),
+    )
+    run_probe: bool = option(
+        False, "run `nodescope probe --quick` (when installed) and fail on its exit status"
+    )
+
+
+def _default_sources() -> Mapping[str, SourceSettings]:
+    return MappingProxyType(
+        {s.name: SourceSettings(interval_seconds=s.default_interval) for s in SOURCE_TABLE}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole file. The ``[daemon]`` keys are the options declared here; every other table
+    is a settings object of its own."""
+
+    listen: str = option(
+        DEFAULT_LISTEN, "HOST:PORT of the /metrics server; [::1]:PORT for IPv6", _listen
+    )
+    tick_seconds: float = option(
+        1.0,
+        "how often the loop wakes to run the sources that are due; no source runs more often",
+        SECONDS_TICK,
+    )
+    log_level: str = option("info", "one of debug, info, warning, error", _log_level)
+    roots: Roots = field(default_factory=Roots)
+    sources: Mapping[str, SourceSettings] = field(default_factory=_default_sources)
     alerts: AlertsSettings = field(default_factory=AlertsSettings)
     detectors: DetectorsSettings = field(default_factory=DetectorsSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
@@ -824,6 +736,40 @@ class Config:
     @property
     def listen_address(self) -> tuple[str, int]:
         return parse_listen(self.listen)
+
+
+# -- the options of each table, derived from the declarations above --------------------------
+
+DAEMON_OPTIONS = options_of(Config)
+ROOT_OPTIONS: tuple[Option, ...] = tuple(
+    Option(name, str, str(getattr(Roots(), name)), f"root of {name} for every source", _absolute)
+    for name in ROOT_NAMES
+)
+SOURCE_OPTIONS = options_of(SourceSettings)
+ALERT_OPTIONS = options_of(AlertsSettings)
+#: ``[alerts.rules.<kind>]``: every key optional; an unset key falls back to the built-in rule
+#: of the kind, then to the ``[alerts]`` defaults.
+ALERT_RULE_OPTIONS = options_of(AlertRuleSettings)
+
+
+def _detector_sections() -> Mapping[str, type[Any]]:
+    """Detector name -> its settings class, in the order :class:`DetectorsSettings` declares
+    its typed fields."""
+    hints = typing.get_type_hints(DetectorsSettings)
+    return MappingProxyType(
+        {f.name: hints[f.name] for f in dataclasses.fields(DetectorsSettings) if not f.init}
+    )
+
+
+DETECTOR_SECTIONS = _detector_sections()
+DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
+    {name: options_of(section) for name, section in DETECTOR_SECTIONS.items()}
+)
+PROBE_OPTIONS = options_of(ProbeSettings)
+SLURM_OPTIONS = options_of(SlurmSettings)
+
+#: The tables a file may hold, in the order the sample and the reference list them.
+TABLES = ("daemon", "roots", "sources", "alerts", "detectors", "probe", "slurm")
 
 
 #: A host name as resolvers take it (RFC 1123 labels); Python's IDNA codec raises UnicodeError,
@@ -873,7 +819,7 @@ def _text_problem(value: str) -> str | None:
 def _typed(path: str, key: str, option: Option, value: Any) -> Any:
     """``value`` if it has the option's TOML type and passes its check. The one conversion is
     an integer where a float is expected (``tick_seconds = 2``); a boolean is never a number
-    and a number never a boolean."""
+    and a number never a boolean. An array becomes the tuple its field holds."""
     int_for_float = option.kind is float and isinstance(value, int) and not isinstance(value, bool)
     right_type = isinstance(value, option.kind) or int_for_float
     if not right_type or isinstance(value, bool) != (option.kind is bool):
@@ -888,10 +834,14 @@ def _typed(path: str, key: str, option: Option, value: Any) -> Any:
             return float(value)
         except OverflowError:
             raise ConfigError(path, key, f"{_value_text(value)} is not a float") from None
+    if option.kind is list:
+        return tuple(value)
     return value
 
 
 def _section(path: str, prefix: str, table: Any, options: tuple[Option, ...]) -> dict[str, Any]:
+    """The keys ``table`` sets, each checked against its option; unset keys are left out, so
+    the settings class fills in its own defaults."""
     if not isinstance(table, dict):
         raise ConfigError(path, prefix, "must be a table")
     known = {o.key: o for o in options}
@@ -908,38 +858,38 @@ def _section(path: str, prefix: str, table: Any, options: tuple[Option, ...]) ->
 def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
     """Validate a parsed TOML document into a :class:`Config`."""
     for key in data:
-        if key not in ("daemon", "roots", "sources", "alerts", "detectors", "probe", "slurm"):
+        if key not in TABLES:
             raise ConfigError(path, _display(key), "unknown key")
     daemon = _section(path, "daemon", data.get("daemon", {}), DAEMON_OPTIONS)
     roots_table = _section(path, "roots", data.get("roots", {}), ROOT_OPTIONS)
-    sources_table = data.get("sources", {})
-    if not isinstance(sources_table, dict):
+    sources = _sources(path, data.get("sources", {}))
+    alerts = _alerts(path, data.get("alerts", {}))
+    detectors = _detectors(path, data.get("detectors", {}))
+    probe = _section(path, "probe", data.get("probe", {}), PROBE_OPTIONS)
+    slurm = _section(path, "slurm", data.get("slurm", {}), SLURM_OPTIONS)
+    return Config(
+        **daemon,
+        roots=Roots().with_overrides(**roots_table),
+        sources=sources,
+        alerts=alerts,
+        detectors=detectors,
+        probe=ProbeSettings(**probe),
+        slurm=SlurmSettings(**slurm),
+        path=path,
+    )
+
+
+def _sources(path: str, table: Any) -> Mapping[str, SourceSettings]:
+    if not isinstance(table, dict):
         raise ConfigError(path, "sources", "must be a table")
     sources: dict[str, SourceSettings] = {}
     for info in SOURCE_TABLE:
-        settings = _section(
-            path, f"sources.{info.name}", sources_table.get(info.name, {}), SOURCE_OPTIONS
-        )
-        sources[info.name] = SourceSettings(
-            enabled=settings.get("enabled", True),
-            interval_seconds=settings.get("interval_seconds", info.default_interval),
-            timeout_seconds=settings.get("timeout_seconds", DEFAULT_SOURCE_TIMEOUT),
-        )
-    for name in sources_table:
+        given = _section(path, f"sources.{info.name}", table.get(info.name, {}), SOURCE_OPTIONS)
+        sources[info.name] = SourceSettings(**{"interval_seconds": info.default_interval, **given})
+    for name in table:
         if name not in SOURCES:
             raise ConfigError(path, f"sources.{_display(name)}", "unknown source")
-    return Config(
-        alerts=_alerts(path, data.get("alerts", {})),
-        detectors=_detectors(path, data.get("detectors", {})),
-        probe=ProbeSettings(**_section(path, "probe", data.get("probe", {}), PROBE_OPTIONS)),
-        slurm=_slurm(path, data.get("slurm", {})),
-        listen=daemon.get("listen", DEFAULT_LISTEN),
-        tick_seconds=daemon.get("tick_seconds", 1.0),
-        log_level=daemon.get("log_level", "info"),
-        roots=Roots().with_overrides(**roots_table),
-        sources=MappingProxyType(sources),
-        path=path,
-    )
+    return MappingProxyType(sources)
 
 
 def _alerts(path: str, table: Any) -> AlertsSettings:
@@ -961,44 +911,40 @@ def _alerts(path: str, table: Any) -> AlertsSettings:
     return AlertsSettings(**settings, rules=MappingProxyType(rules))
 
 
+def _saturation_models(path: str, table: Any) -> dict[str, float]:
+    """``[detectors.saturation.models]``: GPU model name -> its bidirectional ratio."""
+    if not isinstance(table, dict):
+        raise ConfigError(path, "detectors.saturation.models", "must be a table")
+    ratio_option = Option("", float, None, "", FRACTION)
+    models: dict[str, float] = {}
+    for model, ratio in table.items():
+        dotted = f"detectors.saturation.models.{_display(model)}"
+        problem = _text_problem(model)
+        if problem or len(model) > 128:
+            raise ConfigError(path, dotted, problem or "a model name of 128 characters at most")
+        models[model] = _typed(path, dotted, ratio_option, ratio)
+    return models
+
+
 def _detectors(path: str, table: Any) -> DetectorsSettings:
     if not isinstance(table, dict):
         raise ConfigError(path, "detectors", "must be a table")
     for name in table:
-        if name not in DETECTOR_OPTIONS:
+        if name not in DETECTOR_SECTIONS:
             raise ConfigError(path, f"detectors.{_display(name)}", "unknown detector")
-    values: dict[str, Mapping[str, Any]] = {}
-    models: dict[str, float] = dict(DetectorsSettings().saturation_models)
+    tables: dict[str, Mapping[str, Any]] = {}
+    models = dict(_default_models())
     for name, options in DETECTOR_OPTIONS.items():
         section = table.get(name, {})
         if name == "saturation" and isinstance(section, dict) and "models" in section:
             section = dict(section)
-            models_table = section.pop("models")
-            if not isinstance(models_table, dict):
-                raise ConfigError(path, "detectors.saturation.models", "must be a table")
-            for model, ratio in models_table.items():
-                dotted = f"detectors.saturation.models.{_display(model)}"
-                problem = _text_problem(model)
-                if problem or len(model) > 128:
-                    raise ConfigError(
-                        path, dotted, problem or "a model name of 128 characters at most"
-                    )
-                models[model] = _typed(
-                    path,
-                    dotted,
-                    Option(model, float, None, "", FRACTION),
-                    ratio,
-                )
-        given = _section(path, f"detectors.{name}", section, options)
-        values[name] = MappingProxyType({o.key: given.get(o.key, o.default) for o in options})
-    nvlink = values["nvlink"]
-    for low, high in (
-        ("stall_warning_cycles_per_us", "stall_critical_cycles_per_us"),
-        ("utilisation_warning_ratio", "utilisation_critical_ratio"),
-    ):
-        if nvlink[low] > nvlink[high]:
+            models.update(_saturation_models(path, section.pop("models")))
+        tables[name] = _section(path, f"detectors.{name}", section, options)
+    settings = DetectorsSettings(tables, models)
+    for low, high in NVLINK_BANDS:
+        if getattr(settings.nvlink, low) > getattr(settings.nvlink, high):
             raise ConfigError(path, f"detectors.nvlink.{low}", f"must be at most {high}")
-    return DetectorsSettings(MappingProxyType(values), MappingProxyType(models))
+    return settings
 
 
 #: A TOML string at the position it starts, in each of its four forms. A multi-line string
@@ -1084,42 +1030,163 @@ def load(path: str | Path) -> Config:
     return from_mapping(data, text_path)
 
 
-def reference_markdown() -> str:
-    """The configuration reference for the README, generated from the schema."""
-    lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+# -- the documents generated from the declarations -------------------------------------------
 
-    def row(key: str, option: Option, default: Any) -> None:
-        shown = (
-            repr(default).replace("'", '"')
-            if not isinstance(default, bool)
-            else str(default).lower()
-        )
-        shown = "—" if default is None else f"`{shown}`"
-        allowed = str(getattr(option.check, "allowed", "")) or "—"
-        lines.append(f"| `{key}` | {option.kind.__name__} | {shown} | {allowed} | {option.help} |")
 
-    for o in DAEMON_OPTIONS:
-        row(f"daemon.{o.key}", o, o.default)
-    for o in ROOT_OPTIONS:
-        row(f"roots.{o.key}", o, o.default)
+def _toml_value(value: Any) -> str:
+    """A default as the file spells it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    return repr(value)
+
+
+def _allowed(option: Option) -> str:
+    """The values the option's check accepts, in words; empty where the help says it."""
+    return str(getattr(option.check, "allowed", ""))
+
+
+def _source_options(name: str) -> tuple[Option, ...]:
+    """:data:`SOURCE_OPTIONS` as one source has them: its own interval, and what it reads."""
+    info = SOURCES[name]
+    return tuple(
+        dataclasses.replace(o, default=info.default_interval)
+        if o.key == "interval_seconds"
+        else dataclasses.replace(o, help=f"run the source: {info.help}")
+        if o.key == "enabled"
+        else o
+        for o in SOURCE_OPTIONS
+    )
+
+
+def _tables() -> Iterator[tuple[str, tuple[Option, ...]]]:
+    """Every table with its options, in the order both documents follow."""
+    yield "daemon", DAEMON_OPTIONS
+    yield "roots", ROOT_OPTIONS
     for info in SOURCE_TABLE:
-        for o in SOURCE_OPTIONS:
-            default = info.default_interval if o.key == "interval_seconds" else o.default
-            help_text = o.help if o.key != "enabled" else f"run the source: {info.help}"
-            row(
-                f"sources.{info.name}.{o.key}",
-                Option(o.key, o.kind, default, help_text, o.check),
-                default,
-            )
-    for o in ALERT_OPTIONS:
-        row(f"alerts.{o.key}", o, o.default)
-    for o in ALERT_RULE_OPTIONS:
-        row(f"alerts.rules.<kind>.{o.key}", o, o.default)
+        yield f"sources.{info.name}", _source_options(info.name)
+    yield "alerts", ALERT_OPTIONS
+    yield "alerts.rules.<kind>", ALERT_RULE_OPTIONS
     for name, options in DETECTOR_OPTIONS.items():
+        yield f"detectors.{name}", options
+    yield "probe", PROBE_OPTIONS
+    yield "slurm", SLURM_OPTIONS
+
+
+def reference_markdown() -> str:
+    """The configuration reference for the README, generated from the declarations."""
+    lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for table, options in _tables():
         for o in options:
-            row(f"detectors.{name}.{o.key}", o, o.default)
-    for o in PROBE_OPTIONS:
-        row(f"probe.{o.key}", o, o.default)
-    for o in SLURM_OPTIONS:
-        row(f"slurm.{o.key}", o, o.default)
+            shown = "—" if o.default is None else f"`{_toml_value(o.default)}`"
+            allowed = _allowed(o) or "—"
+            lines.append(
+                f"| `{table}.{o.key}` | {o.kind.__name__} | {shown} | {allowed} | {o.help} |"
+            )
     return "\n".join(lines) + "\n"
+
+
+#: The sample's opening. Lines of prose in the sample start with "##", so that uncommenting
+#: every "# key = value" and "# [table]" line gives a file that loads.
+SAMPLE_HEADER = f"""\
+# /etc/nodescope/nodescope.toml: the configuration of the nodescope daemon and its commands.
+# Every key is optional and shown commented out at its default, with the values it accepts;
+# the README's configuration reference lists the same keys. A value out of its bounds, an
+# unknown key, or a file that is not a regular file of at most
+# {CONFIG_FILE.max_bytes // fileio.KIB} KiB stops the daemon at start (exit status 2); on
+# `systemctl reload` the running configuration is kept.
+#
+# Generated from the declarations in nodescope/config.py:
+#   python -m nodescope.docgen --sample systemd/nodescope.toml
+"""
+
+#: What the sample says before the tables it names.
+SAMPLE_NOTES: Mapping[str, str] = MappingProxyType(
+    {
+        "roots": "Where every source finds sysfs, procfs, /dev, the cgroup tree and /run; a"
+        " fixture tree or a container's view of the host is just another set of roots.",
+        "sources": "[sources.<name>]: one table per source. "
+        + " ".join(f"{o.key}: {o.help}." for o in SOURCE_OPTIONS),
+        "alerts": "Push alerts to Alertmanager (API v2), and the timing of every finding"
+        " kind's alert; [alerts.rules.<kind>] sets one kind's.",
+        "alerts.rules.<kind>": "[alerts.rules.<kind>]: one table per finding kind, every key"
+        " optional; an unset key falls back to the built-in rule of the kind, then to the"
+        " [alerts] defaults.",
+        "detectors": "[detectors.<name>]: thresholds of the detectors. Rates are per second over"
+        " the interval between a source's two latest reads; ratios are fractions of a link's"
+        " capacity per direction after line encoding.",
+        "detectors.saturation.models": "The bidirectional_ratio of a GPU model: a model matches"
+        " when its key is part of the GPU's name.",
+        "probe": "What `nodescope probe` must measure to pass (its exit status, for the Slurm"
+        " prolog). Fractions are of the GPU's maximum PCIe capacity per direction after line"
+        " encoding; asymmetries are |a→b − b→a| / mean of one GPU pair; 0 turns a minimum off.",
+        "slurm": "The prolog/epilog hooks (nodescope slurm prolog|epilog), their socket to the"
+        " daemon and the prolog's health gate. A gate key at 0, false or [] turns that check"
+        " off.",
+    }
+)
+
+#: The finding kind the sample's example ``[alerts.rules.<kind>]`` table names.
+SAMPLE_RULE_KIND = "pcie_contention"
+
+_SAMPLE_WIDTH = 100
+_SAMPLE_VALUE_COLUMN = 40
+
+
+def _prose(text: str) -> list[str]:
+    return ["## " + line for line in textwrap.wrap(text, _SAMPLE_WIDTH - 3)]
+
+
+def _sample_option(option: Option, with_help: bool = True) -> list[str]:
+    """An option as the sample shows it: its help, then its default commented out with the
+    values it accepts beside it (above it when the line would be too long). An option
+    without a default (an alert rule's, unset unless the file sets it) is prose only."""
+    allowed = _allowed(option)
+    if option.default is None:
+        return _prose(f"{option.key}: {option.help}" + (f"; {allowed}" if allowed else ""))
+    lines = _prose(option.help) if with_help else []
+    value = f"# {option.key} = {_toml_value(option.default)}"
+    if allowed:
+        beside = f"{value.ljust(max(len(value) + 2, _SAMPLE_VALUE_COLUMN))}# {allowed}"
+        if len(beside) <= _SAMPLE_WIDTH:
+            value = beside
+        else:
+            lines += _prose(f"{option.key}: {allowed}")
+    return [*lines, value]
+
+
+def sample_toml() -> str:
+    """The sample configuration file (``systemd/nodescope.toml``), generated from the
+    declarations: every table, every key at its default."""
+    out = [SAMPLE_HEADER.rstrip("\n")]
+    noted: set[str] = set()
+
+    def note(name: str) -> None:
+        if name in SAMPLE_NOTES and name not in noted:
+            noted.add(name)
+            out.extend(["", *_prose(SAMPLE_NOTES[name])])
+
+    for table, options in _tables():
+        group = table.split(".")[0]
+        note(group)
+        note(table)
+        if group == "sources":
+            name = table.removeprefix("sources.")
+            out.extend(["", f"[{table}]", *_prose(SOURCES[name].help)])
+            for o in options:
+                out.extend(_sample_option(o, with_help=False))
+            continue
+        header = f"[{table}]"
+        if table == "alerts.rules.<kind>":
+            header = f"# [alerts.rules.{SAMPLE_RULE_KIND}]"
+        out.extend(["", header])
+        for o in options:
+            out.extend(_sample_option(o))
+        if table == "detectors.saturation":
+            out.extend(["", "[detectors.saturation.models]"])
+            out.extend(_prose(SAMPLE_NOTES["detectors.saturation.models"]))
+            out.extend(f'# "{model}" = {ratio!r}' for model, ratio in _default_models().items())
+    return "\n".join(out) + "\n"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import subprocess
@@ -241,3 +242,84 @@ def test_bounds_in_the_sample_comments_are_the_codes() -> None:
         assert ("above" in line) == bounds.low_open, line
         checked += 1
     assert checked == 5
+
+
+# -- one declaration per option, typed reads ---------------------------------------------------
+
+
+def test_each_option_is_its_fields_default_type_and_check() -> None:
+    """The validator's options are read off the declaring classes: key, default and TOML type
+    are the field's, so a default cannot differ between the code and the documents."""
+    pairs = [
+        (config.Config, config.DAEMON_OPTIONS),
+        (config.AlertsSettings, config.ALERT_OPTIONS),
+        (config.ProbeSettings, config.PROBE_OPTIONS),
+        (config.SlurmSettings, config.SLURM_OPTIONS),
+        *((config.DETECTOR_SECTIONS[n], o) for n, o in config.DETECTOR_OPTIONS.items()),
+    ]
+    for declaring, options in pairs:
+        instance = declaring()
+        assert [o.key for o in options] == [
+            f.name for f in dataclasses.fields(declaring) if config._ABOUT in f.metadata
+        ]
+        for option in options:
+            assert getattr(instance, option.key) == option.default, (declaring, option.key)
+            kind = list if isinstance(option.default, tuple) else type(option.default)
+            assert option.kind is kind, (declaring, option.key)
+    kinds = {o.key: o.kind for o in config.ALERT_RULE_OPTIONS}
+    assert kinds["enabled"] is bool and kinds["for_seconds"] is float
+    assert config.AlertRuleSettings().enabled is None  # unset: the built-in rule decides
+
+
+def test_detector_settings_are_typed_attributes() -> None:
+    cfg = config.from_mapping(
+        {
+            "detectors": {
+                "contention": {"utilisation_ratio": 0.75},
+                "hangs": {"enabled": False, "idle_bytes_per_second": 5},
+                "saturation": {"models": {"H100": 0.5}},
+            }
+        }
+    )
+    detectors = cfg.detectors
+    assert detectors.contention.utilisation_ratio == 0.75
+    assert detectors.contention.min_share == 0.1
+    assert detectors.hangs.enabled is False
+    assert detectors.hangs.idle_bytes_per_second == 5.0
+    assert isinstance(detectors.hangs.idle_bytes_per_second, float)
+    assert dict(detectors.saturation_models) == {"A100": 0.57, "H100": 0.5}
+    # The string-keyed readers see the same values.
+    for name, options in config.DETECTOR_OPTIONS.items():
+        typed = getattr(detectors, name)
+        assert isinstance(typed, config.DETECTOR_SECTIONS[name])
+        for option in options:
+            value = getattr(typed, option.key)
+            if option.kind is bool:
+                assert detectors.enabled(name) is value or option.key != "enabled"
+            else:
+                assert detectors.number(name, option.key) == value
+
+
+def test_detector_tables_replaced_by_name_keep_the_typed_attributes_in_step() -> None:
+    """A copy with other ``values`` (how tests turn one detector off) rebuilds the typed
+    attributes, and a partial table takes the defaults of the keys it leaves out."""
+    base = config.Config().detectors
+    values = {name: dict(table) for name, table in base.values.items()}
+    values["hangs"]["enabled"] = False
+    off = dataclasses.replace(base, values=values)
+    assert off.hangs.enabled is False and not off.enabled("hangs")
+    assert off.contention == base.contention
+    partial = config.DetectorsSettings({"nvlink": {"utilisation_warning_ratio": 0.5}})
+    assert partial.nvlink.utilisation_warning_ratio == 0.5
+    assert partial.values["nvlink"]["utilisation_critical_ratio"] == 0.9
+    assert partial.number("errors", "pcie_replays_per_second") == 0.1
+
+
+def test_source_settings_take_their_sources_interval() -> None:
+    from nodescope.sources.registry import SOURCE_TABLE
+
+    cfg = config.from_mapping({"sources": {"pci": {"timeout_seconds": 2}}})
+    for info in SOURCE_TABLE:
+        assert cfg.sources[info.name].interval_seconds == info.default_interval
+        assert config.Config().sources[info.name] == cfg.sources[info.name] or info.name == "pci"
+    assert cfg.sources["pci"].timeout_seconds == 2.0
