@@ -1,8 +1,10 @@
-"""The README's generated sections: CLI, configuration and metrics references.
+"""The README's generated sections (CLI, configuration and metrics references) and the sample
+configuration file.
 
-``python -m nodescope.docgen --write README.md`` refreshes them in place between
-``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers; the test suite fails when the README
-is stale, so the references always describe the code.
+``python -m nodescope.docgen --write README.md`` refreshes the sections in place between
+``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers, ``--check README.md`` only says whether
+they are stale, and ``--sample systemd/nodescope.toml`` writes the sample configuration; the test
+suite fails when either is stale, so they always describe the code.
 """
 
 from __future__ import annotations
@@ -71,11 +73,24 @@ def refresh(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", metavar="README", help="refresh the file in place")
+    parser.add_argument(
+        "--check", metavar="README", help="exit status 1 when the file's sections are stale"
+    )
+    parser.add_argument(
+        "--sample", metavar="FILE", help="write the sample configuration file (from the code)"
+    )
     args = parser.parse_args(argv)
+    if args.sample:
+        Path(args.sample).write_text(config.sample_toml())
+    if args.check:
+        text = Path(args.check).read_text()
+        if refresh(text) != text:
+            print(f"{args.check}: generated sections are stale", file=sys.stderr)
+            return 1
     if args.write:
         path = Path(args.write)
         path.write_text(refresh(path.read_text()))
-    else:
+    if not (args.sample or args.check or args.write):
         for name, make in SECTIONS.items():
             print(f"<!-- {name} -->\n{make()}")
     return 0

@@ -219,29 +219,66 @@ def test_listen_addresses_getaddrinfo_would_choke_on(value: str) -> None:
         config.parse_listen(value)
 
 
+def _sample_tables() -> dict[str, dict[str, config.Option]]:
+    """Table header as the sample writes it -> the options the code declares for it."""
+    tables = {table: {o.key: o for o in options} for table, options in config._tables()}
+    tables[f"alerts.rules.{config.SAMPLE_RULE_KIND}"] = tables.pop("alerts.rules.<kind>")
+    return tables
+
+
 def test_bounds_in_the_sample_comments_are_the_codes() -> None:
-    """``tick_seconds = 1.0  # 0.1 to 60`` in systemd/nodescope.toml says what the code holds."""
+    """``tick_seconds = 1.0  # a finite number between 0.1 and 60`` in systemd/nodescope.toml
+    says what the code holds, in every table."""
     from tests.conftest import REPO
 
-    ranges = {
-        "tick_seconds": config.SECONDS_TICK,
-        "interval_seconds": config.SECONDS_SOURCE_INTERVAL,
-        **{o.key: o.check for o in config.ALERT_OPTIONS if isinstance(o.check, config.Range)},
-        "utilisation_ratio": config.FRACTION,
-    }
-    pattern = re.compile(r"^#? ?([a-z_]+) = \S+\s+#[^0-9]*([0-9.]+)(?: to|, at most) ([0-9.]+)$")
+    tables = _sample_tables()
+    table = ""
+    header = re.compile(r"^(?:# )?\[([a-z_.]+)\]$")
+    value = re.compile(r"^# ([a-z0-9_]+) = (.+?)(?:\s+# (.+))?$")
     checked = 0
     for line in (REPO / "systemd" / "nodescope.toml").read_text().splitlines():
-        match = pattern.match(line)
-        if match is None:
-            continue
-        key, low, high = match.groups()
-        bounds = ranges[key]
-        assert isinstance(bounds, config.Range)
-        assert (float(low), float(high)) == (bounds.low, bounds.high), line
-        assert ("above" in line) == bounds.low_open, line
-        checked += 1
-    assert checked == 5
+        if found := header.match(line):
+            table = found.group(1)
+        elif (found := value.match(line)) and table in tables:
+            key, _, allowed = found.groups()
+            option = tables[table][key]
+            if allowed is not None:
+                assert isinstance(option.check, config.Range | config.IntList | config.NameList)
+                assert allowed == option.check.allowed, line
+                checked += 1
+    bounded = [o for options in tables.values() for o in options.values() if o.default is not None]
+    bounded = [o for o in bounded if isinstance(o.check, config.Range)]
+    assert checked >= len(bounded) > 40
+
+
+def test_the_shipped_sample_is_the_generated_one() -> None:
+    """systemd/nodescope.toml is what the declarations generate: run
+    ``python -m nodescope.docgen --sample systemd/nodescope.toml`` after changing an option."""
+    from tests.conftest import REPO
+
+    assert (REPO / "systemd" / "nodescope.toml").read_text() == config.sample_toml()
+
+
+def test_the_sample_shows_every_default(tmp_path: Path) -> None:
+    """Every ``# key = value`` of the sample, uncommented, is the code's default: the file
+    then loads to the configuration of no file at all (plus the example alert rule)."""
+    lines = [
+        line[2:] if re.match(r"^# (\[|[a-z0-9_]+ = |\"[A-Za-z0-9]+\" = )", line) else line
+        for line in config.sample_toml().splitlines()
+    ]
+    cfg = config.load(write(tmp_path, "\n".join(lines) + "\n"))
+    defaults = config.Config()
+    assert cfg.alerts.rules == {config.SAMPLE_RULE_KIND: config.AlertRuleSettings(enabled=True)}
+    assert dataclasses.replace(cfg.alerts, rules={}) == dataclasses.replace(
+        defaults.alerts, rules={}
+    )
+    for name in ("listen", "tick_seconds", "log_level", "roots", "detectors", "probe", "slurm"):
+        assert getattr(cfg, name) == getattr(defaults, name), name
+    assert dict(cfg.sources) == dict(defaults.sources)
+    assert dict(cfg.detectors.saturation_models) == {"A100": 0.57}
+    uncommented = sum(1 for line in lines if re.match(r"^[a-z0-9_]+ = ", line))
+    declared = sum(1 for _, options in config._tables() for o in options if o.default is not None)
+    assert uncommented == declared
 
 
 # -- one declaration per option, typed reads ---------------------------------------------------
