@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from nodescope import jsonout
 from nodescope.alerts import AlertEngine, AlertRule, AlertRules, AlertStep
 from nodescope.config import Config
+from nodescope.derive import DerivedStage
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS, DetectorInfo
 from nodescope.model.alert import Alert, AlertCounters, Transition
 from nodescope.model.finding import Finding
@@ -101,6 +102,9 @@ class Analyzer:
         self.builtin_rules = builtin_rules
         self._make_pusher = make_pusher
         self._previous: Snapshot | None = None
+        # The one memory of figures across cycles: rates, attribution and the job registry
+        # are made again only from inputs that changed.
+        self.derived_stage = DerivedStage()
         # Zero from the start, so increase() sees a detector's first error.
         self._errors: dict[str, int] = {d.name: 0 for d in self.detectors}
         self._failing: set[str] = set()
@@ -174,6 +178,10 @@ class Analyzer:
         return findings
 
     def analyze(self, snapshot: Snapshot) -> Snapshot:
+        """The snapshot with its figures carried over from the last cycle's where their
+        inputs are the same (:class:`~nodescope.derive.DerivedStage`), its findings, alerts
+        and alert counters."""
+        snapshot = self.derived_stage.derive(snapshot)
         findings = self.detect(snapshot)
         step: AlertStep = self.engine.step(findings, snapshot.monotonic, snapshot.wall_time)
         for transition in step.transitions:

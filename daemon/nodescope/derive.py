@@ -1,69 +1,37 @@
-"""Figures derived from two samples of one source (rates, iostat columns).
+"""The derived stage of the cycle: each snapshot's figures, reusing the last cycle's.
 
-Each source that has rates names a pure function ``(previous, current, seconds) -> record``
-here; the snapshot JSON, the CLI views and the detectors all take their rates from this one
-place, so every consumer sees the same numbers.
+Every snapshot carries its :class:`~nodescope.model.derived.Derived` figures (rates, the PCIe
+attribution, the job registry), computed on first use. The composition root owns one
+:class:`DerivedStage` per stream of snapshots (the daemon's cycles, one replay) and passes
+each new snapshot through it before the detectors run; the stage hands the new snapshot's
+figures those of the snapshot before, so a figure whose inputs did not change is not
+computed again. That is the only memory across cycles, and it is this object's.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
-from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
 
-from nodescope.memo import Memo
+from nodescope.model.derived import Derived
 from nodescope.model.snapshot import Snapshot
 
-log = logging.getLogger("nodescope.derive")
 
-Deriver = Callable[[Any, Any, float], Any]
+class DerivedStage:
+    """Makes each snapshot's figures, carrying over those of the snapshot before."""
 
-#: source name -> "module:function"
-DERIVERS: dict[str, str] = {
-    "disks": "nodescope.sources.diskstats:iostat_figures",
-    "infiniband": "nodescope.sources.infiniband:port_rates",
-    "netdev": "nodescope.sources.netlink:link_rates",
-    "nvml": "nodescope.sources.nvml:gpu_rates",
-    "procs": "nodescope.sources.procs:procs_rates",
-    "nvlink_kmod": "nodescope.sources.nvlink_kmod:link_rates",
-    "mountstats": "nodescope.sources.mountstats:nfs_rates",
-}
+    __slots__ = ("_last",)
 
-_loaded: dict[str, Deriver] = {}
-#: source -> the derived record of the last pair of samples derived: the detectors and several
-#: exporter areas ask for the same pair within a cycle, and a source on a 5 or 10 s interval
-#: keeps its pair for several cycles; derivers are pure.
-_last: dict[str, Memo[Any]] = {}
+    def __init__(self) -> None:
+        self._last: Derived | None = None
 
+    def derive(self, snapshot: Snapshot) -> Snapshot:
+        """``snapshot`` with figures that reuse the last snapshot's where their inputs are the
+        same objects. Call it once per cycle, after the readers of the last cycle are done."""
+        carried = self._last.figures() if self._last is not None else {}
+        figures = Derived(snapshot.current, snapshot.previous, carried)
+        self._last = figures
+        return replace(snapshot, figures=figures)
 
-def deriver(source: str) -> Deriver | None:
-    target = DERIVERS.get(source)
-    if target is None:
-        return None
-    if source not in _loaded:
-        module_name, _, function = target.partition(":")
-        _loaded[source] = getattr(importlib.import_module(module_name), function)
-    return _loaded[source]
-
-
-def derived(snapshot: Snapshot, source: str) -> Any | None:
-    """The derived record of ``source`` for this snapshot, or ``None`` before two good reads."""
-    cur = snapshot.current.get(source)
-    prev = snapshot.previous.get(source)
-    if cur is None or prev is None or cur.data is None or prev.data is None:
-        return None
-    seconds = cur.monotonic - prev.monotonic
-    if seconds <= 0:
-        return None
-    fn = deriver(source)
-    if fn is None:
-        return None
-    memo = _last.get(source)
-    if memo is None:
-        memo = _last[source] = Memo()
-    try:
-        return memo.get((prev, cur), None, lambda: fn(prev.data, cur.data, seconds))
-    except Exception as exc:  # a bad pair of samples costs that source's rates, nothing more
-        log.warning("source=%s derive_error=%r", source, f"{type(exc).__name__}: {exc}")
-        return None
+    def reset(self) -> None:
+        """Forget the last cycle's figures (a reload that changed what the sources read)."""
+        self._last = None

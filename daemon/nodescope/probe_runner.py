@@ -35,6 +35,7 @@ from nodescope.model.probe import (
     EXIT_FAILED,
     EXIT_NOT_MEASURED,
     EXIT_PASSED,
+    PROBE,
     ProbeReport,
     parse_report,
     report_to_json,
@@ -44,7 +45,7 @@ from nodescope.sources.base import FunctionSource, read_optional
 
 log = logging.getLogger("nodescope.probe_runner")
 
-SOURCE_NAME = "probe"
+SOURCE_NAME = PROBE.name
 
 #: The report file, relative to the run root.
 STATE_FILE = Path("nodescope") / "probe-report.json"

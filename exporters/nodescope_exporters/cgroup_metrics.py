@@ -1,4 +1,4 @@
-"""Metrics of the cgroup source (``nodescope.sources.cgroup``, cgroup v2).
+"""Metrics of the cgroup source (cgroup v2).
 
 Per-cgroup series are exported only down to :data:`EXPORT_MAX_DEPTH` levels below the v2 root
 (``/``, ``/system.slice``, ``/system.slice/slurmstepd.scope``): job and step cgroups come and
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from nodescope.model.cgroup import CGROUPS, Cgroup, Pressure
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.cgroup import SOURCE_NAME, Cgroup, CgroupTree, Pressure
 from nodescope_exporters.catalog import Metric, metric
 
 AREA = "cgroup"
 #: Built from the ``cgroups`` source alone: reused while it has not run again (every 5 s).
-INPUTS = (SOURCE_NAME,)
+INPUTS = (CGROUPS,)
 
 #: The deepest level below the v2 root that gets per-cgroup series.
 EXPORT_MAX_DEPTH = 2
@@ -121,7 +121,7 @@ def _pressures(cgroup: Cgroup) -> Iterable[tuple[str, Pressure]]:
 
 
 def families(snapshot: Snapshot) -> Iterable[Metric]:
-    tree = snapshot.data(SOURCE_NAME, CgroupTree)
+    tree = snapshot.latest(CGROUPS)
     if tree is None:
         return []
     hierarchy = HIERARCHY.family()

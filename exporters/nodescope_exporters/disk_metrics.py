@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
+from nodescope.model.disks import DISKS, DisksData, DiskStat
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.diskstats import DisksData, DiskStat
 from nodescope_exporters.catalog import Metric, MetricSpec, metric
 
 AREA = "disks"
@@ -146,7 +146,7 @@ def _info_family(data: DisksData) -> Iterator[Metric]:
 
 
 def families(snapshot: Snapshot) -> Iterable[Metric]:
-    data = snapshot.data(AREA, DisksData)
+    data = snapshot.latest(DISKS)
     if data is None:
         return
     yield from _disk_families(data)

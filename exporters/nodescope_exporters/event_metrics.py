@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from nodescope.model.link_events import LINK_EVENTS
+from nodescope.model.locks import LOCKS as LOCKS_SOURCE
+from nodescope.model.mountstats import MOUNTSTATS
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.link_events import LinkEventsData
-from nodescope.sources.locks import LocksData
-from nodescope.sources.mountstats import MountstatsData
-from nodescope.sources.threads import ThreadsData
-from nodescope.sources.udev import ACTIONS, UdevData
+from nodescope.model.threads import THREADS
+from nodescope.model.udev import ACTIONS, UDEV
 from nodescope_exporters.catalog import Metric, metric
 
 AREA = "events"
@@ -128,7 +128,7 @@ NFS_ERRORS = metric(
 
 
 def _links(snapshot: Snapshot) -> Iterator[Metric]:
-    data = snapshot.data("link_events", LinkEventsData)
+    data = snapshot.latest(LINK_EVENTS)
     if data is None:
         return
     transitions = LINK_TRANSITIONS.family()
@@ -146,7 +146,7 @@ def _links(snapshot: Snapshot) -> Iterator[Metric]:
 
 
 def _udev(snapshot: Snapshot) -> Iterator[Metric]:
-    data = snapshot.data("udev", UdevData)
+    data = snapshot.latest(UDEV)
     if data is None:
         return
     fell = GPU_FELL_OFF.family()
@@ -166,7 +166,7 @@ def _udev(snapshot: Snapshot) -> Iterator[Metric]:
 
 
 def _hangs(snapshot: Snapshot) -> Iterator[Metric]:
-    locks = snapshot.data("locks", LocksData)
+    locks = snapshot.latest(LOCKS_SOURCE)
     if locks is not None:
         family = LOCKS.family()
         for kind, count in locks.counts:
@@ -174,7 +174,7 @@ def _hangs(snapshot: Snapshot) -> Iterator[Metric]:
         blocked = LOCKS_BLOCKED.family()
         blocked.add_metric([], locks.blocked)
         yield from (family, blocked)
-    threads = snapshot.data("threads", ThreadsData)
+    threads = snapshot.latest(THREADS)
     if threads is not None:
         family = JOB_THREADS.family()
         for job in threads.jobs:
@@ -188,7 +188,7 @@ def _hangs(snapshot: Snapshot) -> Iterator[Metric]:
 
 
 def _nfs(snapshot: Snapshot) -> Iterator[Metric]:
-    data = snapshot.data("mountstats", MountstatsData)
+    data = snapshot.latest(MOUNTSTATS)
     if data is None:
         return
     ops, trans, rtt, execute, errors = (

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nodescope.detectors.traffic import snapshot_attribution
 from nodescope.model.attribution import DIRECTIONS
 from nodescope.model.snapshot import Snapshot
 from nodescope_exporters.catalog import Metric, metric
@@ -70,7 +69,7 @@ LINK_INFO = metric(
 
 
 def families(snapshot: Snapshot) -> Iterable[Metric]:
-    attribution = snapshot_attribution(snapshot)
+    attribution = snapshot.derived.attribution
     if attribution is None:
         return []
     demand, utilization = DEMAND.family(), UTILIZATION.family()

@@ -1,4 +1,4 @@
-"""Metrics of the NVML source (``nodescope.sources.nvml``): per GPU, per NVLink, Xids.
+"""Metrics of the NVML source (NVML): per GPU, per NVLink, Xids.
 
 Series are labelled by ``gpu`` (the NVML index) and joined to UUID, name and PCI address
 through ``nodescope_gpu_info``. Cumulative counters are exported as counters; the one PCIe
@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from nodescope.model.nvlink_graph import NvLinkGraph
+from nodescope.model.nvlink_kmod import NVLINK_KMOD
+from nodescope.model.nvml import NVML, XID_MEANINGS, CounterValue, NvmlData
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.nvlink_kmod import NAME as NVLINK_KMOD
-from nodescope.sources.nvlink_kmod import NvlinkKmodData
-from nodescope.sources.nvml import XID_MEANINGS, CounterValue, NvmlData
 from nodescope_exporters.catalog import Metric, metric
 
 AREA = "gpu"
@@ -240,17 +239,17 @@ def nvlink_data_source(snapshot: Snapshot) -> str | None:
     """The one rule behind ``nodescope_nvlink_data_source_info``: ``kmod`` while the
     nvlink_counter module serves per-link records (``nvlink_kmod`` source), else NVML's own
     figures (``nvml``) when NVML lists NVLinks, else ``None`` (no series)."""
-    kmod = snapshot.data(NVLINK_KMOD, NvlinkKmodData)
+    kmod = snapshot.latest(NVLINK_KMOD)
     if kmod is not None and kmod.serving:
         return "kmod"
-    nvml = snapshot.data("nvml", NvmlData)
+    nvml = snapshot.latest(NVML)
     if nvml is not None and any(gpu.nvlinks for gpu in nvml.gpus):
         return nvml.nvlink_data_source
     return None
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
-    data = snapshot.data("nvml", NvmlData)
+    data = snapshot.latest(NVML)
     if data is not None:
         yield from _nvml_families(data)
     source = nvlink_data_source(snapshot)

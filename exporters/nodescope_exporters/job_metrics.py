@@ -1,4 +1,4 @@
-"""Metrics of the job registry (:mod:`nodescope.jobs`: the ``jobs`` source, the prolog's
+"""Metrics of the job registry (:mod:`nodescope.model.jobs`: the ``jobs`` source, the prolog's
 registrations and NVML's compute processes).
 
 Per-job series carry only ``job_id`` (and a bounded second label: a resource, an event, a
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nodescope.jobs import jobs_of
 from nodescope.model.snapshot import Snapshot
 from nodescope_exporters.catalog import Metric, metric
 
@@ -130,7 +129,7 @@ ESCAPED_THREADS = metric(
 
 
 def families(snapshot: Snapshot) -> Iterable[Metric]:
-    jobs = jobs_of(snapshot)
+    jobs = snapshot.derived.jobs
     if not jobs:
         return []
     info = INFO.family()

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from nodescope.model.snapshot import Snapshot
-from nodescope.sources.infiniband import (
+from nodescope.model.infiniband import (
     ERROR_COUNTERS,
+    INFINIBAND,
     PORT_STATES,
     Counter,
     IbPort,
     InfinibandData,
     hw_counter_is_gauge,
 )
-from nodescope.sources.netlink import NetdevData
+from nodescope.model.netdev import NETDEV, NetdevData
+from nodescope.model.snapshot import Snapshot
 from nodescope_exporters.catalog import Metric, MetricSpec, metric
 
 AREA = "network"
@@ -366,9 +367,9 @@ def netdev_families(data: NetdevData) -> Iterator[Metric]:
 
 
 def families(snapshot: Snapshot) -> Iterable[Metric]:
-    ib = snapshot.data("infiniband", InfinibandData)
+    ib = snapshot.latest(INFINIBAND)
     if ib is not None:
         yield from infiniband_families(ib)
-    net = snapshot.data("netdev", NetdevData)
+    net = snapshot.latest(NETDEV)
     if net is not None:
         yield from netdev_families(net)

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from nodescope.kmod_abi import COUNTER_NAMES, UTIL_ONE, NvlcRecord
+from nodescope.model.nvlink_kmod import COUNTER_NAMES, NVLINK_KMOD, UTIL_ONE, NvlcRecord
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.nvlink_kmod import NAME, NvlinkKmodData
 from nodescope_exporters.catalog import Metric, MetricSpec, metric
 
-AREA = NAME
+AREA = NVLINK_KMOD.name
 _LINK = ("device", "link")
 _DEVICE = ("device",)
 # The bucket bound is "below", not "le": these are counters per bucket, and promtool keeps
@@ -272,7 +271,7 @@ def _device_families(records: Iterable[NvlcRecord]) -> Iterator[Metric]:
 
 
 def families(snapshot: Snapshot) -> Iterable[Metric]:
-    data = snapshot.data(AREA, NvlinkKmodData)
+    data = snapshot.latest(NVLINK_KMOD)
     if data is None:
         return
     served = SERVED.family()

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from nodescope.model.snapshot import Snapshot
-from nodescope.model.topology import DeviceClass, PciDevice, PortRole, Topology
+from nodescope.model.topology import PCI, DeviceClass, PciDevice, PortRole, Topology
 from nodescope_exporters.catalog import Metric, metric
 
 AREA = "pci"
 #: Built from the ``pci`` source alone: reused while it has not run again (every 10 s).
-INPUTS = ("pci",)
+INPUTS = (PCI,)
 
 LINK_SPEED = metric(
     "nodescope_pcie_link_speed_gts",
@@ -119,7 +119,7 @@ def devices_of_interest(topology: Topology) -> list[PciDevice]:
 
 
 def families(snapshot: Snapshot) -> Iterable[Metric]:
-    topology = snapshot.data("pci", Topology)
+    topology = snapshot.latest(PCI)
     if topology is None:
         return []
     speed, max_speed = LINK_SPEED.family(), LINK_MAX_SPEED.family()

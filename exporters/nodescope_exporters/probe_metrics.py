@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from nodescope.model.probe import ProbeReport
+from nodescope.model.probe import PROBE, ProbeReport
 from nodescope.model.snapshot import Snapshot
-from nodescope.probe_runner import SOURCE_NAME
 from nodescope_exporters.catalog import Metric, metric
 
 AREA = "probe"
@@ -134,7 +133,7 @@ ALLREDUCE_ALGBW = metric(
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
-    report = snapshot.data(SOURCE_NAME, ProbeReport)
+    report = snapshot.latest(PROBE)
     if report is None:
         return
     yield from report_families(report)

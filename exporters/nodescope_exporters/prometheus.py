@@ -19,6 +19,7 @@ from types import ModuleType
 
 from nodescope.memo import Memo
 from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.model.source_key import SourceKey
 from nodescope_exporters.catalog import Metric
 from nodescope_exporters.exposition import TextRenderer
 
@@ -54,22 +55,39 @@ def load_areas(names: Iterable[str] = AREAS) -> list[FamilyBuilder]:
 
 
 def declared_inputs(build: FamilyBuilder) -> tuple[str, ...] | None:
-    """The sources an area module declares its families are made of (``INPUTS``), if any.
+    """The names of the sources an area module declares its families are made of
+    (``INPUTS``, a tuple of :class:`~nodescope.model.source_key.SourceKey`), if any.
 
-    An area that declares ``INPUTS`` builds its families from those sources' current and
-    previous samples alone (``snapshot.data``, ``derive.derived``), nothing else of the
-    snapshot; its families are then reused while those samples are the same objects.
+    An area that declares ``INPUTS`` is handed a snapshot that holds those sources' current
+    and previous samples and nothing else (:func:`inputs_only`), so its families are a
+    function of those samples by construction; they are then reused while those samples are
+    the same objects.
     """
     module = sys.modules.get(getattr(build, "__module__", ""))
     inputs = getattr(module, "INPUTS", None) if getattr(module, "families", None) is build else None
-    return tuple(inputs) if inputs is not None else None
+    if inputs is None:
+        return None
+    keys: tuple[SourceKey[object], ...] = tuple(inputs)
+    return tuple(key.name for key in keys)
+
+
+def inputs_only(snapshot: Snapshot, names: tuple[str, ...]) -> Snapshot:
+    """A snapshot with only the samples of the sources ``names`` and no cycle, clock, status,
+    findings or alerts: what an area that declares its inputs may read."""
+    return Snapshot(
+        cycle=0,
+        monotonic=0.0,
+        wall_time=0.0,
+        current={n: s for n in names if (s := snapshot.current.get(n)) is not None},
+        previous={n: s for n in names if (s := snapshot.previous.get(n)) is not None},
+    )
 
 
 _InputsKey = tuple[SourceSample | None, ...]
 
 
-def _build_all(build: FamilyBuilder, snapshot: Snapshot) -> list[Metric]:
-    return list(build(snapshot))
+def _build_all(build: FamilyBuilder, snapshot: Snapshot, names: tuple[str, ...]) -> list[Metric]:
+    return list(build(inputs_only(snapshot, names)))
 
 
 class SnapshotCollector:
@@ -106,7 +124,9 @@ class SnapshotCollector:
                         for sample in (snapshot.current.get(name), snapshot.previous.get(name))
                     )
                     # Its sources did not run since: the very same families (and text).
-                    built = self._reuse[index].get(key, None, partial(_build_all, build, snapshot))
+                    built = self._reuse[index].get(
+                        key, None, partial(_build_all, build, snapshot, inputs)
+                    )
             except Exception as exc:
                 area = getattr(build, "__module__", repr(build))
                 if area not in self._failing:

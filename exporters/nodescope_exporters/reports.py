@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from nodescope.model.counters import counter_delta
-from nodescope.sources.diskstats import DisksData
-from nodescope.sources.infiniband import ERROR_COUNTERS, InfinibandData
-from nodescope.sources.nvml import NvmlData
+from nodescope.model.disks import DisksData
+from nodescope.model.infiniband import ERROR_COUNTERS, InfinibandData
+from nodescope.model.nvml import NvmlData
 
 REPORT_FORMAT = "nodescope-job-report/1"
 SECTOR = 512

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from nodescope.detectors import jobs as job_detectors
-from nodescope.jobs import build_registry
+from nodescope.model.jobs import build_registry
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
 from nodescope.sources.cgroup import find_v2_root

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from nodescope.model.cgroup import CGROUPS
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
 from nodescope.sim.driver import NodeLike, replay, replay_text
 from nodescope.sim.node import SimulatedNode
 from nodescope.sim.scenario import bundled_scenarios, load_scenario
-from nodescope.sources.cgroup import CgroupTree
 from tests.kernelfs.mount import fuse_unavailable_reason, kernelfs
 
 pytestmark = pytest.mark.integration
@@ -79,7 +79,7 @@ def replay_over_kernelfs(name: str, workdir: str) -> Outcome:
         cgroup_roots: set[str] = set()
 
         def on_cycle(t: float, snapshot: Snapshot, body: bytes) -> None:
-            tree = snapshot.data("cgroups", CgroupTree)
+            tree = snapshot.latest(CGROUPS)
             if tree is not None and tree.root is not None:
                 cgroup_roots.add(tree.root)
 

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope.collect import Collector, ScheduledSource
-from nodescope.detectors.traffic import endpoint_flows, snapshot_attribution
 from nodescope.model.attribution import (
     Direction,
     EndpointFlow,
@@ -21,7 +20,8 @@ from nodescope.model.attribution import (
     attribute,
 )
 from nodescope.model.snapshot import Snapshot
-from nodescope.model.topology import DeviceClass, LinkState, link_capacity_bytes_per_s
+from nodescope.model.topology import PCI, DeviceClass, LinkState, link_capacity_bytes_per_s
+from nodescope.model.traffic import endpoint_flows
 from nodescope_exporters.fabric_metrics import TOP_CONTRIBUTORS, families
 from tests.unit.fabric_helpers import (
     GPU_A,
@@ -214,7 +214,12 @@ def contention_snapshot() -> Snapshot:
 
 
 def test_simulated_directions_through_the_real_sources(contention_snapshot: Snapshot) -> None:
-    flows = {f.name: f for f in endpoint_flows(contention_snapshot)}
+    flows = {
+        f.name: f
+        for f in endpoint_flows(
+            contention_snapshot.derived.traffic, contention_snapshot.latest(PCI)
+        )
+    }
     gpu, nvme, hca = flows["gpu0"], flows["nvme0n1"], flows["mlx5_0"]
     # NVML RX ("to this GPU") is downstream, TX upstream.
     assert gpu.downstream_bytes_per_second == pytest.approx(41e9, rel=1e-3)
@@ -230,7 +235,7 @@ def test_simulated_directions_through_the_real_sources(contention_snapshot: Snap
 
 
 def test_simulated_root_port_load(contention_snapshot: Snapshot) -> None:
-    a = snapshot_attribution(contention_snapshot)
+    a = contention_snapshot.derived.attribution
     assert a is not None
     rp = a.link("0000:15:01.0")
     assert rp is not None and rp.shared and rp.numa_node == 0
@@ -247,7 +252,7 @@ def test_simulated_root_port_load(contention_snapshot: Snapshot) -> None:
 
 
 def test_exported_series_only_for_shared_links_and_bounded(contention_snapshot: Snapshot) -> None:
-    a = snapshot_attribution(contention_snapshot)
+    a = contention_snapshot.derived.attribution
     assert a is not None
     shared = {link.name for link in a.shared_links}
     got = {f.name: f for f in families(contention_snapshot)}

@@ -10,6 +10,7 @@ import pytest
 
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.errors import ConfigError
+from nodescope.model.source_key import SourceKey
 from nodescope.roots import Roots
 
 
@@ -65,7 +66,7 @@ def test_previous_and_current_samples_give_measured_time() -> None:
     c.run_cycle()
     clock.now += 2.5
     snap = c.run_cycle()
-    pair = snap.pair_of("a", int)
+    pair = snap.pair(SourceKey("a", int))
     assert pair == (1, 2, 2.5)
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope import derive, jsonout
+from nodescope import jsonout
 from nodescope.errors import ParseError
 from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
@@ -576,8 +576,7 @@ def test_figures_of_any_two_samples_are_finite_and_not_negative(
             assert value >= 0.0 and value == value and value != float("inf")
 
 
-def test_the_deriver_table_names_iostat_figures() -> None:
-    assert derive.deriver("disks") is iostat_figures
+def test_a_snapshot_derives_iostat_figures_from_its_two_reads() -> None:
     snap = Snapshot(
         cycle=2,
         monotonic=12.0,
@@ -585,7 +584,7 @@ def test_the_deriver_table_names_iostat_figures() -> None:
         current={"disks": SourceSample("disks", 12.0, 0.0, DisksData(disks=(CUR,)))},
         previous={"disks": SourceSample("disks", 10.0, 0.0, DisksData(disks=(PREV,)))},
     )
-    report = derive.derived(snap, "disks")
+    report = snap.derived.disk_rates
     assert report is not None
     assert report.devices[0].r_s == 1000.0
 

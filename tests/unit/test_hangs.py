@@ -16,12 +16,13 @@ import pytest
 from nodescope.config import Config
 from nodescope.detectors import hangs, hotplug
 from nodescope.detectors.registry import DETECTORS, DetectorInfo
+from nodescope.model.locks import LOCKS
+from nodescope.model.mountstats import MOUNTSTATS
+from nodescope.model.nvml import NVML
 from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.model.threads import THREADS
 from nodescope.sources.cgroup import CgroupTree, IoDeviceStat, IoStat, Pressure, PressureLine
-from nodescope.sources.locks import LocksData
-from nodescope.sources.mountstats import MountstatsData, MountstatsRates
-from nodescope.sources.nvml import NvmlData
-from nodescope.sources.threads import ThreadsData
+from nodescope.sources.mountstats import MountstatsRates
 
 JOB, HOLDER_JOB = "81760", "81761"
 
@@ -30,7 +31,6 @@ JOB, HOLDER_JOB = "81760", "81761"
 def replayed() -> tuple[Any, dict[float, Snapshot]]:
     """The scenario up to t=22 (the lock and the D state start at 20), with only this
     module's detectors: the scenario's "no other findings" is theirs to keep."""
-    from nodescope import derive
     from nodescope.sim.driver import replay, temp_dir
     from nodescope.sim.scenario import load_scenario
 
@@ -45,7 +45,6 @@ def replayed() -> tuple[Any, dict[float, Snapshot]]:
 
     def seen(t: float, snapshot: Snapshot, body: bytes) -> None:
         snapshots[t] = snapshot
-        derive.derived(snapshot, "nvml")  # rates of every cycle are computable
 
     mine = [DetectorInfo("hangs", hangs.detect), DetectorInfo("hotplug", hotplug.detect)]
     with tempfile.TemporaryDirectory(prefix="nodescope-test-", dir=temp_dir()) as d:
@@ -89,16 +88,16 @@ def test_the_finding_names_lock_holder_and_stalled_job(
 def test_sources_read_the_nodes_trees(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
     _, snapshots = replayed
     before, after = snapshots[19.0], snapshots[21.0]
-    threads = after.data("threads", ThreadsData)
+    threads = after.latest(THREADS)
     assert threads is not None
     job = threads.job(JOB)
     assert job is not None
     assert {b.wchan for b in job.blocked} == {"rpc_wait_bit_killable"}
     assert {b.comm for b in job.blocked} == {"python3"}
     # Before the lock: nothing blocked anywhere on the node, in jobs or in the host walk.
-    threads_before = before.data("threads", ThreadsData)
+    threads_before = before.latest(THREADS)
     assert threads_before is not None and threads_before.blocked() == ()
-    locks = after.data("locks", LocksData)
+    locks = after.latest(LOCKS)
     assert locks is not None
     [lock] = locks.contended
     assert (lock.holder.comm, lock.kind, lock.inode, lock.mountpoint) == (
@@ -108,12 +107,11 @@ def test_sources_read_the_nodes_trees(replayed: tuple[Any, dict[float, Snapshot]
         "/mnt/ckpt",
     )
     assert lock.is_nfs
-    locks_before = before.data("locks", LocksData)
+    locks_before = before.latest(LOCKS)
     assert locks_before is not None and locks_before.contended == ()
     # The checkpoint writes of the first 20 s, as nfsiostat would show them.
-    from nodescope import derive
 
-    rates = derive.derived(snapshots[10.0], "mountstats")
+    rates = snapshots[10.0].derived.nfs_rates
     assert isinstance(rates, MountstatsRates)
     ckpt = rates.mount("/mnt/ckpt")
     assert ckpt is not None
@@ -123,7 +121,7 @@ def test_sources_read_the_nodes_trees(replayed: tuple[Any, dict[float, Snapshot]
     assert write.avg_rtt_ms == pytest.approx(1.5, rel=0.05)
     assert write.avg_execute_ms == pytest.approx(2.0, rel=0.05)
     assert write.kilobytes_per_op == pytest.approx(1024, rel=0.01)
-    data = snapshots[22.0].data("mountstats", MountstatsData)
+    data = snapshots[22.0].latest(MOUNTSTATS)
     assert data is not None and data.mount("/mnt/ckpt") is not None
 
 
@@ -136,8 +134,8 @@ def _with(snapshot: Snapshot, **data: Any) -> Snapshot:
 
 
 def _without_storage_signals(snapshot: Snapshot) -> Snapshot:
-    threads = snapshot.data("threads", ThreadsData)
-    locks = snapshot.data("locks", LocksData)
+    threads = snapshot.latest(THREADS)
+    locks = snapshot.latest(LOCKS)
     assert threads is not None and locks is not None
     calm = dataclasses.replace(
         threads,
@@ -159,7 +157,7 @@ def test_idle_without_any_signal_is_a_stall_of_unknown_cause(
 def test_d_state_on_nfs_alone_is_storage(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
     _, snapshots = replayed
     snapshot = snapshots[22.0]
-    locks = snapshot.data("locks", LocksData)
+    locks = snapshot.latest(LOCKS)
     assert locks is not None
     [finding] = hangs.evaluate(
         _with(snapshot, locks=dataclasses.replace(locks, contended=())), Config()
@@ -172,7 +170,7 @@ def test_d_state_on_nfs_alone_is_storage(replayed: tuple[Any, dict[float, Snapsh
 def test_busy_gpus_are_no_stall(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
     _, snapshots = replayed
     snapshot = snapshots[22.0]
-    nvml = snapshot.data("nvml", NvmlData)
+    nvml = snapshot.latest(NVML)
     assert nvml is not None
     busy = dataclasses.replace(
         nvml, gpus=tuple(dataclasses.replace(g, gpu_util_percent=90) for g in nvml.gpus)

@@ -26,7 +26,8 @@ from nodescope.detectors import hotplug
 from nodescope.detectors.registry import DetectorInfo
 from nodescope.errors import ParseError
 from nodescope.model.snapshot import Snapshot, SourceSample
-from nodescope.model.topology import Topology
+from nodescope.model.topology import PCI
+from nodescope.model.udev import UDEV
 from nodescope.roots import Roots
 from nodescope.sources import link_events, udev
 from nodescope.sources.link_events import (
@@ -173,8 +174,8 @@ def xid79() -> dict[str, Any]:
 
 def test_topology_follows_the_removal_without_a_restart(xid79: dict[str, Any]) -> None:
     snapshots = xid79["snapshots"]
-    before = snapshots[19.0].data("pci", Topology)
-    after = snapshots[21.0].data("pci", Topology)
+    before = snapshots[19.0].latest(PCI)
+    after = snapshots[21.0].latest(PCI)
     assert before is not None and after is not None
     assert before.get(GPU5) is not None
     assert after.get(GPU5) is None
@@ -194,8 +195,8 @@ def test_topology_follows_the_removal_without_a_restart(xid79: dict[str, Any]) -
 
 def test_udev_source_counts_the_removed_gpu(xid79: dict[str, Any]) -> None:
     snapshots = xid79["snapshots"]
-    assert snapshots[19.0].data("udev", UdevData).gpus_missing == ()
-    after = snapshots[22.0].data("udev", UdevData)
+    assert snapshots[19.0].latest(UDEV).gpus_missing == ()
+    after = snapshots[22.0].latest(UDEV)
     assert after.gpus_missing == (GPU5,)
     assert after.gpu_removals == (GpuRemovals(GPU5, 1),)
     assert after.monitor is None

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodescope import jsonout
-from nodescope.derive import deriver
 from nodescope.errors import ParseError
 from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
@@ -348,7 +347,6 @@ def test_source_is_registered_and_reads_capture() -> None:
         source.close()
     assert isinstance(data, ib.InfinibandData)
     assert len(data.devices) == 9
-    assert deriver("infiniband") is ib.port_rates
 
 
 def test_missing_class_reads_as_no_devices(tmp_path: Path) -> None:

@@ -31,8 +31,7 @@ from nodescope.hooks import (
     missing_modules,
     unfit_reason,
 )
-from nodescope.jobs import build_registry, jobs_of, placement_views
-from nodescope.model.jobs import GpuUse
+from nodescope.model.jobs import GpuUse, build_registry
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sources import jobs as source
@@ -665,9 +664,9 @@ def test_placement_views_come_from_the_registry(tmp_path: Path) -> None:
             "nvml": SourceSample("nvml", 1.0, 0.0, NvmlData(1, (gpu,), (), (), None, ())),
         },
     )
-    (view,) = placement_views(snap)
+    (view,) = snap.derived.job_views
     assert (view.job_id, view.gpus, view.hcas, view.hca_source) == ("42", (0,), (), "NCCL_IB_HCA")
-    assert [j.job_id for j in jobs_of(snap)] == ["42", "77"]
+    assert [j.job_id for j in snap.derived.jobs] == ["42", "77"]
 
 
 # ---------------------------------------------------------------------------------------------

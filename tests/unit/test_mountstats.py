@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope import derive
 from nodescope.roots import Roots
 from nodescope.sources.mountstats import (
     SKIP_LINE_OUTSIDE_MOUNT,
@@ -113,11 +112,6 @@ def test_remount_and_reset_give_no_figures() -> None:
     [mount] = nfs_rates(before, reset, 10.0).mounts
     assert mount.op("READ") is None and mount.op("WRITE") is not None
     assert nfs_rates(before, before, 0).mounts == ()
-
-
-def test_deriver_is_registered() -> None:
-    assert derive.DERIVERS["mountstats"] == "nodescope.sources.mountstats:nfs_rates"
-    assert derive.deriver("mountstats") is nfs_rates
 
 
 GOOD_MOUNT = nfs_mount(7, READ0, WRITE0, "3 3 0 600 300 0 3 4 3").replace("/mnt/ckpt", "/mnt/good")

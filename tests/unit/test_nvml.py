@@ -20,7 +20,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope import derive
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.errors import ParseError
 from nodescope.model.nvlink_graph import BondedPair
@@ -714,7 +713,7 @@ def test_rates_use_field_timestamps_and_handle_a_32_bit_wrap() -> None:
     assert after_reset.pcie_tx_bytes_per_second is None
 
 
-def test_rates_are_registered_with_derive(node: FakeNvml) -> None:
+def test_a_snapshot_carries_the_gpu_rates(node: FakeNvml) -> None:
     src = nv.NvmlSource(node, watch_xids=False)
     first = src.collect(NO_FILES)
     node.gpus[0].pcie_rx_bytes += 10**6
@@ -726,7 +725,7 @@ def test_rates_are_registered_with_derive(node: FakeNvml) -> None:
         current={"nvml": SourceSample("nvml", 2.0, 0.0, second)},
         previous={"nvml": SourceSample("nvml", 1.0, 0.0, first)},
     )
-    rates = derive.derived(snapshot, "nvml")
+    rates = snapshot.derived.gpu_rates
     assert isinstance(rates, nv.NvmlRates)
     assert rates.gpus[0].pcie_rx_bytes_per_second is not None
     assert rates.gpus[0].pcie_rx_bytes_per_second > 0

@@ -21,9 +21,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric as ClientMetric
 from prometheus_client.utils import floatToGoString
 
-from nodescope import derive
 from nodescope.config import Config
 from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.model.source_key import SourceKey
 from nodescope.service import Service
 from nodescope_exporters import exposition
 from nodescope_exporters.catalog import Family, Metric
@@ -224,15 +224,18 @@ def _area(name: str, inputs: tuple[str, ...] | None) -> tuple[types.ModuleType, 
     module = types.ModuleType(name)
 
     def families(snapshot: Snapshot) -> Iterable[Metric]:
-        calls.append(snapshot.cycle)
-        family = gauge(f"{name}_cycle", help="cycle built at")
-        family.add_metric([], snapshot.cycle)
+        # An area with inputs sees no cycle: it shows the value of its one source instead.
+        value = snapshot.cycle if inputs is None else snapshot.current[inputs[0]].data
+        assert isinstance(value, int)
+        calls.append(value)
+        family = gauge(f"{name}_cycle", help="cycle or value built from")
+        family.add_metric([], value)
         return [family]
 
     families.__module__ = name
     module.families = families  # type: ignore[attr-defined]
     if inputs is not None:
-        module.INPUTS = inputs  # type: ignore[attr-defined]
+        module.INPUTS = tuple(SourceKey(n, int) for n in inputs)  # type: ignore[attr-defined]
     sys.modules[name] = module
     return module, calls
 
@@ -257,10 +260,36 @@ def test_an_area_with_inputs_is_built_again_only_when_they_ran() -> None:
         assert "perf_test_plain_cycle 3.0" in bodies[-1]
         slow = SourceSample("slow", 4.0, 0.0, data=2)
         body = cache.update(_snapshot(4, {"slow": slow})).decode()
-        assert declared_calls == [1, 4]
-        assert "perf_test_declared_cycle 4.0" in body
+        assert declared_calls == [1, 2]
+        assert "perf_test_declared_cycle 2.0" in body
     finally:
         del sys.modules["perf_test_declared"], sys.modules["perf_test_plain"]
+
+
+def test_an_area_with_inputs_sees_only_their_samples() -> None:
+    name = "perf_test_narrow"
+    module = types.ModuleType(name)
+    seen: list[tuple[list[str], int, float]] = []
+
+    def families(snapshot: Snapshot) -> Iterable[Metric]:
+        seen.append((sorted(snapshot.current), snapshot.cycle, snapshot.wall_time))
+        return []
+
+    families.__module__ = name
+    module.families = families  # type: ignore[attr-defined]
+    module.INPUTS = (SourceKey("slow", int),)  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    try:
+        cache = MetricsCache(SnapshotCollector([families]))
+        samples = {
+            "slow": SourceSample("slow", 1.0, 0.0, 1),
+            "fast": SourceSample("fast", 1.0, 0.0, 2),
+        }
+        cache.update(_snapshot(7, samples))
+        # Nothing but the declared source, and no clock to make the families depend on.
+        assert seen == [(["slow"], 0, 0.0)]
+    finally:
+        del sys.modules[name]
 
 
 def test_a_failing_area_with_inputs_is_not_served_from_an_older_build() -> None:
@@ -272,12 +301,12 @@ def test_a_failing_area_with_inputs_is_not_served_from_an_older_build() -> None:
         if state["fail"]:
             raise ValueError("odd data")
         family = gauge("flaky")
-        family.add_metric([], snapshot.cycle)
+        family.add_metric([], snapshot.current["s"].data)
         return [family]
 
     families.__module__ = name
     module.families = families  # type: ignore[attr-defined]
-    module.INPUTS = ("s",)  # type: ignore[attr-defined]
+    module.INPUTS = (SourceKey("s", int),)  # type: ignore[attr-defined]
     sys.modules[name] = module
     try:
         cache = MetricsCache(SnapshotCollector([families]))
@@ -331,51 +360,3 @@ def test_the_daemon_cycle_renders_what_generate_latest_renders(tmp_path: Path) -
     finally:
         service.shutdown()
         shutil.rmtree(root, ignore_errors=True)
-
-
-# --- derived rates and attribution, once per pair of samples -------------------------------
-
-
-def test_derived_rates_are_computed_once_per_pair(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[Any, Any, float]] = []
-
-    def fake(prev: Any, cur: Any, seconds: float) -> object:
-        calls.append((prev, cur, seconds))
-        return object()
-
-    monkeypatch.setitem(derive._loaded, "perf_test", fake)
-    monkeypatch.setitem(derive.DERIVERS, "perf_test", "unused:unused")
-    a = SourceSample("perf_test", 1.0, 0.0, data=1)
-    b = SourceSample("perf_test", 2.0, 0.0, data=2)
-    c = SourceSample("perf_test", 3.0, 0.0, data=3)
-    snap = Snapshot(1, 2.0, 0.0, current={"perf_test": b}, previous={"perf_test": a})
-    first = derive.derived(snap, "perf_test")
-    # A copy of the snapshot (the analysed one) with the same samples: the same record.
-    again = Snapshot(2, 2.5, 0.0, current={"perf_test": b}, previous={"perf_test": a})
-    assert derive.derived(again, "perf_test") is first
-    assert len(calls) == 1
-    later = Snapshot(3, 3.0, 0.0, current={"perf_test": c}, previous={"perf_test": b})
-    assert derive.derived(later, "perf_test") is not first
-    assert calls[-1] == (2, 3, 1.0)
-
-
-def test_attribution_of_an_analysed_copy_is_not_computed_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from dataclasses import replace
-
-    from nodescope.detectors import traffic
-
-    calls: list[int] = []
-    monkeypatch.setattr(traffic, "endpoint_flows", lambda s, t: calls.append(1) or ())
-    monkeypatch.setattr(traffic, "attribute", lambda topology, flows: ("attributed", topology))
-    monkeypatch.setattr(traffic, "_last", None)
-    topo = SourceSample("pci", 1.0, 0.0, data=None)
-    snap = Snapshot(1, 1.0, 0.0, current={"pci": topo})
-    monkeypatch.setattr(Snapshot, "data", lambda self, source, kind: object())
-    first = traffic.snapshot_attribution(snap)
-    assert traffic.snapshot_attribution(replace(snap, findings=())) is first
-    assert len(calls) == 1
-    newer = Snapshot(2, 2.0, 0.0, current={"pci": SourceSample("pci", 2.0, 0.0, data=None)})
-    traffic.snapshot_attribution(newer)
-    assert len(calls) == 2

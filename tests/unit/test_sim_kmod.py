@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope import derive
 from nodescope.detectors import nvlink as det
 from nodescope.kmod_abi import HIST_BUCKETS, UTIL_ONE, NvlcSnapshot, parse_snapshot, record_key
 from nodescope.model.snapshot import Snapshot, SourceSample
@@ -327,7 +326,7 @@ def test_the_source_reads_the_file_and_rates_follow(bursts: NodeRun) -> None:
     assert data.kind == "file" and data.serving
     assert isinstance(data.snapshot, NvlcSnapshot)
     assert data.snapshot == parse_snapshot(bursts.files[11.0])
-    rates = derive.derived(_pair(bursts, "nvlink_kmod", 10.0, 11.0, bursts.data), "nvlink_kmod")
+    rates = _pair(bursts, "nvlink_kmod", 10.0, 11.0, bursts.data).derived.nvlink_rates
     assert isinstance(rates, NvlinkKmodRates)
     assert rates.seconds == 1.0 and rates.samples_per_second == 10_000
     links = {(lr.device, lr.link): lr for lr in rates.links}
@@ -338,14 +337,14 @@ def test_the_source_reads_the_file_and_rates_follow(bursts: NodeRun) -> None:
     assert links[(5, 0)].window_max_stall_cycles_per_microsecond == 2250
     assert links[(5, 0)].window_stall_over_threshold_ratio == 0.2
     # NVML's poll over the same second: the same bytes, the bursts averaged away.
-    nvml = derive.derived(_pair(bursts, "nvml", 10.0, 11.0, bursts.nvml), "nvml")
+    nvml = _pair(bursts, "nvml", 10.0, 11.0, bursts.nvml).derived.gpu_rates
     assert isinstance(nvml, NvmlRates)
     assert nvml.gpus[0].nvlinks[0].data_tx_bytes_per_second == pytest.approx(4 * GB, rel=1e-3)
 
 
 def test_a_file_read_twice_gives_no_rates(bursts: NodeRun) -> None:
     twice = {1.0: bursts.data[11.0], 2.0: bursts.data[11.0]}
-    assert derive.derived(_pair(bursts, "nvlink_kmod", 1.0, 2.0, twice), "nvlink_kmod") is None
+    assert _pair(bursts, "nvlink_kmod", 1.0, 2.0, twice).derived.nvlink_rates is None
 
 
 def test_a_tick_stays_cheap() -> None:

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodescope import derive
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.kmod_abi import parse_snapshot
 from nodescope.sim.live import ReadTimeSource, WallClockNode
@@ -179,7 +178,7 @@ def test_demo_sources_read_the_true_rate_whatever_the_cycle_jitter(node_root: Pa
         for n, late in enumerate(lateness):
             clock.now = 1000.0 + 15.0 + n + late
             snapshot = collector.run_cycle(force=True)
-            report = derive.derived(snapshot, "disks")
+            report = snapshot.derived.disk_rates
             if isinstance(report, IostatReport):
                 (device,) = [d for d in report.devices if d.device == "nvme0n1"]
                 rates.append(device.rmb_s * 2**20)

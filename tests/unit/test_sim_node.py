@@ -20,7 +20,6 @@ from typing import Any
 import pynvml
 import pytest
 
-from nodescope import derive
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.model.topology import DeviceClass, Topology
 from nodescope.roots import Roots
@@ -160,7 +159,7 @@ def test_nvml_sees_the_gpus_and_nvlink_graph(dgx: Run) -> None:
 
 
 def test_disk_rates_equal_the_scenario(dgx: Run) -> None:
-    report = derive.derived(dgx.snapshot(0.0, 1.0), "disks")
+    report = dgx.snapshot(0.0, 1.0).derived.disk_rates
     assert report is not None and len(report.devices) == 8
     for figures in report.devices:
         assert figures.rmb_s * 2**20 == pytest.approx(800e6, rel=0.01)
@@ -172,7 +171,7 @@ def test_disk_rates_equal_the_scenario(dgx: Run) -> None:
 
 
 def test_infiniband_rates_equal_the_scenario(dgx: Run) -> None:
-    rates = derive.derived(dgx.snapshot(0.0, 1.0), "infiniband")
+    rates = dgx.snapshot(0.0, 1.0).derived.ib_rates
     assert rates is not None
     expected = {"mlx5_0": 20 * GB, "mlx5_5": 20 * GB, "mlx5_6": 10 * GB, "mlx5_9": GB}
     for device, rate in expected.items():
@@ -195,7 +194,7 @@ def test_infiniband_starts_from_the_captured_counters(dgx: Run) -> None:
 
 
 def test_gpu_pcie_and_nvlink_rates_equal_the_scenario(dgx: Run) -> None:
-    rates = derive.derived(dgx.snapshot(0.0, 1.0), "nvml")
+    rates = dgx.snapshot(0.0, 1.0).derived.gpu_rates
     assert rates is not None and len(rates.gpus) == 8
     for gpu in rates.gpus:
         assert gpu.pcie_rate_basis == "counter"
@@ -366,10 +365,10 @@ def test_root_port_contention(scratch: Path) -> None:
     topo: Topology = run.samples[16.0]["pci"]
     by_bdf = {d.bdf: d for d in topo.devices}
     assert by_bdf["0000:19:00.0"].chain[0] == by_bdf["0000:18:00.0"].chain[0] == "0000:15:01.0"
-    before_gpu = derive.derived(run.snapshot(1.0, 2.0), "nvml")
-    during_gpu = derive.derived(run.snapshot(15.0, 16.0), "nvml")
-    before_disk = derive.derived(run.snapshot(1.0, 2.0), "disks")
-    during_disk = derive.derived(run.snapshot(15.0, 16.0), "disks")
+    before_gpu = run.snapshot(1.0, 2.0).derived.gpu_rates
+    during_gpu = run.snapshot(15.0, 16.0).derived.gpu_rates
+    before_disk = run.snapshot(1.0, 2.0).derived.disk_rates
+    during_disk = run.snapshot(15.0, 16.0).derived.disk_rates
     assert before_gpu and during_gpu and before_disk and during_disk
     assert before_gpu.gpus[0].pcie_rx_bytes_per_second == pytest.approx(3 * GB, rel=0.01)
     assert during_gpu.gpus[0].pcie_rx_bytes_per_second == pytest.approx(41 * GB, rel=0.01)
@@ -455,7 +454,7 @@ def test_allreduce_hang_on_an_nfs_lock(scratch: Path) -> None:
     assert (
         util == [0] * 8 and [g.gpu_util_percent for g in run.samples[10.0]["nvml"].gpus] == [95] * 8
     )
-    idle = derive.derived(run.snapshot(25.0, 30.0), "nvml")
+    idle = run.snapshot(25.0, 30.0).derived.gpu_rates
     assert idle is not None and {g.pcie_rx_bytes_per_second for g in idle.gpus} == {0.0}
 
 
@@ -486,7 +485,7 @@ def test_hca_numa_mismatch(scratch: Path) -> None:
     numa = {d.bdf: d.numa_node for d in topo.devices}
     hca_numa = {d.name: numa[d.pci_address or ""] for d in ib.devices}
     assert (numa["0000:19:00.0"], hca_numa["mlx5_6"], hca_numa["mlx5_0"]) == (0, 1, 0)
-    rates = derive.derived(run.snapshot(0.0, 1.0), "infiniband")
+    rates = run.snapshot(0.0, 1.0).derived.ib_rates
     assert rates is not None
     assert rates.port("mlx5_6", 1).xmit_bytes_per_second == pytest.approx(22 * GB)  # type: ignore[union-attr]
     assert rates.port("mlx5_0", 1).xmit_bytes_per_second == 0.0  # type: ignore[union-attr]
@@ -494,7 +493,7 @@ def test_hca_numa_mismatch(scratch: Path) -> None:
 
 def test_nvlink_bursts_average_out_over_a_poll(scratch: Path) -> None:
     run = run_scenario("nvlink-stall-bursts", scratch / "bursts", (3.0, 4.0))
-    rates = derive.derived(run.snapshot(3.0, 4.0), "nvml")
+    rates = run.snapshot(3.0, 4.0).derived.gpu_rates
     assert rates is not None
     assert rates.gpus[0].nvlinks[0].data_tx_bytes_per_second == pytest.approx(4 * GB, rel=0.01)
     # The nvlink_counter snapshot holds what the poll cannot see: 80 % in the burst samples.

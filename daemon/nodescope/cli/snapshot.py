@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from nodescope import __version__, derive, jsonout, logs
+from nodescope import __version__, jsonout, logs
 from nodescope.cli.run import overrides_from_args
 from nodescope.collect import Collector
 from nodescope.errors import ConfigError
@@ -46,7 +46,7 @@ def snapshot_document(snapshot: Snapshot) -> dict[str, Any]:
                 sample.monotonic - previous.monotonic if previous is not None else None
             ),
             "data": jsonout.plain(sample.data),
-            "derived": jsonout.plain(derive.derived(snapshot, name)),
+            "derived": jsonout.plain(snapshot.derived.rates_of(name)),
         }
     return {
         "nodescope_version": __version__,

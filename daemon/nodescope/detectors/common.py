@@ -5,18 +5,15 @@ Pure: reads only the snapshot.
 
 from __future__ import annotations
 
-from nodescope import derive
 from nodescope.alerts import AlertRule, keep_floor
 from nodescope.config import Config
-from nodescope.jobs import placement_views
 from nodescope.model.jobs import JobView
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.procs import ProcsRates
 
 
 def jobs(snapshot: Snapshot) -> tuple[JobView, ...]:
     """The jobs with GPU processes in their cgroups (job registry × NVML compute processes)."""
-    return placement_views(snapshot)
+    return snapshot.derived.job_views
 
 
 def jobs_of_gpus(views: tuple[JobView, ...]) -> dict[str, list[str]]:
@@ -32,8 +29,8 @@ def tcp_evidence(snapshot: Snapshot) -> dict[str, float]:
     """TCP segments sent and retransmitted per second (``/proc/net/snmp``): evidence on every
     PCIe finding that a stall is in the PCIe domain and not on the network. Empty before the
     ``procs`` source has read twice."""
-    rates = derive.derived(snapshot, "procs")
-    if not isinstance(rates, ProcsRates) or rates.tcp is None:
+    rates = snapshot.derived.procs_rates
+    if rates is None or rates.tcp is None:
         return {}
     tcp = rates.tcp
     out: dict[str, float] = {}

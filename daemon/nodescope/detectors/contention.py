@@ -35,7 +35,6 @@ from nodescope.detectors.common import (
     tcp_evidence,
     tcp_text,
 )
-from nodescope.detectors.traffic import snapshot_attribution
 from nodescope.model.attribution import Direction, EndpointFlow, LinkKind, LinkLoad
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.snapshot import Snapshot
@@ -154,16 +153,16 @@ def evaluate(
 
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
     settings = config.detectors
-    if not settings.enabled("contention"):
+    if not settings.contention.enabled:
         return []
-    attribution = snapshot_attribution(snapshot)
+    attribution = snapshot.derived.attribution
     if attribution is None:
         return []
-    threshold = settings.number("contention", "utilisation_ratio")
+    threshold = settings.contention.utilisation_ratio
     return evaluate(
         attribution.shared_links,
         threshold,
-        settings.number("contention", "min_share"),
+        settings.contention.min_share,
         floor=emit_floor(config, KIND, RULE, threshold),
         jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
         extra_evidence=tcp_evidence(snapshot),

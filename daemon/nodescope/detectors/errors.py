@@ -29,16 +29,14 @@ its average over that span, not ten times higher on one cycle in ten.
 
 from __future__ import annotations
 
-from nodescope import derive
 from nodescope.config import Config
 from nodescope.detectors.common import tcp_evidence, tcp_text
-from nodescope.memo import Memo
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
+from nodescope.model.infiniband import InfinibandRates, PortRates
+from nodescope.model.nvml import NVML, NvmlData, slow_pair
 from nodescope.model.snapshot import Snapshot
-from nodescope.model.topology import AerRecord, Topology
-from nodescope.sources.infiniband import InfinibandRates, PortRates
-from nodescope.sources.nvml import NvmlData, slow_pair
+from nodescope.model.topology import PCI, AerRecord, Topology
 
 AER = "pcie_aer_errors"
 REPLAYS = "gpu_pcie_replays"
@@ -236,26 +234,18 @@ def ib_findings(
     return findings
 
 
-#: The AER findings of the last pair of topologies: the ``pci`` source reads every 30 s.
-_aer = Memo[list[Finding]]()
-
-
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
     settings = config.detectors
-    if not settings.enabled("errors"):
+    if not settings.errors.enabled:
         return []
     findings: list[Finding] = []
     tcp = tcp_evidence(snapshot)
-    pci = snapshot.pair_of("pci", Topology)
+    pci = snapshot.pair(PCI)
     if pci is not None:
         before, now, seconds = pci
-        threshold = settings.number("errors", "aer_correctable_per_second")
-        findings += _aer.get(
-            (before, now),
-            (seconds, threshold, tcp),
-            lambda: aer_findings(before, now, seconds, threshold, extra_evidence=tcp),
-        )
-    nvml = snapshot.pair_of("nvml", NvmlData)
+        threshold = settings.errors.aer_correctable_per_second
+        findings += aer_findings(before, now, seconds, threshold, extra_evidence=tcp)
+    nvml = snapshot.pair(NVML)
     # The counters these findings compare are read on the source's slow cadence: compare
     # the two latest reads of them, over the span between those reads.
     nvml_slow = None if nvml is None else slow_pair(*nvml)
@@ -264,15 +254,15 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
             nvml_slow[0],
             nvml[1],
             nvml_slow[1],
-            settings.number("errors", "pcie_replays_per_second"),
-            settings.number("errors", "nvlink_errors_per_second"),
+            settings.errors.pcie_replays_per_second,
+            settings.errors.nvlink_errors_per_second,
             extra_evidence=tcp,
         )
-    ib = derive.derived(snapshot, "infiniband")
-    if isinstance(ib, InfinibandRates):
+    ib = snapshot.derived.ib_rates
+    if ib is not None:
         findings += ib_findings(
             ib,
-            settings.number("errors", "ib_symbol_errors_per_second"),
-            settings.number("errors", "ib_xmit_wait_per_second"),
+            settings.errors.ib_symbol_errors_per_second,
+            settings.errors.ib_xmit_wait_per_second,
         )
     return findings

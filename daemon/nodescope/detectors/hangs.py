@@ -6,7 +6,7 @@ Input, all from the snapshot:
 * the job view (``detectors.common.jobs``: a job's GPUs from its processes' NVML compute
   contexts) and the ``procs`` source's job processes (pid → job, for lock holders in jobs
   without GPUs);
-* per GPU: NVML utilisation and the PCIe/NVLink byte rates of ``derive`` (``nvml``);
+* per GPU: NVML utilisation and the PCIe/NVLink byte rates between NVML's two latest reads;
 * ``threads``: threads in ``D`` state and their wait channels (``docs/datasources.md`` §6);
 * ``locks``: contended locks of ``/proc/locks`` with holder, waiters, mount and path;
 * ``mountstats`` rates: nfsiostat's per-op RTT and execute time on the lock's mount;
@@ -39,20 +39,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from nodescope import derive
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
-from nodescope.memo import Memo
+from nodescope.model.cgroup import CGROUPS, Cgroup, CgroupTree
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.jobs import JobView
+from nodescope.model.locks import LOCKS, ContendedLock, LocksData
+from nodescope.model.mountstats import MOUNTSTATS, MountstatsData, MountstatsRates, NfsMountRates
+from nodescope.model.nvml import NVML
+from nodescope.model.procs import PROCS, ProcsData
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.cgroup import Cgroup, CgroupTree
-from nodescope.sources.locks import ContendedLock, LocksData
-from nodescope.sources.mountstats import MountstatsData, MountstatsRates, NfsMountRates
-from nodescope.sources.nvml import NvmlData, NvmlRates
-from nodescope.sources.procs import ProcsData
-from nodescope.sources.threads import BlockedThread, ThreadsData
+from nodescope.model.threads import THREADS, BlockedThread
 
 STORAGE = "job_stalled_on_storage"
 LOADER = "data_loader_starving"
@@ -136,12 +134,12 @@ def job_gpu_activity(
     views: Sequence[JobView] | None = None,
 ) -> tuple[JobGpuActivity, ...]:
     """Utilisation and traffic of each job's GPUs (NVML × the job view)."""
-    nvml = snapshot.data("nvml", NvmlData)
+    nvml = snapshot.latest(NVML)
     if nvml is None:
         return ()
-    rates = derive.derived(snapshot, "nvml")
+    rates = snapshot.derived.gpu_rates
     by_index = {g.index: g for g in nvml.gpus}
-    rate_of = {r.index: r for r in rates.gpus} if isinstance(rates, NvmlRates) else {}
+    rate_of = {r.index: r for r in rates.gpus} if rates is not None else {}
     lost = {g.gpu for g in nvml.lost}
     out: list[JobGpuActivity] = []
     for view in jobs(snapshot) if views is None else views:
@@ -349,7 +347,7 @@ def _io_bytes(cg: Cgroup | None) -> int | None:
 
 def job_io_bytes_per_second(snapshot: Snapshot, job_id: str) -> float | None:
     """Block I/O of the job cgroup (``io.stat`` read+write bytes) per second."""
-    pair = snapshot.pair_of("cgroups", CgroupTree)
+    pair = snapshot.pair(CGROUPS)
     if pair is None:
         return None
     prev, cur, seconds = pair
@@ -373,22 +371,21 @@ def _loader_finding(
     config: Config,
     nfs: MountstatsRates | None,
 ) -> Finding | None:
-    section = "hangs"
     mean = activity.mean_utilisation
-    if mean is None or mean >= config.detectors.number(section, "loader_utilisation_ratio"):
+    if mean is None or mean >= config.detectors.hangs.loader_utilisation_ratio:
         return None
-    tree = snapshot.data("cgroups", CgroupTree)
+    tree = snapshot.latest(CGROUPS)
     cg = job_cgroup(tree, activity.job_id) if tree is not None else None
     if cg is None or cg.io_pressure is None or cg.io_pressure.some is None:
         return None
     pressure = cg.io_pressure.some.avg10
-    if pressure < config.detectors.number(section, "loader_io_pressure_percent"):
+    if pressure < config.detectors.hangs.loader_io_pressure_percent:
         return None
     disk = job_io_bytes_per_second(snapshot, activity.job_id)
     if disk is None:
         return None
     nfs_bytes = _nfs_bytes_per_second(nfs)
-    limit = config.detectors.number(section, "loader_max_bytes_per_second")
+    limit = config.detectors.hangs.loader_max_bytes_per_second
     if disk + nfs_bytes >= limit:
         return None
     message = (
@@ -409,16 +406,8 @@ def _loader_finding(
 # --- the detector ---------------------------------------------------------------------------
 
 
-_processes = Memo[tuple[dict[int, str], dict[str, set[int]]]]()
-
-
-def _job_processes(procs: ProcsData | None) -> tuple[dict[int, str], dict[str, set[int]]]:
-    """pid -> job and job -> pids of the ``procs`` source's job processes (read every 15 s;
-    the maps are not modified)."""
-    return _processes.get((procs,), None, lambda: _job_process_maps(procs))
-
-
 def _job_process_maps(procs: ProcsData | None) -> tuple[dict[int, str], dict[str, set[int]]]:
+    """pid -> job and job -> pids of the ``procs`` source's job processes."""
     job_of = {p.pid: p.job_id for p in procs.processes} if procs is not None else {}
     pids_of: dict[str, set[int]] = {}
     for pid, job in job_of.items():
@@ -427,13 +416,12 @@ def _job_process_maps(procs: ProcsData | None) -> tuple[dict[int, str], dict[str
 
 
 def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
-    section = "hangs"
     activities = job_gpu_activity(
         snapshot,
-        config.detectors.number(section, "idle_utilisation_ratio"),
-        config.detectors.number(section, "idle_bytes_per_second"),
+        config.detectors.hangs.idle_utilisation_ratio,
+        config.detectors.hangs.idle_bytes_per_second,
     )
-    loader_ratio = config.detectors.number(section, "loader_utilisation_ratio")
+    loader_ratio = config.detectors.hangs.loader_utilisation_ratio
     if not any(
         not a.lost_gpus
         and (a.stalled or (a.mean_utilisation is not None and a.mean_utilisation < loader_ratio))
@@ -442,13 +430,12 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
         # Every job busy (the usual case): none of the findings below can hold, as
         # _loader_finding wants a mean utilisation under the ratio; skip gathering evidence.
         return []
-    job_of, pids_of = _job_processes(snapshot.data("procs", ProcsData))
-    threads = snapshot.data("threads", ThreadsData)
+    job_of, pids_of = _job_process_maps(snapshot.latest(PROCS))
+    threads = snapshot.latest(THREADS)
     all_blocked = threads.blocked() if threads is not None else ()
-    locks = snapshot.data("locks", LocksData)
-    nfs_rates = derive.derived(snapshot, "mountstats")
-    nfs = nfs_rates if isinstance(nfs_rates, MountstatsRates) else None
-    nfs_data = snapshot.data("mountstats", MountstatsData)
+    locks = snapshot.latest(LOCKS)
+    nfs = snapshot.derived.nfs_rates
+    nfs_data = snapshot.latest(MOUNTSTATS)
     findings: list[Finding] = []
     for activity in activities:
         if activity.lost_gpus:
@@ -498,6 +485,6 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
 
 
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    if not config.detectors.enabled("hangs"):
+    if not config.detectors.hangs.enabled:
         return []
     return evaluate(snapshot, config)

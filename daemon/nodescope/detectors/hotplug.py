@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
+from nodescope.model.link_events import LINK_EVENTS
+from nodescope.model.nvml import NVML
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.link_events import LinkEventsData
-from nodescope.sources.nvml import NvmlData
-from nodescope.sources.udev import UdevData
+from nodescope.model.udev import UDEV
 
 FELL_OFF_BUS = "gpu_fell_off_bus"
 FLAPPING = "link_flapping"
@@ -42,8 +42,8 @@ class _Signs:
 
 
 def fell_off_bus(previous: Snapshot | None, snapshot: Snapshot) -> list[Finding]:
-    nvml = snapshot.data("nvml", NvmlData)
-    udev = snapshot.data("udev", UdevData)
+    nvml = snapshot.latest(NVML)
+    udev = snapshot.latest(UDEV)
     signs: dict[str, _Signs] = {}
     index_of: dict[str, int] = {}
     if nvml is not None:
@@ -107,7 +107,7 @@ def fell_off_bus(previous: Snapshot | None, snapshot: Snapshot) -> list[Finding]
 
 
 def flapping(snapshot: Snapshot, threshold: float) -> list[Finding]:
-    data = snapshot.data("link_events", LinkEventsData)
+    data = snapshot.latest(LINK_EVENTS)
     if data is None:
         return []
     findings = []
@@ -136,7 +136,7 @@ def flapping(snapshot: Snapshot, threshold: float) -> list[Finding]:
 
 
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    if not config.detectors.enabled("hotplug"):
+    if not config.detectors.hotplug.enabled:
         return []
-    threshold = config.detectors.number("hotplug", "flap_transitions")
+    threshold = config.detectors.hotplug.flap_transitions
     return fell_off_bus(previous, snapshot) + flapping(snapshot, threshold)

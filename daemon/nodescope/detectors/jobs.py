@@ -1,7 +1,7 @@
 """Jobs whose cgroups do not hold them, whose memory limit does not apply, that lose processes
 to the OOM killer or stall on memory.
 
-Input: the job registry (:mod:`nodescope.jobs`: job cgroups, processes and their threads,
+Input: the job registry (:mod:`nodescope.model.jobs`: job cgroups, processes and their threads,
 prolog registrations, NVML compute processes) of the ``jobs`` source's latest sample and, for
 OOM kills, of the sample before it.
 
@@ -24,14 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from nodescope.config import Config
-from nodescope.jobs import Job, build_registry, gpu_uses, registry
-from nodescope.memo import Memo
+from nodescope.model.cgroup import Cgroup
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
+from nodescope.model.jobs import Job
 from nodescope.model.snapshot import Snapshot
-from nodescope.sources.cgroup import Cgroup
-from nodescope.sources.jobs import NAME, JobsData
-from nodescope.sources.nvml import NvmlData
 
 ESCAPE = "job_cgroup_escape"
 MEMORY_LIMIT = "job_memory_limit_not_applied"
@@ -193,24 +190,11 @@ def evaluate(
     return findings
 
 
-#: The registry of the ``jobs`` source's sample before the latest (the latest is
-#: :func:`nodescope.jobs.registry`'s), and the findings of the last pair of registries.
-_before = Memo[tuple[Job, ...]]()
-_findings = Memo[list[Finding]]()
-
-
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    """The registry's form. The registries are the same objects while neither the ``jobs``
-    record nor the GPUs' compute processes changed, and so are the findings (callers do not
-    modify the list)."""
-    if not config.detectors.enabled("jobs"):
+    """The registry's form: the registry of the ``jobs`` source's latest record and of the
+    one before it, both joined with the GPUs' compute processes of now."""
+    if not config.detectors.jobs.enabled:
         return []
-    gpus = gpu_uses(snapshot.data("nvml", NvmlData))
-    current = registry(snapshot.data(NAME, JobsData), gpus)
-    pair = snapshot.pair_of(NAME, JobsData)
-    before = None
-    if pair is not None:
-        old = pair[0]
-        before = _before.get((old,), gpus, lambda: build_registry(old, gpus))
-    percent = config.detectors.number("jobs", "memory_pressure_percent")
-    return _findings.get((current, before), percent, lambda: evaluate(before, current, percent))
+    percent = config.detectors.jobs.memory_pressure_percent
+    derived = snapshot.derived
+    return evaluate(derived.jobs_before, derived.jobs, percent)

@@ -33,12 +33,11 @@ from nodescope.detectors.common import (
     tcp_evidence,
     tcp_text,
 )
-from nodescope.detectors.traffic import snapshot_attribution
 from nodescope.model.attribution import TRAFFIC_CLASSES, Attribution, Direction, EndpointLoad
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
+from nodescope.model.nvml import NVML, GpuSample
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import DeviceClass, UpstreamLink, generation_of
-from nodescope.sources.nvml import GpuSample, NvmlData
 
 SATURATION = "pcie_saturation"
 #: Its alert rule, declared here because :func:`detect_saturation` reports the keep band down
@@ -232,7 +231,7 @@ def downtraining(
 
 
 def _gpus(snapshot: Snapshot) -> dict[str, GpuSample]:
-    nvml = snapshot.data("nvml", NvmlData)
+    nvml = snapshot.latest(NVML)
     return {} if nvml is None else {g.pci_address: g for g in nvml.gpus}
 
 
@@ -240,16 +239,16 @@ def detect_saturation(
     previous: Snapshot | None, snapshot: Snapshot, config: Config
 ) -> list[Finding]:
     settings = config.detectors
-    if not settings.enabled("saturation"):
+    if not settings.saturation.enabled:
         return []
-    attribution = snapshot_attribution(snapshot)
+    attribution = snapshot.derived.attribution
     if attribution is None:
         return []
     return saturation(
         attribution.endpoints,
         _gpus(snapshot),
-        settings.number("saturation", "bidirectional_ratio"),
-        settings.number("saturation", "one_way_ratio"),
+        settings.saturation.bidirectional_ratio,
+        settings.saturation.one_way_ratio,
         dict(settings.saturation_models),
         floor=emit_floor(config, SATURATION, SATURATION_RULE, 1.0),
         jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
@@ -261,15 +260,15 @@ def detect_downtraining(
     previous: Snapshot | None, snapshot: Snapshot, config: Config
 ) -> list[Finding]:
     settings = config.detectors
-    if not settings.enabled("downtraining"):
+    if not settings.downtraining.enabled:
         return []
-    attribution = snapshot_attribution(snapshot)
+    attribution = snapshot.derived.attribution
     if attribution is None:
         return []
     return downtraining(
         attribution,
         _gpus(snapshot),
-        settings.number("downtraining", "min_bytes_per_second"),
+        settings.downtraining.min_bytes_per_second,
         jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
         extra_evidence=tcp_evidence(snapshot),
     )

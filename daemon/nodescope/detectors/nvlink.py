@@ -20,24 +20,19 @@ averages away.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from nodescope import derive
 from nodescope.config import Config
-from nodescope.errors import ConfigError
-from nodescope.kmod_abi import NvlcSnapshot
-from nodescope.memo import Memo
 from nodescope.model.finding import Finding, Severity
-from nodescope.model.snapshot import Snapshot
-from nodescope.sources.nvlink_kmod import (
-    NAME,
+from nodescope.model.nvlink_kmod import (
+    NVLINK_KMOD,
     LinkRates,
-    NvlinkKmodData,
+    NvlcSnapshot,
     NvlinkKmodRates,
     snapshot_rates,
 )
+from nodescope.model.snapshot import Snapshot
 
 STALL = "nvlink_arbitration_stall"
 STALL_BURST = "nvlink_stall_burst"
@@ -63,27 +58,6 @@ class NvlinkThresholds:
         ):
             if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
                 raise ValueError(f"band bounds {lo}, {hi}: need 0 < warning <= critical")
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], path: str = "<config>") -> NvlinkThresholds:
-        """From a config table such as ``[detectors.nvlink]``; every problem is a ConfigError."""
-        known = {f.name: f for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in data.items():
-            f = known.get(key)
-            dotted = f"detectors.nvlink.{key}"
-            if f is None:
-                raise ConfigError(path, dotted, "unknown key")
-            if key == "burst_findings":
-                if not isinstance(value, bool):
-                    raise ConfigError(path, dotted, "expected bool")
-            elif isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(path, dotted, "expected a number")
-            values[key] = value
-        try:
-            return cls(**values)
-        except ValueError as exc:
-            raise ConfigError(path, "detectors.nvlink", str(exc)) from None
 
 
 DEFAULT_THRESHOLDS = NvlinkThresholds()
@@ -208,34 +182,30 @@ def _notable(lr: LinkRates, t: NvlinkThresholds) -> bool:
 
 def thresholds(config: Config) -> NvlinkThresholds:
     """The bands of the ``[detectors.nvlink]`` table (validated when the file was loaded)."""
-    table = config.detectors.values.get("nvlink", {})
-    return NvlinkThresholds.from_mapping(
-        {k: v for k, v in table.items() if k != "enabled"}, config.path or "<config>"
+    bands = config.detectors.nvlink
+    return NvlinkThresholds(
+        stall_warning_cycles_per_us=bands.stall_warning_cycles_per_us,
+        stall_critical_cycles_per_us=bands.stall_critical_cycles_per_us,
+        utilisation_warning_ratio=bands.utilisation_warning_ratio,
+        utilisation_critical_ratio=bands.utilisation_critical_ratio,
+        burst_findings=bands.burst_findings,
     )
-
-
-_bands = Memo[NvlinkThresholds]()
-
-
-def _thresholds(config: Config) -> NvlinkThresholds:
-    """:func:`thresholds`, parsed again only for another ``[detectors]`` table (a reload)."""
-    settings = config.detectors
-    return _bands.get((settings,), config.path, lambda: thresholds(config))
 
 
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
     """The registry's form: the source's two latest samples, ``[detectors.nvlink]`` bands."""
-    if not config.detectors.values.get("nvlink", {}).get("enabled", True):
+    if not config.detectors.nvlink.enabled:
         return []
-    pair = snapshot.pair_of(NAME, NvlinkKmodData)
+    pair = snapshot.pair(NVLINK_KMOD)
     if pair is None:
         return []
     prev, cur, _seconds = pair
     if prev.snapshot is None or cur.snapshot is None:
         return []
-    rates = derive.derived(snapshot, NAME)
-    if not isinstance(rates, NvlinkKmodRates) or not _dated(prev.snapshot, cur.snapshot):
-        return evaluate(prev.snapshot, cur.snapshot, _thresholds(config))
+    rates = snapshot.derived.nvlink_rates
+    bands = thresholds(config)
+    if rates is None or not _dated(prev.snapshot, cur.snapshot):
+        return evaluate(prev.snapshot, cur.snapshot, bands)
     # The module's timestamps date the interval, so the source's deriver (whose record the
     # exporter asks for too) computed exactly what evaluate() would.
-    return _findings(rates, _thresholds(config))
+    return _findings(rates, bands)

@@ -20,12 +20,11 @@ from collections.abc import Iterable, Mapping
 
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
-from nodescope.memo import Memo
 from nodescope.model.finding import Finding, Severity
+from nodescope.model.infiniband import INFINIBAND
 from nodescope.model.jobs import JobView
 from nodescope.model.snapshot import Snapshot
-from nodescope.model.topology import Topology
-from nodescope.sources.infiniband import InfinibandData
+from nodescope.model.topology import PCI, Topology
 
 KIND = "job_hca_placement"
 
@@ -103,20 +102,14 @@ def _nearest(topology: Topology, gpu_bdf: str, hcas: Mapping[str, str]) -> tuple
     return min(ranked) if ranked else None
 
 
-#: The findings of the last job view, topology and HCA functions: all three stay the same
-#: objects or values between the 15 s ``jobs`` and 30 s ``pci`` reads.
-_findings = Memo[list[Finding]]()
-
-
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    """The registry's form; the same list while its inputs are the same (callers do not
-    modify it)."""
-    if not config.detectors.enabled("placement"):
+    """The registry's form."""
+    if not config.detectors.placement.enabled:
         return []
-    topology = snapshot.data("pci", Topology)
-    ib = snapshot.data("infiniband", InfinibandData)
+    topology = snapshot.latest(PCI)
+    ib = snapshot.latest(INFINIBAND)
     if topology is None or ib is None:
         return []
     functions = {d.name: d.pci_address for d in ib.devices if d.pci_address is not None}
     views = jobs(snapshot)
-    return _findings.get((views, topology), functions, lambda: evaluate(views, topology, functions))
+    return evaluate(views, topology, functions)

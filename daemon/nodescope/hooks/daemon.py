@@ -15,9 +15,9 @@ from nodescope.config import Config
 from nodescope.hooks.auth import allowed_uids, slurm_uid
 from nodescope.hooks.tracker import JobTracker
 from nodescope.hooks.transport import HookServer, run_dir, socket_path
+from nodescope.model.job_records import registrations_dir
 from nodescope.model.snapshot import Snapshot
 from nodescope.probe_runner import ProbeHook
-from nodescope.sources.jobs import registrations_dir
 from nodescope_exporters.reports import remove_orphan_temporaries
 
 #: One logger for every part of the hooks: its name is in each line operators search for.

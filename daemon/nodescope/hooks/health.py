@@ -26,10 +26,10 @@ from nodescope.fileio import PROC_PROCESS, FileKind
 from nodescope.hooks.auth import prepare_directory
 from nodescope.hooks.request import MAX_GPU_INDEX, is_int
 from nodescope.hooks.transport import run_dir
+from nodescope.model.job_records import NVIDIA_MAJOR
+from nodescope.model.nvml import NvmlData
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
-from nodescope.sources.jobs import NVIDIA_MAJOR
-from nodescope.sources.nvml import NvmlData
 from nodescope_exporters.reports import write_private
 
 # ---------------------------------------------------------------------------------------------

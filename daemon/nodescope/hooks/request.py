@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodescope.hooks.transport import Request
-from nodescope.sources.jobs import parse_gpu_list
+from nodescope.model.job_records import parse_gpu_list
 
 #: Bounds of a request's fields: Slurm job ids are 32-bit numbers; user names are at most
 #: LOGIN_NAME_MAX; the GPU list cannot be longer than the node's GPUs, and where the node's

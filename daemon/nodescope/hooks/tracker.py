@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodescope import derive
 from nodescope.config import Config
 from nodescope.hooks.auth import Peer, prepare_directory
 from nodescope.hooks.health import (
@@ -40,15 +39,17 @@ from nodescope.hooks.health import (
 from nodescope.hooks.reports import JobWindow, build_report
 from nodescope.hooks.request import JobRequest, holders_of
 from nodescope.hooks.transport import Request, Response, run_dir
-from nodescope.jobs import Job, jobs_of
 from nodescope.model.alert import AlertState
+from nodescope.model.disks import DISKS, DisksData
+from nodescope.model.infiniband import INFINIBAND, InfinibandData
+from nodescope.model.job_records import REGISTRATION_FORMAT, registrations_dir
+from nodescope.model.jobs import Job
+from nodescope.model.nvml import NVML, NvmlData
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
-from nodescope.sources.diskstats import DisksData, read_disks
-from nodescope.sources.infiniband import InfinibandData, read_infiniband
-from nodescope.sources.jobs import REGISTRATION_FORMAT, registrations_dir
-from nodescope.sources.nvml import NvmlData, NvmlRates
+from nodescope.sources.diskstats import read_disks
+from nodescope.sources.infiniband import read_infiniband
 from nodescope_exporters.reports import (
     StaleReport,
     counter_sample,
@@ -191,7 +192,7 @@ class JobTracker:
         with self._lock:
             self.latest = snapshot
             now = snapshot.wall_time
-            nvml = snapshot.data("nvml", NvmlData)
+            nvml = snapshot.latest(NVML)
             if self._xid_cleared is None and nvml is not None:
                 self._xid_cleared = _xid_counts(nvml)
             self._track(
@@ -250,14 +251,14 @@ class JobTracker:
             closed.append(open_.pop(key))
 
     def _observe_jobs(self, snapshot: Snapshot, now: float) -> None:
-        rates = derive.derived(snapshot, "nvml")
+        rates = snapshot.derived.gpu_rates
         pcie: dict[int, float] = {}
-        if isinstance(rates, NvmlRates):
+        if rates is not None:
             for gpu in rates.gpus:
                 tx, rx = gpu.pcie_tx_bytes_per_second, gpu.pcie_rx_bytes_per_second
                 if tx is not None or rx is not None:
                     pcie[gpu.index] = (tx or 0.0) + (rx or 0.0)
-        for job in jobs_of(snapshot):
+        for job in snapshot.derived.jobs:
             window = self.windows.get(job.job_id)
             if window is None:
                 window = JobWindow(job.job_id, now, now)
@@ -300,7 +301,7 @@ class JobTracker:
 
     def xid_inputs(self) -> tuple[tuple[str, int, int], ...] | None:
         snapshot = self.latest
-        nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+        nvml = snapshot.latest(NVML) if snapshot is not None else None
         if nvml is None:
             return self._carried_xids or None
         cleared = self._xid_cleared or {}
@@ -317,7 +318,7 @@ class JobTracker:
     def gate_inputs(self, config: Config) -> GateInputs:
         with self._lock:
             snapshot = self.latest
-            nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+            nvml = snapshot.latest(NVML) if snapshot is not None else None
             if nvml is not None:
                 count, source = nvml.device_count, "NVML"
                 links: tuple[tuple[int, int | None, int | None, int | None], ...] | None = tuple(
@@ -341,7 +342,7 @@ class JobTracker:
         when neither is known."""
         with self._lock:
             snapshot = self.latest
-        nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+        nvml = snapshot.latest(NVML) if snapshot is not None else None
         if nvml is not None and nvml.gpus:
             return frozenset(g.index for g in nvml.gpus)
         minors = dev_gpu_minors(config.roots)
@@ -384,9 +385,9 @@ class JobTracker:
         if snapshot is None:
             return local_sample(config.roots, now)
         return counter_sample(
-            snapshot.data("nvml", NvmlData),
-            snapshot.data("infiniband", InfinibandData),
-            snapshot.data("disks", DisksData),
+            snapshot.latest(NVML),
+            snapshot.latest(INFINIBAND),
+            snapshot.latest(DISKS),
             now,
         )
 
@@ -409,7 +410,7 @@ class JobTracker:
             if not isinstance(start, int | float):
                 start = window.first_seen if window is not None else now
             gpus = set(job.gpus) or set(window.gpus if window is not None else ())
-            nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+            nvml = snapshot.latest(NVML) if snapshot is not None else None
             bdfs = {g.pci_address for g in nvml.gpus if g.index in gpus} if nvml else set()
             names = {str(g) for g in gpus}
             findings = [
@@ -481,7 +482,7 @@ class JobTracker:
     def clear_xids(self, request: Request, peer: Peer) -> Response:
         with self._lock:
             snapshot = self.latest
-            nvml = snapshot.data("nvml", NvmlData) if snapshot is not None else None
+            nvml = snapshot.latest(NVML) if snapshot is not None else None
             self._xid_cleared = _xid_counts(nvml) if nvml is not None else None
             self._carried_xids = ()
             self._recorded_xids = None

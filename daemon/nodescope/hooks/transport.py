@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from nodescope.hooks.auth import Peer, grant, peer_of, prepare_directory
+from nodescope.model.job_records import RUN_SUBDIR
 from nodescope.roots import Roots
-from nodescope.sources.jobs import RUN_SUBDIR
 
 #: One logger for every part of the hooks: its name is in each line operators search for.
 log = logging.getLogger("nodescope.hooks")

@@ -297,7 +297,7 @@ class _LinkSpec:
     endpoints: tuple[str, ...]
 
 
-class _Index:
+class LinkIndex:
     """The links of one topology and each function's own link, worked out once per topology
     object: the topology changes only when the hardware does, the traffic every second."""
 
@@ -374,29 +374,21 @@ def _link_specs(topology: Topology) -> tuple[_LinkSpec, ...]:
     return tuple(specs)
 
 
-#: The index of the last topology attributed over (identity: the ``pci`` source hands on the
-#: same object until it reads again).
-_last_index: _Index | None = None
-
-
-def _index(topology: Topology) -> _Index:
-    global _last_index
-    index = _last_index
-    if index is None or index.topology is not topology:
-        index = _last_index = _Index(topology)
-    return index
-
-
-def attribute(topology: Topology, flows: Iterable[EndpointFlow]) -> Attribution:
+def attribute(
+    topology: Topology, flows: Iterable[EndpointFlow], index: LinkIndex | None = None
+) -> Attribution:
     """Attribute ``flows`` to every link of ``topology`` they cross.
 
     Flows of functions the topology does not know (a device that left the bus) are dropped.
+    ``index``: the links of ``topology`` worked out before (the topology changes only when the
+    hardware does, the traffic every second); made here when not given or of another topology.
     """
     flows_by_bdf: dict[str, EndpointFlow] = {}
     for flow in flows:
         if topology.get(flow.bdf) is not None:
             flows_by_bdf[flow.bdf] = flow
-    index = _index(topology)
+    if index is None or index.topology is not topology:
+        index = LinkIndex(topology)
     links = tuple(_link_load(spec, flows_by_bdf) for spec in index.links)
     endpoints = tuple(
         EndpointLoad(flows_by_bdf[bdf], index.own_link(bdf)) for bdf in sorted(flows_by_bdf)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from nodescope.errors import ParseError
 from nodescope.jsonout import plain
+from nodescope.model.source_key import SourceKey
 
 SCHEMA_VERSION = 1
 
@@ -464,3 +465,7 @@ def parse_report(text: str, source: str = "probe report") -> ProbeReport:
         skipped=r.items(top["skipped"], "skipped", r.string),
         failures=r.items(top["failures"], "failures", failure),
     )
+
+
+#: The ``probe`` source's records: the last report of the fabric probe.
+PROBE = SourceKey("probe", ProbeReport)

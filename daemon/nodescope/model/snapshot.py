@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from nodescope.model.alert import Alert, AlertCounters
+from nodescope.model.derived import Derived
 from nodescope.model.finding import Finding
 from nodescope.model.process import ProcessFigures
 from nodescope.model.source_key import SourceKey
@@ -85,13 +86,27 @@ class Snapshot:
     #: The daemon's own processes (itself, its serving process), measured by the daemon after
     #: the cycle; empty outside it, so fixture and replay renderings hold no such figures.
     processes: tuple[ProcessFigures, ...] = ()
+    #: The figures this snapshot's samples imply (:mod:`nodescope.model.derived`); made here
+    #: when not given, so every snapshot has them. Read it as :attr:`derived`.
+    figures: Derived | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "current", _frozen(self.current))
         object.__setattr__(self, "previous", _frozen(self.previous))
+        # A copy with other samples (``dataclasses.replace``) must not keep the figures of the
+        # samples it replaced.
+        if self.figures is None or not self.figures.made_from(self.current, self.previous):
+            object.__setattr__(self, "figures", Derived(self.current, self.previous))
         object.__setattr__(self, "status", _frozen(self.status))
         object.__setattr__(self, "cycle_errors", _frozen(self.cycle_errors))
         object.__setattr__(self, "config_reloads", _frozen(self.config_reloads))
+
+    @property
+    def derived(self) -> Derived:
+        """Rates, the PCIe attribution and the job registry of this snapshot, each computed
+        once however many readers ask."""
+        assert self.figures is not None  # made in __post_init__
+        return self.figures
 
     def latest(self, key: SourceKey[T]) -> T | None:
         """The latest good record of the source ``key`` names."""

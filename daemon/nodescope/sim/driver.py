@@ -44,13 +44,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TextIO
 
-from nodescope import derive
 from nodescope.analysis import Analyzer
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.config import Config
 from nodescope.detectors.registry import DetectorInfo
+from nodescope.model.disks import DISKS
+from nodescope.model.infiniband import INFINIBAND
+from nodescope.model.nvlink_kmod import NVLINK_KMOD, LinkRates
+from nodescope.model.nvml import NVML, XID_MEANINGS
 from nodescope.model.snapshot import Snapshot
-from nodescope.model.topology import Topology
+from nodescope.model.topology import PCI
 from nodescope.roots import Roots
 from nodescope.service import Service
 from nodescope.sim.expect import (
@@ -63,10 +66,6 @@ from nodescope.sim.expect import (
 )
 from nodescope.sim.live import WallClockNode
 from nodescope.sources.base import Source
-from nodescope.sources.diskstats import DisksData, IostatReport
-from nodescope.sources.infiniband import InfinibandData, InfinibandRates
-from nodescope.sources.nvlink_kmod import LinkRates, NvlinkKmodData, NvlinkKmodRates
-from nodescope.sources.nvml import XID_MEANINGS, NvmlData, NvmlRates
 from nodescope_exporters.catalog import CATALOG
 from nodescope_exporters.prometheus import FamilyBuilder, MetricsCache, SnapshotCollector
 
@@ -191,7 +190,7 @@ class Timeline:
                 new.append(TimelineEvent(t, "source_down", name, error))
             elif was is not None:
                 new.append(TimelineEvent(t, "source_up", name, ""))
-        nvml = snapshot.data("nvml", NvmlData)
+        nvml = snapshot.latest(NVML)
         if nvml is not None:
             for lost in nvml.lost:
                 if lost.uuid not in self._lost:
@@ -551,11 +550,11 @@ def nvlink_kmod_view(snapshot: Snapshot, max_rows: int = 12) -> list[str]:
     highest average utilisation and stall rate, the highest per-sample peaks of the last
     window, and the largest share of samples over the module's stall threshold: the bursts
     an average hides."""
-    data = snapshot.data("nvlink_kmod", NvlinkKmodData)
-    rates = derive.derived(snapshot, "nvlink_kmod")
+    data = snapshot.latest(NVLINK_KMOD)
+    rates = snapshot.derived.nvlink_rates
     if data is None or data.snapshot is None or not data.serving:
         return []
-    if not isinstance(rates, NvlinkKmodRates):
+    if rates is None:
         return []
     head = data.snapshot.header
     devices: dict[int, list[LinkRates]] = {}
@@ -623,17 +622,17 @@ def demo_view(
     if snapshot is None:
         return "\n".join([*lines, "waiting for the first collection cycle…"]) + "\n"
 
-    topology = snapshot.data("pci", Topology)
+    topology = snapshot.latest(PCI)
 
     def root_port(bdf: str | None) -> str:
         # The unit of PCIe contention: devices that share it share its bandwidth.
         device = topology.get(bdf) if topology is not None and bdf else None
         return (device.root_port or "-") if device is not None else "?"
 
-    nvml = snapshot.data("nvml", NvmlData)
-    nvml_rates = derive.derived(snapshot, "nvml")
+    nvml = snapshot.latest(NVML)
+    nvml_rates = snapshot.derived.gpu_rates
     if nvml is not None:
-        rates = {g.index: g for g in nvml_rates.gpus} if isinstance(nvml_rates, NvmlRates) else {}
+        rates = {g.index: g for g in nvml_rates.gpus} if nvml_rates is not None else {}
         lines.append(
             "GPU  PCI address   root port     link      PCIe GB/s H2D   D2H"
             "   NVLink GB/s tx    rx  util"
@@ -664,9 +663,9 @@ def demo_view(
         lines.append("")
 
     lines += nvlink_kmod_view(snapshot, max_rows)
-    iostat = derive.derived(snapshot, "disks")
-    disks = snapshot.data("disks", DisksData)
-    if isinstance(iostat, IostatReport) and iostat.devices:
+    iostat = snapshot.derived.disk_rates
+    disks = snapshot.latest(DISKS)
+    if iostat is not None and iostat.devices:
         controller: dict[str, str | None] = {}
         for ns in disks.nvme if disks is not None else ():
             addresses = [p.pci_address for p in ns.paths if p.pci_address]
@@ -681,16 +680,12 @@ def demo_view(
             )
         lines.append("")
 
-    ib = snapshot.data("infiniband", InfinibandData)
-    ib_rates = derive.derived(snapshot, "infiniband")
+    ib = snapshot.latest(INFINIBAND)
+    ib_rates = snapshot.derived.ib_rates
     if ib is not None and ib.devices:
         lines.append("IB port        state     rate Gb/s   tx GB/s   rx GB/s")
         for port in list(ib.ports())[:max_rows]:
-            pr = (
-                ib_rates.port(port.device, port.port)
-                if isinstance(ib_rates, InfinibandRates)
-                else None
-            )
+            pr = ib_rates.port(port.device, port.port) if ib_rates is not None else None
             state = port.state.name if port.state is not None else "?"
             rate = f"{port.rate.gbps:g}" if port.rate is not None else "?"
             lines.append(

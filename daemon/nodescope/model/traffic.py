@@ -1,6 +1,6 @@
-"""The traffic of every PCI endpoint in a snapshot, for attribution over the topology.
+"""The traffic of every PCI endpoint, for attribution over the topology.
 
-Gathers, from the sources' derived rates (:mod:`nodescope.derive`), one
+Gathers, from the sources' records and their rates, one
 :class:`~nodescope.model.attribution.EndpointFlow` per PCI function and direction
 (``docs/datasources.md`` §1, §4, §7; directions as :mod:`nodescope.model.attribution` defines
 them):
@@ -17,43 +17,55 @@ them):
   receive = upstream;
 * Ethernet functions without an RDMA device, from the netdev byte counters, same directions.
 
-Pure: reads only the snapshot.
+Pure: a function of the records it is given.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
-from nodescope import derive
-from nodescope.model.attribution import Attribution, EndpointFlow, attribute
-from nodescope.model.snapshot import Snapshot
+from nodescope.model.attribution import EndpointFlow
+from nodescope.model.disks import DisksData, IostatReport
+from nodescope.model.infiniband import InfinibandData, InfinibandRates
+from nodescope.model.netdev import NetdevData, NetdevRates
+from nodescope.model.nvml import NvmlData, NvmlRates
 from nodescope.model.topology import DeviceClass, Topology
-from nodescope.sources.diskstats import DisksData, IostatReport
-from nodescope.sources.infiniband import InfinibandData, InfinibandRates
-from nodescope.sources.netlink import NetdevData, NetdevRates
-from nodescope.sources.nvml import NvmlData, NvmlRates
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """What the endpoints' traffic is measured from: each source's latest record and the
+    rates between its two latest reads (``None`` where a source has not read twice)."""
+
+    nvml: NvmlData | None = None
+    nvml_rates: NvmlRates | None = None
+    disks: DisksData | None = None
+    disk_rates: IostatReport | None = None
+    infiniband: InfinibandData | None = None
+    ib_rates: InfinibandRates | None = None
+    netdev: NetdevData | None = None
+    netdev_rates: NetdevRates | None = None
+
 
 MIB = 1 << 20
 
 
-def endpoint_flows(
-    snapshot: Snapshot, topology: Topology | None = None
-) -> tuple[EndpointFlow, ...]:
-    """Every endpoint's bytes per second in this snapshot, one flow per PCI function.
+def endpoint_flows(traffic: Traffic, topology: Topology | None) -> tuple[EndpointFlow, ...]:
+    """Every endpoint's bytes per second, one flow per PCI function.
 
-    ``topology`` (the ``pci`` source's by default) gives each function its class; a function
-    it does not know keeps the class of the source that measured it.
+    ``topology`` gives each function its class; a function it does not know keeps the class
+    of the source that measured it.
     """
-    topo = topology if topology is not None else snapshot.data("pci", Topology)
+    topo = topology
     flows: dict[str, EndpointFlow] = {}
 
     def klass(bdf: str, default: DeviceClass) -> DeviceClass:
         dev = topo.get(bdf) if topo is not None else None
         return dev.device_class if dev is not None else default
 
-    nvml = snapshot.data("nvml", NvmlData)
-    nvml_rates = derive.derived(snapshot, "nvml")
-    if nvml is not None and isinstance(nvml_rates, NvmlRates):
+    nvml, nvml_rates = traffic.nvml, traffic.nvml_rates
+    if nvml is not None and nvml_rates is not None:
         address = {g.uuid: (g.index, g.pci_address) for g in nvml.gpus}
         for rates in nvml_rates.gpus:
             where = address.get(rates.uuid)
@@ -71,9 +83,8 @@ def endpoint_flows(
                 measured_by="nvml",
             )
 
-    disks = snapshot.data("disks", DisksData)
-    iostat = derive.derived(snapshot, "disks")
-    if disks is not None and isinstance(iostat, IostatReport):
+    disks, iostat = traffic.disks, traffic.disk_rates
+    if disks is not None and iostat is not None:
         paths = {
             ns.disk: [p.pci_address for p in ns.paths if p.pci_address is not None]
             for ns in disks.nvme
@@ -101,10 +112,9 @@ def endpoint_flows(
                 measured_by="disks",
             )
 
-    ib = snapshot.data("infiniband", InfinibandData)
-    ib_rates = derive.derived(snapshot, "infiniband")
+    ib, ib_rates = traffic.infiniband, traffic.ib_rates
     rdma_functions: set[str] = set()
-    if ib is not None and isinstance(ib_rates, InfinibandRates):
+    if ib is not None and ib_rates is not None:
         for device in ib.devices:
             if device.pci_address is None:
                 continue
@@ -132,9 +142,8 @@ def endpoint_flows(
                 measured_by="infiniband",
             )
 
-    netdev = snapshot.data("netdev", NetdevData)
-    net_rates = derive.derived(snapshot, "netdev")
-    if netdev is not None and isinstance(net_rates, NetdevRates):
+    netdev, net_rates = traffic.netdev, traffic.netdev_rates
+    if netdev is not None and net_rates is not None:
         by_function: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
         for link in netdev.links:
             function = link.pci_address
@@ -164,26 +173,3 @@ def endpoint_flows(
                 measured_by="netdev",
             )
     return tuple(flows[b] for b in sorted(flows))
-
-
-#: The last snapshot attributed and its result: several detectors and the exporter ask for
-#: the same snapshot's attribution in one cycle. A cache of one, keyed by identity or by the
-#: samples it is made of (the analysed snapshot the exporter sees is a copy with findings);
-#: it never changes what a call returns.
-_last: tuple[Snapshot, Attribution | None] | None = None
-
-
-def snapshot_attribution(snapshot: Snapshot) -> Attribution | None:
-    """The attribution of this snapshot's traffic over its topology (``None`` without one)."""
-    global _last
-    cached = _last
-    # Comparing the sample mappings is cheap: equal samples are the same objects.
-    if cached is not None and (
-        cached[0] is snapshot
-        or (cached[0].current == snapshot.current and cached[0].previous == snapshot.previous)
-    ):
-        return cached[1]
-    topology = snapshot.data("pci", Topology)
-    result = None if topology is None else attribute(topology, endpoint_flows(snapshot, topology))
-    _last = (snapshot, result)
-    return result

@@ -1,0 +1,260 @@
+"""The figures a snapshot implies: rates, the PCIe attribution, the job registry.
+
+Sources run on their own intervals and a snapshot holds, per source, the latest sample and the
+one before it. The detectors, the exporters, the hooks and the CLI all need the same figures
+made from those samples — a source's rates, the traffic of every PCI endpoint attributed
+over the topology, the jobs of the node — so each snapshot carries one :class:`Derived` that
+computes each figure the first time it is asked for and hands every later reader the same
+object.
+
+Across cycles, a figure whose inputs are the very same objects as the cycle before is that
+cycle's figure again: a source that did not run hands its sample on unchanged, and most
+inputs come from sources that run every 5 to 30 s while the cycle ticks every second. The
+stage that makes each cycle's :class:`Derived` (:class:`nodescope.derive.DerivedStage`)
+hands it the previous one's figures as ``carried``; a :class:`Derived` made without them (a
+fixture, a one-shot command) computes everything from its own samples. Either way the
+figures are the same: reuse only decides whether a pure function runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import TYPE_CHECKING, TypeVar, cast
+
+from nodescope.model.attribution import Attribution, LinkIndex, attribute
+from nodescope.model.disks import DISKS, IostatReport, iostat_figures
+from nodescope.model.infiniband import INFINIBAND, InfinibandRates, port_rates
+from nodescope.model.job_records import JOBS
+from nodescope.model.jobs import GpuUse, Job, JobView, build_registry, gpu_uses, job_processes_views
+from nodescope.model.mountstats import MOUNTSTATS, MountstatsRates, nfs_rates
+from nodescope.model.netdev import NETDEV, NetdevRates, link_rates
+from nodescope.model.nvlink_kmod import NVLINK_KMOD, NvlinkKmodRates
+from nodescope.model.nvlink_kmod import link_rates as nvlink_link_rates
+from nodescope.model.nvml import NVML, NvmlRates, gpu_rates
+from nodescope.model.procs import PROCS, ProcsRates, procs_rates
+from nodescope.model.source_key import SourceKey
+from nodescope.model.topology import PCI
+from nodescope.model.traffic import Traffic, endpoint_flows
+
+if TYPE_CHECKING:
+    from nodescope.model.snapshot import SourceSample
+
+log = logging.getLogger("nodescope.derive")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One computed figure and what it was computed from: the objects it depends on by
+    identity (``same``) and the small values it depends on by equality (``equal``)."""
+
+    same: tuple[object, ...]
+    equal: object
+    value: object
+
+    def made_of(self, same: tuple[object, ...], equal: object) -> bool:
+        return (
+            len(self.same) == len(same)
+            and all(a is b for a, b in zip(self.same, same, strict=True))
+            and self.equal == equal
+        )
+
+
+_NOTHING: Mapping[str, Figure] = MappingProxyType({})
+
+
+class Derived:
+    """The figures of one snapshot, each computed at most once (see the module docstring).
+
+    Readers on several threads (the cycle, the hook socket) may ask at once: the worst case
+    is a pure function run twice with the same answer.
+    """
+
+    __slots__ = ("_carried", "_current", "_figures", "_previous")
+
+    def __init__(
+        self,
+        current: Mapping[str, SourceSample],
+        previous: Mapping[str, SourceSample],
+        carried: Mapping[str, Figure] = _NOTHING,
+    ) -> None:
+        self._current = current
+        self._previous = previous
+        self._figures: dict[str, Figure] = {}
+        self._carried = carried
+
+    def made_from(
+        self, current: Mapping[str, SourceSample], previous: Mapping[str, SourceSample]
+    ) -> bool:
+        """Whether these are the samples this object's figures are made of (equal samples are
+        the same objects, so the comparison is one identity test per source)."""
+        return self._current == current and self._previous == previous
+
+    def figures(self) -> Mapping[str, Figure]:
+        """Every figure this snapshot's readers asked for, and those it carried unasked: what
+        the next cycle may reuse."""
+        return MappingProxyType({**self._carried, **self._figures})
+
+    def _figure(
+        self, name: str, same: tuple[object, ...], equal: object, compute: Callable[[], R]
+    ) -> R:
+        known = self._figures.get(name)
+        if known is None or not known.made_of(same, equal):
+            old = self._carried.get(name)
+            value = old.value if old is not None and old.made_of(same, equal) else compute()
+            known = self._figures[name] = Figure(same, equal, value)
+        return cast(R, known.value)
+
+    def _latest(self, key: SourceKey[T]) -> T | None:
+        sample = self._current.get(key.name)
+        return None if sample is None else key.of(sample.data)
+
+    def _rates(self, key: SourceKey[T], rates_of: Callable[[T, T, float], R | None]) -> R | None:
+        cur = self._current.get(key.name)
+        prev = self._previous.get(key.name)
+        if cur is None or prev is None:
+            return None
+        now, before = key.of(cur.data), key.of(prev.data)
+        seconds = cur.monotonic - prev.monotonic
+        if now is None or before is None or seconds <= 0:
+            return None
+
+        def compute() -> R | None:
+            try:
+                return rates_of(before, now, seconds)
+            except Exception as exc:  # a bad pair of samples costs that source's rates only
+                log.warning("source=%s derive_error=%r", key.name, f"{type(exc).__name__}: {exc}")
+                return None
+
+        return self._figure(f"rates:{key.name}", (prev, cur), None, compute)
+
+    # -- rates between each source's two latest reads ------------------------------------
+
+    @property
+    def gpu_rates(self) -> NvmlRates | None:
+        return self._rates(NVML, gpu_rates)
+
+    @property
+    def disk_rates(self) -> IostatReport | None:
+        return self._rates(DISKS, iostat_figures)
+
+    @property
+    def ib_rates(self) -> InfinibandRates | None:
+        return self._rates(INFINIBAND, port_rates)
+
+    @property
+    def netdev_rates(self) -> NetdevRates | None:
+        return self._rates(NETDEV, link_rates)
+
+    @property
+    def procs_rates(self) -> ProcsRates | None:
+        return self._rates(PROCS, procs_rates)
+
+    @property
+    def nvlink_rates(self) -> NvlinkKmodRates | None:
+        return self._rates(NVLINK_KMOD, nvlink_link_rates)
+
+    @property
+    def nfs_rates(self) -> MountstatsRates | None:
+        return self._rates(MOUNTSTATS, nfs_rates)
+
+    def rates_of(self, source: str) -> object | None:
+        """The rates of the source named ``source`` (``None``: it has none, or not yet), for
+        readers that list every source (the snapshot JSON)."""
+        reader = _RATES.get(source)
+        return None if reader is None else reader(self)
+
+    # -- figures across sources -------------------------------------------------------------
+
+    @property
+    def traffic(self) -> Traffic:
+        """What the endpoints' traffic is measured from."""
+        return Traffic(
+            nvml=self._latest(NVML),
+            nvml_rates=self.gpu_rates,
+            disks=self._latest(DISKS),
+            disk_rates=self.disk_rates,
+            infiniband=self._latest(INFINIBAND),
+            ib_rates=self.ib_rates,
+            netdev=self._latest(NETDEV),
+            netdev_rates=self.netdev_rates,
+        )
+
+    @property
+    def attribution(self) -> Attribution | None:
+        """The traffic of every PCI endpoint attributed over the topology (``None`` before
+        the ``pci`` source has read)."""
+        topology = self._latest(PCI)
+        if topology is None:
+            return None
+        traffic = self.traffic
+        index = self._figure("link_index", (topology,), None, lambda: LinkIndex(topology))
+        same = (topology, *(getattr(traffic, f.name) for f in fields(traffic)))
+        return self._figure(
+            "attribution",
+            same,
+            None,
+            lambda: attribute(topology, endpoint_flows(traffic, topology), index),
+        )
+
+    @property
+    def gpu_uses(self) -> tuple[GpuUse, ...]:
+        """Each GPU and the pids of its compute processes."""
+        nvml = self._latest(NVML)
+        return self._figure("gpu_uses", (nvml,), None, lambda: gpu_uses(nvml))
+
+    @property
+    def jobs(self) -> tuple[Job, ...]:
+        """The job registry: the ``jobs`` record joined with the GPUs' compute processes.
+        NVML is read every second and the ``jobs`` source every 15 s; the registry is made
+        again only when the ``jobs`` record is another or the compute processes changed."""
+        data = self._latest(JOBS)
+        gpus = self.gpu_uses
+        return self._figure("jobs", (data,), gpus, lambda: build_registry(data, gpus))
+
+    @property
+    def jobs_before(self) -> tuple[Job, ...] | None:
+        """The registry of the ``jobs`` record before the latest, joined with the compute
+        processes of now (``None`` before the source has read twice): what a job was, to
+        compare with what it is."""
+        cur = self._current.get(JOBS.name)
+        prev = self._previous.get(JOBS.name)
+        if cur is None or prev is None or cur.monotonic - prev.monotonic <= 0:
+            return None
+        old = JOBS.of(prev.data)
+        if old is None or JOBS.of(cur.data) is None:
+            return None
+        gpus = self.gpu_uses
+        return self._figure("jobs_before", (old,), gpus, lambda: build_registry(old, gpus))
+
+    @property
+    def job_views(self) -> tuple[JobView, ...]:
+        """The jobs with compute processes in their cgroups, their GPUs and the HCAs
+        ``NCCL_IB_HCA`` lets them use (the placement view)."""
+        data = self._latest(JOBS)
+        ib = self._latest(INFINIBAND)
+        if data is None or self._latest(NVML) is None:
+            return ()
+        gpus = self.gpu_uses
+        hcas = tuple(d.name for d in ib.devices) if ib is not None else ()
+        return self._figure(
+            "job_views", (data,), (gpus, hcas), lambda: job_processes_views(data, gpus, hcas)
+        )
+
+
+_RATES: Mapping[str, Callable[[Derived], object | None]] = MappingProxyType(
+    {
+        NVML.name: lambda d: d.gpu_rates,
+        DISKS.name: lambda d: d.disk_rates,
+        INFINIBAND.name: lambda d: d.ib_rates,
+        NETDEV.name: lambda d: d.netdev_rates,
+        PROCS.name: lambda d: d.procs_rates,
+        NVLINK_KMOD.name: lambda d: d.nvlink_rates,
+        MOUNTSTATS.name: lambda d: d.nfs_rates,
+    }
+)

@@ -1,0 +1,369 @@
+"""The figures a snapshot implies (rates, the PCIe attribution, the job registry and its
+placement view) and the detectors that read them: each answer follows its inputs, whether the
+snapshot was made alone or by the derived stage that carries the last cycle's figures over."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+
+import pytest
+
+from nodescope.alerts import AlertRules, keep_floor
+from nodescope.config import Config, from_mapping
+from nodescope.derive import DerivedStage
+from nodescope.detectors import errors, hangs, placement
+from nodescope.detectors import jobs as jobs_detector
+from nodescope.detectors.registry import ALERT_RULES
+from nodescope.model import derived as derived_module
+from nodescope.model.attribution import EndpointFlow, LinkIndex, attribute
+from nodescope.model.finding import Finding
+from nodescope.model.jobs import JobProcess
+from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.model.topology import AerCounter, AerRecord, DeviceClass, LinkState
+from nodescope.sources.infiniband import IbDevice, InfinibandData
+from nodescope.sources.jobs import JobCgroup, JobsData, JobTask
+from nodescope.sources.nvml import GpuProcess, NvmlData
+from nodescope.sources.procs import ProcsData, TcpCounters
+from tests.unit.fabric_helpers import GPU_A, GPU_B, GPU_C, HCA, HCA_C, RP_SHARED, topology
+from tests.unit.test_detectors import _gpu
+
+# --- inputs ---------------------------------------------------------------------------------
+
+
+def _task(pid: int, job: str, hca: str | None = None, gpus: str | None = None) -> JobTask:
+    env: tuple[tuple[str, str], ...] = (("NCCL_IB_HCA", hca),) if hca else ()
+    env += (("SLURM_JOB_GPUS", gpus),) if gpus else ()
+    return JobTask(pid, "python3", f"/job_{job}/step_0", "0", env, 1, (), None)
+
+
+def _jobs(*tasks: JobTask, job: str = "81770") -> JobsData:
+    cgroup = JobCgroup(f"job_{job}", job, "v2", f"/job_{job}", None, None, (), tasks, None, None)
+    return JobsData("v2", (cgroup,), (), ())
+
+
+def _nvml(pids: Mapping[int, tuple[int, ...]]) -> NvmlData:
+    """GPUs 0 (GPU_A), 1 (GPU_B) and 2 (GPU_C) with the given compute processes."""
+    bdfs = {0: GPU_A, 1: GPU_B, 2: GPU_C}
+    gpus = tuple(
+        dataclasses.replace(
+            _gpu(i, bdfs[i]), processes=tuple(GpuProcess(p, None) for p in pids.get(i, ()))
+        )
+        for i in sorted(bdfs)
+    )
+    return NvmlData(len(gpus), gpus, (), (), None, ())
+
+
+def _ib(functions: dict[str, str]) -> InfinibandData:
+    return InfinibandData(
+        tuple(IbDevice(n, None, None, None, None, bdf, (), (), ()) for n, bdf in functions.items())
+    )
+
+
+def _snap(
+    current: dict[str, object], previous: dict[str, object] | None = None, t: float = 100.0
+) -> Snapshot:
+    """Samples made here are new objects: pass a SourceSample to hand one on unchanged."""
+
+    def sample(name: str, data: object, at: float) -> SourceSample:
+        return data if isinstance(data, SourceSample) else SourceSample(name, at, 0.0, data)
+
+    cur = {n: sample(n, d, t) for n, d in current.items()}
+    prev = {n: sample(n, d, t - 15.0) for n, d in (previous or {}).items()}
+    return Snapshot(cycle=1, monotonic=t, wall_time=t, current=cur, previous=prev)
+
+
+HCAS = {"mlx5_0": HCA, "mlx5_1": HCA_C}
+
+
+# --- job views and the placement detector -----------------------------------------------------
+
+
+def test_placement_views_follow_the_processes() -> None:
+    jobs = _jobs(_task(100, "81770", "=mlx5_1"), _task(101, "81770", "=mlx5_1"))
+    ib = SourceSample("infiniband", 99.0, 0.0, _ib(HCAS))
+    stage = DerivedStage()
+
+    def views(nvml: NvmlData, data: JobsData = jobs) -> tuple[object, ...]:
+        snap = _snap({"jobs": data, "nvml": nvml, "infiniband": ib})
+        alone = snap.derived.job_views
+        staged = stage.derive(snap).derived.job_views
+        assert staged == alone
+        return staged
+
+    assert [v.gpus for v in views(_nvml({0: (100,), 1: (101,)}))] == [(0, 1)]  # type: ignore[attr-defined]
+    # A new NVML record (read every second) with the same compute processes: the same views.
+    assert [v.gpus for v in views(_nvml({0: (100,), 1: (101,)}))] == [(0, 1)]  # type: ignore[attr-defined]
+    # A process moved to GPU 2: the new answer.
+    assert [v.gpus for v in views(_nvml({0: (100,), 2: (101,)}))] == [(0, 2)]  # type: ignore[attr-defined]
+    # Another jobs record (the source read again) with other HCAs.
+    other = _jobs(_task(100, "81770"), _task(101, "81770"))
+    assert [v.hcas for v in views(_nvml({0: (100,), 2: (101,)}), other)] == [  # type: ignore[attr-defined]
+        ("mlx5_0", "mlx5_1")
+    ]
+
+
+def test_the_placement_detector_follows_its_inputs() -> None:
+    jobs = SourceSample("jobs", 90.0, 0.0, _jobs(_task(100, "81770", "=mlx5_1")))
+    topo = SourceSample("pci", 80.0, 0.0, topology())
+    config = Config()
+    stage = DerivedStage()
+
+    def detect(
+        nvml: NvmlData, pci: SourceSample = topo, hcas: dict[str, str] = HCAS
+    ) -> list[Finding]:
+        snap = stage.derive(
+            _snap({"jobs": jobs, "nvml": nvml, "infiniband": _ib(hcas), "pci": pci})
+        )
+        return list(placement.detect(None, snap, config))
+
+    first = detect(_nvml({0: (100,)}))
+    assert [f.key for f in first] == ["job_hca_placement{job=81770}"]
+    assert detect(_nvml({0: (100,)})) == first
+    # The job's process now on GPU C, beside mlx5_1: no finding.
+    assert detect(_nvml({2: (100,)})) == []
+    # A new topology object (the pci source read again): the same answer.
+    assert detect(_nvml({0: (100,)}), SourceSample("pci", 110.0, 0.0, topology())) == first
+    # mlx5_1 is now the function beside GPU A: no finding.
+    assert detect(_nvml({0: (100,)}), hcas={"mlx5_0": HCA, "mlx5_1": HCA}) == []
+
+
+# --- the jobs detector ----------------------------------------------------------------------
+
+
+def test_the_jobs_detector_follows_the_registry_and_the_config() -> None:
+    sample = SourceSample("jobs", 90.0, 0.0, _jobs(_task(100, "81770", gpus="0")))
+    # GPU 0 belongs to the job (its process 100); pid 555 on it is outside the job.
+    nvml = {0: (100, 555)}
+    config = Config()
+    stage = DerivedStage()
+
+    def detect(
+        jobs: object, gpus: Mapping[int, tuple[int, ...]], cfg: Config = config
+    ) -> list[Finding]:
+        return list(
+            jobs_detector.detect(
+                None, stage.derive(_snap({"jobs": jobs, "nvml": _nvml(gpus)})), cfg
+            )
+        )
+
+    first = detect(sample, nvml)
+    assert [f.kind for f in first] == [jobs_detector.ESCAPE]
+    assert detect(sample, nvml) == first
+    # The escaped process ended: no finding.
+    assert detect(sample, {0: (100,)}) == []
+    # A new jobs record in which 555 is the job's own.
+    assert detect(_jobs(_task(100, "81770", gpus="0"), _task(555, "81770")), nvml) == []
+    # The same record under a pressure threshold changed by a reload: the same escape.
+    lower = from_mapping({"detectors": {"jobs": {"memory_pressure_percent": 5.0}}})
+    assert detect(sample, nvml, lower) == first
+
+
+def test_the_registry_follows_the_jobs_record() -> None:
+    data = _jobs(_task(100, "81770"))
+    stage = DerivedStage()
+    first = stage.derive(_snap({"jobs": data, "nvml": _nvml({0: (100,)})})).derived.jobs
+    assert [j.job_id for j in first] == ["81770"]
+    again = stage.derive(_snap({"jobs": data, "nvml": _nvml({0: (100,)})})).derived.jobs
+    assert again == first
+    other = stage.derive(_snap({"jobs": _jobs(_task(100, "81771"), job="81771")})).derived.jobs
+    assert [j.job_id for j in other] == ["81771"]
+
+
+def test_the_jobs_before_are_the_registry_of_the_previous_record() -> None:
+    old = _jobs(_task(100, "81770"))
+    new = _jobs(_task(100, "81771"), job="81771")
+    snap = _snap({"jobs": new, "nvml": _nvml({})}, {"jobs": old})
+    before = snap.derived.jobs_before
+    assert before is not None and [j.job_id for j in before] == ["81770"]
+    assert [j.job_id for j in snap.derived.jobs] == ["81771"]
+    assert _snap({"jobs": new}).derived.jobs_before is None
+
+
+# --- AER ----------------------------------------------------------------------------------
+
+
+def _aer_topology(fatal: int) -> object:
+    return topology(aer={GPU_A: (AerRecord("fatal", (AerCounter("x", fatal),), fatal),)})
+
+
+def test_aer_findings_follow_the_pci_pair() -> None:
+    before = SourceSample("pci", 70.0, 0.0, _aer_topology(0))
+    after = SourceSample("pci", 100.0, 0.0, _aer_topology(1))
+    config = Config()
+
+    def aer(cur: SourceSample, prev: SourceSample) -> list[Finding]:
+        snap = Snapshot(1, 101.0, 101.0, current={"pci": cur}, previous={"pci": prev})
+        return [f for f in errors.detect(None, snap, config) if f.kind == errors.AER]
+
+    first = aer(after, before)
+    assert [f.evidence["errors"] for f in first] == [1.0]
+    assert aer(after, before) == first
+    # The pci source read again: two more fatal errors.
+    later = SourceSample("pci", 130.0, 0.0, _aer_topology(3))
+    assert [f.evidence["errors"] for f in aer(later, after)] == [2.0]
+    assert aer(SourceSample("pci", 160.0, 0.0, _aer_topology(3)), later) == []
+
+
+def test_nvlink_error_counters_that_did_not_move_are_no_finding() -> None:
+    from tests.unit.test_detectors import _link
+
+    def nvml(**counts: int) -> NvmlData:
+        return NvmlData(
+            1, (_gpu(0, GPU_A, nvlinks=(_link(0, **counts), _link(1))),), (), (), None, ()
+        )
+
+    assert errors.nvml_findings(nvml(crc_flit=5), nvml(crc_flit=5), 1.0, 1.0, 1.0) == []
+    (moved,) = errors.nvml_findings(nvml(crc_flit=5), nvml(crc_flit=9), 1.0, 1.0, 1.0)
+    assert moved.evidence["crc_flit_errors"] == 4.0
+
+
+# --- hangs ----------------------------------------------------------------------------------
+
+
+def test_the_job_process_maps_follow_the_procs_record() -> None:
+    one = ProcsData((JobProcess(100, "81770", "/job_81770"),), TcpCounters(0, 0, 0))
+    job_of, pids_of = hangs._job_process_maps(one)
+    assert job_of == {100: "81770"} and pids_of == {"81770": {100}}
+    two = ProcsData(
+        (JobProcess(100, "81770", "/job_81770"), JobProcess(101, "81771", "/job_81771")),
+        TcpCounters(0, 0, 0),
+    )
+    assert hangs._job_process_maps(two)[1] == {"81770": {100}, "81771": {101}}
+
+
+# --- attribution ----------------------------------------------------------------------------
+
+
+def test_an_index_of_another_topology_is_not_used() -> None:
+    flows = [EndpointFlow(GPU_A, "gpu0", DeviceClass.GPU, 10e9, 0.0, "test")]
+    first = attribute(topology(), flows)
+    # The root port trained down to Gen4 x8: the links' capacity follows the new topology,
+    # even when handed the index of the old one.
+    slower = topology(links={RP_SHARED: LinkState(16.0, 8, 32.0, 16)})
+    rp = attribute(slower, flows, LinkIndex(topology())).link(RP_SHARED)
+    assert rp is not None and rp.width == 8 and rp.speed_gts == 16.0
+    old = first.link(RP_SHARED)
+    assert old is not None and rp.capacity_bytes_per_second < old.capacity_bytes_per_second  # type: ignore[operator]
+    # Each function's own link too.
+    own = attribute(topology(links={GPU_A: LinkState(16.0, 4, 32.0, 16)}), flows).endpoint(GPU_A)
+    assert own is not None and own.link is not None and own.link.current_width == 4
+
+
+def test_the_staged_attribution_follows_a_new_topology() -> None:
+    stage = DerivedStage()
+    nvml = _nvml({})
+    pci = SourceSample("pci", 1.0, 0.0, topology())
+    first = stage.derive(_snap({"pci": pci, "nvml": nvml})).derived.attribution
+    slower = SourceSample(
+        "pci", 2.0, 0.0, topology(links={RP_SHARED: LinkState(16.0, 8, 32.0, 16)})
+    )
+    later = stage.derive(_snap({"pci": slower, "nvml": nvml})).derived.attribution
+    assert first is not None and later is not None
+    a, b = first.link(RP_SHARED), later.link(RP_SHARED)
+    assert a is not None and b is not None and b.width == 8 and a.width != 8
+
+
+# --- the stage ------------------------------------------------------------------------------
+
+
+def _pair(prev: int, cur: int, t: float) -> dict[str, dict[str, SourceSample]]:
+    return {
+        "current": {
+            "procs": SourceSample("procs", t, 0.0, ProcsData((), TcpCounters(cur, cur, 0)))
+        },
+        "previous": {
+            "procs": SourceSample("procs", t - 1, 0.0, ProcsData((), TcpCounters(prev, prev, 0)))
+        },
+    }
+
+
+def test_the_stage_gives_the_answer_a_snapshot_alone_gives() -> None:
+    stage = DerivedStage()
+    samples = _pair(100, 200, 10.0)
+    alone = Snapshot(1, 10.0, 0.0, **samples)  # type: ignore[arg-type]
+    staged = stage.derive(Snapshot(1, 10.0, 0.0, **samples))  # type: ignore[arg-type]
+    assert staged.derived.procs_rates == alone.derived.procs_rates
+    assert staged.derived.procs_rates is not None
+    # The next pair: the rates of the new samples, not the carried ones.
+    nxt = stage.derive(Snapshot(2, 11.0, 0.0, **_pair(200, 500, 11.0)))  # type: ignore[arg-type]
+    rates = nxt.derived.procs_rates
+    assert rates is not None and rates.tcp is not None
+    assert rates.tcp.out_segs_per_second == 300.0
+
+
+def test_a_copy_with_other_samples_does_not_keep_the_old_figures() -> None:
+    snap = Snapshot(1, 10.0, 0.0, **_pair(100, 200, 10.0))  # type: ignore[arg-type]
+    before = snap.derived.procs_rates
+    moved = dataclasses.replace(snap, **_pair(100, 400, 10.0))
+    after = moved.derived.procs_rates
+    assert (
+        before is not None
+        and after is not None
+        and before.tcp is not None
+        and after.tcp is not None
+    )
+    assert (before.tcp.out_segs_per_second, after.tcp.out_segs_per_second) == (100.0, 300.0)
+    # A copy with the same samples (the analysed snapshot) keeps them.
+    assert dataclasses.replace(snap, findings=()).derived.procs_rates is before
+
+
+def test_a_pair_no_rates_can_be_made_of_costs_only_that_source(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not a ProcsData: the typed key refuses it, and the other figures are still made.
+    snap = Snapshot(
+        1,
+        10.0,
+        0.0,
+        current={
+            "procs": SourceSample("procs", 10.0, 0.0, "odd"),
+            "nvml": SourceSample("nvml", 10.0, 0.0, _nvml({0: (1,)})),
+        },
+        previous={"procs": SourceSample("procs", 9.0, 0.0, "odd")},
+    )
+    assert snap.derived.procs_rates is None
+    assert [g.index for g in snap.derived.gpu_uses] == [0, 1, 2]
+    # Samples of the right type that the rate function cannot make rates of (it raises):
+    # logged, None, and only that source's figure is lost.
+    def unreadable(previous: ProcsData, current: ProcsData, seconds: float) -> None:
+        raise ValueError("counters went backwards by a page")
+
+    monkeypatch.setattr(derived_module, "procs_rates", unreadable)
+    odd = ProcsData((), TcpCounters(7, 1, 0))
+    snap = Snapshot(
+        1,
+        10.0,
+        0.0,
+        current={
+            "procs": SourceSample("procs", 10.0, 0.0, ProcsData((), TcpCounters(5, 1, 0))),
+            "nvml": SourceSample("nvml", 10.0, 0.0, _nvml({0: (1,)})),
+        },
+        previous={"procs": SourceSample("procs", 9.0, 0.0, odd)},
+    )
+    with caplog.at_level(logging.WARNING, logger="nodescope.derive"):
+        assert snap.derived.procs_rates is None
+    assert "source=procs derive_error=" in caplog.text
+    assert [g.index for g in snap.derived.gpu_uses] == [0, 1, 2]
+
+
+# --- alert rules ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        {},
+        {"pcie_contention": {"clear_below": 0.4}},
+        {"pcie_contention": {"for_seconds": 5}, "made_up_kind": {"clear_below": 0.2}},
+        {"nvlink_errors": {"clear_below": 0.3}, "pcie_saturation": {"enabled": False}},
+    ],
+)
+def test_keep_floor_is_the_full_rule_tables_clear_below(rules: dict[str, object]) -> None:
+    config = from_mapping({"alerts": {"rules": rules}})
+    table = AlertRules.from_settings(config.alerts, ALERT_RULES)
+    for kind in [*ALERT_RULES, *rules, "never_configured"]:
+        assert (
+            keep_floor(config, kind, ALERT_RULES.get(kind)) == table.for_kind(kind).clear_below
+        ), kind
