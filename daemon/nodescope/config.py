@@ -569,9 +569,9 @@ class DetectorsSettings:
     when its key is part of the GPU's name, e.g. ``"A100"``).
 
     Built from ``values``, the tables by detector name (a missing table or key takes its
-    default); after construction ``values`` holds every table with every key, the form the
-    string-keyed readers :meth:`number` and :meth:`enabled` use. The typed attributes are the
-    same values, checked by mypy at each read."""
+    default); after construction ``values`` holds every table with every key (the form a
+    reload compares and a test replaces). Readers use the typed attributes, which hold the
+    same values and are checked by mypy at each read."""
 
     values: Mapping[str, Mapping[str, Any]] = field(default_factory=_no_tables)
     saturation_models: Mapping[str, float] = field(default_factory=_default_models)
@@ -600,11 +600,6 @@ class DetectorsSettings:
             self, "saturation_models", MappingProxyType(dict(self.saturation_models))
         )
 
-    def number(self, section: str, key: str) -> float:
-        return float(self.values[section][key])
-
-    def enabled(self, section: str) -> bool:
-        return bool(self.values[section]["enabled"])
 
 
 @dataclass(frozen=True, slots=True)

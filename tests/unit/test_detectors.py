@@ -464,7 +464,7 @@ def test_detectors_config_section() -> None:
     assert d.number("contention", "min_share") == 0.2
     assert dict(d.saturation_models) == {"A100": 0.57, "H100": 0.5}
     assert not d.enabled("errors") and d.enabled("placement")
-    assert Config().detectors.number("saturation", "bidirectional_ratio") == 0.57
+    assert Config().detectors.saturation.bidirectional_ratio == 0.57
     for bad in (
         {"detectors": {"nope": {}}},
         {"detectors": {"contention": {"nope": 1}}},
