@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import io
 import json
+import subprocess
+import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from nodescope.sim.scenario import (
     DATA_DIR,
     FORMAT,
     INSTANT_KINDS,
+    NFS4_OPS,
     SCENARIO_DIR,
     SCHEMA_PATH,
     Activity,
@@ -233,6 +236,33 @@ def test_schema_activities_match_the_loader() -> None:
         props = set(defs[f"activity_{kind}"]["properties"])
         common = {"kind", "from", "description"} | (set() if kind in INSTANT_KINDS else {"to"})
         assert props == common | set(fields), kind
+    assert defs["activity_nfs"]["properties"]["op"]["enum"] == list(NFS4_OPS)
+
+
+def _schema_objects(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, list):
+        return [found for item in node for found in _schema_objects(item)]
+    if not isinstance(node, dict):
+        return []
+    return [node, *(found for value in node.values() for found in _schema_objects(value))]
+
+
+def test_every_schema_message_belongs_to_a_keyword_beside_it() -> None:
+    """``x-message`` words the failure of a keyword of the same schema object."""
+    with_messages = [obj for obj in _schema_objects(SCHEMA) if "x-message" in obj]
+    assert with_messages
+    for obj in with_messages:
+        assert set(obj["x-message"]) <= set(obj) - {"x-message"}, obj
+
+
+def test_importing_the_records_leaves_jsonschema_unimported() -> None:
+    """The simulated node and the lspci converter import this module's records; only a
+    loader needs jsonschema."""
+    code = "import sys, nodescope.sim.scenario; print('jsonschema' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,6 +415,21 @@ ERRORS: list[tuple[str, Any, str]] = [
         lambda d: d["timeline"][0].update(h2d_bytes_per_second=-1),
         "/timeline/0/h2d_bytes_per_second: must be >= 0",
     ),
+    (
+        "gpu key",
+        lambda d: d["hardware"]["gpus"].update({"00": d["hardware"]["gpus"].pop("0")}),
+        "/hardware/gpus/00: GPU keys are their NVML indices",
+    ),
+    (
+        "final newline",
+        lambda d: d["hardware"]["nvme"].update({"nvme1n1\n": {"pci": "0000:04:00.0"}}),
+        "/hardware/nvme/nvme1n1\\n: disk names are nvme<N>n<M>",
+    ),
+    (
+        "null",
+        lambda d: d["timeline"][0].update({"from": None}),
+        "/timeline/0/from: must be a number, got null",
+    ),
 ]
 
 
@@ -401,6 +446,19 @@ def test_validation_errors_name_the_file_and_the_json_pointer(
     assert caught.value.source == str(path)
     assert caught.value.reason.startswith(message), caught.value.reason
     assert str(caught.value).startswith(f"{path}: /")
+
+
+def test_the_error_reported_is_the_first_in_the_file(tmp_path: Path) -> None:
+    """Of two bad functions, the one written first, whatever order the validator visits them."""
+    document = small_document()
+    functions = document["hardware"]["pcie"]["functions"]
+    functions["0000:06:00.0"]["numa_node"] = -1
+    functions["0000:00:01.0"]["numa_node"] = -2
+    with pytest.raises(ParseError) as caught:
+        parse_scenario(document, tmp_path / "s.json")
+    assert caught.value.reason == (
+        "/hardware/pcie/functions/0000:00:01.0/numa_node: must be >= 0, got -2"
+    )
 
 
 def test_json_errors_name_the_line(tmp_path: Path) -> None:
@@ -456,6 +514,12 @@ def test_base_may_be_a_hardware_file_relative_to_the_scenario(tmp_path: Path) ->
     scenario = load_scenario(write(tmp_path / "s.json", document))
     assert scenario.hardware.os.background_processes == 3
     assert scenario.hardware.gpus[0].pci == "0000:03:00.0"
+    # The schema judges the hardware as base and patch make it: deleting the GPU's address
+    # leaves a GPU without one.
+    document["hardware"]["gpus"] = {"0": {"pci": None}}
+    with pytest.raises(ParseError) as caught:
+        load_scenario(write(tmp_path / "s.json", document))
+    assert caught.value.reason == "/hardware/gpus/0/pci: must be a string, got nothing"
     # A base that refers back to itself is an error, not a recursion.
     write(tmp_path / "hw" / "node.json", {**hardware, "base": "node.json"})
     with pytest.raises(ParseError, match="refers back to itself"):

@@ -1,13 +1,14 @@
 """Scenario files, format ``nodescope-scenario/1``: the hardware, jobs and timeline of a
 simulated node, and what the daemon must show while it runs.
 
-The format is documented in ``docs/scenarios.md`` and, as a JSON schema, in
-``nodescope/sim/schema/scenario-v1.schema.json``; the bundled scenarios live in
-``nodescope/sim/scenarios/<name>.json``. This module reads a file into frozen records and
-checks everything the schema cannot: references between sections (a job's GPUs, an activity's
-disk, an NVLink's peer), the PCIe tree itself, value ranges. Every error is a
-:class:`~nodescope.errors.ParseError` naming the file and the JSON pointer of the offending
-value (``/timeline/3/gpu: no GPU 9 (GPUs: 0-7)``).
+The format is stated once, as a JSON schema: ``nodescope/sim/schema/scenario-v1.schema.json``,
+explained in ``docs/scenarios.md``; the bundled scenarios live in
+``nodescope/sim/scenarios/<name>.json``. A :class:`ScenarioLoader` validates a document with
+that schema (its hardware merged over its base first), then reads it into frozen records,
+checking by hand only what a schema cannot state: references between sections (a job's GPUs,
+an activity's disk, an NVLink's peer), uniqueness across entries, sums, the order of two values
+and the PCIe tree itself. Every error is a :class:`~nodescope.errors.ParseError` naming the
+file and the JSON pointer of the offending value (``/timeline/3/gpu: no GPU 9 (GPUs: 0-7)``).
 
 Hardware may be shared: ``"hardware": {"base": "dgx-h100", ...}`` takes the hardware of a
 bundled scenario (or of a scenario or hardware file, by path relative to this file) and
@@ -21,9 +22,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from importlib import resources
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -44,28 +46,19 @@ HARDWARE_FORMAT = "nodescope-hardware/1"
 PACKAGE_DIR = Path(__file__).resolve().parent
 SCENARIO_DIR = PACKAGE_DIR / "scenarios"
 DATA_DIR = PACKAGE_DIR / "data"
-SCHEMA_PATH = PACKAGE_DIR / "schema" / "scenario-v1.schema.json"
+SCHEMA_NAME = "scenario-v1.schema.json"
+SCHEMA_PATH = PACKAGE_DIR / "schema" / SCHEMA_NAME
 
-_BDF = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]\Z")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}\Z")
-_DISK = re.compile(r"nvme([0-9]{1,3})n([0-9]{1,3})\Z")
-_CONTROLLER = re.compile(r"nvme[0-9]{1,3}\Z")
-_COMM = re.compile(r"[^\x00/\n]{1,15}\Z")
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+_DISK = re.compile(r"nvme([0-9]{1,3})n[0-9]{1,3}\Z")
 _PROCESS_REF = re.compile(
     r"(?P<key>[A-Za-z0-9][A-Za-z0-9_.\-]{0,63})(?:#(?P<replica>[0-9]{1,4}))?\Z"
 )
-_RATE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})? Gb/sec \([0-9]{1,4}X(?: [A-Za-z0-9]+)?\)\Z")
-_WCHAN = re.compile(r"[A-Za-z0-9_.]{1,64}\Z")
-
-#: Process states of ``/proc/<pid>/stat`` (fs/proc/array.c ``task_state_array``).
-PROCESS_STATES = ("R", "S", "D", "T", "t", "X", "Z", "P", "I")
-#: ``memory.events`` keys (Documentation/admin-guide/cgroup-v2.rst).
-MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
-NIC_ROLES = ("compute", "storage", "management")
-LINK_LAYERS = ("InfiniBand", "Ethernet")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MAX_PROCESSES = 100_000
 _MAX_THREADS = 4096
+#: NVML_NVLINK_MAX_LINKS
+_MAX_NVLINKS = 36
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,123 +297,207 @@ class Scenario:
 
 
 # --------------------------------------------------------------------------------------------
-# Validation helpers
+# Loading
+
+
+class ScenarioLoader:
+    """Reads scenarios: validates each document with the format's JSON schema, then builds its
+    records.
+
+    The validator is built once per loader, and the captures scenarios refer to (the lspci
+    dump, the InfiniBand counters) are parsed once per loader, so one loader reading many
+    scenarios pays for each once. jsonschema is imported here rather than with the module:
+    the records above are imported by code that never reads a scenario (the simulated node,
+    the lspci converter), and jsonschema about doubles this module's import time.
+    """
+
+    def __init__(self) -> None:
+        text = (resources.files("nodescope.sim") / "schema" / SCHEMA_NAME).read_text("utf-8")
+        self._schema: dict[str, Any] = json.loads(text)
+        self._validator = _schema_validator(self._schema)
+        self._lspci_captures: dict[Path, LspciDump] = {}
+        self._ib_captures: dict[Path, Mapping[str, Any]] = {}
+
+    def load(self, name_or_path: str | Path) -> Scenario:
+        """A scenario by bundled name (``dgx-h100``) or file path."""
+        path = scenario_path(name_or_path)
+        if isinstance(name_or_path, str) and path.parent == SCENARIO_DIR and not path.is_file():
+            raise ParseError(
+                str(name_or_path),
+                f"(document): no bundled scenario {name_or_path!r} "
+                f"(bundled: {', '.join(bundled_scenarios())}) and no such file",
+            )
+        return self.parse(_read_json(path), path)
+
+    def parse(self, document: Any, path: Path) -> Scenario:
+        """A scenario from its parsed JSON; ``path`` names it in errors and anchors references."""
+        source = _Source(str(path), path.parent)
+        if isinstance(document, dict) and isinstance(document.get("hardware"), dict):
+            merged = resolve_hardware(source, document["hardware"], "/hardware", ())
+            document = {**document, "hardware": merged}
+        _reject_non_finite(source, document)
+        self._validate(source, document)
+        tick = float(document.get("tick_seconds", 1.0))
+        duration = float(document["duration_seconds"])
+        if duration < tick:
+            raise source.fail("/duration_seconds", f"shorter than one tick ({tick:g} s)")
+        hardware = self._hardware(source, document["hardware"])
+        jobs = _jobs(source, document.get("jobs", []), hardware)
+        timeline = _timeline(source, document.get("timeline", []), hardware, jobs, duration)
+        expect = parse_expectations(document.get("expect"), source.name, "/expect")
+        return Scenario(
+            name=document["name"],
+            description=document.get("description", ""),
+            tick_seconds=tick,
+            duration_seconds=duration,
+            hardware=hardware,
+            jobs=jobs,
+            timeline=timeline,
+            expect=expect,
+            source_path=path,
+        )
+
+    def _validate(self, source: _Source, document: Any) -> None:
+        """Raise the schema error that comes first in ``document`` as a ParseError of
+        ``source``. jsonschema reports the entries of a keyed collection in no fixed order,
+        so the error is chosen by where it sits, not by when it was found."""
+        errors = list(self._validator.iter_errors(document))
+        if errors:
+            first = min(errors, key=lambda e: _reading_position(document, e.absolute_path))
+            pointer, message = _schema_failure(first, self._schema)
+            raise source.fail(pointer, message)
+
+    def _hardware(self, source: _Source, spec: Mapping[str, Any]) -> Hardware:
+        pcie = self._pcie_tree(source, spec["pcie"], "/hardware/pcie")
+        functions = _PciFunctions(source, pcie)
+        cpu = _cpu(source, spec.get("cpu", {}), pcie)
+        nvswitches = _nvswitches(spec.get("nvswitches", []), functions)
+        return Hardware(
+            pcie=pcie,
+            cpu=cpu,
+            gpus=_gpus(source, spec.get("gpus", {}), functions, nvswitches),
+            nvswitches=nvswitches,
+            nvme=_nvme_drives(source, spec.get("nvme", {}), functions),
+            nics=self._nics(source, spec.get("nics", {}), functions),
+            mounts=_mounts(spec.get("mounts", {})),
+            os=_os(spec.get("os", {})),
+        )
+
+    def _pcie_tree(self, source: _Source, spec: Mapping[str, Any], pointer: str) -> LspciDump:
+        """The capture's functions, if any, with the document's functions added or changed;
+        the tree must hold together (bridges and bus numbers)."""
+        devices: dict[str, LspciDevice] = {}
+        origin = source.name
+        if "lspci" in spec:
+            capture = self._lspci_capture(source, spec["lspci"], f"{pointer}/lspci")
+            devices = {dev.bdf: dev for dev in capture.devices}
+            origin = capture.source
+        for bdf, function_spec in spec.get("functions", {}).items():
+            where = pointer_join(f"{pointer}/functions", bdf)
+            devices[bdf] = _function(source, bdf, function_spec, where, devices.get(bdf))
+        if not devices:
+            raise source.fail(pointer, "the PCIe tree has no functions")
+        dump = LspciDump(origin, tuple(devices[bdf] for bdf in sorted(devices)))
+        try:
+            bridge_chains(dump)
+        except ParseError as exc:
+            raise source.fail(pointer, f"the PCIe tree is inconsistent: {exc}") from exc
+        return dump
+
+    def _lspci_capture(self, source: _Source, ref: str, pointer: str) -> LspciDump:
+        path = _reference(source, ref, "lspci")
+        if not path.is_file():
+            raise source.fail(pointer, f"no bundled capture or file {ref!r}")
+        dump = self._lspci_captures.get(path)
+        if dump is None:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ParseError(str(path), f"unreadable: {exc}") from exc
+            dump = self._lspci_captures[path] = parse_lspci_vvv(text, str(path))
+        return dump
+
+    def _nics(
+        self, source: _Source, specs: Mapping[str, Any], functions: _PciFunctions
+    ) -> tuple[Nic, ...]:
+        nics: list[Nic] = []
+        owners: dict[str, str] = {}
+        for name, spec in specs.items():
+            where = pointer_join("/hardware/nics", name)
+            capture: Mapping[str, Any] = {}
+            if "capture" in spec:
+                capture = self._ib_capture_device(source, spec["capture"], f"{where}/capture")
+            addresses: list[str] = []
+            for i, value in enumerate(spec["pci"]):
+                address = functions.of_class(
+                    value, f"{where}/pci/{i}", _is_network, "a network controller"
+                )
+                if address in owners:
+                    raise source.fail(
+                        f"{where}/pci/{i}", f"{address} already belongs to {owners[address]}"
+                    )
+                owners[address] = name
+                addresses.append(address)
+            nics.append(_nic(name, spec, tuple(addresses), capture, len(nics)))
+        return tuple(nics)
+
+    def _ib_capture_device(self, source: _Source, ref: str, pointer: str) -> Mapping[str, Any]:
+        located = _ib_capture_location(ref)
+        if located is not None:
+            path, device = located
+            capture = self._ib_captures.get(path)
+            if capture is None:
+                capture = self._ib_captures[path] = _read_ib_capture(path)
+            found = capture["devices"].get(device)
+            if isinstance(found, dict):
+                return found
+        raise source.fail(pointer, f"no bundled InfiniBand capture device {ref!r}")
+
+
+def load_scenario(name_or_path: str | Path) -> Scenario:
+    """Load and validate a scenario: a bundled name (``dgx-h100``) or a file path. A caller
+    reading many scenarios keeps one :class:`ScenarioLoader` instead."""
+    return ScenarioLoader().load(name_or_path)
+
+
+def parse_scenario(document: Any, path: Path) -> Scenario:
+    """A scenario from its parsed JSON; ``path`` names it in errors and anchors references."""
+    return ScenarioLoader().parse(document, path)
+
+
+def bundled_scenarios() -> list[str]:
+    """Names of the scenarios shipped in ``nodescope/sim/scenarios``."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
+
+
+def scenario_path(name_or_path: str | Path) -> Path:
+    """The file a scenario name or path refers to: a bundled name (no ``/``, no ``.json``)
+    resolves to package data, anything else is a path."""
+    text = str(name_or_path)
+    if isinstance(name_or_path, str) and _NAME.match(text) and not text.endswith(".json"):
+        bundled = SCENARIO_DIR / f"{text}.json"
+        if bundled.is_file() or not Path(text).exists():
+            return bundled
+    return Path(name_or_path)
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """The file being read: named in every error, and where its relative references start."""
+
+    name: str
+    directory: Path
+
+    def fail(self, pointer: str, message: str) -> ParseError:
+        """The error at ``pointer``, on one line: control characters of a key are escaped."""
+        shown = _CONTROL.sub(lambda m: repr(m.group())[1:-1], pointer) or "(document)"
+        return ParseError(self.name, f"{shown}: {message}")
 
 
 def pointer_join(pointer: str, key: str | int) -> str:
     """RFC 6901: ``~`` and ``/`` in a key are escaped."""
     token = str(key).replace("~", "~0").replace("/", "~1")
     return f"{pointer}/{token}"
-
-
-class _Ctx:
-    """Where we are: the file (for messages) and its directory (for relative references)."""
-
-    def __init__(self, source: str, base_dir: Path) -> None:
-        self.source = source
-        self.base_dir = base_dir
-
-    def fail(self, pointer: str, message: str) -> ParseError:
-        return ParseError(self.source, f"{pointer or '(document)'}: {message}")
-
-    def obj(
-        self, value: Any, pointer: str, known: Collection[str] | None = None
-    ) -> Mapping[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(pointer, f"must be an object, got {_type_name(value)}")
-        if known is not None:
-            for key in value:
-                if key not in known:
-                    raise self.fail(
-                        pointer_join(pointer, key),
-                        f"unknown key (known: {', '.join(sorted(known))})",
-                    )
-        return value
-
-    def array(self, value: Any, pointer: str, max_items: int = 100_000) -> list[Any]:
-        if not isinstance(value, list):
-            raise self.fail(pointer, f"must be an array, got {_type_name(value)}")
-        if len(value) > max_items:
-            raise self.fail(pointer, f"more than {max_items} items")
-        return value
-
-    def string(self, value: Any, pointer: str, pattern: re.Pattern[str] | None = None) -> str:
-        if not isinstance(value, str):
-            raise self.fail(pointer, f"must be a string, got {_type_name(value)}")
-        if pattern is not None and not pattern.match(value):
-            raise self.fail(pointer, f"{value[:80]!r} is not valid here")
-        return value
-
-    def number(
-        self,
-        value: Any,
-        pointer: str,
-        minimum: float = 0.0,
-        maximum: float | None = None,
-        exclusive_minimum: bool = False,
-    ) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(pointer, f"must be a number, got {_type_name(value)}")
-        number = float(value)
-        if not math.isfinite(number):
-            raise self.fail(pointer, "must be finite")
-        if number < minimum or (exclusive_minimum and number == minimum):
-            relation = ">" if exclusive_minimum else ">="
-            raise self.fail(pointer, f"must be {relation} {minimum:g}, got {number:g}")
-        if maximum is not None and number > maximum:
-            raise self.fail(pointer, f"must be <= {maximum:g}, got {number:g}")
-        return number
-
-    def integer(
-        self, value: Any, pointer: str, minimum: int = 0, maximum: int = (1 << 63) - 1
-    ) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer() and math.isfinite(value):
-                value = int(value)
-            else:
-                raise self.fail(pointer, f"must be an integer, got {_type_name(value)}")
-        if not minimum <= value <= maximum:
-            raise self.fail(pointer, f"must be in {minimum}..{maximum}, got {value}")
-        return int(value)
-
-    def boolean(self, value: Any, pointer: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(pointer, f"must be true or false, got {_type_name(value)}")
-        return value
-
-    def hex_or_int(self, value: Any, pointer: str, bits: int) -> int:
-        if isinstance(value, str):
-            if not re.fullmatch(r"0x[0-9a-fA-F]{1,8}", value):
-                raise self.fail(pointer, f"{value[:40]!r} is not a 0x-prefixed hex number")
-            number = int(value, 16)
-        else:
-            number = self.integer(value, pointer)
-        if number >= 1 << bits:
-            raise self.fail(pointer, f"does not fit {bits} bits")
-        return number
-
-    def bdf(self, value: Any, pointer: str) -> str:
-        text = self.string(value, pointer)
-        if not _BDF.match(text):
-            raise self.fail(pointer, f"{text[:40]!r} is not a PCI address like 0000:19:00.0")
-        return text
-
-
-def _type_name(value: Any) -> str:
-    return {
-        dict: "an object",
-        list: "an array",
-        str: "a string",
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
-
-
-def _get(obj: Mapping[str, Any], key: str, default: Any) -> Any:
-    value = obj.get(key, default)
-    return default if value is None else value
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -434,6 +511,24 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+def _reject_non_finite(source: _Source, document: Any) -> None:
+    """JSON text has no NaN or infinity (:func:`parse_json` refuses them), but a document built
+    in memory may hold them, and a schema's bounds let NaN through. The walk keeps its own
+    stack: a document may nest deeper than Python's recursion limit."""
+    pending: list[tuple[str, Any]] = [("", document)]
+    while pending:
+        pointer, value = pending.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise source.fail(pointer, "must be finite")
+        if isinstance(value, dict):
+            items = [(pointer_join(pointer, key), item) for key, item in value.items()]
+        elif isinstance(value, list):
+            items = [(f"{pointer}/{index}", item) for index, item in enumerate(value)]
+        else:
+            continue
+        pending.extend(reversed(items))
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,111 +574,54 @@ def _read_json(path: Path) -> Any:
     return parse_json(text, str(path))
 
 
-def bundled_scenarios() -> list[str]:
-    """Names of the scenarios shipped in ``nodescope/sim/scenarios``."""
-    return sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
-
-
-def scenario_path(name_or_path: str | Path) -> Path:
-    """The file a scenario name or path refers to: a bundled name (no ``/``, no ``.json``)
-    resolves to package data, anything else is a path."""
-    text = str(name_or_path)
-    if isinstance(name_or_path, str) and _NAME.match(text) and not text.endswith(".json"):
-        bundled = SCENARIO_DIR / f"{text}.json"
-        if bundled.is_file() or not Path(text).exists():
-            return bundled
-    return Path(name_or_path)
-
-
-def load_scenario(name_or_path: str | Path) -> Scenario:
-    """Load and validate a scenario: a bundled name (``dgx-h100``) or a file path."""
-    path = scenario_path(name_or_path)
-    if isinstance(name_or_path, str) and path.parent == SCENARIO_DIR and not path.is_file():
-        raise ParseError(
-            str(name_or_path),
-            f"(document): no bundled scenario {name_or_path!r} "
-            f"(bundled: {', '.join(bundled_scenarios())}) and no such file",
-        )
-    return parse_scenario(_read_json(path), path)
-
-
-def parse_scenario(document: Any, path: Path) -> Scenario:
-    """A scenario from its parsed JSON; ``path`` names it in errors and anchors references."""
-    ctx = _Ctx(str(path), path.parent)
-    top = ctx.obj(
-        document,
-        "",
-        (
-            "$schema",
-            "format",
-            "name",
-            "description",
-            "tick_seconds",
-            "duration_seconds",
-            "hardware",
-            "jobs",
-            "timeline",
-            "expect",
-        ),
-    )
-    if top.get("format") != FORMAT:
-        raise ctx.fail("/format", f"must be {FORMAT!r}, got {top.get('format')!r}")
-    name = ctx.string(top.get("name"), "/name", _NAME)
-    description = ctx.string(_get(top, "description", ""), "/description")
-    tick = ctx.number(top.get("tick_seconds", 1.0), "/tick_seconds", 0.0, 3600.0, True)
-    duration = ctx.number(top.get("duration_seconds"), "/duration_seconds", 0.0, 1e7, True)
-    if duration < tick:
-        raise ctx.fail("/duration_seconds", f"shorter than one tick ({tick:g} s)")
-    if "hardware" not in top:
-        raise ctx.fail("/hardware", "missing")
-    hardware = _hardware(ctx, resolve_hardware(ctx, top["hardware"], "/hardware", ()))
-    jobs = _jobs(ctx, top.get("jobs", []), hardware)
-    timeline = _timeline(ctx, top.get("timeline", []), hardware, jobs, duration)
-    expect = parse_expectations(top.get("expect"), ctx.source, "/expect")
-    return Scenario(name, description, tick, duration, hardware, jobs, timeline, expect, path)
-
-
-# --------------------------------------------------------------------------------------------
-# Hardware
-
-
-def resolve_hardware(ctx: _Ctx, value: Any, pointer: str, seen: tuple[Path, ...]) -> dict[str, Any]:
-    """The hardware object with its ``base`` chain merged in (a JSON document, not checked)."""
-    obj = ctx.obj(value, pointer)
-    base = obj.get("base")
-    patch = {k: v for k, v in obj.items() if k not in ("base", "format", "comment")}
-    if base is None:
-        return patch
-    base_ref = ctx.string(base, pointer_join(pointer, "base"))
-    base_path = _reference(ctx, base_ref)
+def resolve_hardware(
+    source: _Source, hardware: dict[str, Any], pointer: str, seen: tuple[Path, ...]
+) -> dict[str, Any]:
+    """The hardware object with its ``base`` chain merged in, a JSON document for the schema
+    to judge. Without a base, or with a base that is not a string (the schema says so), it is
+    returned as written."""
+    base = hardware.get("base")
+    if not isinstance(base, str):
+        return hardware
+    where = pointer_join(pointer, "base")
+    base_path = _reference(source, base)
     if base_path in seen:
-        raise ctx.fail(pointer_join(pointer, "base"), f"base {base_ref!r} refers back to itself")
+        raise source.fail(where, f"base {base!r} refers back to itself")
     if not base_path.is_file():
-        raise ctx.fail(
-            pointer_join(pointer, "base"),
-            f"no bundled scenario or file {base_ref!r} (bundled: {', '.join(bundled_scenarios())})",
+        raise source.fail(
+            where,
+            f"no bundled scenario or file {base!r} (bundled: {', '.join(bundled_scenarios())})",
         )
-    document = _read_json(base_path)
-    base_ctx = _Ctx(str(base_path), base_path.parent)
-    top = base_ctx.obj(document, "")
-    if top.get("format") == HARDWARE_FORMAT:
-        base_hw = resolve_hardware(base_ctx, top, "", (*seen, base_path))
-    elif top.get("format") == FORMAT:
-        if "hardware" not in top:
-            raise base_ctx.fail("/hardware", "missing")
-        base_hw = resolve_hardware(base_ctx, top["hardware"], "/hardware", (*seen, base_path))
-    else:
-        raise base_ctx.fail("/format", f"must be {FORMAT!r} or {HARDWARE_FORMAT!r}")
-    # Relative references inside the base stay relative to the base's file.
+    base_source = _Source(str(base_path), base_path.parent)
+    base_hw = resolve_hardware(
+        base_source, _base_hardware(base_source, _read_json(base_path)), "", (*seen, base_path)
+    )
+    # The base's own format and comment are not this hardware's; its relative references stay
+    # relative to the base's file.
+    base_hw = {k: v for k, v in base_hw.items() if k not in ("format", "comment")}
     pcie = base_hw.get("pcie")
     if isinstance(pcie, dict) and isinstance(pcie.get("lspci"), str):
-        base_hw["pcie"] = {**pcie, "lspci": str(_reference(base_ctx, pcie["lspci"], "lspci"))}
-    merged = merge_patch(base_hw, patch)
+        base_hw["pcie"] = {**pcie, "lspci": str(_reference(base_source, pcie["lspci"], "lspci"))}
+    merged = merge_patch(base_hw, {k: v for k, v in hardware.items() if k != "base"})
     assert isinstance(merged, dict)
     return merged
 
 
-def _reference(ctx: _Ctx, ref: str, kind: str = "scenario") -> Path:
+def _base_hardware(source: _Source, document: Any) -> dict[str, Any]:
+    """The hardware object of a base: a hardware file, or a scenario's ``hardware``."""
+    if not isinstance(document, dict):
+        raise source.fail("", f"must be an object, got {_type_name(document)}")
+    if document.get("format") == HARDWARE_FORMAT:
+        return document
+    if document.get("format") != FORMAT:
+        raise source.fail("/format", f"must be {FORMAT!r} or {HARDWARE_FORMAT!r}")
+    hardware = document.get("hardware")
+    if not isinstance(hardware, dict):
+        raise source.fail("/hardware", f"must be an object, got {_type_name(hardware)}")
+    return hardware
+
+
+def _reference(source: _Source, ref: str, kind: str = "scenario") -> Path:
     """A bundled name or a path relative to the referring file."""
     if _NAME.match(ref) and "/" not in ref:
         bundled = (
@@ -592,724 +630,738 @@ def _reference(ctx: _Ctx, ref: str, kind: str = "scenario") -> Path:
         if bundled.is_file():
             return bundled
     path = Path(ref)
-    return path if path.is_absolute() else (ctx.base_dir / path).resolve()
+    return path if path.is_absolute() else (source.directory / path).resolve()
 
 
-@lru_cache(maxsize=8)
-def _parse_capture(path: str) -> LspciDump:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ParseError(path, f"unreadable: {exc}") from exc
-    return parse_lspci_vvv(text, path)
+def _ib_capture_location(ref: str) -> tuple[Path, str] | None:
+    """The file and device name of ``<capture>/<device>``, a bundled InfiniBand capture."""
+    capture, _, device = ref.partition("/")
+    if not _NAME.match(capture) or not device:
+        return None
+    path = DATA_DIR / f"{capture}.json"
+    return (path, device) if path.is_file() else None
 
 
-_FUNCTION_KEYS = (
-    "class",
-    "vendor",
-    "device",
-    "revision",
-    "name",
-    "numa_node",
-    "express",
-    "link_cap",
-    "link",
-    "bus",
-    "aer",
-    "driver",
-)
-
-
-def _link(ctx: _Ctx, value: Any, pointer: str) -> tuple[float | None, int | None]:
-    if value is None:
-        return None, None
-    obj = ctx.obj(value, pointer, ("speed_gts", "width"))
-    speed_value = obj.get("speed_gts")
-    speed = None
-    if speed_value is not None:
-        speed = ctx.number(speed_value, pointer_join(pointer, "speed_gts"), 0.0, 256.0, True)
-    width_value = obj.get("width")
-    width = None if width_value is None else ctx.integer(width_value, f"{pointer}/width", 0, 32)
-    return speed, width
-
-
-def _function(
-    ctx: _Ctx, bdf: str, value: Any, pointer: str, existing: LspciDevice | None
-) -> LspciDevice:
-    obj = ctx.obj(value, pointer, _FUNCTION_KEYS)
-    if existing is None:
-        for key in ("class", "vendor", "device"):
-            if key not in obj:
-                raise ctx.fail(pointer_join(pointer, key), "missing (a new function needs it)")
-        existing = LspciDevice(
-            bdf=bdf,
-            line=0,
-            class_name="",
-            class_code=None,
-            vendor_name=None,
-            vendor_id=None,
-            device_name="",
-            device_id=None,
-            ids_inferred=False,
-            revision=None,
-            numa_node=None,
-            express_type=None,
-            link_cap_speed_gts=None,
-            link_cap_width=None,
-            link_sta_speed_gts=None,
-            link_sta_width=None,
-            bus=None,
-            has_aer=False,
-            driver=None,
-        )
-    changes: dict[str, Any] = {}
-    if "class" in obj:
-        changes["class_code"] = ctx.hex_or_int(obj["class"], f"{pointer}/class", 24)
-    if "vendor" in obj:
-        changes["vendor_id"] = ctx.hex_or_int(obj["vendor"], f"{pointer}/vendor", 16)
-    if "device" in obj:
-        changes["device_id"] = ctx.hex_or_int(obj["device"], f"{pointer}/device", 16)
-    if "revision" in obj:
-        changes["revision"] = ctx.hex_or_int(obj["revision"], f"{pointer}/revision", 8)
-    if "name" in obj:
-        changes["device_name"] = ctx.string(obj["name"], f"{pointer}/name")
-    if "numa_node" in obj:
-        node = obj["numa_node"]
-        changes["numa_node"] = (
-            None if node is None else ctx.integer(node, f"{pointer}/numa_node", 0, 1023)
-        )
-    if "express" in obj:
-        express = obj["express"]
-        if express is None:
-            changes["express_type"] = None
-        else:
-            text = ctx.string(express, f"{pointer}/express")
-            try:
-                changes["express_type"] = ExpressType(text)
-            except ValueError as exc:
-                raise ctx.fail(
-                    f"{pointer}/express",
-                    f"{text!r} is not one of {', '.join(t.value for t in ExpressType)}",
-                ) from exc
-    if "link_cap" in obj:
-        speed, width = _link(ctx, obj["link_cap"], f"{pointer}/link_cap")
-        changes["link_cap_speed_gts"], changes["link_cap_width"] = speed, width
-    if "link" in obj:
-        speed, width = _link(ctx, obj["link"], f"{pointer}/link")
-        changes["link_sta_speed_gts"], changes["link_sta_width"] = speed, width
-    if "bus" in obj:
-        bus = obj["bus"]
-        if bus is None:
-            changes["bus"] = None
-        else:
-            bus_obj = ctx.obj(bus, f"{pointer}/bus", ("primary", "secondary", "subordinate"))
-            numbers = [
-                ctx.integer(bus_obj.get(k), f"{pointer}/bus/{k}", 0, 255)
-                for k in ("primary", "secondary", "subordinate")
-            ]
-            changes["bus"] = BusNumbers(*numbers)
-    if "aer" in obj:
-        changes["has_aer"] = ctx.boolean(obj["aer"], f"{pointer}/aer")
-    if "driver" in obj:
-        driver = obj["driver"]
-        changes["driver"] = None if driver is None else ctx.string(driver, f"{pointer}/driver")
-    return replace(existing, **changes)
-
-
-def _pcie(ctx: _Ctx, value: Any, pointer: str) -> LspciDump:
-    obj = ctx.obj(value, pointer, ("lspci", "functions"))
-    base: dict[str, LspciDevice] = {}
-    source = ctx.source
-    if "lspci" in obj:
-        ref = ctx.string(obj["lspci"], f"{pointer}/lspci")
-        path = _reference(ctx, ref, "lspci")
-        if not path.is_file():
-            raise ctx.fail(f"{pointer}/lspci", f"no bundled capture or file {ref!r}")
-        dump = _parse_capture(str(path))
-        base = {dev.bdf: dev for dev in dump.devices}
-        source = dump.source
-    functions = ctx.obj(obj.get("functions", {}), f"{pointer}/functions")
-    if not base and not functions:
-        raise ctx.fail(pointer, "needs an lspci capture or functions")
-    devices = dict(base)
-    for bdf, spec in functions.items():
-        where = pointer_join(f"{pointer}/functions", bdf)
-        ctx.bdf(bdf, where)
-        devices[bdf] = _function(ctx, bdf, spec, where, devices.get(bdf))
-    dump = LspciDump(source, tuple(devices[b] for b in sorted(devices)))
-    try:
-        bridge_chains(dump)
-    except ParseError as exc:
-        raise ctx.fail(pointer, f"the PCIe tree is inconsistent: {exc}") from exc
-    return dump
-
-
-_HARDWARE_KEYS = ("pcie", "cpu", "gpus", "nvswitches", "nvme", "nics", "mounts", "os")
-
-
-def _hardware(ctx: _Ctx, hw: dict[str, Any]) -> Hardware:
-    pointer = "/hardware"
-    ctx.obj(hw, pointer, _HARDWARE_KEYS)
-    if "pcie" not in hw:
-        raise ctx.fail(f"{pointer}/pcie", "missing")
-    dump = _pcie(ctx, hw["pcie"], f"{pointer}/pcie")
-    functions = {dev.bdf: dev for dev in dump.devices}
-
-    def function(value: Any, where: str, wanted: Callable[[int], bool], what: str) -> str:
-        bdf = ctx.bdf(value, where)
-        dev = functions.get(bdf)
-        if dev is None:
-            raise ctx.fail(where, f"no PCI function {bdf} in the PCIe tree")
-        if dev.class_code is None or not wanted(dev.class_code):
-            raise ctx.fail(where, f"{bdf} is not {what} (class {dev.class_code or 0:#08x})")
-        return bdf
-
-    cpu_obj = ctx.obj(
-        _get(hw, "cpu", {}), f"{pointer}/cpu", ("sockets", "cores_per_socket", "threads_per_core")
-    )
-    cpu = CpuLayout(
-        ctx.integer(cpu_obj.get("sockets", 2), f"{pointer}/cpu/sockets", 1, 16),
-        ctx.integer(cpu_obj.get("cores_per_socket", 56), f"{pointer}/cpu/cores_per_socket", 1, 512),
-        ctx.integer(cpu_obj.get("threads_per_core", 2), f"{pointer}/cpu/threads_per_core", 1, 8),
-    )
-    numa_nodes = {d.numa_node for d in dump.devices if d.numa_node is not None}
-    if numa_nodes and max(numa_nodes) >= cpu.sockets:
-        raise ctx.fail(
-            f"{pointer}/cpu/sockets",
-            f"the PCIe tree has NUMA node {max(numa_nodes)}: needs at least "
-            f"{max(numa_nodes) + 1} sockets",
-        )
-
-    nvswitches = tuple(
-        function(
-            v,
-            f"{pointer}/nvswitches/{i}",
-            lambda c: c >> 8 == 0x0680,
-            "an NVSwitch (class 0x0680)",
-        )
-        for i, v in enumerate(ctx.array(_get(hw, "nvswitches", []), f"{pointer}/nvswitches", 64))
-    )
-    if len(set(nvswitches)) != len(nvswitches):
-        raise ctx.fail(f"{pointer}/nvswitches", "lists an NVSwitch twice")
-
-    gpus_obj = ctx.obj(_get(hw, "gpus", {}), f"{pointer}/gpus")
-    gpu_addresses: dict[str, str] = {}
-    for key, spec in gpus_obj.items():
-        where = pointer_join(f"{pointer}/gpus", key)
-        if not re.fullmatch(r"[0-9]{1,3}", key):
-            raise ctx.fail(where, "GPU keys are their NVML indices: 0, 1, ...")
-        gpu_addresses[key] = function(
-            ctx.obj(spec, where).get("pci"),
-            f"{where}/pci",
-            lambda c: c >> 16 == 0x03,
-            "a display controller (class 0x03)",
-        )
-    if sorted(int(k) for k in gpus_obj) != list(range(len(gpus_obj))):
-        raise ctx.fail(f"{pointer}/gpus", "indices must be 0..N-1 without gaps")
-    if len(set(gpu_addresses.values())) != len(gpu_addresses):
-        raise ctx.fail(f"{pointer}/gpus", "two GPUs share a PCI address")
-    peers = set(nvswitches) | set(gpu_addresses.values())
-    gpus: list[Gpu] = []
-    for index in range(len(gpus_obj)):
-        where = f"{pointer}/gpus/{index}"
-        spec = ctx.obj(
-            gpus_obj[str(index)], where, ("pci", "name", "uuid", "memory_bytes", "nvlinks")
-        )
-        groups: list[NvLinkGroup] = []
-        links = ctx.array(_get(spec, "nvlinks", []), f"{where}/nvlinks", 64)
-        for i, group in enumerate(links):
-            g_where = f"{where}/nvlinks/{i}"
-            g = ctx.obj(group, g_where, ("peer", "count"))
-            peer = ctx.bdf(g.get("peer"), f"{g_where}/peer")
-            if peer not in peers or peer == gpu_addresses[str(index)]:
-                raise ctx.fail(f"{g_where}/peer", f"{peer} is neither an NVSwitch nor another GPU")
-            groups.append(NvLinkGroup(peer, ctx.integer(g.get("count"), f"{g_where}/count", 1, 36)))
-        if sum(g.count for g in groups) > 36:
-            raise ctx.fail(f"{where}/nvlinks", "more than 36 NVLinks (NVML_NVLINK_MAX_LINKS)")
-        uuid_default = f"GPU-{index:08x}-5e1f-4a0b-9c3d-{0x1000 + index:012x}"
-        gpus.append(
-            Gpu(
-                index=index,
-                pci=gpu_addresses[str(index)],
-                name=ctx.string(_get(spec, "name", "NVIDIA GPU"), f"{where}/name"),
-                uuid=ctx.string(
-                    _get(spec, "uuid", uuid_default),
-                    f"{where}/uuid",
-                    re.compile(r"GPU-[0-9a-f-]+\Z"),
-                ),
-                memory_bytes=ctx.integer(
-                    _get(spec, "memory_bytes", 80 * 2**30), f"{where}/memory_bytes"
-                ),
-                nvlinks=tuple(groups),
-            )
-        )
-
-    nvme: list[NvmeDrive] = []
-    nvme_obj = ctx.obj(_get(hw, "nvme", {}), f"{pointer}/nvme")
-    used_pci: dict[str, str] = {}
-    for disk, spec in nvme_obj.items():
-        where = pointer_join(f"{pointer}/nvme", disk)
-        if not _DISK.match(disk):
-            raise ctx.fail(where, "disk names are nvme<N>n<M>")
-        s = ctx.obj(spec, where, ("pci", "controller", "major", "minor", "model", "size_bytes"))
-        pci = function(s.get("pci"), f"{where}/pci", lambda c: c == 0x010802, "an NVMe controller")
-        if pci in used_pci:
-            raise ctx.fail(f"{where}/pci", f"{pci} already serves {used_pci[pci]}")
-        used_pci[pci] = disk
-        number = int(_DISK.match(disk).group(1))  # type: ignore[union-attr]
-        nvme.append(
-            NvmeDrive(
-                disk=disk,
-                controller=ctx.string(
-                    _get(s, "controller", f"nvme{number}"), f"{where}/controller", _CONTROLLER
-                ),
-                pci=pci,
-                major=ctx.integer(_get(s, "major", 259), f"{where}/major", 1, 4095),
-                minor=ctx.integer(_get(s, "minor", len(nvme)), f"{where}/minor", 0, 1 << 20),
-                model=ctx.string(_get(s, "model", "NVMe SSD"), f"{where}/model"),
-                size_bytes=ctx.integer(_get(s, "size_bytes", 3_840_755_982_336), f"{where}/size"),
-            )
-        )
-    if len({(d.major, d.minor) for d in nvme}) != len(nvme):
-        raise ctx.fail(f"{pointer}/nvme", "two disks share a major:minor")
-    if len({d.controller for d in nvme}) != len(nvme):
-        raise ctx.fail(f"{pointer}/nvme", "two disks share a controller")
-
-    nics: list[Nic] = []
-    nic_pci: dict[str, str] = {}
-    nics_obj = ctx.obj(_get(hw, "nics", {}), f"{pointer}/nics")
-    for name, spec in nics_obj.items():
-        where = pointer_join(f"{pointer}/nics", name)
-        if not re.fullmatch(r"[A-Za-z0-9_]{1,32}", name):
-            raise ctx.fail(where, "not an RDMA device name")
-        s = ctx.obj(
-            spec,
-            where,
-            (
-                "pci",
-                "role",
-                "link_layer",
-                "rate",
-                "ports",
-                "hca_type",
-                "fw_ver",
-                "board_id",
-                "node_guid",
-                "capture",
-            ),
-        )
-        capture_name = s.get("capture")
-        capture: dict[str, Any] = {}
-        if capture_name is not None:
-            capture = _capture_device(ctx, capture_name, f"{where}/capture")
-        pcis = ctx.array(s.get("pci"), f"{where}/pci", 8)
-        if not pcis:
-            raise ctx.fail(f"{where}/pci", "needs at least one PCI function")
-        addresses: list[str] = []
-        for i, value in enumerate(pcis):
-            address = function(
-                value, f"{where}/pci/{i}", lambda c: c >> 16 == 0x02, "a network controller"
-            )
-            if address in nic_pci:
-                raise ctx.fail(
-                    f"{where}/pci/{i}", f"{address} already belongs to {nic_pci[address]}"
-                )
-            nic_pci[address] = name
-            addresses.append(address)
-        port1 = capture.get("ports", {}).get("1", {})
-        link_layer = ctx.string(
-            _get(s, "link_layer", port1.get("link_layer", "InfiniBand")), f"{where}/link_layer"
-        )
-        if link_layer not in LINK_LAYERS:
-            raise ctx.fail(f"{where}/link_layer", f"must be one of {', '.join(LINK_LAYERS)}")
-        role = ctx.string(_get(s, "role", "compute"), f"{where}/role")
-        if role not in NIC_ROLES:
-            raise ctx.fail(f"{where}/role", f"must be one of {', '.join(NIC_ROLES)}")
-        guid_default = f"b83f:d203:00{len(nics):02x}:{0x1A2B + len(nics):04x}"
-        nics.append(
-            Nic(
-                name=name,
-                pci=tuple(addresses),
-                role=role,
-                link_layer=link_layer,
-                rate=ctx.string(
-                    _get(s, "rate", port1.get("rate", "400 Gb/sec (4X NDR)")),
-                    f"{where}/rate",
-                    _RATE,
-                ),
-                ports=ctx.integer(
-                    _get(s, "ports", max(1, len(capture.get("ports", {})))), f"{where}/ports", 1, 4
-                ),
-                hca_type=ctx.string(
-                    _get(s, "hca_type", capture.get("hca_type", "MT4129")), f"{where}/hca_type"
-                ),
-                fw_ver=ctx.string(
-                    _get(s, "fw_ver", capture.get("fw_ver", "28.41.1000")), f"{where}/fw_ver"
-                ),
-                board_id=ctx.string(
-                    _get(s, "board_id", capture.get("board_id", "MT_0000000838")),
-                    f"{where}/board_id",
-                ),
-                node_guid=ctx.string(
-                    _get(s, "node_guid", guid_default),
-                    f"{where}/node_guid",
-                    re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){3}\Z"),
-                ),
-                capture=None if capture_name is None else str(capture_name),
-            )
-        )
-
-    mounts: list[Mount] = []
-    mounts_obj = ctx.obj(_get(hw, "mounts", {}), f"{pointer}/mounts")
-    for mountpoint, spec in mounts_obj.items():
-        where = pointer_join(f"{pointer}/mounts", mountpoint)
-        if not re.fullmatch(r"/[^\s\x00]{0,200}", mountpoint):
-            raise ctx.fail(where, "mount points are absolute paths without spaces")
-        s = ctx.obj(spec, where, ("device", "fstype", "version", "server_addr", "major", "minor"))
-        fstype = ctx.string(
-            _get(s, "fstype", "nfs4"), f"{where}/fstype", re.compile(r"[a-z0-9]{1,16}\Z")
-        )
-        mounts.append(
-            Mount(
-                mountpoint=mountpoint,
-                device=ctx.string(
-                    s.get("device"), f"{where}/device", re.compile(r"[^\s\x00]{1,200}\Z")
-                ),
-                fstype=fstype,
-                version=ctx.string(
-                    _get(s, "version", "4.2"), f"{where}/version", re.compile(r"[0-9.]{1,8}\Z")
-                ),
-                server_addr=ctx.string(
-                    _get(s, "server_addr", "10.0.0.1"),
-                    f"{where}/server_addr",
-                    re.compile(r"[0-9a-fA-F.:]{2,45}\Z"),
-                ),
-                major=ctx.integer(_get(s, "major", 0), f"{where}/major", 0, 4095),
-                minor=ctx.integer(_get(s, "minor", 50 + len(mounts)), f"{where}/minor", 0, 255),
-            )
-        )
-
-    os_obj = ctx.obj(
-        _get(hw, "os", {}), f"{pointer}/os", ("hostname", "uptime_seconds", "background_processes")
-    )
-    os_spec = OsSpec(
-        hostname=ctx.string(_get(os_obj, "hostname", "sim"), f"{pointer}/os/hostname", _NAME),
-        uptime_seconds=ctx.number(
-            _get(os_obj, "uptime_seconds", 864_000), f"{pointer}/os/uptime_seconds", 0, 1e10
-        ),
-        background_processes=ctx.integer(
-            _get(os_obj, "background_processes", 300),
-            f"{pointer}/os/background_processes",
-            0,
-            _MAX_PROCESSES,
-        ),
-    )
-    return Hardware(
-        pcie=dump,
-        cpu=cpu,
-        gpus=tuple(gpus),
-        nvswitches=nvswitches,
-        nvme=tuple(nvme),
-        nics=tuple(nics),
-        mounts=tuple(mounts),
-        os=os_spec,
-    )
-
-
-@lru_cache(maxsize=8)
-def _load_ib_capture(path: str) -> dict[str, Any]:
-    document = _read_json(Path(path))
+def _read_ib_capture(path: Path) -> Mapping[str, Any]:
+    document = _read_json(path)
     if not isinstance(document, dict) or not isinstance(document.get("devices"), dict):
-        raise ParseError(path, "/devices: missing")
+        raise ParseError(str(path), "/devices: missing")
     return document
 
 
 def load_ib_capture_device(ref: str) -> dict[str, Any] | None:
     """The device ``<capture>/<device>`` of a bundled InfiniBand capture, or ``None``."""
-    capture, _, device = ref.partition("/")
-    if not _NAME.match(capture) or not device:
+    located = _ib_capture_location(ref)
+    if located is None:
         return None
-    path = DATA_DIR / f"{capture}.json"
-    if not path.is_file():
-        return None
-    found = _load_ib_capture(str(path))["devices"].get(device)
+    path, device = located
+    found = _read_ib_capture(path)["devices"].get(device)
     return found if isinstance(found, dict) else None
 
 
-def _capture_device(ctx: _Ctx, value: Any, pointer: str) -> dict[str, Any]:
-    ref = ctx.string(value, pointer)
-    found = load_ib_capture_device(ref)
-    if found is None:
-        raise ctx.fail(pointer, f"no bundled InfiniBand capture device {ref!r}")
-    return found
+# --------------------------------------------------------------------------------------------
+# Schema errors in the loader's words
+
+
+def _schema_validator(schema: Mapping[str, Any]) -> Any:
+    """A validator of the draft ``schema`` declares, whose ``pattern`` keeps ECMA-262's ``$``:
+    the end of the text. Python's ``$`` also matches before a final newline, which would let
+    ``"nvme0n1\\n"`` pass for a disk name."""
+    from jsonschema import ValidationError, validators  # type: ignore[import-untyped]
+
+    compiled: dict[str, re.Pattern[str]] = {}
+
+    def pattern(validator: Any, expected: str, instance: Any, schema: Any) -> Iterator[Any]:
+        if not validator.is_type(instance, "string"):
+            return
+        regex = compiled.get(expected)
+        if regex is None:
+            regex = compiled[expected] = re.compile(_python_regex(expected))
+        if regex.search(instance) is None:
+            yield ValidationError(f"{instance!r} does not match {expected!r}")
+
+    draft = validators.validator_for(schema)
+    return validators.extend(draft, {"pattern": pattern})(schema)
+
+
+def _python_regex(pattern: str) -> str:
+    """An ECMA-262 pattern with each ``$`` outside a character class spelt ``\\Z``, Python's
+    end of the text."""
+    out: list[str] = []
+    escaped = in_class = False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "$":
+            char = r"\Z"
+        out.append(char)
+    return "".join(out)
+
+
+def _reading_position(document: Any, path: Iterable[str | int]) -> tuple[int, ...]:
+    """The index of each key or item on ``path``: sorts values in the order they are written."""
+    position: list[int] = []
+    node = document
+    for token in path:
+        if isinstance(node, dict):
+            position.append(list(node).index(token))
+        elif isinstance(node, list) and isinstance(token, int):
+            position.append(token)
+        else:
+            break
+        node = node[token]
+    return tuple(position)
+
+
+def _schema_failure(error: Any, root: Mapping[str, Any]) -> tuple[str, str]:
+    """The JSON pointer and the one-line message of a jsonschema error. The pointer names the
+    offending value itself: the unknown key, the missing key, the bad property name. A schema
+    object's ``x-message`` gives the message of one of its keywords (``{value}``: the value,
+    ``{allowed}``: an enum's values)."""
+    pointer = ""
+    for token in error.absolute_path:
+        pointer = pointer_join(pointer, token)
+    keyword: str | None = error.validator
+    expected = error.validator_value
+    value = error.instance
+    schema: Mapping[str, Any] = error.schema if isinstance(error.schema, dict) else {}
+    if _names_a_property(error.absolute_schema_path):
+        pointer = pointer_join(pointer, value)
+    key = None
+    if keyword == "required":
+        key = next(k for k in expected if k not in value)
+    elif keyword == "additionalProperties":
+        key = next(k for k in value if _is_additional(k, schema))
+    if key is not None:
+        pointer = pointer_join(pointer, key)
+    custom = schema.get("x-message", {}).get(keyword)
+    if custom is not None:
+        allowed = _listed(expected) if keyword == "enum" else ""
+        return pointer, custom.replace("{value}", _shown(value)).replace("{allowed}", allowed)
+    if keyword == "required":
+        property_schema = _resolved(schema.get("properties", {}).get(key, {}), root)
+        if "type" in property_schema:
+            return pointer, f"must be {_type_phrase(property_schema['type'])}, got nothing"
+        return pointer, "missing"
+    if keyword == "additionalProperties":
+        return pointer, f"unknown key (known: {', '.join(sorted(schema.get('properties', {})))})"
+    return pointer, _keyword_message(keyword, expected, value, error.message)
+
+
+def _keyword_message(keyword: str | None, expected: Any, value: Any, fallback: str) -> str:
+    if keyword == "type":
+        return f"must be {_type_phrase(expected)}, got {_type_name(value)}"
+    if keyword == "const":
+        return f"must be {expected!r}, got {_shown(value)}"
+    if keyword == "enum":
+        return f"must be one of {_listed(expected)}, got {_shown(value)}"
+    if keyword in _BOUNDS:
+        return f"must be {_BOUNDS[keyword]} {_number(expected)}, got {_number(value)}"
+    if keyword == "pattern":
+        return f"must match {expected}, got {_shown(value)}"
+    if keyword == "minItems":
+        return f"needs at least {expected} item(s)"
+    if keyword == "maxItems":
+        return f"more than {expected} items"
+    if keyword == "uniqueItems":
+        return "lists the same value twice"
+    if keyword == "minLength":
+        return f"must be at least {expected} character(s) long"
+    if keyword == "maxLength":
+        return f"more than {expected} characters"
+    if keyword in (None, "not"):
+        return "not allowed here"
+    return fallback
+
+
+_BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+_TYPE_PHRASES = {
+    "object": "an object",
+    "array": "an array",
+    "string": "a string",
+    "number": "a number",
+    "integer": "an integer",
+    "boolean": "true or false",
+    "null": "null",
+}
+
+
+def _names_a_property(schema_path: Iterable[Any]) -> bool:
+    """Whether an error came from ``propertyNames``: then it is about a key, not a value."""
+    return any(
+        token == "propertyNames" and before != "properties"
+        for before, token in pairwise(("", *schema_path))
+    )
+
+
+def _is_additional(key: str, schema: Mapping[str, Any]) -> bool:
+    return key not in schema.get("properties", {}) and not any(
+        re.search(_python_regex(p), key) for p in schema.get("patternProperties", {})
+    )
+
+
+def _resolved(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema``, or the definition its local ``$ref`` (``#/$defs/<name>``) names."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        found = root.get("$defs", {}).get(ref.removeprefix("#/$defs/"))
+        if isinstance(found, dict):
+            return found
+    return schema
+
+
+def _type_phrase(types: str | list[str]) -> str:
+    names = [types] if isinstance(types, str) else types
+    return " or ".join(_TYPE_PHRASES.get(name, name) for name in names)
+
+
+def _type_name(value: Any) -> str:
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _listed(values: Iterable[Any]) -> str:
+    return ", ".join(
+        "null" if v is None else v if isinstance(v, str) else _number(v) for v in values
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Hardware
+
+
+class _PciFunctions:
+    """The functions of the PCIe tree by address, for the devices that name one."""
+
+    def __init__(self, source: _Source, dump: LspciDump) -> None:
+        self._source = source
+        self._by_address = {dev.bdf: dev for dev in dump.devices}
+
+    def of_class(self, bdf: str, where: str, wanted: Callable[[int], bool], what: str) -> str:
+        """``bdf``, which must be a function of the tree whose class code is ``wanted``."""
+        dev = self._by_address.get(bdf)
+        if dev is None:
+            raise self._source.fail(where, f"no PCI function {bdf} in the PCIe tree")
+        if dev.class_code is None or not wanted(dev.class_code):
+            raise self._source.fail(
+                where, f"{bdf} is not {what} (class {dev.class_code or 0:#08x})"
+            )
+        return bdf
+
+
+def _is_display(class_code: int) -> bool:
+    return class_code >> 16 == 0x03
+
+
+def _is_nvswitch(class_code: int) -> bool:
+    return class_code >> 8 == 0x0680
+
+
+def _is_nvme(class_code: int) -> bool:
+    return class_code == 0x010802
+
+
+def _is_network(class_code: int) -> bool:
+    return class_code >> 16 == 0x02
+
+
+def _function(
+    source: _Source,
+    bdf: str,
+    spec: Mapping[str, Any],
+    pointer: str,
+    existing: LspciDevice | None,
+) -> LspciDevice:
+    """A function of the tree: the capture's, with what ``spec`` states replaced, or a new one,
+    which needs its class, vendor and device."""
+    if existing is None:
+        for key in ("class", "vendor", "device"):
+            if key not in spec:
+                raise source.fail(pointer_join(pointer, key), "missing (a new function needs it)")
+        existing = _blank_function(bdf)
+    return replace(existing, **_function_changes(spec))
+
+
+def _blank_function(bdf: str) -> LspciDevice:
+    return LspciDevice(
+        bdf=bdf,
+        line=0,
+        class_name="",
+        class_code=None,
+        vendor_name=None,
+        vendor_id=None,
+        device_name="",
+        device_id=None,
+        ids_inferred=False,
+        revision=None,
+        numa_node=None,
+        express_type=None,
+        link_cap_speed_gts=None,
+        link_cap_width=None,
+        link_sta_speed_gts=None,
+        link_sta_width=None,
+        bus=None,
+        has_aer=False,
+        driver=None,
+    )
+
+
+#: Function keys holding a number, 0x-prefixed hex or an integer, and the fields they set.
+_HEX_FIELDS = (
+    ("class", "class_code"),
+    ("vendor", "vendor_id"),
+    ("device", "device_id"),
+    ("revision", "revision"),
+)
+
+
+def _function_changes(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`LspciDevice` fields a function's keys set; ``null`` clears a field."""
+    changes: dict[str, Any] = {}
+    for key, name in _HEX_FIELDS:
+        if key in spec:
+            value = spec[key]
+            changes[name] = int(value, 16) if isinstance(value, str) else int(value)
+    if "name" in spec:
+        changes["device_name"] = spec["name"]
+    if "numa_node" in spec:
+        changes["numa_node"] = _optional_int(spec["numa_node"])
+    if "express" in spec:
+        express = spec["express"]
+        changes["express_type"] = None if express is None else ExpressType(express)
+    if "link_cap" in spec:
+        changes["link_cap_speed_gts"], changes["link_cap_width"] = _link(spec["link_cap"])
+    if "link" in spec:
+        changes["link_sta_speed_gts"], changes["link_sta_width"] = _link(spec["link"])
+    if "bus" in spec:
+        bus = spec["bus"]
+        changes["bus"] = (
+            None
+            if bus is None
+            else BusNumbers(int(bus["primary"]), int(bus["secondary"]), int(bus["subordinate"]))
+        )
+    if "aer" in spec:
+        changes["has_aer"] = spec["aer"]
+    if "driver" in spec:
+        changes["driver"] = spec["driver"]
+    return changes
+
+
+def _link(spec: Mapping[str, Any] | None) -> tuple[float | None, int | None]:
+    """Speed (GT/s) and width of a link capability or status."""
+    if spec is None:
+        return None, None
+    speed = spec.get("speed_gts")
+    return (None if speed is None else float(speed)), _optional_int(spec.get("width"))
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _cpu(source: _Source, spec: Mapping[str, Any], pcie: LspciDump) -> CpuLayout:
+    """The CPU layout; one socket per NUMA node, so every node the tree names needs one."""
+    cpu = CpuLayout(
+        int(spec.get("sockets", 2)),
+        int(spec.get("cores_per_socket", 56)),
+        int(spec.get("threads_per_core", 2)),
+    )
+    numa_nodes = {d.numa_node for d in pcie.devices if d.numa_node is not None}
+    if numa_nodes and max(numa_nodes) >= cpu.sockets:
+        raise source.fail(
+            "/hardware/cpu/sockets",
+            f"the PCIe tree has NUMA node {max(numa_nodes)}: needs at least "
+            f"{max(numa_nodes) + 1} sockets",
+        )
+    return cpu
+
+
+def _nvswitches(specs: list[str], functions: _PciFunctions) -> tuple[str, ...]:
+    return tuple(
+        functions.of_class(
+            bdf, f"/hardware/nvswitches/{i}", _is_nvswitch, "an NVSwitch (class 0x0680)"
+        )
+        for i, bdf in enumerate(specs)
+    )
+
+
+def _gpus(
+    source: _Source,
+    specs: Mapping[str, Any],
+    functions: _PciFunctions,
+    nvswitches: tuple[str, ...],
+) -> tuple[Gpu, ...]:
+    """The GPUs by NVML index: 0..N-1, each on its own display controller, NVLinked to
+    NVSwitches or to each other."""
+    pointer = "/hardware/gpus"
+    addresses = {
+        int(key): functions.of_class(
+            spec["pci"], f"{pointer}/{key}/pci", _is_display, "a display controller (class 0x03)"
+        )
+        for key, spec in specs.items()
+    }
+    if sorted(addresses) != list(range(len(addresses))):
+        raise source.fail(pointer, "indices must be 0..N-1 without gaps")
+    if len(set(addresses.values())) != len(addresses):
+        raise source.fail(pointer, "two GPUs share a PCI address")
+    peers = set(nvswitches) | set(addresses.values())
+    gpus: list[Gpu] = []
+    for index in range(len(addresses)):
+        spec = specs[str(index)]
+        nvlinks = _nvlinks(
+            source, spec.get("nvlinks", []), f"{pointer}/{index}/nvlinks", addresses[index], peers
+        )
+        uuid_default = f"GPU-{index:08x}-5e1f-4a0b-9c3d-{0x1000 + index:012x}"
+        gpus.append(
+            Gpu(
+                index=index,
+                pci=addresses[index],
+                name=spec.get("name", "NVIDIA GPU"),
+                uuid=spec.get("uuid", uuid_default),
+                memory_bytes=int(spec.get("memory_bytes", 80 * 2**30)),
+                nvlinks=nvlinks,
+            )
+        )
+    return tuple(gpus)
+
+
+def _nvlinks(
+    source: _Source,
+    specs: list[Mapping[str, Any]],
+    pointer: str,
+    own_address: str,
+    peers: set[str],
+) -> tuple[NvLinkGroup, ...]:
+    """A GPU's NVLinks: groups to an NVSwitch or another GPU, at most 36 links in all."""
+    groups: list[NvLinkGroup] = []
+    for i, spec in enumerate(specs):
+        peer = spec["peer"]
+        if peer not in peers or peer == own_address:
+            raise source.fail(
+                f"{pointer}/{i}/peer", f"{peer} is neither an NVSwitch nor another GPU"
+            )
+        groups.append(NvLinkGroup(peer, int(spec["count"])))
+    if sum(group.count for group in groups) > _MAX_NVLINKS:
+        raise source.fail(pointer, "more than 36 NVLinks (NVML_NVLINK_MAX_LINKS)")
+    return tuple(groups)
+
+
+def _nvme_drives(
+    source: _Source, specs: Mapping[str, Any], functions: _PciFunctions
+) -> tuple[NvmeDrive, ...]:
+    """NVMe disks by name, each on its own controller function, with distinct device numbers
+    and controller names."""
+    drives: list[NvmeDrive] = []
+    served: dict[str, str] = {}
+    for disk, spec in specs.items():
+        where = pointer_join("/hardware/nvme", disk)
+        pci = functions.of_class(spec["pci"], f"{where}/pci", _is_nvme, "an NVMe controller")
+        if pci in served:
+            raise source.fail(f"{where}/pci", f"{pci} already serves {served[pci]}")
+        served[pci] = disk
+        match = _DISK.match(disk)
+        assert match is not None  # the schema's pattern for disk names
+        drives.append(
+            NvmeDrive(
+                disk=disk,
+                controller=spec.get("controller", f"nvme{int(match.group(1))}"),
+                pci=pci,
+                major=int(spec.get("major", 259)),
+                minor=int(spec.get("minor", len(drives))),
+                model=spec.get("model", "NVMe SSD"),
+                size_bytes=int(spec.get("size_bytes", 3_840_755_982_336)),
+            )
+        )
+    if len({(d.major, d.minor) for d in drives}) != len(drives):
+        raise source.fail("/hardware/nvme", "two disks share a major:minor")
+    if len({d.controller for d in drives}) != len(drives):
+        raise source.fail("/hardware/nvme", "two disks share a controller")
+    return tuple(drives)
+
+
+def _nic(
+    name: str,
+    spec: Mapping[str, Any],
+    addresses: tuple[str, ...],
+    capture: Mapping[str, Any],
+    position: int,
+) -> Nic:
+    """An RDMA device; what the document leaves out comes from its capture device, if it names
+    one, else from a ConnectX-7 at NDR."""
+    ports = capture.get("ports", {})
+    port1 = ports.get("1", {})
+    return Nic(
+        name=name,
+        pci=addresses,
+        role=spec.get("role", "compute"),
+        link_layer=spec.get("link_layer", port1.get("link_layer", "InfiniBand")),
+        rate=spec.get("rate", port1.get("rate", "400 Gb/sec (4X NDR)")),
+        ports=int(spec.get("ports", max(1, len(ports)))),
+        hca_type=spec.get("hca_type", capture.get("hca_type", "MT4129")),
+        fw_ver=spec.get("fw_ver", capture.get("fw_ver", "28.41.1000")),
+        board_id=spec.get("board_id", capture.get("board_id", "MT_0000000838")),
+        node_guid=spec.get("node_guid", f"b83f:d203:00{position:02x}:{0x1A2B + position:04x}"),
+        capture=spec.get("capture"),
+    )
+
+
+def _mounts(specs: Mapping[str, Any]) -> tuple[Mount, ...]:
+    mounts: list[Mount] = []
+    for mountpoint, spec in specs.items():
+        mounts.append(
+            Mount(
+                mountpoint=mountpoint,
+                device=spec["device"],
+                fstype=spec.get("fstype", "nfs4"),
+                version=spec.get("version", "4.2"),
+                server_addr=spec.get("server_addr", "10.0.0.1"),
+                major=int(spec.get("major", 0)),
+                minor=int(spec.get("minor", 50 + len(mounts))),
+            )
+        )
+    return tuple(mounts)
+
+
+def _os(spec: Mapping[str, Any]) -> OsSpec:
+    return OsSpec(
+        hostname=spec.get("hostname", "sim"),
+        uptime_seconds=float(spec.get("uptime_seconds", 864_000)),
+        background_processes=int(spec.get("background_processes", 300)),
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Jobs
 
 
-def _jobs(ctx: _Ctx, value: Any, hardware: Hardware) -> tuple[Job, ...]:
+def _jobs(source: _Source, specs: list[Mapping[str, Any]], hardware: Hardware) -> tuple[Job, ...]:
+    """Jobs with distinct ids and process keys unique across all jobs, at most 100,000
+    processes on the node in all."""
     jobs: list[Job] = []
-    seen_keys: set[str] = set()
+    keys: set[str] = set()
     total = hardware.os.background_processes
-    for i, spec in enumerate(ctx.array(value, "/jobs", 1000)):
+    for i, spec in enumerate(specs):
         where = f"/jobs/{i}"
-        s = ctx.obj(
-            spec,
-            where,
-            (
-                "id",
-                "user",
-                "uid",
-                "gpus",
-                "nics",
-                "step",
-                "memory_max",
-                "memory_current_bytes",
-                "processes",
-            ),
-        )
-        job_id = ctx.integer(s.get("id"), f"{where}/id", 1, 2**31)
-        if any(j.id == job_id for j in jobs):
-            raise ctx.fail(f"{where}/id", f"job {job_id} listed twice")
+        job_id = int(spec["id"])
+        if any(job.id == job_id for job in jobs):
+            raise source.fail(f"{where}/id", f"job {job_id} listed twice")
         gpus = tuple(
-            _gpu_ref(ctx, g, f"{where}/gpus/{k}", hardware)
-            for k, g in enumerate(ctx.array(_get(s, "gpus", []), f"{where}/gpus", 64))
+            _gpu_ref(source, gpu, f"{where}/gpus/{k}", hardware)
+            for k, gpu in enumerate(spec.get("gpus", []))
         )
-        nics: list[str] = []
-        for k, name in enumerate(ctx.array(_get(s, "nics", []), f"{where}/nics", 64)):
-            nic = ctx.string(name, f"{where}/nics/{k}")
-            if nic not in {n.name for n in hardware.nics}:
-                raise ctx.fail(f"{where}/nics/{k}", f"no NIC {nic!r}")
-            nics.append(nic)
-        memory_max = ctx.obj(_get(s, "memory_max", {}), f"{where}/memory_max", ("job", "step"))
+        nics = tuple(
+            _nic_ref(source, nic, f"{where}/nics/{k}", hardware)
+            for k, nic in enumerate(spec.get("nics", []))
+        )
         processes: list[ProcessSpec] = []
-        for k, proc in enumerate(ctx.array(_get(s, "processes", []), f"{where}/processes", 1000)):
-            p = _process(ctx, proc, f"{where}/processes/{k}", hardware, gpus)
-            if p.key in seen_keys:
-                raise ctx.fail(f"{where}/processes/{k}/key", f"process key {p.key!r} used twice")
-            seen_keys.add(p.key)
-            processes.append(p)
-            total += p.count
+        for k, process_spec in enumerate(spec.get("processes", [])):
+            process = _process(source, process_spec, f"{where}/processes/{k}", hardware, gpus)
+            if process.key in keys:
+                raise source.fail(
+                    f"{where}/processes/{k}/key", f"process key {process.key!r} used twice"
+                )
+            keys.add(process.key)
+            processes.append(process)
+            total += process.count
+        memory_max = spec.get("memory_max", {})
         jobs.append(
             Job(
                 id=job_id,
-                user=ctx.string(
-                    _get(s, "user", "user"),
-                    f"{where}/user",
-                    re.compile(r"[a-z_][a-z0-9_-]{0,31}\Z"),
-                ),
-                uid=ctx.integer(_get(s, "uid", 1000), f"{where}/uid", 1, 2**31),
+                user=spec.get("user", "user"),
+                uid=int(spec.get("uid", 1000)),
                 gpus=gpus,
-                nics=tuple(nics),
-                step=ctx.string(_get(s, "step", "0"), f"{where}/step", re.compile(r"[0-9]{1,6}\Z")),
-                memory_max_job=_limit(ctx, memory_max.get("job"), f"{where}/memory_max/job"),
-                memory_max_step=_limit(ctx, memory_max.get("step"), f"{where}/memory_max/step"),
-                memory_current_bytes=ctx.integer(
-                    _get(s, "memory_current_bytes", 0), f"{where}/memory_current_bytes"
-                ),
+                nics=nics,
+                step=spec.get("step", "0"),
+                memory_max_job=_limit(memory_max.get("job")),
+                memory_max_step=_limit(memory_max.get("step")),
+                memory_current_bytes=int(spec.get("memory_current_bytes", 0)),
                 processes=tuple(processes),
             )
         )
     if total > _MAX_PROCESSES:
-        raise ctx.fail("/jobs", f"{total} processes in all; at most {_MAX_PROCESSES}")
+        raise source.fail("/jobs", f"{total} processes in all; at most {_MAX_PROCESSES}")
     return tuple(jobs)
 
 
-def _limit(ctx: _Ctx, value: Any, pointer: str) -> int | None:
-    if value is None or value == "max":
-        return None
-    return ctx.integer(value, pointer, 0)
+def _limit(value: int | str | None) -> int | None:
+    """A ``memory.max``: bytes, or ``None`` for ``"max"`` (no limit)."""
+    return None if value is None or value == "max" else int(value)
 
 
-def _gpu_ref(ctx: _Ctx, value: Any, pointer: str, hardware: Hardware) -> int:
-    index = ctx.integer(value, pointer, 0, 1023)
+def _gpu_ref(source: _Source, index: int, pointer: str, hardware: Hardware) -> int:
     if index >= len(hardware.gpus):
         span = f"0-{len(hardware.gpus) - 1}" if hardware.gpus else "none"
-        raise ctx.fail(pointer, f"no GPU {index} (GPUs: {span})")
-    return index
+        raise source.fail(pointer, f"no GPU {index} (GPUs: {span})")
+    return int(index)
+
+
+def _nic_ref(source: _Source, name: str, pointer: str, hardware: Hardware) -> str:
+    if name not in {nic.name for nic in hardware.nics}:
+        raise source.fail(pointer, f"no NIC {name!r}")
+    return name
 
 
 def _process(
-    ctx: _Ctx, value: Any, pointer: str, hardware: Hardware, job_gpus: tuple[int, ...]
+    source: _Source,
+    spec: Mapping[str, Any],
+    pointer: str,
+    hardware: Hardware,
+    job_gpus: tuple[int, ...],
 ) -> ProcessSpec:
-    s = ctx.obj(
-        value,
-        pointer,
-        (
-            "key",
-            "comm",
-            "cmdline",
-            "count",
-            "threads",
-            "cgroup",
-            "state",
-            "wchan",
-            "gpu",
-            "gpu_memory_bytes",
-            "cpu_percent",
-            "environ",
-            "rss_bytes",
-        ),
-    )
-    key = ctx.string(s.get("key"), f"{pointer}/key", _NAME)
-    comm = ctx.string(s.get("comm"), f"{pointer}/comm", _COMM)
-    count = ctx.integer(_get(s, "count", 1), f"{pointer}/count", 1, _MAX_PROCESSES)
-    threads_obj = ctx.obj(_get(s, "threads", {}), f"{pointer}/threads")
-    threads: list[tuple[str, int]] = []
-    for name, n in threads_obj.items():
-        where = pointer_join(f"{pointer}/threads", name)
-        if not _COMM.match(name):
-            raise ctx.fail(where, "thread names are 1-15 characters, no '/'")
-        threads.append((name, ctx.integer(n, where, 1, _MAX_THREADS)))
+    count = int(spec.get("count", 1))
+    threads = tuple((name, int(n)) for name, n in spec.get("threads", {}).items())
     if sum(n for _, n in threads) >= _MAX_THREADS:
-        raise ctx.fail(f"{pointer}/threads", f"at most {_MAX_THREADS} threads per process")
-    cgroup = ctx.string(_get(s, "cgroup", "task"), f"{pointer}/cgroup")
-    if cgroup not in ("task", "batch", "extern") and not re.fullmatch(
-        r"(/[A-Za-z0-9_@:.\-]{1,64}){1,12}", cgroup
-    ):
-        raise ctx.fail(
-            f"{pointer}/cgroup", "must be task, batch, extern or an absolute cgroup path"
-        )
-    state = ctx.string(_get(s, "state", "S"), f"{pointer}/state")
-    if state not in PROCESS_STATES:
-        raise ctx.fail(f"{pointer}/state", f"must be one of {' '.join(PROCESS_STATES)}")
-    gpu_value = s.get("gpu")
+        raise source.fail(f"{pointer}/threads", f"at most {_MAX_THREADS} threads per process")
+    gpu_value = spec.get("gpu")
     gpu: int | None
     if gpu_value is None:
         gpu = None
     elif gpu_value == "each":
         if count > len(job_gpus):
-            raise ctx.fail(f"{pointer}/gpu", f"'each' needs a job GPU per process ({count})")
+            raise source.fail(f"{pointer}/gpu", f"'each' needs a job GPU per process ({count})")
         gpu = -1
     else:
-        gpu = _gpu_ref(ctx, gpu_value, f"{pointer}/gpu", hardware)
-    environ_obj = ctx.obj(_get(s, "environ", {}), f"{pointer}/environ")
-    environ: list[tuple[str, str]] = []
-    for name, text in environ_obj.items():
-        where = pointer_join(f"{pointer}/environ", name)
-        if not _ENV_KEY.match(name):
-            raise ctx.fail(where, "not an environment variable name")
-        environ.append((name, ctx.string(text, where, re.compile(r"[^\x00]{0,4096}\Z"))))
-    memory = s.get("gpu_memory_bytes")
-    rss = s.get("rss_bytes")
+        gpu = _gpu_ref(source, gpu_value, f"{pointer}/gpu", hardware)
+    memory = spec.get("gpu_memory_bytes")
+    rss = spec.get("rss_bytes")
     return ProcessSpec(
-        key=key,
-        comm=comm,
-        cmdline=ctx.string(
-            _get(s, "cmdline", comm), f"{pointer}/cmdline", re.compile(r"[^\x00]{1,4096}\Z")
-        ),
+        key=spec["key"],
+        comm=spec["comm"],
+        cmdline=spec.get("cmdline", spec["comm"]),
         count=count,
-        threads=tuple(threads),
-        cgroup=cgroup,
-        state=state,
-        wchan=ctx.string(_get(s, "wchan", "0"), f"{pointer}/wchan", _WCHAN),
+        threads=threads,
+        cgroup=spec.get("cgroup", "task"),
+        state=spec.get("state", "S"),
+        wchan=spec.get("wchan", "0"),
         gpu=gpu,
-        gpu_memory_bytes=None
-        if memory is None
-        else ctx.integer(memory, f"{pointer}/gpu_memory_bytes"),
-        cpu_percent=ctx.number(
-            _get(s, "cpu_percent", 0.0), f"{pointer}/cpu_percent", 0.0, 100.0 * _MAX_THREADS
-        ),
-        environ=tuple(environ),
-        rss_bytes=None if rss is None else ctx.integer(rss, f"{pointer}/rss_bytes"),
+        gpu_memory_bytes=_optional_int(memory),
+        cpu_percent=float(spec.get("cpu_percent", 0.0)),
+        environ=tuple(spec.get("environ", {}).items()),
+        rss_bytes=_optional_int(rss),
     )
 
 
 # --------------------------------------------------------------------------------------------
 # Timeline
 
-#: field -> (kind of value, default); kinds are checked by _field.
+#: field -> (what its value is, default); ``...``: the field is required. The schema states
+#: each field's type and range; the kinds here say how the loader reads a value (``number``:
+#: a float, ``integer``, ``text`` and ``bool``: as written) and what it refers to (``gpu``,
+#: ``disk``, ``nic``, ``pci``, ``process``, ``processes``, ``mount``, ``job``: by name or
+#: index; ``links``: NVLinks of the activity's GPU; ``burst``: an on/off pattern).
 _Fields = Mapping[str, tuple[str, Any]]
 
 ACTIVITY_FIELDS: Mapping[str, _Fields] = {
     "gpu_pcie": {
         "gpu": ("gpu", ...),
-        "h2d_bytes_per_second": ("rate", 0.0),
-        "d2h_bytes_per_second": ("rate", 0.0),
+        "h2d_bytes_per_second": ("number", 0.0),
+        "d2h_bytes_per_second": ("number", 0.0),
     },
     "gpu_util": {
         "gpu": ("gpu", ...),
-        "gpu_percent": ("percent", 0.0),
-        "memory_percent": ("percent", 0.0),
-        "decoder_percent": ("percent", 0.0),
-        "encoder_percent": ("percent", 0.0),
-        "jpeg_percent": ("percent", 0.0),
+        "gpu_percent": ("number", 0.0),
+        "memory_percent": ("number", 0.0),
+        "decoder_percent": ("number", 0.0),
+        "encoder_percent": ("number", 0.0),
+        "jpeg_percent": ("number", 0.0),
     },
     "nvlink": {
         "gpu": ("gpu", ...),
         "links": ("links", None),
-        "tx_bytes_per_second": ("rate", 0.0),
-        "rx_bytes_per_second": ("rate", 0.0),
+        "tx_bytes_per_second": ("number", 0.0),
+        "rx_bytes_per_second": ("number", 0.0),
         "burst": ("burst", None),
-        "stall_ratio": ("fraction", 0.0),
+        "stall_ratio": ("number", 0.0),
     },
     "disk": {
         "disk": ("disk", ...),
-        "read_bytes_per_second": ("rate", 0.0),
-        "write_bytes_per_second": ("rate", 0.0),
-        "read_iops": ("rate", None),
-        "write_iops": ("rate", None),
-        "read_latency_ms": ("rate", 0.1),
-        "write_latency_ms": ("rate", 0.05),
+        "read_bytes_per_second": ("number", 0.0),
+        "write_bytes_per_second": ("number", 0.0),
+        "read_iops": ("number", None),
+        "write_iops": ("number", None),
+        "read_latency_ms": ("number", 0.1),
+        "write_latency_ms": ("number", 0.05),
     },
     "ib": {
         "device": ("nic", ...),
-        "port": ("port", 1),
-        "tx_bytes_per_second": ("rate", 0.0),
-        "rx_bytes_per_second": ("rate", 0.0),
-        "xmit_wait_per_second": ("rate", 0.0),
+        "port": ("integer", 1),
+        "tx_bytes_per_second": ("number", 0.0),
+        "rx_bytes_per_second": ("number", 0.0),
+        "xmit_wait_per_second": ("number", 0.0),
     },
     "pcie_link": {
         "pci": ("pci", ...),
-        "speed_gts": ("speed", None),
-        "width": ("width", None),
+        "speed_gts": ("number", None),
+        "width": ("integer", None),
     },
     "xid": {
         "gpu": ("gpu", ...),
-        "xid": ("xid", ...),
+        "xid": ("integer", ...),
         "falls_off_bus": ("bool", None),
     },
     "hot_unplug": {"pci": ("pci", ...)},
     "process": {
         "process": ("process", ...),
-        "thread": ("comm", None),
-        "state": ("state", None),
-        "wchan": ("wchan", None),
-        "cpu_percent": ("rate", None),
+        "thread": ("text", None),
+        "state": ("text", None),
+        "wchan": ("text", None),
+        "cpu_percent": ("number", None),
     },
     "lock": {
         "holder": ("process", ...),
         "waiters": ("processes", ()),
         "mount": ("mount", ...),
-        "inode": ("inode", ...),
-        "type": ("locktype", "WRITE"),
+        "inode": ("integer", ...),
+        "type": ("text", "WRITE"),
     },
     "nfs": {
         "mount": ("mount", ...),
-        "op": ("nfsop", ...),
-        "ops_per_second": ("rate", 0.0),
-        "rtt_ms": ("rate", 0.5),
-        "execute_ms": ("rate", 1.0),
-        "errors_per_second": ("rate", 0.0),
-        "bytes_per_op": ("rate", 256.0),
+        "op": ("text", ...),
+        "ops_per_second": ("number", 0.0),
+        "rtt_ms": ("number", 0.5),
+        "execute_ms": ("number", 1.0),
+        "errors_per_second": ("number", 0.0),
+        "bytes_per_op": ("number", 256.0),
     },
     "memory_event": {
         "job": ("job", ...),
-        "level": ("level", "step"),
-        "event": ("memevent", ...),
-        "per_second": ("rate", 1.0),
+        "level": ("text", "step"),
+        "event": ("text", ...),
+        "per_second": ("number", 1.0),
     },
     "tcp": {
-        "out_segs_per_second": ("rate", 0.0),
-        "retrans_segs_per_second": ("rate", 0.0),
+        "out_segs_per_second": ("number", 0.0),
+        "retrans_segs_per_second": ("number", 0.0),
     },
 }
 
 #: Kinds that happen once, at ``from``.
 INSTANT_KINDS = frozenset({"xid", "hot_unplug"})
 
-#: NFSv4 operations of ``/proc/self/mountstats`` (fs/nfs/nfs4xdr.c ``nfs4_procedures``).
+#: NFSv4 operations of ``/proc/self/mountstats`` (fs/nfs/nfs4xdr.c ``nfs4_procedures``), the
+#: values the schema allows for an ``nfs`` activity's ``op``.
 NFS4_OPS = (
     "NULL", "READ", "WRITE", "COMMIT", "OPEN", "OPEN_CONFIRM", "OPEN_NOATTR", "OPEN_DOWNGRADE",
     "CLOSE", "SETATTR", "FSINFO", "RENEW", "SETCLIENTID", "SETCLIENTID_CONFIRM", "LOCK",
@@ -1325,199 +1377,128 @@ NFS4_OPS = (
 )  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class _Named:
+    """What an activity may refer to, by name or index."""
+
+    hardware: Hardware
+    jobs: tuple[Job, ...]
+    processes: Mapping[str, ProcessSpec]
+
+
 def _timeline(
-    ctx: _Ctx, value: Any, hardware: Hardware, jobs: tuple[Job, ...], duration: float
+    source: _Source,
+    entries: list[Mapping[str, Any]],
+    hardware: Hardware,
+    jobs: tuple[Job, ...],
+    duration: float,
 ) -> tuple[Activity, ...]:
-    processes = {p.key: p for job in jobs for p in job.processes}
+    """The activities, each active from ``from`` to after it and starting within the run."""
+    named = _Named(hardware, jobs, {p.key: p for job in jobs for p in job.processes})
     activities: list[Activity] = []
-    for i, entry in enumerate(ctx.array(value, "/timeline", 10_000)):
+    for i, entry in enumerate(entries):
         where = f"/timeline/{i}"
-        obj = ctx.obj(entry, where)
-        kind = ctx.string(obj.get("kind"), f"{where}/kind")
-        fields = ACTIVITY_FIELDS.get(kind)
-        if fields is None:
-            raise ctx.fail(
-                f"{where}/kind", f"unknown kind {kind!r} (kinds: {', '.join(ACTIVITY_FIELDS)})"
-            )
-        ctx.obj(obj, where, ("kind", "from", "to", "description", *fields))
-        if "description" in obj:
-            ctx.string(obj["description"], f"{where}/description")
-        start = ctx.number(_get(obj, "from", 0.0), f"{where}/from", 0.0, 1e7)
-        end: float | None = None
-        if obj.get("to") is not None:
-            if kind in INSTANT_KINDS:
-                raise ctx.fail(f"{where}/to", f"{kind} happens once, at 'from'")
-            end = ctx.number(obj["to"], f"{where}/to", 0.0, 1e7)
-            if end <= start:
-                raise ctx.fail(f"{where}/to", f"must be after from ({start:g})")
+        kind = entry["kind"]
+        start = float(entry.get("from", 0.0))
+        end = None if "to" not in entry else float(entry["to"])
+        if end is not None and end <= start:
+            raise source.fail(f"{where}/to", f"must be after from ({start:g})")
         if start > duration:
-            raise ctx.fail(f"{where}/from", f"after the end of the scenario ({duration:g} s)")
-        params: list[tuple[str, Any]] = []
-        for name, (type_name, default) in fields.items():
-            f_where = f"{where}/{name}"
-            raw = obj.get(name)
-            if raw is None:
-                if default is ...:
-                    raise ctx.fail(f_where, "missing")
-                params.append((name, default))
-                continue
-            params.append(
-                (name, _field(ctx, type_name, raw, f_where, hardware, jobs, processes, obj))
-            )
-        activity = Activity(kind, start, end, tuple(params), where)
-        _check_activity(ctx, activity, hardware)
+            raise source.fail(f"{where}/from", f"after the end of the scenario ({duration:g} s)")
+        params = tuple(
+            (name, _param(source, kind_of, entry, name, f"{where}/{name}", named))
+            if name in entry
+            else (name, default)
+            for name, (kind_of, default) in ACTIVITY_FIELDS[kind].items()
+        )
+        activity = Activity(kind, start, end, params, where)
+        _check_activity(source, activity, hardware)
         activities.append(activity)
     return tuple(activities)
 
 
-def _field(
-    ctx: _Ctx,
-    type_name: str,
-    raw: Any,
-    where: str,
-    hardware: Hardware,
-    jobs: tuple[Job, ...],
-    processes: Mapping[str, ProcessSpec],
+def _param(
+    source: _Source,
+    kind_of: str,
     entry: Mapping[str, Any],
+    name: str,
+    where: str,
+    named: _Named,
 ) -> Any:
-    if type_name == "gpu":
-        return _gpu_ref(ctx, raw, where, hardware)
-    if type_name == "rate":
-        return ctx.number(raw, where, 0.0, 1e15)
-    if type_name == "percent":
-        return ctx.number(raw, where, 0.0, 100.0)
-    if type_name == "fraction":
-        return ctx.number(raw, where, 0.0, 1.0)
-    if type_name == "bool":
-        return ctx.boolean(raw, where)
-    if type_name == "links":
-        gpu_index = entry.get("gpu")
-        nlinks = (
-            hardware.gpus[gpu_index].nvlink_count
-            if isinstance(gpu_index, int)
-            and not isinstance(gpu_index, bool)
-            and 0 <= gpu_index < len(hardware.gpus)
-            else 36
-        )
-        links = []
-        for k, link in enumerate(ctx.array(raw, where, 36)):
-            links.append(ctx.integer(link, f"{where}/{k}", 0, max(0, nlinks - 1)))
-        return tuple(links)
-    if type_name == "burst":
-        b = ctx.obj(raw, where, ("period_seconds", "on_seconds"))
-        period = ctx.number(b.get("period_seconds"), f"{where}/period_seconds", 0.0, 3600.0, True)
-        on = ctx.number(b.get("on_seconds"), f"{where}/on_seconds", 0.0, period, True)
+    """The field ``name`` of an activity, read and, if it refers to something, checked."""
+    raw = entry[name]
+    hardware = named.hardware
+    if kind_of == "number":
+        return float(raw)
+    if kind_of == "integer":
+        return int(raw)
+    if kind_of in ("text", "bool"):
+        return raw
+    if kind_of == "gpu":
+        return _gpu_ref(source, raw, where, hardware)
+    if kind_of == "links":
+        # The activity's GPU was read (and checked) before its links.
+        upper = max(0, hardware.gpus[entry["gpu"]].nvlink_count - 1)
+        for k, link in enumerate(raw):
+            if link > upper:
+                raise source.fail(f"{where}/{k}", f"must be in 0..{upper}, got {link}")
+        return tuple(int(link) for link in raw)
+    if kind_of == "burst":
+        period, on = float(raw["period_seconds"]), float(raw["on_seconds"])
+        if on > period:
+            raise source.fail(f"{where}/on_seconds", f"must be <= {period:g}, got {on:g}")
         return Burst(period, on)
-    if type_name == "disk":
-        disk = ctx.string(raw, where)
-        if disk not in {d.disk for d in hardware.nvme}:
-            raise ctx.fail(where, f"no disk {disk!r}")
-        return disk
-    if type_name == "nic":
-        name = ctx.string(raw, where)
-        if name not in {n.name for n in hardware.nics}:
-            raise ctx.fail(where, f"no NIC {name!r}")
-        return name
-    if type_name == "port":
-        return ctx.integer(raw, where, 1, 4)
-    if type_name == "pci":
-        bdf = ctx.bdf(raw, where)
-        if bdf not in {d.bdf for d in hardware.pcie.devices}:
-            raise ctx.fail(where, f"no PCI function {bdf}")
-        return bdf
-    if type_name == "speed":
-        speed = ctx.number(raw, where, 0.0, 64.0, True)
-        if speed not in (2.5, 5.0, 8.0, 16.0, 32.0, 64.0):
-            raise ctx.fail(where, "must be 2.5, 5, 8, 16, 32 or 64 GT/s")
-        return speed
-    if type_name == "width":
-        width = ctx.integer(raw, where, 0, 32)
-        if width not in (0, 1, 2, 4, 8, 12, 16, 32):
-            raise ctx.fail(where, "must be 0, 1, 2, 4, 8, 12, 16 or 32 lanes")
-        return width
-    if type_name == "xid":
-        return ctx.integer(raw, where, 1, 999)
-    if type_name == "process":
-        return _process_ref(ctx, raw, where, processes)
-    if type_name == "processes":
+    if kind_of == "disk":
+        if raw not in {d.disk for d in hardware.nvme}:
+            raise source.fail(where, f"no disk {raw!r}")
+        return raw
+    if kind_of == "nic":
+        return _nic_ref(source, raw, where, hardware)
+    if kind_of == "pci":
+        if raw not in {d.bdf for d in hardware.pcie.devices}:
+            raise source.fail(where, f"no PCI function {raw}")
+        return raw
+    if kind_of == "process":
+        return _process_ref(source, raw, where, named.processes)
+    if kind_of == "processes":
         return tuple(
-            _process_ref(ctx, item, f"{where}/{k}", processes)
-            for k, item in enumerate(ctx.array(raw, where, 1000))
+            _process_ref(source, ref, f"{where}/{k}", named.processes) for k, ref in enumerate(raw)
         )
-    if type_name == "comm":
-        return ctx.string(raw, where, _COMM)
-    if type_name == "state":
-        state = ctx.string(raw, where)
-        if state not in PROCESS_STATES:
-            raise ctx.fail(where, f"must be one of {' '.join(PROCESS_STATES)}")
-        return state
-    if type_name == "wchan":
-        return ctx.string(raw, where, _WCHAN)
-    if type_name == "mount":
-        mountpoint = ctx.string(raw, where)
-        mounts = {m.mountpoint: m for m in hardware.mounts}
-        if mountpoint not in mounts:
-            raise ctx.fail(where, f"no mount {mountpoint!r}")
-        return mountpoint
-    if type_name == "inode":
-        return ctx.integer(raw, where, 1, 2**63)
-    if type_name == "locktype":
-        lock_type = ctx.string(raw, where)
-        if lock_type not in ("READ", "WRITE"):
-            raise ctx.fail(where, "must be READ or WRITE")
-        return lock_type
-    if type_name == "nfsop":
-        op = ctx.string(raw, where)
-        if op not in NFS4_OPS:
-            raise ctx.fail(where, f"{op[:40]!r} is not an NFSv4 operation")
-        return op
-    if type_name == "job":
-        job_id = ctx.integer(raw, where, 1, 2**31)
-        if job_id not in {j.id for j in jobs}:
-            raise ctx.fail(where, f"no job {job_id}")
-        return job_id
-    if type_name == "level":
-        level = ctx.string(raw, where)
-        if level not in ("job", "step"):
-            raise ctx.fail(where, "must be job or step")
-        return level
-    if type_name == "memevent":
-        event = ctx.string(raw, where)
-        if event not in MEMORY_EVENTS:
-            raise ctx.fail(where, f"must be one of {', '.join(MEMORY_EVENTS)}")
-        return event
-    raise AssertionError(type_name)  # pragma: no cover - the table names only the kinds above
+    if kind_of == "mount":
+        if raw not in {m.mountpoint for m in hardware.mounts}:
+            raise source.fail(where, f"no mount {raw!r}")
+        return raw
+    if kind_of == "job":
+        if raw not in {j.id for j in named.jobs}:
+            raise source.fail(where, f"no job {raw}")
+        return int(raw)
+    raise AssertionError(kind_of)  # pragma: no cover - the table names only the kinds above
 
 
-def _process_ref(ctx: _Ctx, raw: Any, where: str, processes: Mapping[str, ProcessSpec]) -> str:
-    ref = ctx.string(raw, where)
+def _process_ref(
+    source: _Source, ref: str, where: str, processes: Mapping[str, ProcessSpec]
+) -> str:
+    """``key`` or ``key#replica`` of a process of some job."""
     match = _PROCESS_REF.match(ref)
     if match is None or match.group("key") not in processes:
         known = ", ".join(sorted(processes)) or "none"
-        raise ctx.fail(where, f"no process {ref[:40]!r} (processes: {known})")
-    replica = match.group("replica")
-    if replica is not None and int(replica) >= processes[match.group("key")].count:
-        raise ctx.fail(
-            where, f"{match.group('key')} has {processes[match.group('key')].count} replicas"
-        )
+        raise source.fail(where, f"no process {ref[:40]!r} (processes: {known})")
+    key, replica = match.group("key"), match.group("replica")
+    if replica is not None and int(replica) >= processes[key].count:
+        raise source.fail(where, f"{key} has {processes[key].count} replicas")
     return ref
 
 
-def _check_activity(ctx: _Ctx, activity: Activity, hardware: Hardware) -> None:
+def _check_activity(source: _Source, activity: Activity, hardware: Hardware) -> None:
+    """What an activity needs of the hardware it names."""
     if activity.kind == "ib":
         nic = hardware.nic(activity.get("device"))
         if activity.get("port") > nic.ports:
-            raise ctx.fail(f"{activity.pointer}/port", f"{nic.name} has {nic.ports} port(s)")
+            raise source.fail(f"{activity.pointer}/port", f"{nic.name} has {nic.ports} port(s)")
     if activity.kind == "nvlink" and not hardware.gpus[activity.get("gpu")].nvlinks:
-        raise ctx.fail(f"{activity.pointer}/gpu", "this GPU has no NVLinks")
-    if (
-        activity.kind == "pcie_link"
-        and activity.get("speed_gts") is None
-        and activity.get("width") is None
-    ):
-        raise ctx.fail(activity.pointer, "needs speed_gts, width or both")
+        raise source.fail(f"{activity.pointer}/gpu", "this GPU has no NVLinks")
     if activity.kind in ("lock", "nfs") and not hardware.mount(activity.get("mount")).is_nfs:
-        raise ctx.fail(f"{activity.pointer}/mount", "not an NFS mount")
+        raise source.fail(f"{activity.pointer}/mount", "not an NFS mount")
 
 
 def iter_activities(scenario: Scenario, kind: str) -> Iterable[Activity]:
