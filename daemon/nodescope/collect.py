@@ -23,7 +23,7 @@ from nodescope.model.skips import Skipped
 from nodescope.model.snapshot import Snapshot, SourceSample, SourceStatus
 from nodescope.roots import Roots
 from nodescope.sources.base import Source
-from nodescope.sources.registry import SOURCES
+from nodescope.sources.registry import SOURCES, SourceInputs
 
 log = logging.getLogger("nodescope.collect")
 
@@ -43,9 +43,9 @@ class UnavailableSource:
         return None
 
 
-def _make(name: str) -> Source:
+def _make(name: str, inputs: SourceInputs) -> Source:
     try:
-        return SOURCES[name].make()
+        return SOURCES[name].make(inputs)
     except Exception as exc:
         log.warning("source=%s state=unavailable error=%r", name, f"{type(exc).__name__}: {exc}")
         return UnavailableSource(name, f"cannot start: {type(exc).__name__}: {exc}")
@@ -166,7 +166,10 @@ class Collector:
     """Runs sources on their own intervals against a set of roots.
 
     ``clock`` is injected so tests and the simulated node can drive time. Deadlines are kept
-    on the real monotonic clock: they bound real waiting.
+    on the real monotonic clock: they bound real waiting. ``inputs`` is what the sources were
+    built to share (the cgroup walk of a cycle): each cycle begins on it before any source
+    runs, so what one source reads for the others is read once per cycle, whichever runs
+    first.
     """
 
     roots: Roots
@@ -174,22 +177,30 @@ class Collector:
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
     cycle: int = 0
+    inputs: SourceInputs | None = None
     _current: dict[str, SourceSample] = field(default_factory=dict)
     _previous: dict[str, SourceSample] = field(default_factory=dict)
     _runner: _Runner | None = None
     last: Snapshot | None = None
 
     @classmethod
-    def from_config(cls, config: Config, sources: Iterable[Source] | None = None) -> Collector:
-        """Sources from the registry (or the given ones), with the intervals and deadlines of
+    def from_config(
+        cls,
+        config: Config,
+        sources: Iterable[Source] | None = None,
+        inputs: SourceInputs | None = None,
+    ) -> Collector:
+        """Sources from the registry, built to share one :class:`SourceInputs`, or the given
+        ones with the ``inputs`` they were built with, at the intervals and deadlines of
         ``config``."""
         scheduled: list[ScheduledSource] = []
         if sources is None:
+            inputs = SourceInputs() if inputs is None else inputs
             for name, wanted in config.sources.items():
                 if wanted.enabled:
                     scheduled.append(
                         ScheduledSource(
-                            _make(name), wanted.interval_seconds, _timeout_of(config, name)
+                            _make(name, inputs), wanted.interval_seconds, _timeout_of(config, name)
                         )
                     )
         else:
@@ -199,7 +210,7 @@ class Collector:
                 scheduled.append(
                     ScheduledSource(source, interval, _timeout_of(config, source.name))
                 )
-        return cls(roots=config.roots, scheduled=scheduled)
+        return cls(roots=config.roots, scheduled=scheduled, inputs=inputs)
 
     def _record(self, outcome: _Outcome, now: float) -> SourceSample:
         item = outcome.item
@@ -308,6 +319,8 @@ class Collector:
             if force or cycle_start >= item.next_due - 0.1 * item.interval
         ]
         by_name = {item.source.name: item for item in due}
+        if self.inputs is not None:
+            self.inputs.begin_cycle(by_name)
         for sample in self._run_due(due):
             name = sample.source
             item = by_name[name]

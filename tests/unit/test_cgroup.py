@@ -4,9 +4,12 @@ of this machine (hybrid), the exporter, and fuzzing of every parser."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,11 +20,13 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodescope import jsonout
+from nodescope.collect import Collector, ScheduledSource
 from nodescope.errors import ParseError
 from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sources import cgroup
+from nodescope.sources.base import Source
 from nodescope.sources.cgroup import (
     Cgroup,
     CgroupTree,
@@ -43,7 +48,8 @@ from nodescope.sources.cgroup import (
     read_proc_cgroup,
     read_tree,
 )
-from nodescope.sources.registry import SOURCES
+from nodescope.sources.registry import SOURCES, SourceInputs
+from nodescope.sources.threads import ThreadsSource
 from nodescope_exporters import cgroup_metrics
 from nodescope_exporters.prometheus import render
 
@@ -1015,20 +1021,10 @@ def test_exposition_passes_promtool_lint(slurm_node: Roots) -> None:
 # Cadence: static files every slow_every walks, new cgroups at once, the shared walk
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _source(slow_every: int) -> tuple[cgroup.CgroupSource, _Clock]:
-    clock = _Clock()
+def _source(slow_every: int) -> cgroup.CgroupSource:
     source = make_source()
-    source.shared = cgroup.SharedWalk(clock)
     source.slow_every = slow_every
-    return source, clock
+    return source
 
 
 def _memory_max(tree: CgroupTree, path: str) -> int | None:
@@ -1038,7 +1034,7 @@ def _memory_max(tree: CgroupTree, path: str) -> int | None:
 
 
 def test_static_files_are_read_on_the_slow_walks(slurm_node: Roots) -> None:
-    source, _ = _source(slow_every=3)
+    source = _source(slow_every=3)
     first = source.collect(slurm_node)
     assert first == read_tree(slurm_node)
     (slurm_node.cgroupfs / JOB / "memory.max").write_text(f"{32 << 30}\n")
@@ -1056,7 +1052,7 @@ def test_static_files_are_read_on_the_slow_walks(slurm_node: Roots) -> None:
 
 
 def test_slow_every_one_reads_every_file_on_every_walk(slurm_node: Roots) -> None:
-    source, _ = _source(slow_every=1)
+    source = _source(slow_every=1)
     source.collect(slurm_node)
     (slurm_node.cgroupfs / JOB / "memory.max").write_text("max\n")
     (slurm_node.cgroupfs / JOB / "memory.events.local").write_text("oom_kill 2\n")
@@ -1066,7 +1062,7 @@ def test_slow_every_one_reads_every_file_on_every_walk(slurm_node: Roots) -> Non
 
 
 def test_a_new_or_remade_cgroup_is_read_in_full_at_once(slurm_node: Roots) -> None:
-    source, _ = _source(slow_every=100)
+    source = _source(slow_every=100)
     source.collect(slurm_node)
     step = slurm_node.cgroupfs / JOB / "step_1"
     _write(step, _child(1 << 20, procs="6000\n", memory_max=str(2 << 30)))
@@ -1083,7 +1079,7 @@ def test_a_new_or_remade_cgroup_is_read_in_full_at_once(slurm_node: Roots) -> No
 
 
 def test_events_local_is_read_when_the_hierarchical_events_change(slurm_node: Roots) -> None:
-    source, _ = _source(slow_every=100)
+    source = _source(slow_every=100)
     source.collect(slurm_node)
     task = slurm_node.cgroupfs / TASK
     oom = "low 0\nhigh 0\nmax 1\noom 1\noom_kill 1\noom_group_kill 0\n"
@@ -1101,7 +1097,7 @@ def test_events_local_is_read_when_the_hierarchical_events_change(slurm_node: Ro
 
 
 def test_unchanged_cgroups_keep_their_records(slurm_node: Roots) -> None:
-    source, _ = _source(slow_every=100)
+    source = _source(slow_every=100)
     first = source.collect(slurm_node)
     (slurm_node.cgroupfs / TASK / "cpu.stat").write_text("usage_usec 5000\n")
     second = source.collect(slurm_node)
@@ -1113,7 +1109,7 @@ def test_unchanged_cgroups_keep_their_records(slurm_node: Roots) -> None:
 
 
 def test_no_thread_is_read_where_no_process_is(slurm_node: Roots) -> None:
-    source, _ = _source(slow_every=100)
+    source = _source(slow_every=100)
     source.collect(slurm_node)
     step = slurm_node.cgroupfs / JOB / "step_0"
     (step / "cgroup.threads").write_text("77\n")  # not a state the kernel allows
@@ -1122,36 +1118,147 @@ def test_no_thread_is_read_where_no_process_is(slurm_node: Roots) -> None:
     assert read_tree(slurm_node).get(f"/{JOB}/step_0") != found
 
 
-def test_the_shared_walk_is_handed_once_and_only_while_fresh(slurm_node: Roots) -> None:
-    clock = _Clock()
-    shared = cgroup.SharedWalk(clock)
-    leader, follower, other = object(), object(), object()
-    walks = shared.walker.walks
-    tree = shared.tree(slurm_node, leader, 10, lead=True)
-    assert shared.tree(slurm_node, follower, 10) is tree
-    assert shared.latest(slurm_node, other, 10) is tree
-    assert shared.walker.walks == walks + 1
-    # Asked again, the follower walks for itself; that walk is not handed on.
-    own = shared.tree(slurm_node, follower, 10)
-    assert own is not tree and shared.walker.walks == walks + 2
-    assert shared.latest(slurm_node, follower, 10) is None
-    # A new leader walk, too old by the time it is asked for.
-    tree = shared.tree(slurm_node, leader, 10, lead=True)
-    clock.now += cgroup.SHARE_SECONDS * 2
-    assert shared.latest(slurm_node, follower, 10) is None
-    assert shared.tree(slurm_node, follower, 10) is not tree
-    # Reading everything on every run means walking for oneself.
-    tree = shared.tree(slurm_node, leader, 1, lead=True)
-    assert shared.latest(slurm_node, other, 1) is None
-    assert shared.tree(slurm_node, other, 1) is not tree
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_the_shared_walk_keeps_the_id_lists_for_the_followers(slurm_node: Roots) -> None:
-    source, _ = _source(slow_every=10)
+def _cgroup_sources(inputs: SourceInputs) -> list[Source]:
+    sources = [SOURCES[name].make(inputs) for name in ("cgroups", "jobs", "procs", "threads")]
+    assert isinstance(sources[3], ThreadsSource)
+    sources[3].host_every = 1  # the host walk on every run, as a source built alone makes it
+    return sources
+
+
+def _alone(roots: Roots) -> dict[str, object]:
+    """What each cgroup source reads built on its own, walking or listing for itself."""
+    return {s.name: s.collect(roots) for s in _cgroup_sources(SourceInputs())}
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(4))))
+def test_one_walk_per_cycle_whatever_order_the_sources_run_in(
+    slurm_node: Roots, order: tuple[int, ...]
+) -> None:
+    inputs = SourceInputs()
+    made = _cgroup_sources(inputs)
+    sources = [made[i] for i in order]
+    collector = Collector(slurm_node, [ScheduledSource(s, 1.0) for s in sources], inputs=inputs)
+    walker = inputs.cgroup_walk.walker
+    for cycle in range(1, 4):
+        (slurm_node.cgroupfs / TASK / "memory.current").write_text(f"{cycle << 20}\n")
+        snapshot = collector.run_cycle(force=True)
+        assert walker.walks == cycle
+        assert {name: sample.data for name, sample in snapshot.current.items()} == _alone(
+            slurm_node
+        )
+        # Asked again in the same cycle, the walk is handed out, not made again.
+        assert inputs.cgroup_walk.tree(slurm_node) == read_tree(slurm_node, keep_pids=True)
+        assert walker.walks == cycle
+
+
+def test_the_walk_keeps_the_id_lists_for_the_sources_that_read_them(slurm_node: Roots) -> None:
+    walk = cgroup.CycleWalk()
+    source = make_source(walk=walk)
+    walk.begin_cycle({"cgroups"})
     bare = source.collect(slurm_node)
-    full = source.shared.tree(slurm_node, object(), 10)
+    full = walk.tree(slurm_node)
+    assert walk.walker.walks == 1
     task_bare, task_full = bare.get("/" + TASK), full.get("/" + TASK)
     assert task_bare is not None and task_bare.procs is None
     assert task_full is not None and task_full.procs == (5001, 5002, 5001)
     assert full == read_tree(slurm_node, keep_pids=True)
     assert bare == read_tree(slurm_node)
+
+
+def test_sources_that_can_list_for_themselves_walk_only_with_one_that_needs_the_walk(
+    slurm_node: Roots,
+) -> None:
+    """``procs`` and ``threads`` every cycle, ``cgroups`` and ``jobs`` every third: the
+    cycles without them make no walk, and the records are the same."""
+    inputs = SourceInputs()
+    cgroups, jobs, procs, threads = _cgroup_sources(inputs)
+    clock = _Clock()
+    every = {procs: 1.0, threads: 1.0, cgroups: 3.0, jobs: 3.0}
+    scheduled = [ScheduledSource(source, interval) for source, interval in every.items()]
+    collector = Collector(slurm_node, scheduled, clock=clock, inputs=inputs)
+    walks = []
+    for _ in range(6):
+        snapshot = collector.run_cycle()
+        walks.append(inputs.cgroup_walk.walker.walks)
+        alone = _alone(slurm_node)
+        assert snapshot.current["procs"].data == alone["procs"]
+        assert snapshot.current["threads"].data == alone["threads"]
+        clock.now += 1.0
+    assert walks == [1, 1, 1, 2, 2, 2]
+
+
+def test_until_a_collector_begins_a_cycle_every_request_walks(slurm_node: Roots) -> None:
+    walk = cgroup.CycleWalk()
+    first = walk.tree(slurm_node)
+    (slurm_node.cgroupfs / TASK / "memory.current").write_text("4096\n")
+    second = walk.tree(slurm_node)
+    assert walk.walker.walks == 2 and second != first
+    assert walk.if_shared(slurm_node) is None
+    walk.needed_by("cgroups")
+    walk.begin_cycle({"procs"})
+    assert walk.if_shared(slurm_node) is None  # no source that needs the walk runs
+    walk.begin_cycle({"procs", "cgroups"})
+    assert walk.if_shared(slurm_node) == second
+    assert walk.walker.walks == 3
+
+
+class _BlockingWalker(cgroup.CgroupWalker):
+    """A walker whose first walk blocks until released, as a read blocked in the kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def walk(self, roots: Roots, slow_every: int = 1) -> CgroupTree:
+        if not self.entered.is_set():
+            self.entered.set()
+            self.release.wait(30)
+        return super().walk(roots, slow_every)
+
+
+def test_a_walk_that_overruns_its_deadline_holds_no_other_source(slurm_node: Roots) -> None:
+    """The ``cgroups`` source's walk blocks past its deadline: ``jobs`` waits for it no longer
+    than the walk's bound and goes down with the reason, ``procs`` lists for itself; in the
+    next cycle nothing waits for the blocked walk; once it returns, one walk serves the
+    cycle again."""
+    inputs = SourceInputs()
+    walk = inputs.cgroup_walk
+    walker = _BlockingWalker()
+    walk.walker = walker
+    walk.wait_seconds = 0.2
+    cgroups, jobs, procs, _ = _cgroup_sources(inputs)
+    deadlines = {cgroups: 0.3, jobs: 10.0, procs: 10.0}
+    scheduled = [ScheduledSource(source, 1.0, timeout) for source, timeout in deadlines.items()]
+    collector = Collector(slurm_node, scheduled, inputs=inputs)
+    try:
+        first = collector.run_cycle(force=True)
+        assert (first.current["cgroups"].error or "").startswith("timeout")
+        assert "did not return within 0.2 s" in (first.current["jobs"].error or "")
+        assert first.current["procs"].data == _alone(slurm_node)["procs"]
+        started = time.monotonic()
+        second = collector.run_cycle(force=True)
+        assert time.monotonic() - started < 0.2  # nothing waited for the blocked walk
+        assert (second.current["cgroups"].error or "").startswith("timeout")
+        assert "earlier cycle has not returned" in (second.current["jobs"].error or "")
+        assert second.current["procs"].error is None
+        walker.release.set()
+        deadline = time.monotonic() + 10
+        while collector.scheduled[0].stuck_since is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        third = collector.run_cycle(force=True)
+        alone = _alone(slurm_node)
+        assert third.current["cgroups"].data == alone["cgroups"]
+        assert third.current["jobs"].data == alone["jobs"]
+        assert walker.walks == 2  # the blocked walk, then one for the third cycle
+    finally:
+        walker.release.set()
+        collector.close()

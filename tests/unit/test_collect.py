@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from nodescope.collect import Collector, ScheduledSource
 from nodescope.errors import ConfigError
 from nodescope.model.source_key import SourceKey
 from nodescope.roots import Roots
+from nodescope.sources.registry import SOURCES, SourceInputs
 
 
 @dataclass
@@ -149,3 +151,49 @@ def test_source_deadlines_come_from_the_config(tmp_path: Path) -> None:
     path.write_text("[sources.disks]\ntimeout_seconds = inf\n")
     with pytest.raises(ConfigError, match="timeout_seconds"):
         load(path)
+
+
+@dataclass(frozen=True)
+class RecordingInputs(SourceInputs):
+    begun: list[set[str]] = field(default_factory=list)
+
+    def begin_cycle(self, due: Iterable[str]) -> None:
+        self.begun.append(set(due))
+        super().begin_cycle(due)
+
+
+def test_each_cycle_begins_on_the_inputs_its_sources_share_before_they_run() -> None:
+    clock = FakeClock()
+    inputs = RecordingInputs()
+    fast, slow = Counting("fast"), Counting("slow")
+    c = Collector(
+        roots=Roots(),
+        scheduled=[ScheduledSource(fast, 1.0), ScheduledSource(slow, 2.0)],
+        clock=clock,
+        inputs=inputs,
+    )
+    for _ in range(3):
+        c.run_cycle()
+        clock.now += 1.0
+    assert inputs.begun == [{"fast", "slow"}, {"fast"}, {"fast", "slow"}]
+
+
+def test_the_sources_it_builds_share_one_set_of_inputs(tmp_path: Path) -> None:
+    from nodescope.config import load
+
+    path = tmp_path / "nodescope.toml"
+    wanted = {"pci", "udev", "cgroups", "jobs", "procs", "threads"}
+    path.write_text(
+        "".join(f"[sources.{name}]\nenabled = false\n" for name in SOURCES if name not in wanted)
+    )
+    c = Collector.from_config(load(path))
+    try:
+        assert c.inputs is not None
+        built = {item.source.name: item.source for item in c.scheduled}
+        assert set(built) == wanted
+        for name in wanted - {"pci", "udev"}:
+            assert getattr(built[name], "walk", None) is c.inputs.cgroup_walk, name
+        for name in ("pci", "udev"):
+            assert getattr(built[name], "topology", None) is c.inputs.topology, name
+    finally:
+        c.close()

@@ -32,7 +32,8 @@ from nodescope.sources.pci import (
     parse_runtime_status,
     read_topology,
 )
-from nodescope.sources.registry import SOURCES
+from nodescope.sources.registry import SOURCES, SourceInputs
+from nodescope.sources.udev import UdevSource
 from nodescope_exporters import pci_metrics
 from nodescope_exporters.prometheus import render
 from tests.conftest import HOST_FIXTURE as FIXTURE_HOST
@@ -303,6 +304,27 @@ def test_reader_on_a_switch_tree(mini: Path) -> None:
     assert topo.roots[0].children == ("0000:15:01.0",)
     nic = topo.device("0000:19:00.0")
     assert nic.ib_devices == ("mlx5_0",) and nic.net_interfaces == ("enp25s0np0",)
+
+
+def test_a_device_event_of_the_udev_source_built_with_it_makes_it_walk_again(
+    mini: Path,
+) -> None:
+    inputs = SourceInputs()
+    source, udev = SOURCES["pci"].make(inputs), SOURCES["udev"].make(inputs)
+    assert isinstance(source, PciSource) and isinstance(udev, UdevSource)
+    assert source.topology is udev.topology is inputs.topology
+    roots = Roots.under(mini)
+    source.collect(roots)
+    source.collect(roots)
+    assert source.walks == 1
+    udev.topology.advance()  # what its monitor does on a PCI device event
+    source.collect(roots)
+    assert source.walks == 2
+    source.collect(roots)
+    assert source.walks == 2
+    # Built on their own, sources share nothing.
+    alone = SOURCES["pci"].make()
+    assert isinstance(alone, PciSource) and alone.topology is not udev.topology
 
 
 def test_source_rereads_only_changing_files_until_the_device_set_changes(mini: Path) -> None:

@@ -1,8 +1,10 @@
-"""The contract every source implements, and the helpers they share for reading files
-(:mod:`nodescope.fileio` does the reading)."""
+"""The contract every source implements, the helpers they share for reading files
+(:mod:`nodescope.fileio` does the reading), and the topology generation that two sources
+share."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ __all__ = [
     "EnvironMemo",
     "FunctionSource",
     "Source",
+    "TopologyGeneration",
     "kept_environ",
     "read_optional",
     "read_strip",
@@ -111,3 +114,26 @@ class EnvironMemo:
         """Keep only what this run saw."""
         self._kept, self._seen = self._seen, {}
         self.refresh = False
+
+
+class TopologyGeneration:
+    """A number that moves whenever a device event changed the PCI topology: the ``udev``
+    source's monitor thread advances it, the ``pci`` source walks the tree again on its next
+    run when it moved instead of waiting for its slow cadence. The sources of one collector
+    share one, made where they are built (:class:`nodescope.sources.registry.SourceInputs`); a
+    source made on its own has its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value = 0
+
+    def advance(self) -> int:
+        """Note that devices changed; the new generation."""
+        with self._lock:
+            self._value += 1
+            return self._value
+
+    @property
+    def value(self) -> int:
+        with self._lock:
+            return self._value

@@ -22,7 +22,8 @@ What a walk costs is one ``read`` per file, so a walk reads what can have change
 under the same name (a new inode) and every ``slow_every`` walks; ``memory.events.local``
 when ``memory.events`` moved; ``cgroup.threads`` only where ``cgroup.procs`` lists a process;
 the other files on every walk, parsed again only when their text changed. One walk serves
-the ``cgroups``, ``jobs``, ``procs`` and ``threads`` sources of a cycle (:class:`SharedWalk`).
+the ``cgroups``, ``jobs``, ``procs`` and ``threads`` sources of a cycle (:class:`CycleWalk`).
+The records are declared in :mod:`nodescope.model.cgroup`.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -386,14 +387,13 @@ def read_proc_cgroup(roots: Roots, pid: int | str = "self") -> ProcCgroup | None
 #: is first seen (or was made again under the same name) and on every ``slow_every``-th walk.
 STATIC_FILES = ("cgroup.controllers", "cgroup.type", "memory.high", "memory.max", "pids.max")
 
-#: Default of :attr:`CgroupSource.slow_every` (and of the jobs source): walks between two
-#: reads of the :data:`STATIC_FILES`.
+#: Default of :attr:`CycleWalk.slow_every` (and of the jobs source's environments): walks
+#: between two reads of the :data:`STATIC_FILES`.
 SLOW_EVERY = 10
 
-#: A walk at most this old (monotonic seconds) is handed to a source that has not had it yet
-#: instead of walking again: the ``cgroups``, ``jobs`` and ``procs`` sources run one after
-#: the other in the same cycle, and a cycle is a second apart.
-SHARE_SECONDS = 0.25
+#: Seconds a source waits for the walk of its cycle that another thread is making (a source
+#: that overran its deadline left it running) before it gives up on that walk.
+WALK_WAIT_SECONDS = 5.0
 
 _NO_IDS: tuple[int, ...] = ()
 
@@ -808,115 +808,181 @@ def read_tree(
     return tree if keep_pids else walker.bare(tree)
 
 
-class SharedWalk:
-    """One :class:`CgroupWalker` of the whole tree (no depth limit, the default bound) for
-    every source that reads the cgroup tree. The ``cgroups`` source (the one that runs first
-    in a cycle) walks on every run; a walk it made at most :data:`SHARE_SECONDS` ago is
-    handed once to each other source that asks (``jobs``, ``procs``), which otherwise walks
-    for itself. Only the leader's walks are handed on: a follower that missed the leader's
-    walk of its cycle must not give its own to the leader of the next cycle.
+class CgroupWalkBusy(RuntimeError):
+    """The shared walk could not be had: a walk that another thread is making has not
+    returned (a read blocked in the kernel, a tree too large for the deadline)."""
 
-    Sharing is off when the asking source reads everything on every run (``slow_every`` 1,
-    as in replays and tests): then every source walks for itself.
+
+class CycleWalk:
+    """The walk of the v2 tree that the ``cgroups``, ``jobs``, ``procs`` and ``threads``
+    sources of one collector share: at most one per collection cycle, made when the first of
+    them asks, whichever that is, and handed to every other that asks in the same cycle. The
+    next cycle walks again (the :data:`STATIC_FILES` every :attr:`slow_every` walks, the first
+    included).
+
+    The collector calls :meth:`begin_cycle` at the start of every cycle with the names of the
+    sources due in it. A source that needs the whole tree says so once (:meth:`needed_by`) and
+    asks with :meth:`tree`; a source with a cheaper way to read what it needs asks with
+    :meth:`if_shared`, which walks only in a cycle where a source that needs the tree runs.
+    Until a collector begins a cycle, every request walks: a source used on its own reads the
+    tree afresh on each run.
+
+    Sources run on the collector's worker thread, and one that overruns its deadline is left
+    running there while the cycle goes on in another: the walk is made under a lock. A source
+    waits for a walk of its own cycle in progress at most :attr:`wait_seconds`; a walk begun
+    in an earlier cycle that has not returned is not waited for, so a read blocked in the
+    kernel holds one thread and takes the sources that need the tree down with a reason
+    (:class:`CgroupWalkBusy`) until it returns, instead of holding every source that asks.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self.walker = CgroupWalker()
-        self._lock = threading.Lock()
-        self._tree: CgroupTree | None = None
-        self._cgroupfs: Path | None = None
-        self._taken = 0.0
-        self._takers: set[int] = set()
-
-    def tree(
+    def __init__(
         self,
-        roots: Roots,
-        taker: object,
-        slow_every: int,
-        keep_pids: bool = True,
-        lead: bool = False,
-    ) -> CgroupTree:
-        """A walk for ``taker``: a new one when it leads, else the leader's latest when
-        ``taker`` has not had it and it is fresh, else a new one; ``keep_pids``: records
-        with the id lists."""
-        with self._lock:
-            tree = self._tree_locked(roots, taker, slow_every, lead)
-            return tree if keep_pids else self.walker.bare(tree)
+        max_depth: int | None = None,
+        max_cgroups: int = DEFAULT_MAX_CGROUPS,
+        slow_every: int = SLOW_EVERY,
+        wait_seconds: float = WALK_WAIT_SECONDS,
+    ) -> None:
+        self.walker = CgroupWalker(max_depth, max_cgroups)
+        self.slow_every = slow_every
+        self.wait_seconds = wait_seconds
+        self._needed_by: set[str] = set()
+        # ``_state`` guards the fields below it and is never held while reading files;
+        # ``_walking`` is held by the thread making a walk.
+        self._walking = threading.Lock()
+        self._state = threading.Lock()
+        self._cycle: int | None = None
+        self._due = False
+        self._made: tuple[int, Path, CgroupTree] | None = None
+        self._in_progress: tuple[int | None, float] | None = None
 
-    def latest(self, roots: Roots, taker: object, slow_every: int) -> CgroupTree | None:
-        """The leader's latest walk (with the id lists) when ``taker`` may have it (as
-        :meth:`tree` would hand it), else ``None``: for a source that has a cheaper way to
-        read what it needs than a whole walk."""
-        with self._lock:
-            if self._shareable(roots, taker, slow_every):
-                self._takers.add(id(taker))
-                return self._tree
+    def needed_by(self, source: str) -> None:
+        """``source`` reads the whole tree: a cycle where it runs walks for every source."""
+        with self._state:
+            self._needed_by.add(source)
+
+    def begin_cycle(self, due: Iterable[str]) -> None:
+        """A collection cycle starts in which the sources named ``due`` run: the next request
+        walks again."""
+        with self._state:
+            self._cycle = 0 if self._cycle is None else self._cycle + 1
+            self._due = not self._needed_by.isdisjoint(due)
+            self._made = None
+
+    def tree(self, roots: Roots, keep_pids: bool = True) -> CgroupTree:
+        """The walk of this cycle, made now if no source has asked yet; ``keep_pids``: records
+        with the id lists. Raises :class:`CgroupWalkBusy` when a walk another thread is making
+        does not return in time."""
+        with self._state:
+            cycle = self._cycle
+            running = self._in_progress
+        if running is not None and running[0] != cycle:
+            raise CgroupWalkBusy(
+                "the cgroup walk of an earlier cycle has not returned after"
+                f" {time.monotonic() - running[1]:.1f} s"
+            )
+        if not self._walking.acquire(timeout=self.wait_seconds):
+            raise CgroupWalkBusy(
+                f"the cgroup walk of this cycle did not return within {self.wait_seconds:g} s"
+            )
+        try:
+            tree = self._walk_once(roots, cycle)
+            return tree if keep_pids else self.walker.bare(tree)
+        finally:
+            self._walking.release()
+
+    def if_shared(self, roots: Roots) -> CgroupTree | None:
+        """The walk of this cycle (with the id lists) when a source that needs the whole tree
+        runs in it, made now if no source has asked yet; else ``None``, as when that walk
+        cannot be had: for a source that reads what it needs itself otherwise."""
+        with self._state:
+            if self._cycle is None or not self._due:
+                return None
+        try:
+            return self.tree(roots)
+        except (CgroupWalkBusy, OSError):
+            # The tree cannot be had (a blocked walk, a hierarchy that cannot be listed): the
+            # caller's own reads say what they can.
             return None
 
-    def _shareable(self, roots: Roots, taker: object, slow_every: int) -> bool:
-        return (
-            slow_every > 1
-            and self._tree is not None
-            and self._cgroupfs == roots.cgroupfs
-            and id(taker) not in self._takers
-            and self.clock() - self._taken <= SHARE_SECONDS
-        )
-
-    def _tree_locked(self, roots: Roots, taker: object, slow_every: int, lead: bool) -> CgroupTree:
-        if not lead and self._tree is not None and self._shareable(roots, taker, slow_every):
-            self._takers.add(id(taker))
-            return self._tree
-        tree = self.walker.walk(roots, slow_every)
-        if lead:
-            self._tree, self._cgroupfs, self._taken = tree, roots.cgroupfs, self.clock()
-            self._takers = set()
+    def _walk_once(self, roots: Roots, cycle: int | None) -> CgroupTree:
+        """This cycle's walk, made now if there is none yet (the caller holds ``_walking``)."""
+        with self._state:
+            if cycle is not None and cycle != self._cycle:
+                # Asked for in a cycle that has ended: the collector gave up on the source
+                # that asks, and a walk now would only hold the next cycle's sources.
+                raise CgroupWalkBusy("the cycle the cgroup walk was asked for has ended")
+            made = self._made
+            if made is not None and made[0] == cycle and made[1] == roots.cgroupfs:
+                return made[2]
+            self._in_progress = (cycle, time.monotonic())
+        try:
+            tree = self.walker.walk(roots, self.slow_every)
+        finally:
+            with self._state:
+                self._in_progress = None
+        with self._state:
+            if cycle is not None and cycle == self._cycle:
+                self._made = (cycle, roots.cgroupfs, tree)
         return tree
 
 
-#: The walk the ``cgroups``, ``jobs`` and ``procs`` sources share (see :class:`SharedWalk`).
-SHARED = SharedWalk()
-
-
-@dataclass
 class CgroupSource:
-    """The ``cgroups`` source: one walk of the v2 tree per run, shared with the ``jobs`` and
-    ``procs`` sources when they run in the same cycle (see :class:`SharedWalk`); the limits
-    and identities of known cgroups are read every ``slow_every`` runs."""
+    """The ``cgroups`` source: the v2 tree of the walk it shares with the ``jobs``, ``procs``
+    and ``threads`` sources (:class:`CycleWalk`); the limits and identities of known cgroups
+    are read every :attr:`slow_every` walks. Bounds other than the shared walk's give it a
+    walk of its own."""
 
-    max_depth: int | None = None
-    max_cgroups: int = DEFAULT_MAX_CGROUPS
-    keep_pids: bool = False
-    name: str = SOURCE_NAME
-    slow_every: int = SLOW_EVERY
-    shared: SharedWalk = field(default_factory=lambda: SHARED, repr=False, compare=False)
-    _own: CgroupWalker | None = field(default=None, init=False, repr=False, compare=False)
+    name = SOURCE_NAME
+
+    def __init__(
+        self,
+        max_depth: int | None = None,
+        max_cgroups: int = DEFAULT_MAX_CGROUPS,
+        keep_pids: bool = False,
+        walk: CycleWalk | None = None,
+        slow_every: int = SLOW_EVERY,
+    ) -> None:
+        self.max_depth = max_depth
+        self.max_cgroups = max_cgroups
+        self.keep_pids = keep_pids
+        bounds = (self.max_depth, self.max_cgroups)
+        if walk is None or (walk.walker.max_depth, walk.walker.max_cgroups) != bounds:
+            walk = CycleWalk(max_depth, max_cgroups)
+        self.walk = walk
+        walk.needed_by(self.name)
+        self.slow_every = slow_every
+
+    @property
+    def slow_every(self) -> int:
+        """Walks between two reads of the static files: the cadence of the walk it reads
+        through, shared with the sources that read the same walk."""
+        return self.walk.slow_every
+
+    @slow_every.setter
+    def slow_every(self, value: int) -> None:
+        self.walk.slow_every = value
 
     def collect(self, roots: Roots) -> CgroupTree:
-        if self.max_depth is None and self.max_cgroups == DEFAULT_MAX_CGROUPS:
-            return self.shared.tree(roots, self, self.slow_every, self.keep_pids, lead=True)
-        # Other bounds than the shared walk's: a walk of its own.
-        if self._own is None:
-            self._own = CgroupWalker(self.max_depth, self.max_cgroups)
-        tree = self._own.walk(roots, self.slow_every)
-        return tree if self.keep_pids else self._own.bare(tree)
+        return self.walk.tree(roots, self.keep_pids)
 
     def close(self) -> None:
-        self._own = None
+        return None
 
 
 def make_source(
     max_depth: int | None = None,
     max_cgroups: int = DEFAULT_MAX_CGROUPS,
     keep_pids: bool = False,
+    walk: CycleWalk | None = None,
 ) -> CgroupSource:
     """The source; ``max_depth`` and ``max_cgroups`` bound the cost of one walk, ``keep_pids``
-    keeps the id lists of ``cgroup.procs``/``cgroup.threads`` (counts are always kept)."""
+    keeps the id lists of ``cgroup.procs``/``cgroup.threads`` (counts are always kept);
+    ``walk``: the walk it shares with the other cgroup sources of its collector."""
     if max_depth is not None and max_depth < 0:
         raise ValueError(f"max_depth must be >= 0, not {max_depth}")
     if max_cgroups < 1:
         raise ValueError(f"max_cgroups must be >= 1, not {max_cgroups}")
-    return CgroupSource(max_depth=max_depth, max_cgroups=max_cgroups, keep_pids=keep_pids)
+    return CgroupSource(max_depth, max_cgroups, keep_pids, walk)
 
 
 __all__ = [
@@ -929,17 +995,18 @@ __all__ = [
     "ID_UNPARSABLE",
     "IO_STAT_NAMES",
     "MEMORY_EVENT_NAMES",
-    "SHARED",
-    "SHARE_SECONDS",
     "SLOW_EVERY",
     "SOURCE_NAME",
     "STATIC_FILES",
+    "WALK_WAIT_SECONDS",
     "Cgroup",
     "CgroupEvents",
     "CgroupSource",
     "CgroupTree",
+    "CgroupWalkBusy",
     "CgroupWalker",
     "CpuStat",
+    "CycleWalk",
     "HierarchyMode",
     "IoDeviceStat",
     "IoStat",
@@ -950,7 +1017,6 @@ __all__ = [
     "PressureLine",
     "ProcCgroup",
     "ProcCgroupEntry",
-    "SharedWalk",
     "V2Hierarchy",
     "find_v2_root",
     "make_source",

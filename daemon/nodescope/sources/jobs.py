@@ -30,10 +30,12 @@ Reads, under the injected roots:
 * the prolog's registrations, ``<run>/nodescope/jobs/<id>.json`` (written by
   :mod:`nodescope.hooks`; JSON, ``format`` ``nodescope-registration/1``).
 
-On a v2 host the job cgroups and the other cgroups come from the walk the ``cgroups``
-source made in the same cycle (:class:`~nodescope.sources.cgroup.SharedWalk`), so no cgroup
-file is read twice; the kept environment of a known process is read again every
-``slow_every`` runs (:class:`EnvironMemo`).
+On a v2 host the job cgroups and the other cgroups come from the walk of the cgroup tree that
+the ``cgroups``, ``jobs``, ``procs`` and ``threads`` sources share in a cycle
+(:class:`~nodescope.sources.cgroup.CycleWalk`), so no cgroup file is read twice; the jobs are
+found in it as :mod:`nodescope.sources.job_cgroups` finds them; the kept environment of a
+known process is read again every ``slow_every`` runs (:class:`EnvironMemo`). The records are
+declared in :mod:`nodescope.model.job_records`.
 
 Job cgroups do not exist yet while the prolog runs and are gone when the epilog runs: the
 registry joins the two views by job id.
@@ -73,14 +75,13 @@ from nodescope.roots import Roots
 from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_optional
 from nodescope.sources.cgroup import (
     CGROUP_UNREADABLE,
-    SHARED,
     SLOW_EVERY,
     Cgroup,
     CgroupTree,
     CpuStat,
+    CycleWalk,
     Limit,
     MemoryEvents,
-    SharedWalk,
     find_v2_root,
     parse_ids,
     parse_key_values,
@@ -89,6 +90,13 @@ from nodescope.sources.cgroup import (
     parse_value,
     read_cgroup,
     read_tree,
+)
+from nodescope.sources.job_cgroups import (
+    MAX_SEARCH_DEPTH,
+    find_job_directories,
+    is_sluid_dir,
+    job_dir_id,
+    jobs_in_tree,
 )
 
 NAME = JOBS.name
@@ -108,9 +116,9 @@ KEPT_VARIABLES = (
     "NCCL_IB_HCA",
 )
 
-#: Bounds of one run: how deep job directories are searched for, how many cgroups the
-#: search and the index of other processes visit, how many cgroups one job may have.
-MAX_SEARCH_DEPTH = 4
+#: Bounds of one run: how many cgroups the search for jobs (within
+#: :data:`~nodescope.sources.job_cgroups.MAX_SEARCH_DEPTH` levels) and the index of other
+#: processes visit, how many cgroups one job may have.
 MAX_CGROUPS = 10_000
 MAX_JOB_CGROUPS = 2_000
 #: Threads of one process compared with the job's thread lists; beyond it a process is
@@ -121,9 +129,7 @@ MAX_THREADS_CHECKED = 4_096
 #: up is unlimited in practice.
 V1_UNLIMITED = 1 << 62
 
-_JOB_DIR = re.compile(r"job_([0-9]+)")
 _STEP_DIR = re.compile(r"step_([A-Za-z0-9_+]+)")
-_SLUID = re.compile(r"[A-Za-z0-9]{4,40}")
 _UID_DIR = re.compile(r"uid_([0-9]+)")
 _DEVICE_RULE = re.compile(r"([abc]) (\*|[0-9]+):(\*|[0-9]+) ([rwm]+)")
 _V1_JOB_CONTROLLERS = ("memory", "freezer")
@@ -148,17 +154,6 @@ def parse_environ(text: str, source: str = "/proc/self/environ") -> Environ:
     """The :data:`KEPT_VARIABLES` of a NUL-separated environment, in file order
     (:func:`~nodescope.sources.base.kept_environ`)."""
     return kept_environ(text, KEPT_VARIABLES)
-
-
-def job_dir_id(name: str) -> str | None:
-    """The job id of a ``job_<id>`` directory."""
-    match = _JOB_DIR.fullmatch(name)
-    return match.group(1) if match else None
-
-
-def is_sluid_dir(name: str) -> bool:
-    """Whether a child of ``slurmstepd.scope`` can be a SLUID-named job (not ``system``)."""
-    return name != "system" and job_dir_id(name) is None and bool(_SLUID.fullmatch(name))
 
 
 def step_of(relative: str) -> str | None:
@@ -289,23 +284,12 @@ def _relative(root: Path, directory: Path) -> str:
 
 def find_v2_jobs(root: Path) -> list[tuple[str, str | None, Layout, Path]]:
     """(key, job id, layout, directory) of every job directory within
-    :data:`MAX_SEARCH_DEPTH` levels of the v2 root."""
-    found: list[tuple[str, str | None, Layout, Path]] = []
-    queue: deque[tuple[Path, int]] = deque([(root, 0)])
-    visited = 0
-    while queue and visited < MAX_CGROUPS:
-        directory, depth = queue.popleft()
-        visited += 1
-        in_scope = directory.name.endswith("slurmstepd.scope")
-        for name in _subdirectories(directory):
-            job = job_dir_id(name)
-            if job is not None:
-                found.append((name, job, "v2", directory / name))
-            elif in_scope and is_sluid_dir(name):
-                found.append((name, None, "v2-sluid", directory / name))
-            elif depth + 1 < MAX_SEARCH_DEPTH:
-                queue.append((directory / name, depth + 1))
-    return found
+    :data:`MAX_SEARCH_DEPTH` levels of the v2 root, found by listing at most
+    :data:`MAX_CGROUPS` directories."""
+    return [
+        (job.key, job.job_id, job.layout, Path(directory))
+        for job, directory in find_job_directories(str(root), MAX_CGROUPS)
+    ]
 
 
 def _limit_value(cgroup: Cgroup | None) -> int | None:
@@ -543,51 +527,30 @@ def _v2_from_tree(
     """(jobs, whether any job directory was found, the other cgroups) from a whole walk of
     the v2 tree: what :func:`find_v2_jobs`, :func:`read_v2_job` and :func:`read_others_v2`
     find by reading the directories, without reading any cgroup file again."""
-    assert tree.root is not None
-    root_name = Path(tree.root).name
-    kids: dict[str, list[Cgroup]] = {}
-    for cgroup in tree.cgroups[1:]:
-        kids.setdefault(cgroup.parent_path or "/", []).append(cgroup)
-    # The search of find_v2_jobs: job directories within MAX_SEARCH_DEPTH, not inside a job.
-    found: list[tuple[str, str | None, Layout, Cgroup]] = []
-    searched: dict[str, int] = {"/": 0}
-    for cgroup in tree.cgroups[1:]:
-        parent = cgroup.parent_path or "/"
-        depth = searched.get(parent)
-        if depth is None:
-            continue
-        in_scope = (root_name if parent == "/" else parent.rsplit("/", 1)[-1]).endswith(
-            "slurmstepd.scope"
-        )
-        name = cgroup.name
-        number = job_dir_id(name)
-        if number is not None:
-            found.append((name, number, "v2", cgroup))
-        elif in_scope and is_sluid_dir(name):
-            found.append((name, None, "v2-sluid", cgroup))
-        elif depth + 1 < MAX_SEARCH_DEPTH:
-            searched[cgroup.path] = depth + 1
+    found = jobs_in_tree(tree)
     jobs: list[JobCgroup] = []
-    for key, job_id, layout, top in found:
+    for job, members in found:
+        top = members[0]
         above: int | None = None
         parent_path = top.parent_path
         while parent_path is not None and parent_path != "/":
             ancestor = tree.get(parent_path)
             above = _tightest(above, _limit_value(ancestor))
             parent_path = None if ancestor is None else ancestor.parent_path
+        # Walk order lists a parent before its children, as read_v2_job reads them.
         cgroups: list[tuple[str, Cgroup, int | None]] = []
-        queue: deque[tuple[Cgroup, int | None]] = deque([(top, above)])
+        effective_of: dict[str, int | None] = {}
         prefix = len(top.path) + 1
-        while queue and len(cgroups) < MAX_JOB_CGROUPS:
-            current, limit_above = queue.popleft()
-            effective = _tightest(limit_above, _limit_value(current))
-            cgroups.append((current.path[prefix:] or ".", current, effective))
-            queue.extend((child, effective) for child in kids.get(current.path, ()))
-        read = _v2_job(roots, key, job_id, layout, cgroups, environ_memo, tally)
+        for cgroup in members[:MAX_JOB_CGROUPS]:
+            limit_above = above if cgroup is top else effective_of[cgroup.parent_path or "/"]
+            effective = _tightest(limit_above, _limit_value(cgroup))
+            effective_of[cgroup.path] = effective
+            cgroups.append((cgroup.path[prefix:] or ".", cgroup, effective))
+        read = _v2_job(roots, job.key, job.job_id, job.layout, cgroups, environ_memo, tally)
         if read is not None:
             jobs.append(read)
     # The index of read_others_v2: every cgroup outside the job directories.
-    skipped = {top.path for *_, top in found}
+    skipped = {members[0].path for _, members in found}
     limits: dict[str, int | None] = {"/": None}
     others: list[OtherCgroup] = []
     for cgroup in tree.cgroups:
@@ -894,23 +857,34 @@ def _sorted(jobs: list[JobCgroup]) -> list[JobCgroup]:
 
 
 class JobsSource:
-    """Jobs from the cgroup walk it shares with the ``cgroups`` source (see
-    :class:`~nodescope.sources.cgroup.SharedWalk`); the static cgroup files and the
+    """Jobs from the cgroup walk it shares with the other cgroup sources of its collector
+    (:class:`~nodescope.sources.cgroup.CycleWalk`); the static cgroup files and the
     environments of known processes are read every ``slow_every`` runs."""
 
     name = NAME
 
-    def __init__(self, slow_every: int = SLOW_EVERY, shared: SharedWalk = SHARED) -> None:
+    def __init__(self, slow_every: int = SLOW_EVERY, walk: CycleWalk | None = None) -> None:
+        self.walk = CycleWalk() if walk is None else walk
+        self.walk.needed_by(self.name)
         self.slow_every = slow_every
-        self.shared = shared
         self._environ = EnvironMemo(parse_environ)
         self._runs = 0
+
+    @property
+    def slow_every(self) -> int:
+        """Runs between two reads of a known process's environment, and walks between two
+        reads of the static cgroup files (setting it sets the cadence of the walk it shares)."""
+        return self._slow_every
+
+    @slow_every.setter
+    def slow_every(self, value: int) -> None:
+        self._slow_every = value
+        self.walk.slow_every = value
 
     def collect(self, roots: Roots) -> JobsData:
         self._environ.refresh = self._runs % max(1, self.slow_every) == 0
         self._runs += 1
-        tree = self.shared.tree(roots, self, self.slow_every)
-        data = read_jobs(roots, tree, self._environ)
+        data = read_jobs(roots, self.walk.tree(roots), self._environ)
         self._environ.end_run()
         return data
 
@@ -919,8 +893,9 @@ class JobsSource:
         self._runs = 0
 
 
-def make_source() -> JobsSource:
-    return JobsSource()
+def make_source(walk: CycleWalk | None = None) -> JobsSource:
+    """The source; ``walk``: the cgroup walk it shares with the other cgroup sources."""
+    return JobsSource(walk=walk)
 
 
 __all__ = [

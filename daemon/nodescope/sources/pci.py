@@ -59,7 +59,7 @@ from nodescope.model.topology import (
     is_pci_bridge,
 )
 from nodescope.roots import Roots
-from nodescope.sources.udev import topology_generation
+from nodescope.sources.base import TopologyGeneration
 
 SOURCE_NAME = "pci"
 
@@ -714,16 +714,18 @@ def read_topology(roots: Roots) -> Topology:
 class PciSource:
     """The ``pci`` source: walks the tree on the first run, after hotplug and every
     :attr:`slow_every` runs, otherwise re-reads only the link state, AER counters and OS
-    names. Hotplug is a change in the listing of ``bus/pci/devices`` or a device event of the
-    udev monitor (:func:`nodescope.sources.udev.mark_topology_stale`: a function replaced at
-    the same address, a driver bound or unbound).
+    names. Hotplug is a change in the listing of ``bus/pci/devices`` or a move of
+    ``topology``, which the ``udev`` source's monitor advances on a device event (a function
+    replaced at the same address, a driver bound or unbound); without one given, nothing
+    else moves it.
 
     A run that finds nothing changed returns the previous :class:`Topology` object, so
     what is derived from it can be kept by identity."""
 
     name = SOURCE_NAME
 
-    def __init__(self) -> None:
+    def __init__(self, topology: TopologyGeneration | None = None) -> None:
+        self.topology = TopologyGeneration() if topology is None else topology
         self._structure: _Structure | None = None
         self._entries: dict[str, _Entry] = {}
         self._topology: Topology | None = None
@@ -735,7 +737,7 @@ class PciSource:
 
     def collect(self, roots: Roots) -> Topology:
         entries = _list_entries(roots)
-        generation = topology_generation()
+        generation = self.topology.value
         cached = self._structure
         tally = SkipTally()
         self._runs_since_walk += 1
@@ -763,8 +765,9 @@ class PciSource:
         self._topology = None
 
 
-def make_source() -> PciSource:
-    return PciSource()
+def make_source(topology: TopologyGeneration | None = None) -> PciSource:
+    """The source; ``topology``: the generation the ``udev`` source advances."""
+    return PciSource(topology)
 
 
 __all__ = [

@@ -4,8 +4,9 @@ Reads, under the injected roots:
 
 * the cgroup v2 hierarchy (``roots.cgroupfs``; ``Documentation/admin-guide/cgroup-v2.rst``):
   the job cgroups Slurm's cgroup/v2 plugin makes (``.../slurmstepd.scope/job_<id>/``,
-  ``docs/datasources.md`` §5) and ``cgroup.procs`` of every cgroup below them, taken from the
-  walk of the ``cgroups`` source when it ran in the same cycle. Which pids a
+  ``docs/datasources.md`` §5, found as :mod:`nodescope.sources.job_cgroups` finds them) and
+  ``cgroup.procs`` of every cgroup below them, taken from the walk of the cgroup tree when
+  the cycle has one (:class:`~nodescope.sources.cgroup.CycleWalk`). Which pids a
   job has comes from there: the relation ``/proc/<pid>/cgroup`` states from the process's
   side, read once per cgroup instead of once per process of the node;
 * ``/proc/<pid>/environ`` of those processes only (``fs/proc/base.c`` ``environ_read``:
@@ -40,13 +41,16 @@ from nodescope.model.procs import (
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_text
-from nodescope.sources.cgroup import (
-    SHARED,
-    SLOW_EVERY,
-    Cgroup,
-    CgroupTree,
-    SharedWalk,
-    find_v2_root,
+from nodescope.sources.cgroup import SLOW_EVERY, CgroupTree, CycleWalk, find_v2_root
+from nodescope.sources.job_cgroups import (
+    MAX_SEARCH_DEPTH,
+    MAX_SEARCHED,
+    PID_UNPARSABLE,
+    find_job_dirs,
+    job_dir_id,
+    job_members,
+    jobs_in_tree,
+    parse_pids,
 )
 
 NAME = PROCS.name
@@ -54,19 +58,17 @@ NAME = PROCS.name
 #: Environment variables kept from a job process's environ.
 KEPT_VARIABLES = ("NCCL_IB_HCA", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
 
-#: How deep below the cgroup root job cgroups are searched for, and how many directories a
-#: run may visit: ``system.slice/slurmstepd.scope/job_<id>`` sits at depth 3.
-MAX_SEARCH_DEPTH = 4
-MAX_DIRECTORIES = 20_000
+#: How many directories a run may visit, in the search for job cgroups (within
+#: :data:`~nodescope.sources.job_cgroups.MAX_SEARCH_DEPTH` levels) and below each job.
+MAX_DIRECTORIES = MAX_SEARCHED
 
-_JOB_DIR = re.compile(r"job_([0-9]+)")
-_PID = re.compile(r"[0-9]{1,10}")
+#: The job id of a Slurm job cgroup named ``job_<id>``.
+job_id_of = job_dir_id
 
-#: Why a record was skipped (the ``reason`` of ``nodescope_source_records_skipped_total``):
-#: a line of ``cgroup.procs`` that is not a pid; a job cgroup whose ``cgroup.procs`` cannot be
-#: read; a ``/proc/net/snmp`` that cannot be read or holds no usable Tcp group (the job
-#: processes are reported all the same).
-PID_UNPARSABLE = "pid_unparsable"
+#: Why a record was skipped (the ``reason`` of ``nodescope_source_records_skipped_total``,
+#: next to :data:`~nodescope.sources.job_cgroups.PID_UNPARSABLE`): a job cgroup whose
+#: ``cgroup.procs`` cannot be read; a ``/proc/net/snmp`` that cannot be read or holds no
+#: usable Tcp group (the job processes are reported all the same).
 CGROUP_UNREADABLE = "cgroup_unreadable"
 SNMP_UNREADABLE = "snmp_unreadable"
 SNMP_UNPARSABLE = "snmp_unparsable"
@@ -79,24 +81,6 @@ def parse_environ(text: str, source: str = "/proc/self/environ") -> Environ:
     """The :data:`KEPT_VARIABLES` of a NUL-separated environment, in file order
     (:func:`~nodescope.sources.base.kept_environ`)."""
     return kept_environ(text, KEPT_VARIABLES)
-
-
-def parse_pids(
-    text: str, source: str = "cgroup.procs", tally: SkipTally | None = None
-) -> tuple[int, ...]:
-    """``cgroup.procs``: one pid per line, unordered, duplicates possible; sorted unique. A
-    line that is not a pid is skipped, counted in ``tally`` as :data:`PID_UNPARSABLE`."""
-    pids: set[int] = set()
-    for line in text.split("\n"):
-        token = line.strip()
-        if not token:
-            continue
-        if not _PID.fullmatch(token):
-            if tally is not None:
-                tally.skip(PID_UNPARSABLE, f"{source}: {token}")
-            continue
-        pids.add(int(token))
-    return tuple(sorted(pids))
 
 
 def parse_snmp(text: str, source: str = "/proc/net/snmp") -> TcpCounters:
@@ -125,12 +109,6 @@ def parse_snmp(text: str, source: str = "/proc/net/snmp") -> TcpCounters:
     raise ParseError(source, "no Tcp group")
 
 
-def job_id_of(directory_name: str) -> str | None:
-    """The job id of a Slurm job cgroup named ``job_<id>``."""
-    match = _JOB_DIR.fullmatch(directory_name)
-    return match.group(1) if match else None
-
-
 # --- readers (IO) ---------------------------------------------------------------------------
 
 
@@ -144,64 +122,7 @@ def _subdirectories(path: Path) -> list[str]:
 
 def find_job_cgroups(root: Path) -> list[tuple[str, Path]]:
     """(job id, directory) of every ``job_<id>`` cgroup within :data:`MAX_SEARCH_DEPTH`."""
-    return [(job, Path(directory)) for job, directory in find_job_dirs(str(root))]
-
-
-def find_job_dirs(root: str) -> list[tuple[str, str]]:
-    """:func:`find_job_cgroups` with string paths (no ``Path`` per directory)."""
-    found: list[tuple[str, str]] = []
-    queue: deque[tuple[str, int]] = deque([(root, 0)])
-    visited = 0
-    while queue and visited < MAX_DIRECTORIES:
-        directory, depth = queue.popleft()
-        visited += 1
-        try:
-            with os.scandir(directory) as entries:
-                names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
-        except OSError:
-            continue
-        for name in names:
-            job = job_id_of(name)
-            if job is not None:
-                found.append((job, f"{directory}/{name}"))
-            elif depth + 1 < MAX_SEARCH_DEPTH:
-                queue.append((f"{directory}/{name}", depth + 1))
-    return found
-
-
-def job_members(tree: CgroupTree) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(job id, cgroup path, sorted pids of every cgroup below it) of the ``job_<id>``
-    cgroups that :func:`find_job_cgroups` finds, from a whole walk with the id lists."""
-    return [
-        (job, path, tuple(sorted({pid for c in cgroups for pid in c.procs or ()})))
-        for job, path, cgroups in _job_subtrees(tree)
-    ]
-
-
-def _job_subtrees(tree: CgroupTree) -> list[tuple[str, str, list[Cgroup]]]:
-    """(job id, cgroup path, its cgroups in walk order) in one pass over the walk (breadth
-    first: a parent comes before its children)."""
-    found: list[tuple[str, str, list[Cgroup]]] = []
-    searched: dict[str, int] = {"/": 0}
-    within: dict[str, list[Cgroup]] = {}  # cgroup path → the cgroups of its job
-    for cgroup in tree.cgroups[1:]:
-        parent = cgroup.parent_path or "/"
-        members = within.get(parent)
-        if members is not None:
-            members.append(cgroup)
-            within[cgroup.path] = members
-            continue
-        depth = searched.get(parent)
-        if depth is None:
-            continue
-        job = job_id_of(cgroup.name)
-        if job is not None:
-            members = [cgroup]
-            within[cgroup.path] = members
-            found.append((job, cgroup.path, members))
-        elif depth + 1 < MAX_SEARCH_DEPTH:
-            searched[cgroup.path] = depth + 1
-    return found
+    return [(job, Path(directory)) for job, directory in find_job_dirs(str(root), MAX_DIRECTORIES)]
 
 
 def _read_procs_file(path: str, tally: SkipTally) -> str | None:
@@ -255,11 +176,13 @@ def read_procs(
     tally = SkipTally()
     processes: list[JobProcess] = []
     if tree is not None and tree.mode != "none" and not tree.truncated:
-        for job, _, cgroups in _job_subtrees(tree):
+        for found, cgroups in jobs_in_tree(tree):
+            if found.job_id is None:
+                continue  # named by its SLUID: its processes say which job it is
             for cgroup in cgroups:
                 if cgroup.procs:
                     pids = tuple(sorted(set(cgroup.procs)))
-                    processes.extend(_processes(roots, job, cgroup.path, pids, memo))
+                    processes.extend(_processes(roots, found.job_id, cgroup.path, pids, memo))
     else:
         hierarchy = find_v2_root(roots.cgroupfs)
         if hierarchy.path is not None:
@@ -289,21 +212,22 @@ def _tcp_counters(roots: Roots, tally: SkipTally) -> TcpCounters | None:
 
 
 class ProcsSource:
-    """Job processes from the cgroup walk of the ``cgroups`` source when it ran in this
-    cycle; ``environ`` of known processes every ``slow_every`` runs."""
+    """Job processes from the cgroup walk of the cycle when a source that needs the whole
+    tree runs in it (:meth:`~nodescope.sources.cgroup.CycleWalk.if_shared`), else from the
+    jobs' ``cgroup.procs``; ``environ`` of known processes every ``slow_every`` runs."""
 
     name = NAME
 
-    def __init__(self, slow_every: int = SLOW_EVERY, shared: SharedWalk = SHARED) -> None:
+    def __init__(self, slow_every: int = SLOW_EVERY, walk: CycleWalk | None = None) -> None:
         self.slow_every = slow_every
-        self.shared = shared
+        self.walk = CycleWalk() if walk is None else walk
         self._memo = EnvironMemo(parse_environ)
         self._runs = 0
 
     def collect(self, roots: Roots) -> ProcsData:
         self._memo.refresh = self._runs % max(1, self.slow_every) == 0
         self._runs += 1
-        data = read_procs(roots, self.shared.latest(roots, self, self.slow_every), self._memo)
+        data = read_procs(roots, self.walk.if_shared(roots), self._memo)
         self._memo.end_run()
         return data
 
@@ -312,8 +236,9 @@ class ProcsSource:
         self._runs = 0
 
 
-def make_source() -> ProcsSource:
-    return ProcsSource()
+def make_source(walk: CycleWalk | None = None) -> ProcsSource:
+    """The source; ``walk``: the cgroup walk it shares with the other cgroup sources."""
+    return ProcsSource(walk=walk)
 
 
 __all__ = [

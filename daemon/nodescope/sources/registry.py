@@ -1,15 +1,70 @@
-"""The table of sources: name, module, default interval, what it reads.
+"""The table of sources: name, module, default interval, what it reads; and what the sources
+built together share.
 
-Each module named here exposes ``make_source() -> Source`` whose ``name`` is the table's.
-The config file's ``[sources.<name>]`` sections are validated against this table.
+Each module named here exposes ``make_source() -> Source`` whose ``name`` is the table's; a
+source that shares an input with others takes it as an argument of ``make_source``
+(:class:`SourceInputs`). The config file's ``[sources.<name>]`` sections are validated against
+this table.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-from nodescope.sources.base import Source
+from nodescope.sources.base import Source, TopologyGeneration
+
+if TYPE_CHECKING:
+    from nodescope.sources.cgroup import CycleWalk
+
+
+def _cycle_walk() -> CycleWalk:
+    # Imported here: the config validates against this table, and the CLI that reads a config
+    # does not need the cgroup parsers.
+    from nodescope.sources.cgroup import CycleWalk
+
+    return CycleWalk()
+
+
+@dataclass(frozen=True)
+class SourceInputs:
+    """What the sources of one collector share, made once where they are built and handed to
+    each source that needs it, so no source reaches into another:
+
+    * ``topology``: the generation the ``udev`` source's monitor advances on a PCI device
+      event and the ``pci`` source watches;
+    * ``cgroup_walk``: one walk of the cgroup tree per cycle for the ``cgroups``, ``jobs``,
+      ``procs`` and ``threads`` sources; the collector begins each cycle on it.
+    """
+
+    topology: TopologyGeneration = field(default_factory=TopologyGeneration)
+    cgroup_walk: CycleWalk = field(default_factory=_cycle_walk)
+
+    def begin_cycle(self, due: Iterable[str]) -> None:
+        """A collection cycle starts in which the sources named ``due`` run."""
+        self.cgroup_walk.begin_cycle(due)
+
+
+#: How a module's ``make_source`` is called: with nothing, or with the inputs it shares.
+Maker = Callable[[ModuleType, SourceInputs], Source]
+
+
+def _alone(module: ModuleType, inputs: SourceInputs) -> Source:
+    source: Source = module.make_source()
+    return source
+
+
+def _with_topology(module: ModuleType, inputs: SourceInputs) -> Source:
+    source: Source = module.make_source(topology=inputs.topology)
+    return source
+
+
+def _with_cgroup_walk(module: ModuleType, inputs: SourceInputs) -> Source:
+    source: Source = module.make_source(walk=inputs.cgroup_walk)
+    return source
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,10 +73,13 @@ class SourceInfo:
     module: str
     default_interval: float
     help: str
+    maker: Maker = _alone
 
-    def make(self) -> Source:
+    def make(self, inputs: SourceInputs | None = None) -> Source:
+        """The source, sharing ``inputs`` with the others built with them (its own when not
+        given: a source built alone)."""
         module = importlib.import_module(self.module)
-        source: Source = module.make_source()
+        source = self.maker(module, SourceInputs() if inputs is None else inputs)
         if source.name != self.name:
             raise RuntimeError(
                 f"{self.module}.make_source() made {source.name!r}, not {self.name!r}"
@@ -35,6 +93,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.pci",
         30.0,
         "PCIe tree, link speed/width, NUMA placement and AER counters from /sys/bus/pci",
+        _with_topology,
     ),
     SourceInfo(
         "disks",
@@ -59,12 +118,14 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.cgroup",
         15.0,
         "cgroup v2 tree: memory, PSI, io.stat, cpu.stat, pids",
+        _with_cgroup_walk,
     ),
     SourceInfo(
         "procs",
         "nodescope.sources.procs",
         15.0,
         "Slurm job processes (cgroup.procs) with NCCL_IB_HCA from their environ; TCP counters",
+        _with_cgroup_walk,
     ),
     SourceInfo(
         "jobs",
@@ -72,6 +133,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         15.0,
         "Slurm jobs: job cgroups (v2, SLUID, v1), their processes, threads and figures;"
         " prolog registrations",
+        _with_cgroup_walk,
     ),
     SourceInfo(
         "nvml",
@@ -104,6 +166,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.threads",
         10.0,
         "job threads (task/*/stat) every run, all threads every 10th; wchan of D threads",
+        _with_cgroup_walk,
     ),
     SourceInfo(
         "mountstats",
@@ -116,6 +179,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.udev",
         1.0,
         "PCI/block/net device events (pyudev monitor thread) and removed GPUs; refreshes topology",
+        _with_topology,
     ),
     SourceInfo(
         "link_events",

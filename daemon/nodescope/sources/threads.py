@@ -2,7 +2,8 @@
 
 Reads, under the injected roots (``docs/datasources.md`` §6):
 
-* the Slurm job cgroups (``.../job_<id>/``, found as the ``procs`` source finds them) and
+* the Slurm job cgroups (``.../job_<id>/``, found as :mod:`nodescope.sources.job_cgroups`
+  finds them) and
   their ``cgroup.procs``: which processes belong to which job;
 * ``<procfs>/<pid>/stat`` of those processes (the same line for the whole process: the
   leader's state and, in field 20, ``num_threads``): a process with one thread needs nothing
@@ -17,8 +18,8 @@ Reads, under the injected roots (``docs/datasources.md`` §6):
   thread's wait channel says nothing a hang diagnosis needs, and each read costs a symbol
   lookup in the kernel.
 
-The job cgroups' ``cgroup.procs`` come from the walk of the ``cgroups`` source when it ran in
-the same cycle (:class:`~nodescope.sources.cgroup.SharedWalk`). Every
+The job cgroups' ``cgroup.procs`` come from the walk of the cgroup tree when the cycle has one
+(:class:`~nodescope.sources.cgroup.CycleWalk`). Every
 :attr:`ThreadsSource.host_every` runs (and on the first) it also walks every process
 of the host, to find ``D`` threads outside jobs (a stuck ``rsync``, a kernel flusher); in
 between, the last host walk's result is carried along with its age in runs.
@@ -38,8 +39,8 @@ from nodescope.model.skips import SkipTally
 from nodescope.model.threads import THREADS, BlockedThread, JobThreads, TaskStat, ThreadsData
 from nodescope.roots import Roots
 from nodescope.sources.base import read_text
-from nodescope.sources.cgroup import SHARED, CgroupTree, SharedWalk, find_v2_root
-from nodescope.sources.procs import find_job_dirs, job_members, parse_pids
+from nodescope.sources.cgroup import CgroupTree, CycleWalk, find_v2_root
+from nodescope.sources.job_cgroups import find_job_dirs, job_members, parse_pids
 
 NAME = THREADS.name
 
@@ -261,7 +262,7 @@ def count_process_threads(
 
 def _job_procs_files(root: str, tally: SkipTally) -> list[tuple[str, list[str]]]:
     """(job id, the ``cgroup.procs`` paths of its cgroups) of every ``job_<id>`` cgroup, as
-    :func:`~nodescope.sources.procs.find_job_cgroups` finds them; a cgroup that cannot be
+    :func:`~nodescope.sources.job_cgroups.find_job_dirs` finds them; a cgroup that cannot be
     listed is counted in ``tally`` (its own ``cgroup.procs`` is still tried)."""
     found: list[tuple[str, list[str]]] = []
     for job, job_dir in find_job_dirs(root):
@@ -344,16 +345,18 @@ def _job_order(job: str) -> tuple[int, str]:
 
 class ThreadsSource:
     """Jobs every run; the whole host on the first run and every ``host_every`` runs (also
-    settable as ``slow_every``). The job pids come from the cgroup walk of the ``cgroups``
-    source when it ran in this cycle, else from the jobs' ``cgroup.procs``."""
+    settable as ``slow_every``). The job pids come from the cgroup walk of the cycle when a
+    source that needs the whole tree runs in it
+    (:meth:`~nodescope.sources.cgroup.CycleWalk.if_shared`), else from the jobs'
+    ``cgroup.procs``."""
 
     name = NAME
 
-    def __init__(self, host_every: int = HOST_EVERY, shared: SharedWalk = SHARED) -> None:
+    def __init__(self, host_every: int = HOST_EVERY, walk: CycleWalk | None = None) -> None:
         if host_every < 1:
             raise ValueError("host_every must be at least 1")
         self.host_every = host_every
-        self.shared = shared
+        self.walk = CycleWalk() if walk is None else walk
         self._runs = 0
         self._host: tuple[int, tuple[BlockedThread, ...]] | None = None
         self._host_run = 0
@@ -372,7 +375,7 @@ class ThreadsSource:
         # One tally per run: a host walk's skips count in the run that walked, not again in
         # the runs that carry its result along.
         tally = SkipTally()
-        pids = job_pids(roots, self.shared.latest(roots, self, self.host_every), tally)
+        pids = job_pids(roots, self.walk.if_shared(roots), tally)
         jobs = tuple(
             _job_threads(roots, job, pids[job], tally) for job in sorted(pids, key=_job_order)
         )
@@ -389,8 +392,9 @@ class ThreadsSource:
         self._runs = 0
 
 
-def make_source() -> ThreadsSource:
-    return ThreadsSource()
+def make_source(walk: CycleWalk | None = None) -> ThreadsSource:
+    """The source; ``walk``: the cgroup walk it shares with the other cgroup sources."""
+    return ThreadsSource(walk=walk)
 
 
 __all__ = [

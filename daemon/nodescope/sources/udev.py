@@ -6,11 +6,11 @@ Two inputs:
   uevents (``source="kernel"``, ``NETLINK_KOBJECT_UEVENT`` group 1: ``ACTION@DEVPATH`` then
   ``KEY=VALUE`` entries, ``lib/kobject_uevent.c``) or udevd's re-broadcast of them after its
   rules ran (``source="udev"``), filtered to the ``pci``, ``block`` and ``net`` subsystems.
-  Every event on a device below a PCI function marks the topology stale
-  (:func:`mark_topology_stale`), so the ``pci`` source walks the tree again on its next run
-  instead of after a restart. PCI events carry ``PCI_CLASS`` and ``PCI_SLOT_NAME``
-  (``drivers/pci/pci-driver.c`` ``pci_uevent``), so a removed GPU is known as one even though
-  its sysfs directory is gone;
+  Every event on a device below a PCI function advances the topology generation
+  (:class:`~nodescope.sources.base.TopologyGeneration`, shared with the ``pci`` source), so
+  the ``pci`` source walks the tree again on its next run instead of after a restart. PCI
+  events carry ``PCI_CLASS`` and ``PCI_SLOT_NAME`` (``drivers/pci/pci-driver.c``
+  ``pci_uevent``), so a removed GPU is known as one even though its sysfs directory is gone;
 * a listing of ``<sysfs>/bus/pci/devices`` on every run: a GPU (class ``0x03xxxx``, read
   once from ``<sysfs>/bus/pci/devices/<bdf>/class`` when it first appears) that disappears
   between two runs was removed even when no monitor runs (the simulated node, a daemon
@@ -18,7 +18,8 @@ Two inputs:
 
 The record counts events per subsystem and action and removals per GPU since the source
 started, and lists the GPUs that were seen and are gone now. Formats: ``/sys/.../uevent`` is
-``KEY=VALUE`` per line (``drivers/base/core.c`` ``uevent_show``).
+``KEY=VALUE`` per line (``drivers/base/core.c`` ``uevent_show``). The records are declared in
+:mod:`nodescope.model.udev`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from nodescope.model.udev import (
     is_gpu_class,
 )
 from nodescope.roots import Roots
+from nodescope.sources.base import TopologyGeneration
 
 NAME = UDEV.name
 SUBSYSTEMS = ("pci", "block", "net")
@@ -55,25 +57,6 @@ log = logging.getLogger("nodescope.udev")
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _KEY = re.compile(r"[A-Z0-9_]{1,64}")
-
-_generation_lock = threading.Lock()
-_generation = 0
-
-
-def mark_topology_stale() -> int:
-    """Note that devices changed: the ``pci`` source walks the tree again on its next run.
-    Returns the new generation."""
-    global _generation
-    with _generation_lock:
-        _generation += 1
-        return _generation
-
-
-def topology_generation() -> int:
-    """A number that changes whenever :func:`mark_topology_stale` was called."""
-    with _generation_lock:
-        return _generation
-
 
 # Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
 #: a monitor event without the properties of a device event, or with malformed ones
@@ -162,8 +145,9 @@ def parse_kernel_message(data: bytes, source: str = "kobject_uevent") -> UdevEve
 
 
 class UdevMonitor:
-    """pyudev's netlink monitor on a daemon thread; events go to ``on_event``. The socket is
-    opened in :meth:`start` (which raises if it cannot be), so a caller knows at once."""
+    """pyudev's netlink monitor on a daemon thread; events go to ``on_event``, and an event on
+    a device below a PCI function advances ``topology``. The socket is opened in :meth:`start`
+    (which raises if it cannot be), so a caller knows at once."""
 
     def __init__(
         self,
@@ -171,12 +155,14 @@ class UdevMonitor:
         source: str = "kernel",
         subsystems: tuple[str, ...] = SUBSYSTEMS,
         on_bad_event: Callable[[str], None] | None = None,
+        topology: TopologyGeneration | None = None,
     ) -> None:
         self.source = source
         self.subsystems = subsystems
         self.on_event = on_event
         #: told what was wrong with each event that did not parse
         self.on_bad_event = on_bad_event
+        self.topology = TopologyGeneration() if topology is None else topology
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._monitor: Any = None
@@ -211,7 +197,7 @@ class UdevMonitor:
                     self.on_bad_event(str(exc))
                 continue
             if event.under_pci and event.action in ACTIONS:
-                mark_topology_stale()
+                self.topology.advance()
             self.on_event(event)
 
     def stop(self) -> None:
@@ -253,12 +239,17 @@ def _pci_names(roots: Roots) -> list[str] | None:
 
 class UdevSource:
     """``monitor``: ``"kernel"``, ``"udev"`` or ``None`` (listing only). A monitor that cannot
-    start (no netlink access, pyudev missing) is logged once and the listing goes on."""
+    start (no netlink access, pyudev missing) is logged once and the listing goes on.
+    ``topology``: the generation its monitor advances on a PCI device event, shared with the
+    ``pci`` source (its own when not given)."""
 
     name = NAME
 
-    def __init__(self, monitor: str | None = "kernel") -> None:
+    def __init__(
+        self, monitor: str | None = "kernel", topology: TopologyGeneration | None = None
+    ) -> None:
         self.monitor_source = monitor
+        self.topology = TopologyGeneration() if topology is None else topology
         self._monitor: UdevMonitor | None = None
         self._monitor_failed = False
         self._lock = threading.Lock()
@@ -293,7 +284,12 @@ class UdevSource:
     def _ensure_monitor(self) -> None:
         if self._monitor is not None or self._monitor_failed or self.monitor_source is None:
             return
-        monitor = UdevMonitor(self._enqueue, self.monitor_source, on_bad_event=self._bad_event)
+        monitor = UdevMonitor(
+            self._enqueue,
+            self.monitor_source,
+            on_bad_event=self._bad_event,
+            topology=self.topology,
+        )
         try:
             monitor.start()
         except Exception as exc:
@@ -322,7 +318,7 @@ class UdevSource:
                     self._removals[event.pci_slot] += 1
                     removed_by_event.add(event.pci_slot)
         names = _pci_names(roots)
-        generation = topology_generation()
+        generation = self.topology.value
         last = self._last
         if (
             not events
@@ -375,8 +371,10 @@ class UdevSource:
             monitor.stop()
 
 
-def make_source() -> UdevSource:
-    return UdevSource()
+def make_source(topology: TopologyGeneration | None = None) -> UdevSource:
+    """The source with a kernel monitor; ``topology``: the generation shared with the ``pci``
+    source."""
+    return UdevSource(topology=topology)
 
 
 __all__ = [
@@ -397,8 +395,6 @@ __all__ = [
     "event_from_properties",
     "is_gpu_class",
     "make_source",
-    "mark_topology_stale",
     "parse_kernel_message",
     "parse_uevent",
-    "topology_generation",
 ]
