@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from nodescope.collect import Collector, ScheduledSource
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
 from nodescope.sources import cgroup as cgroups
 from nodescope.sources import jobs, procs, threads
 from nodescope.sources.base import read_optional
-from nodescope.sources.cgroup import SharedWalk
+from nodescope.sources.registry import SourceInputs
 from tests.adversarial.common import one_cycle, skipped_metric
 from tests.conftest import new_v2_cgroup, remove_cgroup_tree
 
@@ -122,7 +123,7 @@ def test_a_process_named_like_a_stat_line_is_counted_not_fatal(scratch: Scratch)
     tid = int(line)
     assert read_optional(f"/proc/{child.pid}/comm") == HOSTILE_NAME + "\n"
 
-    snapshot = one_cycle(Roots(), threads.ThreadsSource(host_every=1, shared=SharedWalk()))
+    snapshot = one_cycle(Roots(), threads.ThreadsSource(host_every=1))
     _assert_up(snapshot, "threads")
     data = snapshot.current["threads"].data
     assert isinstance(data, threads.ThreadsData)
@@ -167,12 +168,12 @@ def test_a_job_with_thousands_of_threads_is_counted_whole(scratch: Scratch) -> N
     listed = (job_dir / "cgroup.threads").read_bytes()
     assert len(listed) > 4 * 4096 and len(listed.split()) == count + 1
 
-    shared = SharedWalk()
+    shared = cgroups.CycleWalk()
     snapshot = one_cycle(
         Roots(),
-        cgroups.CgroupSource(shared=shared),
-        jobs.JobsSource(shared=shared),
-        threads.ThreadsSource(shared=shared),
+        cgroups.CgroupSource(walk=shared),
+        jobs.JobsSource(walk=shared),
+        threads.ThreadsSource(walk=shared),
     )
     _assert_up(snapshot, "cgroups", "jobs", "threads")
     tree = snapshot.current["cgroups"].data
@@ -200,14 +201,16 @@ from nodescope_exporters import self_metrics
 from nodescope_exporters.prometheus import render
 from prometheus_client.parser import text_string_to_metric_families
 
-shared = cgroup.SharedWalk()
+from nodescope.sources.registry import SourceInputs
+inputs = SourceInputs()
+shared = inputs.cgroup_walk
 sources = [
-    cgroup.CgroupSource(shared=shared),
-    jobs.JobsSource(shared=shared),
-    procs.ProcsSource(shared=shared),
-    threads.ThreadsSource(shared=shared),
+    cgroup.CgroupSource(walk=shared),
+    jobs.JobsSource(walk=shared),
+    procs.ProcsSource(walk=shared),
+    threads.ThreadsSource(walk=shared),
 ]
-collector = Collector(Roots(), [ScheduledSource(s, 1.0, 30.0) for s in sources])
+collector = Collector(Roots(), [ScheduledSource(s, 1.0, 30.0) for s in sources], inputs=inputs)
 snapshot = collector.run_cycle()
 skipped = {}
 for family in text_string_to_metric_families(render(snapshot, [self_metrics.families]).decode()):
@@ -309,14 +312,26 @@ def test_junk_in_one_job_cgroup_is_counted_not_fatal(tmp_path: Path) -> None:
     job_1 = roots.cgroupfs / "system.slice" / "slurmstepd.scope" / "job_1"
     (job_1 / "memory.stat").write_text("anon 4096\nthis is not a key value line\n")
     (job_1 / "cgroup.procs").write_text("100\n\u202enot-a-pid\n")
-    shared = SharedWalk()
-    snapshot = one_cycle(
+    # The four sources share one walk per cycle, as the daemon builds them.
+    inputs = SourceInputs()
+    shared = inputs.cgroup_walk
+    collector = Collector(
         roots,
-        cgroups.CgroupSource(shared=shared),
-        jobs.JobsSource(shared=shared),
-        procs.ProcsSource(shared=shared),
-        threads.ThreadsSource(shared=shared),
+        [
+            ScheduledSource(source, 1.0, 30.0)
+            for source in (
+                cgroups.CgroupSource(walk=shared),
+                jobs.JobsSource(walk=shared),
+                procs.ProcsSource(walk=shared),
+                threads.ThreadsSource(walk=shared),
+            )
+        ],
+        inputs=inputs,
     )
+    try:
+        snapshot = collector.run_cycle()
+    finally:
+        collector.close()
     _assert_up(snapshot, "cgroups", "jobs", "procs", "threads")
     found = snapshot.current["jobs"].data
     assert isinstance(found, jobs.JobsData)
@@ -343,7 +358,7 @@ def test_an_unparsable_task_stat_is_counted_not_fatal(tmp_path: Path) -> None:
     _write(roots.procfs / "300" / "stat", _stat(300, "rsync", threads_count=2))
     _write(roots.procfs / "300" / "task" / "300" / "stat", _stat(300, "rsync"))
     _write(roots.procfs / "300" / "task" / "301" / "stat", "301 (rsync\n")
-    snapshot = one_cycle(roots, threads.ThreadsSource(shared=SharedWalk()))
+    snapshot = one_cycle(roots, threads.ThreadsSource())
     _assert_up(snapshot, "threads")
     data = snapshot.current["threads"].data
     assert isinstance(data, threads.ThreadsData)

@@ -37,11 +37,11 @@ from nodescope.roots import Roots
 from nodescope.sources import jobs as source
 from nodescope.sources.cgroup import (
     Cgroup,
+    CycleWalk,
     Limit,
     MemoryEvents,
     Pressure,
     PressureLine,
-    SharedWalk,
 )
 from nodescope.sources.jobs import (
     JobCgroup,
@@ -488,7 +488,7 @@ def test_v2_a_junk_cgroup_file_of_one_job_keeps_both_jobs(tmp_path: Path) -> Non
 
 
 def _from_walk_of_its_own(roots: Roots) -> JobsData:
-    return source.JobsSource(slow_every=1, shared=SharedWalk()).collect(roots)
+    return source.JobsSource(slow_every=1).collect(roots)
 
 
 @settings(max_examples=100, deadline=None)
@@ -1018,35 +1018,27 @@ def test_the_walk_gives_what_the_directories_give(tmp_path: Path) -> None:
     assert data.jobs[1].tasks[0].memory_max_bytes == 8 * GIB
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_jobs_source_takes_the_cgroups_walk_of_its_cycle(tmp_path: Path) -> None:
     from nodescope.sources import cgroup
 
     roots = v2_tree(tmp_path)
-    shared = cgroup.SharedWalk(_Clock())
-    cgroups = cgroup.make_source()
-    cgroups.shared = shared
-    jobs = source.JobsSource(slow_every=10, shared=shared)
+    shared = CycleWalk()
+    cgroups = cgroup.CgroupSource(walk=shared)
+    jobs = source.JobsSource(slow_every=10, walk=shared)
+    shared.begin_cycle({"cgroups", "jobs"})
     cgroups.collect(roots)
     walks = shared.walker.walks
     assert jobs.collect(roots) == read_jobs(roots)
-    assert shared.walker.walks == walks  # no walk of its own
+    assert shared.walker.walks == walks  # no walk of its own in the same cycle
+    shared.begin_cycle({"jobs"})
     assert jobs.collect(roots) == read_jobs(roots)
-    assert shared.walker.walks == walks + 1  # the same walk is not handed twice
+    assert shared.walker.walks == walks + 1  # the next cycle walks again
 
 
 def test_environments_are_read_for_new_processes_and_on_slow_runs(tmp_path: Path) -> None:
-    from nodescope.sources import cgroup
 
     roots = v2_tree(tmp_path)
-    jobs = source.JobsSource(slow_every=3, shared=cgroup.SharedWalk(_Clock()))
+    jobs = source.JobsSource(slow_every=3)
 
     def task(data: JobsData, pid: int) -> JobTask:
         return next(t for j in data.jobs for t in j.tasks if t.pid == pid)
@@ -1085,24 +1077,23 @@ def test_production_cadence_reads_what_reading_everything_reads(tmp_path: Path, 
 
     node = SimulatedNode(load_scenario(name), tmp_path / "root")
     node.materialise()
-    shared = cgroup.SharedWalk(_Clock())
-    cgroups = cgroup.make_source()
-    cgroups.shared = shared
+    shared = CycleWalk()
     production: list[Source] = [
-        cgroups,
-        procs.ProcsSource(shared=shared),
-        threads.ThreadsSource(shared=shared),
-        source.JobsSource(shared=shared),
+        cgroup.CgroupSource(walk=shared),
+        procs.ProcsSource(walk=shared),
+        threads.ThreadsSource(walk=shared),
+        source.JobsSource(walk=shared),
     ]
     reference: list[Source] = [
-        cgroup.CgroupSource(slow_every=1, shared=cgroup.SharedWalk()),
-        procs.ProcsSource(slow_every=1, shared=cgroup.SharedWalk()),
-        threads.ThreadsSource(shared=cgroup.SharedWalk()),
-        source.JobsSource(slow_every=1, shared=cgroup.SharedWalk()),
+        cgroup.CgroupSource(slow_every=1, walk=CycleWalk(slow_every=1)),
+        procs.ProcsSource(slow_every=1, walk=CycleWalk(slow_every=1)),
+        threads.ThreadsSource(walk=CycleWalk(slow_every=1)),
+        source.JobsSource(slow_every=1, walk=CycleWalk(slow_every=1)),
     ]
     walks = []
     for t in range(0, 26, 5):
         node.advance_to(float(t))
+        shared.begin_cycle({s.name for s in production})
         before = shared.walker.walks
         for fast, full in zip(production, reference, strict=True):
             assert fast.collect(node.roots) == full.collect(node.roots), (fast.name, t)
