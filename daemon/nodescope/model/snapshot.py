@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from nodescope.model.alert import Alert, AlertCounters
 from nodescope.model.derived import Derived
@@ -25,14 +25,15 @@ T = TypeVar("T")
 class SourceSample:
     """The outcome of one run of one source.
 
-    ``monotonic`` is CLOCK_MONOTONIC seconds at the read; ``data`` is the source's typed
-    record, or ``None`` when the run failed (then ``error`` says why).
+    ``monotonic`` is CLOCK_MONOTONIC seconds at the read; ``data`` is the source's record, or
+    ``None`` when the run failed (then ``error`` says why). It is read back typed through the
+    source's key (:meth:`Snapshot.latest`), which checks its type.
     """
 
     source: str
     monotonic: float
     duration: float
-    data: Any | None = None
+    data: object = None
     error: str | None = None
 
     @property
@@ -128,23 +129,3 @@ class Snapshot:
         if seconds <= 0:
             return None
         return before, now, seconds
-
-    def data(self, source: str, kind: type[T]) -> T | None:
-        """The latest good data of ``source`` if it is of type ``kind``."""
-        sample = self.current.get(source)
-        if sample is None or sample.data is None or not isinstance(sample.data, kind):
-            return None
-        return sample.data
-
-    def pair_of(self, source: str, kind: type[T]) -> tuple[T, T, float] | None:
-        """(previous, current, seconds between them) for rates, when both reads succeeded."""
-        cur = self.current.get(source)
-        prev = self.previous.get(source)
-        if cur is None or prev is None:
-            return None
-        if not isinstance(cur.data, kind) or not isinstance(prev.data, kind):
-            return None
-        seconds = cur.monotonic - prev.monotonic
-        if seconds <= 0:
-            return None
-        return prev.data, cur.data, seconds
