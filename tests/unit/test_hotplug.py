@@ -227,7 +227,7 @@ def test_pci_source_walks_again_when_marked_stale() -> None:
     source.collect(roots)
     source.collect(roots)
     assert source.walks == 1
-    udev.mark_topology_stale()
+    source.topology.advance()  # what the udev source does on a PCI add or remove
     source.collect(roots)
     assert source.walks == 2
 
@@ -303,7 +303,7 @@ def test_udev_source_returns_its_last_record_while_nothing_changed(tmp_path: Pat
     assert fourth is not third and fourth.recent == () and fourth.events == third.events
     assert source.collect(roots) is fourth
     # The topology marked stale (another source's hot-plug path): a new record.
-    udev.mark_topology_stale()
+    source.topology.advance()
     assert source.collect(roots) is not fourth
     source.close()
 
