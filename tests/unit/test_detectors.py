@@ -460,10 +460,10 @@ def test_detectors_config_section() -> None:
         }
     )
     d = config.detectors
-    assert d.number("contention", "utilisation_ratio") == 0.7
-    assert d.number("contention", "min_share") == 0.2
+    assert d.contention.utilisation_ratio == 0.7
+    assert d.contention.min_share == 0.2
     assert dict(d.saturation_models) == {"A100": 0.57, "H100": 0.5}
-    assert not d.enabled("errors") and d.enabled("placement")
+    assert not d.errors.enabled and d.placement.enabled
     assert Config().detectors.saturation.bidirectional_ratio == 0.57
     for bad in (
         {"detectors": {"nope": {}}},

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from nodescope import kmod_abi as abi
 from nodescope import kmod_abi_build as build
 from nodescope.collect import Collector
-from nodescope.config import Config
+from nodescope.config import Config, from_mapping
 from nodescope.detectors import nvlink as det
 from nodescope.errors import ConfigError, ParseError
 from nodescope.kmod_abi import NvlcHeader, NvlcRecord, NvlcSnapshot
@@ -560,17 +560,18 @@ def test_bursts_a_poll_averages_away() -> None:
 
 
 def test_thresholds_are_configurable() -> None:
-    t = det.NvlinkThresholds.from_mapping(
-        {"stall_warning_cycles_per_us": 50, "stall_critical_cycles_per_us": 80.5}
-    )
+    def bands(table: dict[str, object]) -> det.NvlinkThresholds:
+        return det.thresholds(from_mapping({"detectors": {"nvlink": table}}))
+
+    t = bands({"stall_warning_cycles_per_us": 50, "stall_critical_cycles_per_us": 80.5})
     findings = det.evaluate(*_stall_pair(100, 0.1), t)
     assert [(f.kind, f.severity) for f in findings] == [(det.STALL, Severity.CRITICAL)]
     with pytest.raises(ConfigError, match=r"detectors\.nvlink\.bogus"):
-        det.NvlinkThresholds.from_mapping({"bogus": 1})
-    with pytest.raises(ConfigError, match="warning <= critical"):
-        det.NvlinkThresholds.from_mapping({"utilisation_warning_ratio": 0.95})
-    with pytest.raises(ConfigError, match="expected a number"):
-        det.NvlinkThresholds.from_mapping({"utilisation_warning_ratio": True})
+        bands({"bogus": 1})
+    with pytest.raises(ConfigError, match="at most utilisation_critical_ratio"):
+        bands({"utilisation_warning_ratio": 0.95})
+    with pytest.raises(ConfigError, match="expected float, got bool"):
+        bands({"utilisation_warning_ratio": True})
 
 
 def test_device_gone_and_unusable_timestamps() -> None:
