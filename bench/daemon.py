@@ -39,6 +39,7 @@ from nodescope.sim.nvml_mirror import MirroredNvml
 from nodescope.sim.run_node import STATE_FILE
 from nodescope.sources.base import Source
 from nodescope.sources.nvml import NvmlSource
+from nodescope.sources.registry import SourceInputs
 
 
 class MirroredNvmlSource:
@@ -58,13 +59,14 @@ class MirroredNvmlSource:
         self.inner.close()
 
 
-def node_sources(mirror: MirroredNvml) -> list[Source]:
-    """The simulated node's source list, with the NVML source over the mirror."""
+def node_sources(mirror: MirroredNvml, inputs: SourceInputs) -> list[Source]:
+    """The simulated node's source list, with the NVML source over the mirror; ``inputs``:
+    what they share, for their collector."""
     # SimulatedNode.sources only needs the node's fake NVML and clock: hand it the mirror's,
     # so the list stays the one replay and demo run.
     shim: Any = SimpleNamespace(nvml=mirror, wall_clock=mirror.wall_clock)
     sources: list[Source] = []
-    for source in SimulatedNode.sources(shim, slow_every=None):
+    for source in SimulatedNode.sources(shim, slow_every=None, inputs=inputs):
         if source.name == "nvml":
             source.close()
             sources.append(MirroredNvmlSource(mirror))
@@ -85,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         listen=args.listen, tick_seconds=1.0, log_level="warning", roots=Roots.under(args.root)
     )
     logs.setup(config.log_level)
-    sources = node_sources(mirror)
+    inputs = SourceInputs()
+    sources = node_sources(mirror, inputs)
     service = Service(
-        lambda: config, make_collector=lambda cfg: Collector.from_config(cfg, sources)
+        lambda: config, make_collector=lambda cfg: Collector.from_config(cfg, sources, inputs)
     )
     ends: list[float] = []
     cpu: list[float] = []

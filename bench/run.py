@@ -835,6 +835,7 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
     from nodescope.service import Service
     from nodescope.sim.node import SimulatedNode, make_temp_root
     from nodescope.sim.scenario import load_scenario
+    from nodescope.sources.registry import SourceInputs
 
     scenario = load_scenario(path)
     root = make_temp_root("nodescope-scale-")
@@ -844,7 +845,9 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
         node.advance_to(0.0)
         clock = _SimClock()
         config = Config(roots=node.roots)
-        sources = node.sources(slow_every=None)
+        # One set of shared inputs, as the daemon builds its sources (one cgroup walk a cycle).
+        inputs = SourceInputs()
+        sources = node.sources(slow_every=None, inputs=inputs)
         per_source: dict[str, float] = dict.fromkeys((s.name for s in sources), 0.0)
         for source in sources:
             _time_calls(source, "collect", per_source, source.name)
@@ -852,7 +855,7 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
         def make(cfg: Config) -> Any:
             from nodescope.collect import Collector
 
-            collector = Collector.from_config(cfg, sources)
+            collector = Collector.from_config(cfg, sources, inputs)
             for item in collector.scheduled:
                 # Sources in this thread, so its CPU clock counts them (the daemon runs them
                 # in a worker under a deadline; in simulated time nothing blocks).
@@ -989,6 +992,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     from nodescope.service import Service
     from nodescope.sim.nvml_mirror import MirroredNvml
     from nodescope.sim.run_node import STATE_FILE
+    from nodescope.sources.registry import SourceInputs
 
     with temp_root("nodescope-soak-") as base:
         root = base / "node"
@@ -1002,12 +1006,13 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             mirror = MirroredNvml(root / STATE_FILE)
             clock = _SimClock()
             config = Config(roots=Roots.under(root))
-            sources = node_sources(mirror)
+            inputs = SourceInputs()
+            sources = node_sources(mirror, inputs)
 
             def make(cfg: Config) -> Any:
                 from nodescope.collect import Collector
 
-                collector = Collector.from_config(cfg, sources)
+                collector = Collector.from_config(cfg, sources, inputs)
                 collector.clock = clock
                 collector.wall_clock = mirror.wall_clock
                 return collector

@@ -38,6 +38,7 @@ from nodescope.sim.expect import Expectations, parse_expectations
 from nodescope.sources import diskstats
 from nodescope.sources.base import Source
 from nodescope.sources.nvml import LostGpu, NvmlData, XidCount
+from nodescope.sources.registry import SourceInputs
 
 SECTORS_PER_SECOND = 2000
 READ_BYTES_PER_SECOND = SECTORS_PER_SECOND * 512
@@ -111,7 +112,9 @@ class ToyNode:
     def refresh(self, t: float, reader: str | None = None) -> None:
         self.advance_to(t)
 
-    def sources(self, slow_every: int | None = 1) -> list[Source]:
+    def sources(
+        self, slow_every: int | None = 1, inputs: SourceInputs | None = None
+    ) -> list[Source]:
         self.made = [diskstats.make_source(), FlakySource(self)]
         return self.made
 

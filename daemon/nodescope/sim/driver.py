@@ -66,6 +66,7 @@ from nodescope.sim.expect import (
 )
 from nodescope.sim.live import WallClockNode
 from nodescope.sources.base import Source
+from nodescope.sources.registry import SourceInputs
 from nodescope_exporters.catalog import CATALOG
 from nodescope_exporters.prometheus import FamilyBuilder, MetricsCache, SnapshotCollector
 
@@ -106,7 +107,9 @@ class NodeLike(Protocol):
 
     def refresh(self, t: float, reader: str | None = None) -> None: ...
 
-    def sources(self, slow_every: int | None = 1) -> list[Source]: ...
+    def sources(
+        self, slow_every: int | None = 1, inputs: SourceInputs | None = None
+    ) -> list[Source]: ...
 
 
 NodeFactory = Callable[[Any, Path], NodeLike]
@@ -313,12 +316,14 @@ def replay(
     node.materialise()
     clock = SimClock()
     wall_base = time.time()
-    sources = node.sources()
+    inputs = SourceInputs()
+    sources = node.sources(inputs=inputs)
     collector = Collector(
         roots=node.roots,
         scheduled=[ScheduledSource(s, scenario.tick_seconds) for s in sources],
         clock=clock,
         wall_clock=lambda: wall_base + clock.now,
+        inputs=inputs,
     )
     analyzer = Analyzer.from_config(Config(roots=node.roots), detectors)
     evaluator = Evaluator(scenario.expect)
@@ -728,6 +733,12 @@ class ViewCache(MetricsCache):
         return body
 
 
+def _live_collector(config: Config, live: WallClockNode) -> Collector:
+    """The collector of the live node's sources, built to share one set of inputs."""
+    inputs = SourceInputs()
+    return Collector.from_config(config, live.sources(inputs), inputs)
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -795,7 +806,7 @@ def _demo(
     )
     service = Service(
         lambda: config,
-        make_collector=lambda cfg: Collector.from_config(cfg, live.sources()),
+        make_collector=lambda cfg: _live_collector(cfg, live),
     )
     # The view shows the analysed snapshot (with findings), which the cache is handed.
     view_cache = ViewCache()

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from nodescope.roots import Roots
 from nodescope.sources.base import Source
+from nodescope.sources.registry import SourceInputs
 
 
 class RefreshableNode(Protocol):
@@ -34,7 +35,9 @@ class RefreshableNode(Protocol):
 
     def refresh(self, t: float, reader: str | None = None) -> None: ...
 
-    def sources(self, slow_every: int | None = 1) -> list[Source]: ...
+    def sources(
+        self, slow_every: int | None = 1, inputs: SourceInputs | None = None
+    ) -> list[Source]: ...
 
 
 class WallClockNode:
@@ -71,10 +74,13 @@ class WallClockNode:
             self.t = t
             return t
 
-    def sources(self) -> list[Source]:
+    def sources(self, inputs: SourceInputs | None = None) -> list[Source]:
         """The node's sources at their production cadence, each refreshing what it reads
-        just before it reads it."""
-        return [ReadTimeSource(source, self) for source in self.node.sources(slow_every=None)]
+        just before it reads it; ``inputs``: what they share, for their collector."""
+        return [
+            ReadTimeSource(source, self)
+            for source in self.node.sources(slow_every=None, inputs=inputs)
+        ]
 
 
 class ReadTimeSource:

@@ -67,6 +67,7 @@ from nodescope.sim.scenario import (
 )
 from nodescope.sim.sysfs_tree import cpus_of_sockets, materialise, speed_string
 from nodescope.sources.base import Source
+from nodescope.sources.registry import SourceInputs
 
 #: Unix time of simulated t = 0 (NVML field timestamps, process start times).
 EPOCH = 1_750_000_000.0
@@ -447,7 +448,9 @@ class SimulatedNode:
             self.write_nvlink_snapshot()
         self._started = True
 
-    def sources(self, slow_every: int | None = 1) -> list[Source]:
+    def sources(
+        self, slow_every: int | None = 1, inputs: SourceInputs | None = None
+    ) -> list[Source]:
         """The daemon's sources for this node: the tree sources of the registry, the NVML
         source over the fake NVML and the nvlink_counter snapshot's (no netlink: the simulated
         node has no network namespace).
@@ -456,6 +459,8 @@ class SimulatedNode:
         ``slow_every`` attribute. ``slow_every=1`` (the default, what ``replay`` uses) makes
         them read everything on every run, so a counter that moves at ``t`` shows at ``t``;
         ``None`` keeps each source's production cadence (``demo`` and the benchmark).
+        ``inputs``: what the sources share (the cgroup walk of a cycle, the topology
+        generation); hand the same to the collector that runs them.
         """
         from nodescope.sources.infiniband import InfinibandSource
         from nodescope.sources.link_events import LinkEventsSource
@@ -463,8 +468,9 @@ class SimulatedNode:
         from nodescope.sources.registry import SOURCES
         from nodescope.sources.udev import UdevSource
 
+        inputs = SourceInputs() if inputs is None else inputs
         tree = [
-            SOURCES[name].make()
+            SOURCES[name].make(inputs)
             for name in (
                 "pci", "disks", "infiniband", "cgroups", "procs", "locks", "threads", "mountstats",
                 "jobs",
@@ -472,8 +478,11 @@ class SimulatedNode:
         ]  # fmt: skip
         nvml = NvmlSource(self.nvml, event_wait_ms=50, wall_clock=self.wall_clock)
         # No device or netlink monitor: the node's devices change only in its trees.
-        events: list[Source] = [UdevSource(monitor=None), LinkEventsSource(netlink=False)]
-        sources: list[Source] = [*tree, *events, nvml, SOURCES["nvlink_kmod"].make()]
+        events: list[Source] = [
+            UdevSource(monitor=None, topology=inputs.topology),
+            LinkEventsSource(netlink=False),
+        ]
+        sources: list[Source] = [*tree, *events, nvml, SOURCES["nvlink_kmod"].make(inputs)]
         for source in tree:
             if isinstance(source, InfinibandSource):
                 # Its slow counters' span is timed on the node's clock, as NVML's is: replay
