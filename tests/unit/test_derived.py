@@ -21,7 +21,7 @@ from nodescope.model.attribution import EndpointFlow, LinkIndex, attribute
 from nodescope.model.finding import Finding
 from nodescope.model.jobs import JobProcess
 from nodescope.model.snapshot import Snapshot, SourceSample
-from nodescope.model.topology import AerCounter, AerRecord, DeviceClass, LinkState
+from nodescope.model.topology import PCI, AerCounter, AerRecord, DeviceClass, LinkState
 from nodescope.sources.infiniband import IbDevice, InfinibandData
 from nodescope.sources.jobs import JobCgroup, JobsData, JobTask
 from nodescope.sources.nvml import GpuProcess, NvmlData
@@ -367,3 +367,24 @@ def test_keep_floor_is_the_full_rule_tables_clear_below(rules: dict[str, object]
         assert (
             keep_floor(config, kind, ALERT_RULES.get(kind)) == table.for_kind(kind).clear_below
         ), kind
+
+
+def test_a_reused_result_follows_its_inputs_across_the_stage() -> None:
+    stage = DerivedStage()
+    pci = SourceSample("pci", 1.0, 0.0, topology())
+    made: list[object] = []
+
+    def result(snap: Snapshot, threshold: float) -> list[object]:
+        inputs = (snap.latest(PCI),)
+        return snap.derived.reuse("test", inputs, threshold, lambda: made.append(1) or [threshold])
+
+    first = stage.derive(_snap({"pci": pci}))
+    assert result(first, 1.0) == [1.0] and len(made) == 1
+    # The next cycle, the same pci sample and threshold: the result of the last cycle.
+    assert result(stage.derive(_snap({"pci": pci})), 1.0) == [1.0] and len(made) == 1
+    # A changed threshold, then a new pci sample: made again, with the new answer.
+    assert result(stage.derive(_snap({"pci": pci})), 2.0) == [2.0] and len(made) == 2
+    newer = SourceSample("pci", 2.0, 0.0, topology())
+    assert result(stage.derive(_snap({"pci": newer})), 2.0) == [2.0] and len(made) == 3
+    # A snapshot made without the stage computes for itself.
+    assert result(_snap({"pci": newer}), 2.0) == [2.0] and len(made) == 4

@@ -244,7 +244,13 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
     if pci is not None:
         before, now, seconds = pci
         threshold = settings.errors.aer_correctable_per_second
-        findings += aer_findings(before, now, seconds, threshold, extra_evidence=tcp)
+        # The pci source reads every 30 s: the same pair gives the same findings until then.
+        findings += snapshot.derived.reuse(
+            AER,
+            (before, now),
+            (seconds, threshold, tcp),
+            lambda: aer_findings(before, now, seconds, threshold, extra_evidence=tcp),
+        )
     nvml = snapshot.pair(NVML)
     # The counters these findings compare are read on the source's slow cadence: compare
     # the two latest reads of them, over the span between those reads.

@@ -197,4 +197,9 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
         return []
     percent = config.detectors.jobs.memory_pressure_percent
     derived = snapshot.derived
-    return evaluate(derived.jobs_before, derived.jobs, percent)
+    before, current = derived.jobs_before, derived.jobs
+    # Both registries stay the same objects while the jobs record and the compute processes
+    # do: so do the findings.
+    return derived.reuse(
+        "jobs", (before, current), percent, lambda: evaluate(before, current, percent)
+    )

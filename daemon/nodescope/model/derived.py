@@ -58,11 +58,13 @@ class Figure:
     value: object
 
     def made_of(self, same: tuple[object, ...], equal: object) -> bool:
-        return (
-            len(self.same) == len(same)
-            and all(a is b for a, b in zip(self.same, same, strict=True))
-            and self.equal == equal
-        )
+        # A loop, not all() over a generator: this runs for every figure of every cycle.
+        if len(self.same) != len(same):
+            return False
+        for a, b in zip(self.same, same, strict=True):
+            if a is not b:
+                return False
+        return self.equal == equal
 
 
 _NOTHING: Mapping[str, Figure] = MappingProxyType({})
@@ -101,10 +103,17 @@ class Derived:
         return MappingProxyType({**self._carried, **self._figures})
 
     def _figure(
-        self, name: str, same: tuple[object, ...], equal: object, compute: Callable[[], R]
+        self,
+        name: str,
+        same: tuple[object, ...],
+        equal: object,
+        compute: Callable[[], R],
+        recheck: bool = False,
     ) -> R:
+        # A figure of this snapshot's own samples has the same inputs however often it is
+        # asked for: made once, it is the answer. ``recheck``: the inputs are the caller's.
         known = self._figures.get(name)
-        if known is None or not known.made_of(same, equal):
+        if known is None or (recheck and not known.made_of(same, equal)):
             old = self._carried.get(name)
             value = old.value if old is not None and old.made_of(same, equal) else compute()
             known = self._figures[name] = Figure(same, equal, value)
@@ -132,6 +141,15 @@ class Derived:
                 return None
 
         return self._figure(f"rates:{key.name}", (prev, cur), None, compute)
+
+    def reuse(
+        self, name: str, same: tuple[object, ...], equal: object, compute: Callable[[], R]
+    ) -> R:
+        """``compute()``, a pure function of ``same`` (objects of this snapshot, by identity)
+        and ``equal`` (small values, by equality), made once per snapshot and carried over
+        from the last one while those are unchanged: for a detector whose inputs change every
+        15 or 30 s while the cycle ticks every second. Callers do not modify what it returns."""
+        return self._figure(f"reuse:{name}", same, equal, compute, recheck=True)
 
     # -- rates between each source's two latest reads ------------------------------------
 
