@@ -27,7 +27,7 @@ class DerivedStage:
     def derive(self, snapshot: Snapshot) -> Snapshot:
         """``snapshot`` with figures that reuse the last snapshot's where their inputs are the
         same objects. Call it once per cycle, after the readers of the last cycle are done."""
-        carried = self._last.figures() if self._last is not None else {}
+        carried = self._last.hand_on() if self._last is not None else {}
         figures = Derived(snapshot.current, snapshot.previous, carried)
         self._last = figures
         return replace(snapshot, figures=figures)

@@ -88,7 +88,9 @@ class Derived:
         self._current = current
         self._previous = previous
         self._figures: dict[str, Figure] = {}
-        self._carried = carried
+        # Our own copy: an entry is dropped once this snapshot has its own figure of that
+        # name, so last cycle's records are freed now rather than a cycle later.
+        self._carried: dict[str, Figure] = dict(carried)
 
     def made_from(
         self, current: Mapping[str, SourceSample], previous: Mapping[str, SourceSample]
@@ -102,6 +104,15 @@ class Derived:
         the next cycle may reuse."""
         return MappingProxyType({**self._carried, **self._figures})
 
+    def hand_on(self) -> Mapping[str, Figure]:
+        """:meth:`figures`, for the next snapshot, which now holds them: this object forgets
+        them, so a cycle's records live one cycle, not two (a reader of this snapshot that
+        still asks computes again, with the same answer)."""
+        handed = self.figures()
+        self._figures = {}
+        self._carried = {}
+        return handed
+
     def _figure(
         self,
         name: str,
@@ -114,7 +125,7 @@ class Derived:
         # asked for: made once, it is the answer. ``recheck``: the inputs are the caller's.
         known = self._figures.get(name)
         if known is None or (recheck and not known.made_of(same, equal)):
-            old = self._carried.get(name)
+            old = self._carried.pop(name, None)
             value = old.value if old is not None and old.made_of(same, equal) else compute()
             known = self._figures[name] = Figure(same, equal, value)
         return cast(R, known.value)
