@@ -388,3 +388,18 @@ def test_a_reused_result_follows_its_inputs_across_the_stage() -> None:
     assert result(stage.derive(_snap({"pci": newer})), 2.0) == [2.0] and len(made) == 3
     # A snapshot made without the stage computes for itself.
     assert result(_snap({"pci": newer}), 2.0) == [2.0] and len(made) == 4
+
+
+def test_a_rank_of_another_job_in_the_cgroup_gives_it_none_of_that_jobs_gpus() -> None:
+    # Job 81771's rank (pid 300, SLURM_JOB_ID=81771, GPUs 0,1) runs in job 81770's cgroup.
+    foreign = dataclasses.replace(
+        _task(300, "81770"),
+        environ=(("SLURM_JOB_ID", "81771"), ("SLURM_JOB_GPUS", "0,1")),
+    )
+    own = dataclasses.replace(
+        _task(100, "81770"), environ=(("SLURM_JOB_ID", "81770"), ("SLURM_JOB_GPUS", "2"))
+    )
+    jobs = _snap({"jobs": _jobs(own, foreign), "nvml": _nvml({0: (300,), 2: (100,)})})
+    (job,) = jobs.derived.jobs
+    assert (job.gpus, job.gpu_source) == ((2,), "environ")
+    assert job.escaped_processes == ()

@@ -44,6 +44,7 @@ BUNDLED = (
     "allreduce-hang-nfs-lock",
     "dgx-h100",
     "escaped-nccl-threads",
+    "foreign-rank-in-job-cgroup",
     "hca-numa-mismatch",
     "link-downtrained",
     "nvlink-stall-bursts",

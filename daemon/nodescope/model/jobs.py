@@ -243,6 +243,14 @@ class Job:
         return tuple(t for t in self.tasks if not t.slurm_internal)
 
 
+def _own_tasks(job_id: str, tasks: Iterable[JobTask]) -> list[JobTask]:
+    """The processes of a job's cgroups that are not another job's. A process whose
+    ``SLURM_JOB_ID`` names another job (a rank of that job started inside this job's cgroup)
+    says nothing about this job's GPUs: counting it would give this job the other's GPUs and
+    accuse it of the other's processes on them."""
+    return [t for t in tasks if (owner := t.env("SLURM_JOB_ID")) is None or owner == job_id]
+
+
 def _env_gpus(tasks: Iterable[JobTask]) -> tuple[int, ...]:
     found: set[int] = set()
     for task in tasks:
@@ -257,18 +265,22 @@ def _env_gpus(tasks: Iterable[JobTask]) -> tuple[int, ...]:
 
 
 def _job_gpus(
-    registration: Registration | None, cgroup: JobCgroup | None, gpus: Sequence[GpuUse]
+    job_id: str,
+    registration: Registration | None,
+    cgroup: JobCgroup | None,
+    gpus: Sequence[GpuUse],
 ) -> tuple[tuple[int, ...], GpuSource]:
     if registration is not None and registration.gpus:
         return registration.gpus, "registration"
     if cgroup is None:
         return (), "none"
-    from_env = _env_gpus(cgroup.tasks)
+    own = _own_tasks(job_id, cgroup.tasks)
+    from_env = _env_gpus(own)
     if from_env:
         return from_env, "environ"
     if cgroup.gpu_minors:
         return cgroup.gpu_minors, "device cgroup"
-    pids = {t.pid for t in cgroup.tasks}
+    pids = {t.pid for t in own}
     used = tuple(sorted({g.index for g in gpus if pids.intersection(g.pids)}))
     return (used, "processes") if used else ((), "none")
 
@@ -286,7 +298,7 @@ def build_registry(data: JobsData | None, gpus: Sequence[GpuUse]) -> tuple[Job, 
     for job_id in sorted(set(cgroups) | set(registrations), key=_job_order):
         cgroup = cgroups.get(job_id)
         registration = registrations.get(job_id)
-        job_gpus, source = _job_gpus(registration, cgroup, gpus)
+        job_gpus, source = _job_gpus(job_id, registration, cgroup, gpus)
         own = {t.pid for t in cgroup.tasks} if cgroup is not None else set()
         escaped: list[EscapedProcess] = []
         if cgroup is not None and source != "processes":
