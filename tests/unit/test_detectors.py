@@ -80,6 +80,19 @@ def test_contention_raises_at_the_threshold_with_two_classes() -> None:
         assert part in f.message, (part, f.message)
 
 
+def test_contention_message_adds_up_per_direction() -> None:
+    # Downstream: the GPU's H2D and the NIC's transmit; upstream: the NVMe's reads and the
+    # NIC's receive. Each direction lists every contributor and only its own traffic.
+    (f,) = _contended(0.55 * GEN5, 6.5e9, hca=6e9)
+    down, up = f.message.split(": ", 1)[1].split("; ")
+    assert "gpu0 H2D" in down and "mlx5_0 transmit 6.0 GB/s" in down
+    assert f"= {(0.55 * GEN5 + 6e9) / GEN5:.0%} downstream" in down
+    assert "receive" not in down and "reads" not in down
+    assert "nvme0n1 reads 6.5 GB/s" in up and "mlx5_0 receive 6.0 GB/s" in up
+    assert f"= {(6.5e9 + 6e9) / GEN5:.0%} upstream" in up
+    assert "H2D" not in up and "transmit" not in up
+
+
 def test_contention_stays_silent_just_below_the_threshold() -> None:
     assert _contended(0.6 * GEN5 * 0.999, 6.5e9) == []
 

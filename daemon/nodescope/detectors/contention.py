@@ -35,7 +35,7 @@ from nodescope.detectors.common import (
     tcp_evidence,
     tcp_text,
 )
-from nodescope.model.attribution import Direction, EndpointFlow, LinkKind, LinkLoad
+from nodescope.model.attribution import Direction, DirectionLoad, EndpointFlow, LinkKind, LinkLoad
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import DeviceClass, generation_of
@@ -88,16 +88,35 @@ def link_text(link: LinkLoad) -> str:
     return f"{where} ({', '.join(parts)})" if parts else where
 
 
-def _flow_text(flow: EndpointFlow, share: float, jobs_by_bdf: dict[str, list[str]]) -> str:
-    pieces = []
-    for direction in (Direction.DOWNSTREAM, Direction.UPSTREAM):
-        amount = flow.bytes_per_second(direction)
-        if amount >= 0.05 * flow.total_bytes_per_second and amount > 0:
-            verb = _VERB.get((flow.device_class, direction), direction.value)
-            pieces.append(f"{verb} {gb(amount)}")
-    job = jobs_by_bdf.get(flow.bdf)
-    owner = f" (job {', '.join(job)})" if job else ""
-    return f"{flow.name} {' + '.join(pieces)}{owner} [{share:.0%}]"
+def direction_text(
+    load: DirectionLoad,
+    min_share: float,
+    jobs_by_bdf: dict[str, list[str]],
+    named: frozenset[str] = frozenset(),
+) -> str | None:
+    """What one direction of a link carries, as parts that add up to its percentage: every
+    endpoint with at least ``min_share`` of that direction's demand or among ``named`` (the
+    contention's participants, by BDF), largest first, then the rest together. Only traffic in
+    this direction counts toward its percentage: a NIC's receive is not part of the downstream
+    figure. ``None`` when the direction is idle."""
+    demand = load.demand_bytes_per_second
+    if demand <= 0:
+        return None
+    parts: list[str] = []
+    listed = 0.0
+    for c in load.contributions:
+        if c.bytes_per_second <= 0 or (c.share < min_share and c.bdf not in named):
+            continue
+        verb = _VERB.get((c.device_class, c.direction), c.direction.value)
+        job = jobs_by_bdf.get(c.bdf)
+        owner = f" (job {', '.join(job)})" if job else ""
+        parts.append(f"{c.endpoint} {verb} {gb(c.bytes_per_second)}{owner} [{c.share:.0%}]")
+        listed += c.bytes_per_second
+    rest = demand - listed
+    if rest > 0.005 * demand:
+        parts.append(f"others {gb(rest)}")
+    share = f"{load.utilisation:.0%}" if load.utilisation is not None else gb(demand)
+    return f"{' + '.join(parts)} = {share} {load.direction.value}"
 
 
 def evaluate(
@@ -142,10 +161,16 @@ def evaluate(
             evidence[f"{flow.name}_upstream_bytes_per_second"] = flow.upstream_bytes_per_second
             evidence[f"{flow.name}_share_ratio"] = share
         evidence.update(extra)
-        who = " + ".join(_flow_text(f, s, owners) for f, s in chosen)
+        # The busier direction first: it is the one held to the threshold.
+        other = link.load(
+            Direction.UPSTREAM if busier.direction is Direction.DOWNSTREAM else Direction.DOWNSTREAM
+        )
+        named = frozenset(f.bdf for f, _s in chosen)
+        sides = [direction_text(d, min_share, owners, named) for d in (busier, other)]
+        who = "; ".join(text for text in sides if text is not None)
         message = (
-            f"contention on {link_text(link)}: {who} = {utilisation:.0%} {busier.direction.value}"
-            f" (threshold {utilisation_ratio:.0%}){tcp_text(extra)}"
+            f"contention on {link_text(link)}: {who} (threshold {utilisation_ratio:.0%})"
+            f"{tcp_text(extra)}"
         )
         findings.append(Finding(KIND, Severity.WARNING, {"link": link.name}, evidence, message))
     return findings
