@@ -500,14 +500,21 @@ NVLINK_BANDS = (
 class JobsSettings:
     enabled: bool = option(
         True,
-        "report escaped job processes and threads, memory limits that do not apply, OOM kills"
-        " and memory pressure",
+        "report escaped job processes and threads, memory limits that do not apply, OOM kills,"
+        " memory pressure and reclaim thrash at a memory limit",
     )
     memory_pressure_percent: float = option(
         10.0,
         "a job is under sustained memory pressure from this share of the last minute in which"
         " all its tasks stalled on memory (memory.pressure full avg60, %)",
         PERCENT,
+    )
+    memory_limit_thrash_events_per_second: float = option(
+        50.0,
+        "a job or step thrashes against its memory.max from this rate of memory.events max"
+        " (charges that hit the limit and had to reclaim) between two reads of the jobs"
+        " source, events/s",
+        EVENT_RATE,
     )
 
 
