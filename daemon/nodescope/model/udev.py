@@ -24,7 +24,9 @@ def is_gpu_class(pci_class: int | None) -> bool:
 @dataclass(frozen=True, slots=True)
 class UdevEvent:
     """One device event. ``pci_slot``/``pci_class`` for PCI functions, ``interface`` for
-    network devices; ``seqnum`` is the kernel's event number."""
+    network devices; ``seqnum`` is the kernel's event number; ``pci_id``: the function's
+    (vendor, device) from ``PCI_ID``, which a removal event still carries after its sysfs
+    directory is gone."""
 
     action: str
     subsystem: str
@@ -33,6 +35,7 @@ class UdevEvent:
     pci_class: int | None = None
     interface: str | None = None
     seqnum: int | None = None
+    pci_id: tuple[int, int] | None = None
 
     @property
     def under_pci(self) -> bool:
@@ -42,6 +45,13 @@ class UdevEvent:
     @property
     def is_gpu(self) -> bool:
         return self.subsystem == "pci" and is_gpu_class(self.pci_class)
+
+    @property
+    def is_pci_removal(self) -> bool:
+        """A PCI function of any class left the bus (``remove`` on the ``pci`` subsystem).
+        A driver unbound from a function (``unbind``) and the removal of what a driver
+        made of it (a block device, a network interface) leave the function on the bus."""
+        return self.subsystem == "pci" and self.action == "remove" and self.pci_slot is not None
 
 
 @dataclass(frozen=True, slots=True)

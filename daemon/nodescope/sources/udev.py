@@ -57,6 +57,7 @@ log = logging.getLogger("nodescope.udev")
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _KEY = re.compile(r"[A-Z0-9_]{1,64}")
+_PCI_ID = re.compile(r"([0-9a-fA-F]{4}):([0-9a-fA-F]{4})")
 
 # Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
 #: a monitor event without the properties of a device event, or with malformed ones
@@ -117,7 +118,15 @@ def event_from_properties(properties: Mapping[str, str], source: str = "uevent")
             raise ParseError(source, f"SEQNUM: not a number: {seqnum_text!r}")
         seqnum = int(seqnum_text)
     interface = properties.get("INTERFACE")
-    return UdevEvent(action, subsystem, devpath, slot, pci_class, interface, seqnum)
+    pci_id = None
+    id_text = properties.get("PCI_ID")
+    if id_text is not None:
+        # ``PCI_ID=%04X:%04X`` (vendor:device, drivers/pci/pci-driver.c pci_uevent)
+        match = _PCI_ID.fullmatch(id_text)
+        if match is None:
+            raise ParseError(source, f"PCI_ID: not VENDOR:DEVICE: {id_text!r}")
+        pci_id = (int(match.group(1), 16), int(match.group(2), 16))
+    return UdevEvent(action, subsystem, devpath, slot, pci_class, interface, seqnum, pci_id)
 
 
 def parse_kernel_message(data: bytes, source: str = "kobject_uevent") -> UdevEvent:
@@ -275,6 +284,14 @@ class UdevSource:
                 self._queue.popleft()
                 self._dropped += 1
             self._queue.append(event)
+
+    def receive(self, event: UdevEvent) -> None:
+        """An event as the monitor thread hands it on: queued for the next run, and the
+        topology marked stale when it concerns a device below a PCI function. For a node
+        whose events come from elsewhere than netlink (the simulated node)."""
+        if event.under_pci and event.action in ACTIONS:
+            self.topology.advance()
+        self._enqueue(event)
 
     def _bad_event(self, fault: str) -> None:
         with self._lock:
