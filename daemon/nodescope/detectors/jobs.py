@@ -3,7 +3,7 @@ to the OOM killer or stall on memory.
 
 Input: the job registry (:mod:`nodescope.model.jobs`: job cgroups, processes and their threads,
 prolog registrations, NVML compute processes) of the ``jobs`` source's latest sample and, for
-OOM kills, of the sample before it.
+OOM kills and memory-limit thrash, of the sample before it and the seconds between the two.
 
 * ``job_cgroup_escape``: a compute process on a GPU of job J that is not in J's cgroups (a rank
   started over ssh by ``mpirun`` lands in the user's session scope), or threads of a job process
@@ -17,6 +17,11 @@ OOM kills, of the sample before it.
   job or step; names the processes of that step that vanished in the same interval.
 * ``job_memory_pressure``: all the job's tasks stalled on memory for at least
   ``memory_pressure_percent`` of the last minute (``memory.pressure`` ``full avg60``).
+* ``job_memory_limit_thrash``: the job cgroup or a step hits its own ``memory.max`` at
+  ``memory_limit_thrash_events_per_second`` or more (``memory.events`` ``max``: a charge that
+  found the cgroup at its limit and had to reclaim first), the reclaim thrash that comes before
+  an OOM kill or instead of it. Named at the level whose limit is hit, with that cgroup's
+  ``memory.max`` and ``memory.current``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from nodescope.config import Config
 from nodescope.model.cgroup import Cgroup
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
+from nodescope.model.job_records import JOBS
 from nodescope.model.jobs import Job
 from nodescope.model.snapshot import Snapshot
 
@@ -34,6 +40,7 @@ ESCAPE = "job_cgroup_escape"
 MEMORY_LIMIT = "job_memory_limit_not_applied"
 OOM_KILL = "job_oom_kill"
 MEMORY_PRESSURE = "job_memory_pressure"
+THRASH = "job_memory_limit_thrash"
 
 _GIB = 1 << 30
 
@@ -175,9 +182,145 @@ def memory_pressure(job: Job, percent: float) -> Finding | None:
     return Finding(MEMORY_PRESSURE, Severity.WARNING, {"job": job.job_id}, evidence, message)
 
 
-def evaluate(
-    previous: tuple[Job, ...] | None, current: tuple[Job, ...], pressure_percent: float
+def _own_max_events(job: Job, stats: Cgroup | None) -> int | None:
+    """The ``max`` events of the limit of this very cgroup: ``memory.events.local`` (the kernel
+    counts a ``max`` event on the cgroup whose limit the charge hit, and on its ancestors in
+    ``memory.events``), v1's ``memory.failcnt`` (already the cgroup's own limit). ``None``:
+    only the hierarchical count is known (kernels before 5.2)."""
+    if stats is None:
+        return None
+    if stats.memory_events_local is not None and stats.memory_events_local.max is not None:
+        return stats.memory_events_local.max
+    if job.layout == "v1" and stats.memory_events is not None:
+        return stats.memory_events.max
+    return None
+
+
+def _all_max_events(stats: Cgroup | None) -> int | None:
+    if stats is None or stats.memory_events is None:
+        return None
+    return stats.memory_events.max
+
+
+def _recreated(before: Cgroup, now: Cgroup) -> bool:
+    """A cgroup removed and made again under the same name between two reads: its counters
+    start again from 0, and one that rose past its old value would read as a rise. CPU time
+    used in a cgroup never goes down while it exists."""
+    old, new = before.cpu_stat, now.cpu_stat
+    if old is None or new is None or old.usage_usec is None or new.usage_usec is None:
+        return False
+    return new.usage_usec < old.usage_usec
+
+
+def _delta(before: int | None, now: int | None) -> int | None:
+    return None if before is None or now is None else counter_delta(before, now)
+
+
+_REFAULTS = ("workingset_refault_anon", "workingset_refault_file", "workingset_refault")
+
+
+def _refaults(stats: Cgroup) -> int | None:
+    """Pages brought back soon after reclaim took them (``memory.stat``; one key before 5.9,
+    anon and file since)."""
+    if stats.memory_stat is None:
+        return None
+    values = [v for name in _REFAULTS if (v := stats.memory_stat.get(name)) is not None]
+    return sum(values) if values else None
+
+
+def memory_limit_thrash(
+    previous: Job, current: Job, seconds: float, per_second: float
 ) -> list[Finding]:
+    """Each level of the job (the job cgroup, each step) whose own ``memory.max`` was hit at
+    ``per_second`` or more between two reads ``seconds`` apart."""
+    levels: list[tuple[str | None, Cgroup, int]] = []
+    before_steps = {s.name: s for s in previous.steps}
+    stepped = 0  # hierarchical max events of the steps, for a job without local counts
+    for step in current.steps:
+        old = before_steps.get(step.name)
+        if old is None or old.stats is None or step.stats is None or old.path != step.path:
+            continue
+        if _recreated(old.stats, step.stats):
+            continue
+        stepped += _delta(_all_max_events(old.stats), _all_max_events(step.stats)) or 0
+        own = _delta(_own_max_events(previous, old.stats), _own_max_events(current, step.stats))
+        if own is None:  # the step's count holds its task cgroups, which Slurm sets no limit on
+            own = _delta(_all_max_events(old.stats), _all_max_events(step.stats))
+        if own:
+            levels.append((step.name, step.stats, own))
+    old_job, job = previous.stats, current.stats
+    if old_job is not None and job is not None and not _recreated(old_job, job):
+        own = _delta(_own_max_events(previous, old_job), _own_max_events(current, job))
+        if own is None:  # the job's count holds its steps': what they hit is theirs
+            total = _delta(_all_max_events(old_job), _all_max_events(job))
+            own = None if total is None else max(0, total - stepped)
+        if own:
+            levels.append((None, job, own))
+    findings: list[Finding] = []
+    for name, stats, events in levels:
+        rate = events / seconds
+        if rate < per_second:
+            continue
+        old_stats = previous.stats if name is None else before_steps[name].stats
+        refaulted = _delta(
+            _refaults(old_stats) if old_stats is not None else None, _refaults(stats)
+        )
+        if refaulted == 0:
+            # Reclaim took only pages nobody asked for again (page cache of data read once):
+            # a job streaming through its limit hits memory.max as often and loses nothing.
+            continue
+        findings.append(_thrash_finding(current, name, stats, rate, events, seconds, refaulted))
+    return findings
+
+
+def _thrash_finding(
+    job: Job,
+    step: str | None,
+    stats: Cgroup,
+    rate: float,
+    events: int,
+    seconds: float,
+    refaulted: int | None,
+) -> Finding:
+    where = f"step {step} ({stats.path})" if step is not None else f"the job cgroup ({stats.path})"
+    limit = stats.memory_max.value if stats.memory_max is not None else None
+    evidence = {"value": rate, "max_events_per_second": rate, "max_events": float(events)}
+    if limit is not None:
+        at = f"memory.max {_size(limit)}"
+        evidence["memory_max_bytes"] = float(limit)
+    elif job.memory_limit_bytes is not None:
+        # Counted here without a limit of its own (memory.events without .local sums the
+        # cgroups below): the job's tightest limit is the one that applies.
+        at = f"memory.max max (the job's tightest limit is {_size(job.memory_limit_bytes)})"
+    else:
+        at = "memory.max max"
+    if stats.memory_current is not None:
+        at += f", memory.current {_size(stats.memory_current)}"
+        evidence["memory_current_bytes"] = float(stats.memory_current)
+    message = (
+        f"job {job.job_id}: {where} hit its memory limit {rate:.0f} times/s over {seconds:.0f} s"
+        f" ({at}; memory.events max): reclaim thrash at the limit"
+    )
+    if refaulted is not None:
+        message += f", {refaulted / seconds:.0f} pages/s refaulted after reclaim"
+        evidence["refaults_per_second"] = refaulted / seconds
+    pressure = stats.memory_pressure
+    if pressure is not None and pressure.some is not None and pressure.some.avg10 > 0:
+        message += f"; tasks stalled on memory {pressure.some.avg10:.1f} % of the last 10 s"
+        evidence["memory_some_avg10_percent"] = pressure.some.avg10
+    subjects = {"job": job.job_id, "step": step if step is not None else "job"}
+    return Finding(THRASH, Severity.WARNING, subjects, evidence, message)
+
+
+def evaluate(
+    previous: tuple[Job, ...] | None,
+    current: tuple[Job, ...],
+    pressure_percent: float,
+    seconds: float | None = None,
+    thrash_per_second: float | None = None,
+) -> list[Finding]:
+    """The findings of the registries of two reads ``seconds`` apart; without ``seconds`` or
+    ``thrash_per_second``, no thrash is looked for."""
     findings: list[Finding] = []
     before = {j.job_id: j for j in previous or ()}
     for job in current:
@@ -187,19 +330,36 @@ def evaluate(
         old = before.get(job.job_id)
         if old is not None and old.running and job.running:
             findings.extend(oom_kills(old, job))
+            if seconds is not None and thrash_per_second is not None and old.cgroup == job.cgroup:
+                findings.extend(memory_limit_thrash(old, job, seconds, thrash_per_second))
     return findings
+
+
+def _interval(snapshot: Snapshot) -> float | None:
+    """Seconds between the ``jobs`` source's two latest reads."""
+    cur = snapshot.current.get(JOBS.name)
+    prev = snapshot.previous.get(JOBS.name)
+    if cur is None or prev is None or cur.monotonic <= prev.monotonic:
+        return None
+    return cur.monotonic - prev.monotonic
 
 
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
     """The registry's form: the registry of the ``jobs`` source's latest record and of the
     one before it, both joined with the GPUs' compute processes of now."""
-    if not config.detectors.jobs.enabled:
+    settings = config.detectors.jobs
+    if not settings.enabled:
         return []
-    percent = config.detectors.jobs.memory_pressure_percent
+    percent = settings.memory_pressure_percent
+    thrash = settings.memory_limit_thrash_events_per_second
     derived = snapshot.derived
     before, current = derived.jobs_before, derived.jobs
+    seconds = _interval(snapshot) if before is not None else None
     # Both registries stay the same objects while the jobs record and the compute processes
     # do: so do the findings.
     return derived.reuse(
-        "jobs", (before, current), percent, lambda: evaluate(before, current, percent)
+        "jobs",
+        (before, current),
+        (percent, thrash, seconds),
+        lambda: evaluate(before, current, percent, seconds, thrash),
     )
