@@ -251,7 +251,8 @@ def _on_until(t: float, origin: float, burst: Burst) -> float:
 @dataclass(frozen=True, slots=True)
 class Activity:
     """One timeline entry: ``kind`` with its parameters, active in [start, end) (``end``
-    ``None``: until the end). Instant kinds (``xid``, ``hot_unplug``) happen at ``start``."""
+    ``None``: until the end). Instant kinds (``xid``, ``hot_unplug``, ``driver_rebind``)
+    happen at ``start``."""
 
     kind: str
     start: float
@@ -1322,6 +1323,7 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "falls_off_bus": ("bool", None),
     },
     "hot_unplug": {"pci": ("pci", ...)},
+    "driver_rebind": {"pci": ("pci", ...)},
     "process": {
         "process": ("process", ...),
         "thread": ("text", None),
@@ -1358,7 +1360,7 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
 }
 
 #: Kinds that happen once, at ``from``.
-INSTANT_KINDS = frozenset({"xid", "hot_unplug"})
+INSTANT_KINDS = frozenset({"xid", "hot_unplug", "driver_rebind"})
 
 #: NFSv4 operations of ``/proc/self/mountstats`` (fs/nfs/nfs4xdr.c ``nfs4_procedures``), the
 #: values the schema allows for an ``nfs`` activity's ``op``.
