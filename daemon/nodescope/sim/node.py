@@ -43,7 +43,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -51,11 +51,13 @@ from typing import Any
 
 import pynvml
 
+from nodescope.model.udev import UdevEvent
 from nodescope.roots import Roots
 from nodescope.sim.fake_nvml import FakeGpu, FakeLink, FakeNvml, FakeProcess
 from nodescope.sim.kmod import SimulatedModule
 from nodescope.sim.lspci import ExpressType, LspciDevice, bridge_chains
 from nodescope.sim.scenario import (
+    INSTANT_KINDS,
     NFS4_OPS,
     Activity,
     Hardware,
@@ -68,6 +70,7 @@ from nodescope.sim.scenario import (
 from nodescope.sim.sysfs_tree import cpus_of_sockets, materialise, speed_string
 from nodescope.sources.base import Source
 from nodescope.sources.registry import SourceInputs
+from nodescope.sources.udev import event_from_properties
 
 #: Unix time of simulated t = 0 (NVML field timestamps, process start times).
 EPOCH = 1_750_000_000.0
@@ -358,6 +361,10 @@ class SimulatedNode:
         self._files = _Files(self.root)
         self._fired: set[int] = set()
         self._removed: set[str] = set()
+        #: where the node's device events go (the udev sources of :meth:`sources`), and the
+        #: kernel's event number of the last one
+        self._uevent_sinks: list[Callable[[UdevEvent], None]] = []
+        self._seqnum = 4000
         self._dump = self.hardware.pcie
         self._functions: dict[str, LspciDevice] = {d.bdf: d for d in self._dump.devices}
         self._dirs: dict[str, Path] = {}
@@ -478,10 +485,10 @@ class SimulatedNode:
         ]  # fmt: skip
         nvml = NvmlSource(self.nvml, event_wait_ms=50, wall_clock=self.wall_clock)
         # No device or netlink monitor: the node's devices change only in its trees.
-        events: list[Source] = [
-            UdevSource(monitor=None, topology=inputs.topology),
-            LinkEventsSource(netlink=False),
-        ]
+        udev = UdevSource(monitor=None, topology=inputs.topology)
+        # The node's device events reach it as the monitor thread's would.
+        self._uevent_sinks.append(udev.receive)
+        events: list[Source] = [udev, LinkEventsSource(netlink=False)]
         sources: list[Source] = [*tree, *events, nvml, SOURCES["nvlink_kmod"].make(inputs)]
         for source in tree:
             if isinstance(source, InfinibandSource):
@@ -840,14 +847,50 @@ class SimulatedNode:
             self._files.write(directory / "current_link_speed", f"{speed_string(speed)}\n")
             self._files.write(directory / "current_link_width", f"{width or 0}\n")
 
+    def _uevent(
+        self, action: str, subsystem: str, directory: Path, function: LspciDevice | None = None
+    ) -> None:
+        """A device event as the kernel sends it (``lib/kobject_uevent.c``; a PCI function's
+        properties from ``drivers/pci/pci-driver.c`` ``pci_uevent``), to every udev source."""
+        self._seqnum += 1
+        properties = {
+            "ACTION": action,
+            "DEVPATH": "/" + directory.relative_to(self.roots.sysfs).as_posix(),
+            "SUBSYSTEM": subsystem,
+            "SEQNUM": str(self._seqnum),
+        }
+        if function is not None:
+            if function.class_code is not None:
+                properties["PCI_CLASS"] = f"{function.class_code:X}"
+            if function.vendor_id is not None and function.device_id is not None:
+                properties["PCI_ID"] = f"{function.vendor_id:04X}:{function.device_id:04X}"
+            properties["PCI_SLOT_NAME"] = function.bdf
+        event = event_from_properties(properties, "simulated uevent")
+        for sink in self._uevent_sinks:
+            sink(event)
+
     def _remove_function(self, bdf: str) -> None:
-        """Hot-unplug: the function, its children and the class links into them vanish."""
+        """Hot-unplug: the function, its children and the class links into them vanish, and
+        the kernel's events say so, deepest first: the block devices and interfaces drivers
+        made of them, then each function's driver unbound and the function removed."""
         if bdf in self._removed or bdf not in self._dirs:
             return
         chains = bridge_chains(self._dump)
         gone = {b for b, chain in chains.items() if bdf in chain}
-        self._removed |= gone
         sysfs = self.roots.sysfs
+        for drive in self.hardware.nvme:
+            if drive.pci in gone:
+                ctrl = self._dirs[drive.pci] / "nvme" / drive.controller
+                self._uevent("remove", "block", ctrl / drive.disk)
+        for b in sorted(gone, key=lambda b: (-len(chains[b]), b)):
+            directory = self._dirs[b]
+            for net in (directory / "net").glob("*") if (directory / "net").is_dir() else ():
+                self._uevent("remove", "net", directory / "net" / net.name)
+            function = self._functions[b]
+            if function.driver:
+                self._uevent("unbind", "pci", directory, function)
+            self._uevent("remove", "pci", directory, function)
+        self._removed |= gone
         for drive in self.hardware.nvme:
             if drive.pci in gone:
                 for link in (
@@ -868,6 +911,25 @@ class SimulatedNode:
         for gpu in self.hardware.gpus:
             if gpu.pci in gone:
                 self.nvml.gpus[gpu.index].lost = True
+
+    def _rebind_driver(self, bdf: str) -> None:
+        """The function's driver unbound and bound again (``echo BDF > .../unbind``, then
+        ``bind``) between two reads: the events of both, the function never leaving the bus.
+        What the driver made (a namespace's block device) goes and comes back with it, so the
+        tree the next read sees is the one before."""
+        if bdf in self._removed or bdf not in self._dirs:
+            return
+        function = self._functions[bdf]
+        directory = self._dirs[bdf]
+        disks = [
+            directory / "nvme" / d.controller / d.disk for d in self.hardware.nvme if d.pci == bdf
+        ]
+        for disk in disks:
+            self._uevent("remove", "block", disk)
+        self._uevent("unbind", "pci", directory, function)
+        self._uevent("bind", "pci", directory, function)
+        for disk in disks:
+            self._uevent("add", "block", disk)
 
     # ---- cgroups ------------------------------------------------------------------------
 
@@ -1271,7 +1333,7 @@ class SimulatedNode:
 
     def _fire_events(self, t0: float, t1: float) -> None:
         for number, activity in enumerate(self.scenario.timeline):
-            if activity.kind not in ("xid", "hot_unplug") or number in self._fired:
+            if activity.kind not in INSTANT_KINDS or number in self._fired:
                 continue
             due = activity.start <= t1 and (activity.start > t0 or not self._started)
             if not due:
@@ -1285,6 +1347,8 @@ class SimulatedNode:
                 if falls if falls is not None else xid == 79:
                     self._remove_function(gpu.pci)
                     self.nvml.gpus[gpu.index].lost = True
+            elif activity.kind == "driver_rebind":
+                self._rebind_driver(activity.get("pci"))
             else:
                 self._remove_function(activity.get("pci"))
 
