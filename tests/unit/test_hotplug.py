@@ -25,8 +25,11 @@ from nodescope.config import Config
 from nodescope.detectors import hotplug
 from nodescope.detectors.registry import DetectorInfo
 from nodescope.errors import ParseError
+from nodescope.model.finding import Severity
+from nodescope.model.jobs import JobView
+from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
-from nodescope.model.topology import PCI
+from nodescope.model.topology import PCI, DeviceClass, PciDevice, PciRoot, PortRole, Topology
 from nodescope.model.udev import UDEV
 from nodescope.roots import Roots
 from nodescope.sources import link_events, udev
@@ -614,3 +617,190 @@ def test_event_from_properties_fuzz(props: dict[str, str]) -> None:
 def test_ib_port_state_fuzz(text: str) -> None:
     with contextlib.suppress(ParseError):
         assert ib_port_state(text) in ("up", "down")
+
+
+# --- any PCI function that leaves the bus ---------------------------------------------------
+
+
+_ROOT = "pci0000:b7"
+# A root port, a switch (upstream port, two downstream ports), an NVMe controller and a GPU
+# below it, and a NIC on a root port of its own: the DGX layout of GPU 5 and nvme5.
+_TREE = (
+    ("0000:b7:01.0", (), 0x060400, 0x8086, DeviceClass.BRIDGE, PortRole.ROOT_PORT),
+    ("0000:b8:00.0", ("0000:b7:01.0",), 0x060400, 0x1000, DeviceClass.BRIDGE,
+     PortRole.UPSTREAM_PORT),
+    ("0000:b9:00.0", ("0000:b7:01.0", "0000:b8:00.0"), 0x060400, 0x1000, DeviceClass.BRIDGE,
+     PortRole.DOWNSTREAM_PORT),
+    ("0000:b9:01.0", ("0000:b7:01.0", "0000:b8:00.0"), 0x060400, 0x1000, DeviceClass.BRIDGE,
+     PortRole.DOWNSTREAM_PORT),
+    ("0000:ba:00.0", ("0000:b7:01.0", "0000:b8:00.0", "0000:b9:00.0"), 0x010802, 0x8086,
+     DeviceClass.NVME, PortRole.ENDPOINT),
+    ("0000:bb:00.0", ("0000:b7:01.0", "0000:b8:00.0", "0000:b9:01.0"), 0x030200, 0x10DE,
+     DeviceClass.GPU, PortRole.ENDPOINT),
+    ("0000:b7:02.0", (), 0x060400, 0x8086, DeviceClass.BRIDGE, PortRole.ROOT_PORT),
+    ("0000:bc:00.0", ("0000:b7:02.0",), 0x020700, 0x15B3, DeviceClass.INFINIBAND,
+     PortRole.ENDPOINT),
+)  # fmt: skip
+NVME5 = "0000:ba:00.0"
+SWITCH = "0000:b8:00.0"
+HCA = "0000:bc:00.0"
+
+
+def _topology(without: tuple[str, ...] = (), skipped: bool = False) -> Topology:
+    devices = []
+    for bdf, above, class_code, vendor, device_class, role in _TREE:
+        chain = (*above, bdf)
+        if any(b in without for b in chain):
+            continue
+        devices.append(
+            PciDevice(
+                bdf, _ROOT, chain, vendor, 0x1234, class_code, device_class, role, 1, None, None,
+                nvme_controllers=("nvme5",) if bdf == NVME5 else (),
+                ib_devices=("mlx5_7",) if bdf == HCA else (),
+            )
+        )  # fmt: skip
+    tally = SkipTally()
+    if skipped:
+        tally.skip("function_unreadable", "a function whose vendor could not be read")
+    roots = (PciRoot(_ROOT, 0, 0xB7, ("0000:b7:01.0", "0000:b7:02.0")),)
+    return Topology(tuple(sorted(devices, key=lambda d: d.bdf)), roots, skipped=tally.freeze())
+
+
+def _remove_event(bdf: str, pci_class: int, action: str = "remove") -> UdevEvent:
+    return UdevEvent(action, "pci", f"/devices/pci0000:b7/{bdf}", bdf, pci_class, None, 1,
+                     (0x8086, 0x0B60))  # fmt: skip
+
+
+def _pair(before: Topology, now: Topology, events: tuple[UdevEvent, ...] = ()) -> Snapshot:
+    udev_data = UdevData(None, (), (), (), events, 0, 1)
+    return Snapshot(
+        2, 20.0, 1e9,
+        {"pci": SourceSample("pci", 20.0, 0.01, now),
+         "udev": SourceSample("udev", 20.0, 0.0, udev_data)},
+        {"pci": SourceSample("pci", 10.0, 0.01, before)},
+    )  # fmt: skip
+
+
+def test_nvme_removed_between_two_reads() -> None:
+    [finding] = hotplug.pci_removed(None, _pair(_topology(), _topology((NVME5,))))
+    assert finding.kind == hotplug.REMOVED == "pci_device_removed"
+    assert finding.subjects == {"bdf": NVME5}
+    assert finding.severity is Severity.WARNING  # no job used it
+    assert "nvme nvme5 0000:ba:00.0 (class 010802, 8086:1234) left the bus" in finding.message
+    assert finding.evidence["nvme_removed"] == 1 and finding.evidence["functions_below"] == 0
+
+
+def test_switch_removed_is_one_finding_naming_everything_below() -> None:
+    findings = hotplug.pci_removed(None, _pair(_topology(), _topology((SWITCH,))))
+    [finding] = findings  # not one per port, and not the GPU's (gpu_fell_off_bus has it)
+    assert finding.subjects == {"bdf": SWITCH}
+    assert finding.evidence["functions_below"] == 4
+    assert finding.evidence["gpus_removed"] == 1 and finding.evidence["nvme_removed"] == 1
+    for bdf in ("0000:b9:00.0", "0000:b9:01.0", NVME5, GPU5):
+        assert bdf in finding.message
+
+
+def test_gpu_removed_is_left_to_fell_off_bus() -> None:
+    assert hotplug.pci_removed(None, _pair(_topology(), _topology((GPU5,)))) == []
+
+
+def test_removal_of_a_function_the_jobs_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    views = (
+        JobView("81780", (1,), (5,), (GPU5,), ("mlx5_7",), "NCCL_IB_HCA"),
+        JobView("81781", (2,), (6,), ("0000:cb:00.0",), ("mlx5_8",), "NCCL_IB_HCA"),
+    )
+    monkeypatch.setattr(hotplug, "jobs", lambda snapshot: views)
+    # The switch took the job's GPU with it: critical, the job named.
+    [switch] = hotplug.pci_removed(None, _pair(_topology(), _topology((SWITCH,))))
+    assert switch.severity is Severity.CRITICAL
+    assert "GPU 0000:bb:00.0 of job 81780" in switch.message
+    # The HCA the job's NCCL_IB_HCA names: the job, a warning (no GPU or disk of it went).
+    [hca] = hotplug.pci_removed(None, _pair(_topology(), _topology((HCA,))))
+    assert hca.severity is Severity.WARNING and "HCA mlx5_7 of job 81780" in hca.message
+    assert "81781" not in hca.message
+    # The NVMe beside the job's GPU under one switch: named as beside, not as used.
+    [nvme] = hotplug.pci_removed(None, _pair(_topology(), _topology((NVME5,))))
+    assert nvme.severity is Severity.WARNING
+    assert "beside the GPUs of job 81780" in nvme.message
+
+
+def test_unbind_and_rebind_is_no_removal() -> None:
+    block = UdevEvent("remove", "block", f"/devices/pci0000:b7/{NVME5}/nvme/nvme5/nvme5n1")
+    events = (*(_remove_event(NVME5, 0x010802, a) for a in ("unbind", "bind")), block)
+    assert hotplug.pci_removed(None, _pair(_topology(), _topology(), events)) == []
+
+
+def test_removed_and_back_before_the_next_read_is_no_removal() -> None:
+    events = (_remove_event(NVME5, 0x010802), _remove_event(NVME5, 0x010802, "add"))
+    assert hotplug.pci_removed(None, _pair(_topology(), _topology(), events)) == []
+
+
+def test_a_read_that_skipped_a_function_proves_no_removal() -> None:
+    skipped = _topology((NVME5,), skipped=True)
+    assert hotplug.pci_removed(None, _pair(_topology(), skipped)) == []
+    # With the kernel's removal event it is one.
+    events = (_remove_event(NVME5, 0x010802),)
+    [finding] = hotplug.pci_removed(None, _pair(_topology(), skipped, events))
+    assert finding.subjects == {"bdf": NVME5} and finding.evidence["removal_events"] == 1
+
+
+def test_removal_event_without_an_earlier_read() -> None:
+    """The event names what went when the topology before it is not there to."""
+    snapshot = Snapshot(
+        1, 10.0, 1e9,
+        {
+            "pci": SourceSample("pci", 10.0, 0.01, _topology((NVME5,))),
+            "udev": SourceSample(
+                "udev", 10.0, 0.0,
+                UdevData(None, (), (), (), (_remove_event(NVME5, 0x010802),), 0, 1),
+            ),
+        },
+    )  # fmt: skip
+    [finding] = hotplug.pci_removed(None, snapshot)
+    assert "function 0000:ba:00.0 (class 010802, 8086:0b60) left the bus" in finding.message
+
+
+def test_event_names_its_pci_id() -> None:
+    event = event_from_properties(
+        {
+            "ACTION": "remove",
+            "DEVPATH": "/devices/pci0000:b7/0000:b7:01.0/0000:ba:00.0",
+            "SUBSYSTEM": "pci",
+            "PCI_CLASS": "10802",
+            "PCI_ID": "8086:0B60",
+            "PCI_SLOT_NAME": "0000:ba:00.0",
+        }
+    )
+    assert event.pci_id == (0x8086, 0x0B60) and event.is_pci_removal
+    with pytest.raises(ParseError):
+        event_from_properties({"ACTION": "remove", "DEVPATH": "/devices/x", "SUBSYSTEM": "pci",
+                               "PCI_ID": "8086"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "finding"), [("nvme-hot-removed", "0000:ba:00.0"), ("nvme-driver-rebind", None)]
+)
+def test_nvme_scenarios(name: str, finding: str | None) -> None:
+    """The simulated node's events and trees: the hot-removed controller is one finding with
+    its removal events; unbound and bound again, it is none."""
+    from nodescope.sim.driver import replay, temp_dir
+    from nodescope.sim.scenario import load_scenario
+
+    scenario = load_scenario(name)
+    scenario = dataclasses.replace(
+        scenario, duration_seconds=14.0, expect=dataclasses.replace(scenario.expect, metrics=())
+    )
+    found: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="nodescope-test-", dir=temp_dir()) as d:
+        replay(
+            scenario,
+            Path(d) / "root",
+            detectors=[DetectorInfo("hotplug", hotplug.detect)],
+            builders=[],
+            on_cycle=lambda t, snapshot, body: found.extend(snapshot.findings),
+        )
+    if finding is None:
+        assert found == []
+        return
+    assert {f.key for f in found} == {f"pci_device_removed{{bdf={finding}}}"}
+    assert found[0].evidence["removal_events"] == 1
