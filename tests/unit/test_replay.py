@@ -495,6 +495,8 @@ def test_the_issue_bundles_every_scenario() -> None:
         "allreduce-hang-nfs-lock",
         "hca-numa-mismatch",
         "xid79-fell-off-bus",
+        "nvme-hot-removed",
+        "nvme-driver-rebind",
     }
 
 
