@@ -497,6 +497,8 @@ def test_the_issue_bundles_every_scenario() -> None:
         "xid79-fell-off-bus",
         "nvme-hot-removed",
         "nvme-driver-rebind",
+        "job-memory-limit-thrash",
+        "job-memory-limit-warmup",
     }
 
 
