@@ -551,7 +551,9 @@ class HangsSettings:
 @dataclass(frozen=True, slots=True)
 class HotplugSettings:
     enabled: bool = option(
-        True, "report GPUs that fell off the bus and network/InfiniBand links that flap"
+        True,
+        "report GPUs that fell off the bus, other PCI functions that left it and"
+        " network/InfiniBand links that flap",
     )
     flap_transitions: float = option(
         4.0,
