@@ -16,6 +16,7 @@ import pytest
 from nodescope.config import Config
 from nodescope.detectors import hangs, hotplug
 from nodescope.detectors.registry import DETECTORS, DetectorInfo
+from nodescope.model.finding import Severity
 from nodescope.model.locks import LOCKS
 from nodescope.model.mountstats import MOUNTSTATS
 from nodescope.model.nvml import NVML
@@ -167,16 +168,27 @@ def test_d_state_on_nfs_alone_is_storage(replayed: tuple[Any, dict[float, Snapsh
     assert "rpc_wait_bit_killable" in finding.message
 
 
-def test_busy_gpus_are_no_stall(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
+def test_busy_gpus_that_move_nothing_are_a_collective_hang(
+    replayed: tuple[Any, dict[float, Snapshot]],
+) -> None:
+    """Spinning NCCL kernels keep utilisation up while no byte moves: not an idle stall, but
+    a collective hang, which names the lock that holds the job."""
     _, snapshots = replayed
     snapshot = snapshots[22.0]
     nvml = snapshot.latest(NVML)
     assert nvml is not None
     busy = dataclasses.replace(
-        nvml, gpus=tuple(dataclasses.replace(g, gpu_util_percent=90) for g in nvml.gpus)
+        nvml, gpus=tuple(dataclasses.replace(g, gpu_util_percent=100) for g in nvml.gpus)
     )
-    assert hangs.evaluate(_with(snapshot, nvml=busy), Config()) == []
-    # One GPU busy is enough: the job is not stalled, and no loader signal either.
+    [finding] = hangs.evaluate(_with(snapshot, nvml=busy), Config())
+    assert finding.kind == hangs.COLLECTIVE and finding.severity is Severity.CRITICAL
+    assert finding.subjects["job"] == JOB and finding.subjects["holder_job"] == HOLDER_JOB
+    assert "no data moves" in finding.message and "waits on POSIX" in finding.message
+    # Without the lock and the D-state threads: still a hang, with no blocker to name.
+    [unknown] = hangs.evaluate(_without_storage_signals(_with(snapshot, nvml=busy)), Config())
+    assert unknown.kind == hangs.COLLECTIVE and unknown.severity is Severity.WARNING
+    assert unknown.subjects == {"job": JOB}
+    # One GPU busy, the others idle, nothing moving: the same.
     one = dataclasses.replace(
         nvml,
         gpus=tuple(
@@ -186,8 +198,20 @@ def test_busy_gpus_are_no_stall(replayed: tuple[Any, dict[float, Snapshot]]) -> 
     activity = hangs.job_gpu_activity(_with(snapshot, nvml=one))
     assert [a.job_id for a in activity] == [JOB]
     assert activity[0].idle_gpus == (0, 1, 2, 4, 5, 6, 7) and not activity[0].stalled
-    assert activity[0].max_utilisation == pytest.approx(0.9)
-    assert hangs.evaluate(_with(snapshot, nvml=one), Config()) == []
+    assert activity[0].spinning and activity[0].max_utilisation == pytest.approx(0.9)
+    assert [f.kind for f in hangs.evaluate(_with(snapshot, nvml=one), Config())] == [
+        hangs.COLLECTIVE
+    ]
+
+
+def test_busy_gpus_that_move_data_are_no_hang(
+    replayed: tuple[Any, dict[float, Snapshot]],
+) -> None:
+    _, snapshots = replayed
+    # Before the lock: busy GPUs and NVLink, PCIe and InfiniBand traffic.
+    assert hangs.evaluate(snapshots[10.0], Config()) == []
+    activity = hangs.job_gpu_activity(snapshots[10.0])
+    assert activity and not activity[0].spinning and not activity[0].stalled
 
 
 def _loader_tree(tree: CgroupTree, pressure: float, read_bytes: int) -> CgroupTree:
@@ -208,12 +232,15 @@ def _loader_tree(tree: CgroupTree, pressure: float, read_bytes: int) -> CgroupTr
     ("pressure", "read_per_second", "kind"),
     [
         (45.0, 10e6, hangs.LOADER),  # waiting on I/O that barely moves: starving
-        (45.0, 2e9, hangs.UNKNOWN),  # the disk is busy: not a starving loader
+        (45.0, 2e9, None),  # the job reads 2 GB/s: progress, neither starving nor stalled
         (5.0, 10e6, hangs.UNKNOWN),  # no pressure
     ],
 )
 def test_data_loader_starving(
-    replayed: tuple[Any, dict[float, Snapshot]], pressure: float, read_per_second: float, kind: str
+    replayed: tuple[Any, dict[float, Snapshot]],
+    pressure: float,
+    read_per_second: float,
+    kind: str | None,
 ) -> None:
     _, snapshots = replayed
     snapshot = _without_storage_signals(snapshots[22.0])
@@ -236,9 +263,10 @@ def test_data_loader_starving(
     }
     changed = dataclasses.replace(snapshot, current=current, previous=previous)
     assert hangs.job_io_bytes_per_second(changed, JOB) == pytest.approx(read_per_second)
-    [finding] = hangs.evaluate(changed, Config())
-    assert finding.kind == kind
+    found = hangs.evaluate(changed, Config())
+    assert [f.kind for f in found] == ([] if kind is None else [kind])
     if kind == hangs.LOADER:
+        [finding] = found
         assert finding.evidence["io_pressure_some_avg10_percent"] == pressure
         assert "data loader starving" in finding.message
 

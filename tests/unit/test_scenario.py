@@ -42,6 +42,8 @@ CAPTURE = FIXTURES / "captures" / "hgx-h100" / "lspci-vvv.hgx-h100"
 IB_CAPTURE = FIXTURES / "captures" / "h100-node-infiniband" / "sys" / "class" / "infiniband"
 BUNDLED = (
     "allreduce-hang-nfs-lock",
+    "allreduce-spin-nfs-lock",
+    "busy-gpus-host-network",
     "dgx-h100",
     "escaped-nccl-threads",
     "foreign-rank-in-job-cgroup",

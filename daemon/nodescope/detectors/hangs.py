@@ -12,9 +12,19 @@ Input, all from the snapshot:
 * ``mountstats`` rates: nfsiostat's per-op RTT and execute time on the lock's mount;
 * ``cgroups``: the job cgroup's ``io.pressure`` and ``io.stat``.
 
-A job is *stalled* when every one of its GPUs is idle: utilisation at most
-``idle_utilisation_ratio`` and PCIe plus NVLink traffic (both directions) at most
-``idle_bytes_per_second``. Then, in this order:
+A job makes no progress when its GPUs move at most ``idle_bytes_per_second`` over PCIe plus
+NVLink (both directions) and the job moves no more than that elsewhere either: its cgroup's
+block I/O and its HCAs' InfiniBand traffic (a synchronous checkpoint leaves the GPUs idle and
+its writer threads in D state, yet moves data). A job without progress whose GPUs are all idle
+(utilisation at most ``idle_utilisation_ratio``) is *stalled*; one whose GPUs are busy
+(kernels spinning) is in a collective hang:
+
+``collective_hang`` (critical with a blocker, warning without)
+    busy GPUs, nothing moving: NCCL's collectives wait for a rank that does not come; the
+    blocker the storage analysis below finds for the job's processes (a lock, D-state
+    threads) is named.
+
+A stalled job is then, in this order:
 
 ``job_stalled_on_storage`` (critical)
     a process of the job waits on a lock in ``/proc/locks`` (named: class, type, mount,
@@ -44,6 +54,7 @@ from nodescope.detectors.common import jobs
 from nodescope.model.cgroup import CGROUPS, Cgroup, CgroupTree
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
+from nodescope.model.infiniband import INFINIBAND
 from nodescope.model.jobs import JobView
 from nodescope.model.locks import LOCKS, ContendedLock, LocksData
 from nodescope.model.mountstats import MOUNTSTATS, MountstatsData, MountstatsRates, NfsMountRates
@@ -53,6 +64,7 @@ from nodescope.model.snapshot import Snapshot
 from nodescope.model.threads import THREADS, BlockedThread
 
 STORAGE = "job_stalled_on_storage"
+COLLECTIVE = "collective_hang"
 LOADER = "data_loader_starving"
 UNKNOWN = "job_stalled_unknown"
 
@@ -121,10 +133,24 @@ class JobGpuActivity:
     nvlink_bytes_per_second: float | None
     idle_gpus: tuple[int, ...]
     lost_gpus: tuple[int, ...]
+    #: GPUs moving at most the idle traffic over PCIe and NVLink, whatever their utilisation
+    quiet_gpus: tuple[int, ...] = ()
+    #: the HCAs the job may use (``NCCL_IB_HCA``, or all)
+    hcas: tuple[str, ...] = ()
 
     @property
     def stalled(self) -> bool:
         return bool(self.gpus) and len(self.idle_gpus) == len(self.gpus)
+
+    @property
+    def spinning(self) -> bool:
+        """Every GPU busy while none moves data: kernels (NCCL's collectives waiting for a
+        peer) keep utilisation up with no progress."""
+        return (
+            bool(self.gpus)
+            and len(self.quiet_gpus) == len(self.gpus)
+            and len(self.idle_gpus) < len(self.gpus)
+        )
 
 
 def job_gpu_activity(
@@ -147,6 +173,7 @@ def job_gpu_activity(
         pcie_total: float | None = 0.0
         nvlink_total: float | None = 0.0
         idle: list[int] = []
+        quiet: list[int] = []
         for index in view.gpus:
             gpu = by_index.get(index)
             rate = rate_of.get(index)
@@ -173,14 +200,10 @@ def job_gpu_activity(
                 )
             pcie_total = None if pcie is None or pcie_total is None else pcie_total + pcie
             nvlink_total = None if nvlink is None or nvlink_total is None else nvlink_total + nvlink
-            if (
-                util is not None
-                and util <= idle_utilisation_ratio
-                and pcie is not None
-                and nvlink is not None
-                and pcie + nvlink <= idle_bytes_per_second
-            ):
-                idle.append(index)
+            if pcie is not None and nvlink is not None and pcie + nvlink <= idle_bytes_per_second:
+                quiet.append(index)
+                if util is not None and util <= idle_utilisation_ratio:
+                    idle.append(index)
         out.append(
             JobGpuActivity(
                 job_id=view.job_id,
@@ -191,6 +214,8 @@ def job_gpu_activity(
                 nvlink_bytes_per_second=nvlink_total,
                 idle_gpus=tuple(idle),
                 lost_gpus=tuple(i for i in view.gpus if i in lost),
+                quiet_gpus=tuple(quiet),
+                hcas=view.hcas,
             )
         )
     return tuple(out)
@@ -403,6 +428,78 @@ def _loader_finding(
     return Finding(LOADER, Severity.WARNING, {"job": activity.job_id}, evidence, message)
 
 
+# --- progress -------------------------------------------------------------------------------
+
+
+def _ib_bytes_per_second(snapshot: Snapshot, hcas: Iterable[str]) -> float | None:
+    """Bytes per second both ways through every port of ``hcas``; ``None`` before the
+    ``infiniband`` source has read twice."""
+    ib = snapshot.latest(INFINIBAND)
+    rates = snapshot.derived.ib_rates
+    if ib is None or rates is None:
+        return None
+    wanted = set(hcas)
+    total = 0.0
+    for device in ib.devices:
+        if device.name not in wanted:
+            continue
+        for port in device.ports:
+            port_rates = rates.port(device.name, port.port)
+            if port_rates is not None:
+                total += (port_rates.xmit_bytes_per_second or 0.0) + (
+                    port_rates.rcv_bytes_per_second or 0.0
+                )
+    return total
+
+
+def data_moving(snapshot: Snapshot, activity: JobGpuActivity, limit: float) -> dict[str, float]:
+    """What a job moves besides its GPUs' PCIe and NVLink traffic, per path, where it is
+    above ``limit`` bytes per second: its cgroup's block I/O and its HCAs' InfiniBand
+    traffic. A job that moves data this way is making progress, whatever its GPUs and its
+    threads show: a synchronous checkpoint leaves the GPUs idle and its writer threads in D
+    state. NFS traffic is not counted: mountstats is per mount, not per job, and another
+    job's writes would hide this one's stall."""
+    moving: dict[str, float] = {}
+    disk = job_io_bytes_per_second(snapshot, activity.job_id)
+    if disk is not None and disk > limit:
+        moving["disk_bytes_per_second"] = disk
+    ib = _ib_bytes_per_second(snapshot, activity.hcas)
+    if ib is not None and ib > limit:
+        moving["infiniband_bytes_per_second"] = ib
+    return moving
+
+
+def _collective_finding(activity: JobGpuActivity, blocker: Finding | None) -> Finding:
+    """Busy GPUs that move nothing: the job's collectives wait for a rank that does not come.
+    ``blocker``: what the storage analysis found holding one of its processes."""
+    job = activity.job_id
+    traffic = (activity.pcie_bytes_per_second or 0.0) + (activity.nvlink_bytes_per_second or 0.0)
+    util = activity.mean_utilisation or 0.0
+    evidence: dict[str, float] = {
+        "gpu_utilisation_ratio": util,
+        "gpu_traffic_bytes_per_second": traffic,
+        "gpus": float(len(activity.gpus)),
+    }
+    subjects = {"job": job}
+    text = (
+        f"job {job} collective hang: GPUs {_gpu_list(activity.gpus)} busy ({util:.0%} mean"
+        f" utilisation) while no data moves on NVLink, PCIe ({traffic / 1e6:.0f} MB/s) or"
+        f" InfiniBand: kernels spin waiting for a peer"
+    )
+    if blocker is None:
+        return Finding(COLLECTIVE, Severity.WARNING, subjects, evidence, text)
+    # The storage analysis names what holds the job: the lock, its holder, the D-state
+    # threads; its first part restates the GPUs, which this message already says.
+    cause = blocker.message.split("; ", 1)[1] if "; " in blocker.message else blocker.message
+    for key in ("lock_inode", "lock_mount", "holder_pid", "holder_job"):
+        if key in blocker.subjects:
+            subjects[key] = blocker.subjects[key]
+    evidence.update(
+        {k: v for k, v in blocker.evidence.items() if k not in evidence and k != "gpus_idle"}
+    )
+    return Finding(COLLECTIVE, Severity.CRITICAL, subjects, evidence, f"{text}; blocked: {cause}")
+
+
 # --- the detector ---------------------------------------------------------------------------
 
 
@@ -422,9 +519,14 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
         config.detectors.hangs.idle_bytes_per_second,
     )
     loader_ratio = config.detectors.hangs.loader_utilisation_ratio
+    limit = config.detectors.hangs.idle_bytes_per_second
     if not any(
         not a.lost_gpus
-        and (a.stalled or (a.mean_utilisation is not None and a.mean_utilisation < loader_ratio))
+        and (
+            a.stalled
+            or a.spinning
+            or (a.mean_utilisation is not None and a.mean_utilisation < loader_ratio)
+        )
         for a in activities
     ):
         # Every job busy (the usual case): none of the findings below can hold, as
@@ -442,7 +544,26 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
             continue
         job = activity.job_id
         blocked = tuple(b for b in all_blocked if b.job_id == job)
-        if activity.stalled:
+        silent = (activity.stalled or activity.spinning) and not data_moving(
+            snapshot, activity, limit
+        )
+        if silent and activity.spinning:
+            findings.append(
+                _collective_finding(
+                    activity,
+                    _storage_finding(
+                        activity,
+                        frozenset(pids_of.get(job, ())),
+                        blocked,
+                        locks,
+                        job_of,
+                        nfs,
+                        nfs_data,
+                    ),
+                )
+            )
+            continue
+        if silent:
             found = _storage_finding(
                 activity,
                 frozenset(pids_of.get(job, ())),
@@ -459,7 +580,7 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
         if loader is not None:
             findings.append(loader)
             continue
-        if activity.stalled:
+        if silent:
             d_state = len(blocked)
             extra = (
                 f"; {d_state} thread(s) in D state at"
