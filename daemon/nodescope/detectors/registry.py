@@ -97,6 +97,9 @@ DETECTORS: tuple[DetectorInfo, ...] = (
         MappingProxyType(
             {
                 hangs.STORAGE: AlertRule(for_seconds=30.0, resolve_after_seconds=60.0),
+                # Kernels spinning with nothing moving: held as long as a storage stall, so
+                # a collective that waits out a slow rank for a few seconds is no alert.
+                hangs.COLLECTIVE: AlertRule(for_seconds=30.0, resolve_after_seconds=60.0),
                 hangs.LOADER: AlertRule(for_seconds=60.0, resolve_after_seconds=120.0),
                 hangs.UNKNOWN: AlertRule(for_seconds=120.0, resolve_after_seconds=60.0),
             }
@@ -108,6 +111,8 @@ DETECTORS: tuple[DetectorInfo, ...] = (
         MappingProxyType(
             {
                 hotplug.FELL_OFF_BUS: AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
+                # Found in the one cycle whose two reads differ: held long enough to be seen.
+                hotplug.REMOVED: AlertRule(for_seconds=0.0, resolve_after_seconds=1800.0),
                 hotplug.FLAPPING: AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
             }
         ),
