@@ -48,6 +48,8 @@ BUNDLED = (
     "escaped-nccl-threads",
     "foreign-rank-in-job-cgroup",
     "hca-numa-mismatch",
+    "job-memory-limit-thrash",
+    "job-memory-limit-warmup",
     "link-downtrained",
     "nvlink-stall-bursts",
     "pcie-saturation-a100",
