@@ -52,6 +52,8 @@ BUNDLED = (
     "job-memory-limit-warmup",
     "link-downtrained",
     "nvlink-stall-bursts",
+    "nvme-driver-rebind",
+    "nvme-hot-removed",
     "pcie-saturation-a100",
     "root-port-contention",
     "xid79-fell-off-bus",
