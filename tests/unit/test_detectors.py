@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope.config import Config, from_mapping
-from nodescope.detectors import contention, errors, links, placement
+from nodescope.detectors import contention, errors, links, nvlink, placement
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.errors import ConfigError
 from nodescope.model.attribution import EndpointFlow, attribute
-from nodescope.model.finding import THRESHOLD, VALUE, Severity
+from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.jobs import GpuUse, JobProcess, JobView, job_views, parse_nccl_ib_hca
 from nodescope.model.topology import (
     AerCounter,
@@ -524,3 +524,49 @@ def test_detect_on_a_snapshot_with_tcp_evidence_and_jobs() -> None:
     assert "job 81744" in f.message and "TCP retransmits 2.0/s" in f.message
     disabled = from_mapping({"detectors": {"saturation": {"enabled": False}}})
     assert links.detect_saturation(None, snap, disabled) == []
+
+
+# --- NVSwitch stalls ---------------------------------------------------------------------------
+
+
+def _switch_links(gpu: int) -> tuple[NvLinkSample, ...]:
+    """Links 0-1 to switch A, 2-3 to switch B."""
+    switch = ("0000:83:00.0", "0000:83:00.0", "0000:84:00.0", "0000:84:00.0")
+    return tuple(
+        NvLinkSample(n, True, "switch", switch[n], None, None, None, None, ()) for n in range(4)
+    )
+
+
+def _stall(device: int, link: int) -> Finding:
+    return Finding(
+        nvlink.STALL_BURST,
+        Severity.WARNING,
+        {"device": str(device), "link": str(link)},
+        {"stall_cycles_per_microsecond": 400.0, "window_max_stall_cycles_per_microsecond": 2200.0},
+        "burst",
+    )
+
+
+def test_most_links_into_one_switch_stalling_fold_into_one_finding() -> None:
+    gpus = tuple(_gpu(i, f"0000:1{i}:00.0", nvlinks=_switch_links(i)) for i in range(3))
+    nvml = NvmlData(3, gpus, (), (), None, ())
+    other = Finding(nvlink.SATURATION, Severity.WARNING, {"device": "0", "link": "2"}, {}, "busy")
+    # 5 of switch A's 6 links stall, across three GPUs; one of switch B's 6 does.
+    stalls = [_stall(d, n) for d in range(3) for n in (0, 1) if (d, n) != (2, 1)] + [_stall(1, 3)]
+    found = nvlink.fold_switch_stalls([*stalls, other], nvml, {0: ["81"], 2: ["82"]})
+    switch = [f for f in found if f.kind == nvlink.SWITCH_STALL]
+    assert [f.subjects for f in switch] == [{"nvswitch": "0000:83:00.0"}]
+    assert switch[0].evidence["links_stalled"] == 5 and switch[0].evidence["links_into_switch"] == 6
+    assert "GPUs 0, 1, 2" in switch[0].message and "jobs 81, 82" in switch[0].message
+    # Switch A's link findings are folded; switch B's one link and the saturation stay.
+    assert sorted(f.key for f in found if f.kind != nvlink.SWITCH_STALL) == sorted(
+        [_stall(1, 3).key, other.key]
+    )
+
+
+def test_one_gpus_links_to_a_switch_are_no_switch_stall() -> None:
+    gpus = tuple(_gpu(i, f"0000:1{i}:00.0", nvlinks=_switch_links(i)) for i in range(3))
+    nvml = NvmlData(3, gpus, (), (), None, ())
+    stalls = [_stall(0, 0), _stall(0, 1)]  # GPU 0's own links: 2 of 6 into switch A
+    assert nvlink.fold_switch_stalls(stalls, nvml, {}) == stalls
+    assert nvlink.fold_switch_stalls(stalls, None, {}) == stalls

@@ -54,6 +54,7 @@ BUNDLED = (
     "nvlink-stall-bursts",
     "nvme-driver-rebind",
     "nvme-hot-removed",
+    "nvswitch-stall",
     "pcie-saturation-a100",
     "root-port-contention",
     "xid79-fell-off-bus",

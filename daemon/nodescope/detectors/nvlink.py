@@ -20,10 +20,12 @@ averages away.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nodescope.config import Config
+from nodescope.detectors.common import jobs
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.nvlink_kmod import (
     NVLINK_KMOD,
@@ -32,12 +34,14 @@ from nodescope.model.nvlink_kmod import (
     NvlinkKmodRates,
     snapshot_rates,
 )
+from nodescope.model.nvml import NVML, NvmlData
 from nodescope.model.snapshot import Snapshot
 
 STALL = "nvlink_arbitration_stall"
 STALL_BURST = "nvlink_stall_burst"
 SATURATION = "nvlink_bandwidth_saturation"
 GONE = "nvlink_counter_device_gone"
+SWITCH_STALL = "nvswitch_stall"
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +196,74 @@ def thresholds(config: Config) -> NvlinkThresholds:
     )
 
 
+#: More than this share of the links into one NVSwitch stalling in one interval is the
+#: switch's trouble (or its fabric's), not each link's: a congested or failing switch slows
+#: every GPU's links to it at once, while a GPU's own problem stays on that GPU's links.
+SWITCH_FOLD_SHARE = 0.5
+
+
+def fold_switch_stalls(
+    findings: list[Finding],
+    nvml: NvmlData | None,
+    jobs_by_gpu: Mapping[int, Sequence[str]],
+) -> list[Finding]:
+    """``findings`` with the stall findings of every NVSwitch that more than
+    :data:`SWITCH_FOLD_SHARE` of its links (of at least two GPUs) stall on folded into one
+    finding that names the switch, its stalled GPUs and links, and the jobs on those GPUs.
+    Which switch a link reaches is NVML's remote end of the link (kmod devices are GPU
+    indices); without NVML nothing folds."""
+    if nvml is None:
+        return findings
+    switch_of: dict[tuple[int, int], str] = {}
+    for gpu in nvml.gpus:
+        for link in gpu.nvlinks:
+            if link.remote_type == "switch" and link.remote_pci_address and link.active:
+                switch_of[(gpu.index, link.link)] = link.remote_pci_address.lower()
+    links_into = Counter(switch_of.values())
+    stalled: dict[str, list[Finding]] = defaultdict(list)
+    for finding in findings:
+        if finding.kind not in (STALL, STALL_BURST):
+            continue
+        try:
+            where = (int(finding.subjects["device"]), int(finding.subjects["link"]))
+        except (KeyError, ValueError):
+            continue
+        switch = switch_of.get(where)
+        if switch is not None:
+            stalled[switch].append(finding)
+    folded: set[int] = set()
+    switches: list[Finding] = []
+    for switch, parts in sorted(stalled.items()):
+        gpus = sorted({int(f.subjects["device"]) for f in parts})
+        if len(parts) <= SWITCH_FOLD_SHARE * links_into[switch] or len(gpus) < 2:
+            continue
+        folded.update(id(f) for f in parts)
+        jobs = sorted({j for g in gpus for j in jobs_by_gpu.get(g, ())})
+        peaks = [f.evidence.get("window_max_stall_cycles_per_microsecond", 0.0) for f in parts]
+        averages = [f.evidence.get("stall_cycles_per_microsecond", 0.0) for f in parts]
+        evidence = {
+            "links_stalled": float(len(parts)),
+            "links_into_switch": float(links_into[switch]),
+            "gpus_stalled": float(len(gpus)),
+            "max_stall_cycles_per_microsecond": max(averages),
+            "max_window_stall_cycles_per_microsecond": max(peaks),
+        }
+        on_jobs = f"; jobs {', '.join(jobs)}" if jobs else ""
+        switches.append(
+            Finding(
+                SWITCH_STALL,
+                max(f.severity for f in parts),
+                {"nvswitch": switch},
+                evidence,
+                f"NVSwitch {switch}: {len(parts)} of the {links_into[switch]} NVLinks into it"
+                f" stall (GPUs {', '.join(str(g) for g in gpus)}{on_jobs}; average up to"
+                f" {max(averages):.0f} stall cycles/µs, per-sample peak {max(peaks):.0f}/µs):"
+                f" the switch, not each link",
+            )
+        )
+    return [f for f in findings if id(f) not in folded] + switches
+
+
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
     """The registry's form: the source's two latest samples, ``[detectors.nvlink]`` bands."""
     if not config.detectors.nvlink.enabled:
@@ -205,7 +277,15 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
     rates = snapshot.derived.nvlink_rates
     bands = thresholds(config)
     if rates is None or not _dated(prev.snapshot, cur.snapshot):
-        return evaluate(prev.snapshot, cur.snapshot, bands)
-    # The module's timestamps date the interval, so the source's deriver (whose record the
-    # exporter asks for too) computed exactly what evaluate() would.
-    return _findings(rates, bands)
+        findings = evaluate(prev.snapshot, cur.snapshot, bands)
+    else:
+        # The module's timestamps date the interval, so the source's deriver (whose record
+        # the exporter asks for too) computed exactly what evaluate() would.
+        findings = _findings(rates, bands)
+    if not any(f.kind in (STALL, STALL_BURST) for f in findings):
+        return findings
+    jobs_by_gpu: dict[int, list[str]] = defaultdict(list)
+    for view in jobs(snapshot):
+        for gpu in view.gpus:
+            jobs_by_gpu[gpu].append(view.job_id)
+    return fold_switch_stalls(findings, snapshot.latest(NVML), jobs_by_gpu)
