@@ -547,35 +547,20 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
         silent = (activity.stalled or activity.spinning) and not data_moving(
             snapshot, activity, limit
         )
+        # What holds the job, when it makes no progress: a lock, D-state threads.
+        storage = (
+            _storage_finding(
+                activity, frozenset(pids_of.get(job, ())), blocked, locks, job_of, nfs, nfs_data
+            )
+            if silent
+            else None
+        )
         if silent and activity.spinning:
-            findings.append(
-                _collective_finding(
-                    activity,
-                    _storage_finding(
-                        activity,
-                        frozenset(pids_of.get(job, ())),
-                        blocked,
-                        locks,
-                        job_of,
-                        nfs,
-                        nfs_data,
-                    ),
-                )
-            )
+            findings.append(_collective_finding(activity, storage))
             continue
-        if silent:
-            found = _storage_finding(
-                activity,
-                frozenset(pids_of.get(job, ())),
-                blocked,
-                locks,
-                job_of,
-                nfs,
-                nfs_data,
-            )
-            if found is not None:
-                findings.append(found)
-                continue
+        if storage is not None:
+            findings.append(storage)
+            continue
         loader = _loader_finding(activity, snapshot, config, nfs)
         if loader is not None:
             findings.append(loader)
