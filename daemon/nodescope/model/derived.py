@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from nodescope.model.attribution import Attribution, LinkIndex, attribute
 from nodescope.model.disks import DISKS, IostatReport, iostat_figures
@@ -68,6 +68,34 @@ class Figure:
 
 
 _NOTHING: Mapping[str, Figure] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class SamplePair(Generic[T]):
+    """Two good reads of one source: the samples (for identity) and their records, and the
+    measured seconds between them."""
+
+    previous: SourceSample
+    current: SourceSample
+    before: T
+    now: T
+    seconds: float
+
+
+def sample_pair(
+    current: Mapping[str, SourceSample], previous: Mapping[str, SourceSample], key: SourceKey[T]
+) -> SamplePair[T] | None:
+    """The two latest reads of the source ``key`` names, when both succeeded with records of
+    its type and time passed between them; else ``None``."""
+    cur = current.get(key.name)
+    prev = previous.get(key.name)
+    if cur is None or prev is None:
+        return None
+    now, before = key.of(cur.data), key.of(prev.data)
+    seconds = cur.monotonic - prev.monotonic
+    if now is None or before is None or seconds <= 0:
+        return None
+    return SamplePair(prev, cur, before, now, seconds)
 
 
 class Derived:
@@ -135,23 +163,18 @@ class Derived:
         return None if sample is None else key.of(sample.data)
 
     def _rates(self, key: SourceKey[T], rates_of: Callable[[T, T, float], R | None]) -> R | None:
-        cur = self._current.get(key.name)
-        prev = self._previous.get(key.name)
-        if cur is None or prev is None:
-            return None
-        now, before = key.of(cur.data), key.of(prev.data)
-        seconds = cur.monotonic - prev.monotonic
-        if now is None or before is None or seconds <= 0:
+        pair = sample_pair(self._current, self._previous, key)
+        if pair is None:
             return None
 
         def compute() -> R | None:
             try:
-                return rates_of(before, now, seconds)
+                return rates_of(pair.before, pair.now, pair.seconds)
             except Exception as exc:  # a bad pair of samples costs that source's rates only
                 log.warning("source=%s derive_error=%r", key.name, f"{type(exc).__name__}: {exc}")
                 return None
 
-        return self._figure(f"rates:{key.name}", (prev, cur), None, compute)
+        return self._figure(f"rates:{key.name}", (pair.previous, pair.current), None, compute)
 
     def reuse(
         self, name: str, same: tuple[object, ...], equal: object, compute: Callable[[], R]
@@ -251,13 +274,10 @@ class Derived:
         """The registry of the ``jobs`` record before the latest, joined with the compute
         processes of now (``None`` before the source has read twice): what a job was, to
         compare with what it is."""
-        cur = self._current.get(JOBS.name)
-        prev = self._previous.get(JOBS.name)
-        if cur is None or prev is None or cur.monotonic - prev.monotonic <= 0:
+        pair = sample_pair(self._current, self._previous, JOBS)
+        if pair is None:
             return None
-        old = JOBS.of(prev.data)
-        if old is None or JOBS.of(cur.data) is None:
-            return None
+        old = pair.before
         gpus = self.gpu_uses
         return self._figure("jobs_before", (old,), gpus, lambda: build_registry(old, gpus))
 

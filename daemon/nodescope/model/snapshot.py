@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from nodescope.model.alert import Alert, AlertCounters
-from nodescope.model.derived import Derived
+from nodescope.model.derived import Derived, sample_pair
 from nodescope.model.finding import Finding
 from nodescope.model.process import ProcessFigures
 from nodescope.model.source_key import SourceKey
@@ -117,15 +117,5 @@ class Snapshot:
     def pair(self, key: SourceKey[T]) -> tuple[T, T, float] | None:
         """(previous, current, seconds between them) of the source ``key`` names, for rates,
         when both reads succeeded."""
-        cur = self.current.get(key.name)
-        prev = self.previous.get(key.name)
-        if cur is None or prev is None:
-            return None
-        now = key.of(cur.data)
-        before = key.of(prev.data)
-        if now is None or before is None:
-            return None
-        seconds = cur.monotonic - prev.monotonic
-        if seconds <= 0:
-            return None
-        return before, now, seconds
+        pair = sample_pair(self.current, self.previous, key)
+        return None if pair is None else (pair.before, pair.now, pair.seconds)
