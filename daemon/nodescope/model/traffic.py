@@ -51,6 +51,24 @@ class Traffic:
 MIB = 1 << 20
 
 
+def _summed(
+    bdf: str,
+    parts: list[tuple[str, float, float]],
+    device_class: DeviceClass,
+    measured_by: str,
+) -> EndpointFlow:
+    """One flow for a PCI function from the (name, downstream, upstream) bytes per second of
+    the block devices or interfaces it serves."""
+    return EndpointFlow(
+        bdf=bdf,
+        name=",".join(sorted(name for name, _down, _up in parts)),
+        device_class=device_class,
+        downstream_bytes_per_second=sum(down for _n, down, _up in parts),
+        upstream_bytes_per_second=sum(up for _n, _down, up in parts),
+        measured_by=measured_by,
+    )
+
+
 def endpoint_flows(traffic: Traffic, topology: Topology | None) -> tuple[EndpointFlow, ...]:
     """Every endpoint's bytes per second, one flow per PCI function.
 
@@ -101,16 +119,8 @@ def endpoint_flows(traffic: Traffic, topology: Topology | None) -> tuple[Endpoin
                     )
                 )
         for bdf, parts in per_function.items():
-            if bdf in flows:
-                continue
-            flows[bdf] = EndpointFlow(
-                bdf=bdf,
-                name=",".join(sorted(name for name, _w, _r in parts)),
-                device_class=klass(bdf, DeviceClass.NVME),
-                downstream_bytes_per_second=sum(w for _n, w, _r in parts),
-                upstream_bytes_per_second=sum(r for _n, _w, r in parts),
-                measured_by="disks",
-            )
+            if bdf not in flows:
+                flows[bdf] = _summed(bdf, parts, klass(bdf, DeviceClass.NVME), "disks")
 
     ib, ib_rates = traffic.infiniband, traffic.ib_rates
     rdma_functions: set[str] = set()
@@ -162,14 +172,6 @@ def endpoint_flows(traffic: Traffic, topology: Topology | None) -> tuple[Endpoin
                 )
             )
         for bdf, links in by_function.items():
-            if bdf in flows:
-                continue
-            flows[bdf] = EndpointFlow(
-                bdf=bdf,
-                name=",".join(sorted(name for name, _t, _r in links)),
-                device_class=klass(bdf, DeviceClass.ETHERNET),
-                downstream_bytes_per_second=sum(t for _n, t, _r in links),
-                upstream_bytes_per_second=sum(r for _n, _t, r in links),
-                measured_by="netdev",
-            )
+            if bdf not in flows:
+                flows[bdf] = _summed(bdf, links, klass(bdf, DeviceClass.ETHERNET), "netdev")
     return tuple(flows[b] for b in sorted(flows))
