@@ -31,7 +31,3 @@ class DerivedStage:
         figures = Derived(snapshot.current, snapshot.previous, carried)
         self._last = figures
         return replace(snapshot, figures=figures)
-
-    def reset(self) -> None:
-        """Forget the last cycle's figures (a reload that changed what the sources read)."""
-        self._last = None

@@ -2,11 +2,11 @@
 
 A detector is a pure function ``(previous_snapshot, snapshot, config) -> Iterable[Finding]``:
 no IO, no clock, no memory that changes an answer (the alert engine is the only place that
-remembers). A detector may keep the result of its last inputs (:class:`nodescope.memo.Memo`,
-keyed on the identity of the samples it reads) and return that same object while they are
-the same; callers do not modify what a detector returns.
+remembers). What a detector reuses across cycles while its inputs are the same objects goes
+through the snapshot's derived figures (``snapshot.derived.reuse``), which the analysis step's
+derived stage owns; callers do not modify what a detector returns.
 ``previous_snapshot`` is the snapshot of the cycle before (``None`` on the first cycle); the
-topology is the ``pci`` source's data in the snapshot. The analysis step
+topology is the ``pci`` source's record in the snapshot (``snapshot.latest(PCI)``). The analysis step
 (``nodescope.analysis``) runs each one isolated: one that raises loses its findings for that
 cycle, is logged once and counted, and the others go on.
 
