@@ -7,8 +7,8 @@ through the snapshot's derived figures (``snapshot.derived.reuse``), which the a
 derived stage owns; callers do not modify what a detector returns.
 ``previous_snapshot`` is the snapshot of the cycle before (``None`` on the first cycle); the
 topology is the ``pci`` source's record in the snapshot (``snapshot.latest(PCI)``). The
-analysis step (``nodescope.analysis``) runs each one isolated: one that raises loses its findings for that
-cycle, is logged once and counted, and the others go on.
+analysis step (``nodescope.analysis``) runs each one isolated: one that raises loses its
+findings for that cycle, is logged once and counted, and the others go on.
 
 Each entry also declares, as data, the alert rules of the kinds its detector emits where they
 differ from the ``[alerts]`` defaults; :data:`ALERT_RULES` gathers them into one read-only
