@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 FAULTS = ("root-port-contention", "link-downtrained", "pcie-saturation-a100", "hca-numa-mismatch")
 HOUR = ("dgx-h100", 60.0, 3600.0)
 # Windows of 5 s hold ten 100 ms bursts each: the same maxima and averages as 1 s ticks.
