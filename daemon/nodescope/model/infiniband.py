@@ -228,16 +228,22 @@ def _port_rates(
 ) -> PortRates:
     """``slow_prev`` is the port at the full read before the one ``cur`` carries, taken
     ``slow_seconds`` before it (``None``: not in that read, or none yet)."""
+    # An HCA port carries dozens of counters and hw_counters: each earlier read is looked up
+    # by name once here rather than scanned for every counter of the current one.
+    before = {c.name: c for c in prev.counters}
+    now = {c.name: c for c in cur.counters}
+    slow_before = {} if slow_prev is None else {c.name: c for c in slow_prev.counters}
+    slow_hw_before = {} if slow_prev is None else {c.name: c for c in slow_prev.hw_counters}
 
     def rate(name: str, scale: int = 1) -> float | None:
-        return _rate(prev.counter(name), cur.counter(name), seconds, scale)
+        return _rate(before.get(name), now.get(name), seconds, scale)
 
     def counter_rate(counter: Counter) -> float | None:
         if counter.name in TRAFFIC_COUNTERS:
-            return _rate(prev.counter(counter.name), counter, seconds)
+            return _rate(before.get(counter.name), counter, seconds)
         if slow_prev is None:
             return None
-        return _rate(slow_prev.counter(counter.name), counter, slow_seconds)
+        return _rate(slow_before.get(counter.name), counter, slow_seconds)
 
     xmit_bps = rate("port_xmit_data", 4)
     rcv_bps = rate("port_rcv_data", 4)
@@ -248,7 +254,7 @@ def _port_rates(
         else [
             d
             for name in ERROR_COUNTERS
-            if (d := _delta(slow_prev.counter(name), cur.counter(name))) is not None
+            if (d := _delta(slow_before.get(name), now.get(name))) is not None
         ]
     )
     return PortRates(
@@ -266,7 +272,7 @@ def _port_rates(
         hw_counters=tuple(
             CounterRate(
                 c.name,
-                None if slow_prev is None else _rate(slow_prev.hw_counter(c.name), c, slow_seconds),
+                None if slow_prev is None else _rate(slow_hw_before.get(c.name), c, slow_seconds),
             )
             for c in cur.hw_counters
             if not hw_counter_is_gauge(c.name)
