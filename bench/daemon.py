@@ -62,9 +62,11 @@ class MirroredNvmlSource:
 def node_sources(mirror: MirroredNvml, inputs: SourceInputs) -> list[Source]:
     """The simulated node's source list, with the NVML source over the mirror; ``inputs``:
     what they share, for their collector."""
-    # SimulatedNode.sources only needs the node's fake NVML and clock: hand it the mirror's,
-    # so the list stays the one replay and demo run.
-    shim: Any = SimpleNamespace(nvml=mirror, wall_clock=mirror.wall_clock)
+    # SimulatedNode.sources only needs the node's fake NVML, clock and the list its device
+    # events go to: hand it the mirror's, so the list stays the one replay and demo run. The
+    # node steps in another process, so no device event reaches this list: the benchmark's
+    # node keeps its devices.
+    shim: Any = SimpleNamespace(nvml=mirror, wall_clock=mirror.wall_clock, _uevent_sinks=[])
     sources: list[Source] = []
     for source in SimulatedNode.sources(shim, slow_every=None, inputs=inputs):
         if source.name == "nvml":
