@@ -14,7 +14,9 @@ Phases (``--phases``, default all):
     PSS), and node_exporter's CPU per scrape and RSS; then ``/metrics`` latency with 1 scraper
     (gzip as Prometheus asks, and plain) and with 50 scrapers that fire together (gzip), for
     both, from a load generator that is one thread and one ``selectors`` loop over keep-alive
-    connections. Prints the ratios.
+    connections. Prints the ratios. ``--baseline REV`` adds the daemon of git revision REV
+    (checked out into a temporary worktree) on the same node in the same window, and prints
+    this tree's figures as ratios to its.
 ``profile``
     py-spy samples the same daemon (not scraped) for ``--profile-seconds`` and the collapsed
     stacks are summed by the daemon's parts (each source's collect, analyse, render) and by
@@ -572,7 +574,11 @@ def _latency_figures(values: list[float]) -> dict[str, Any]:
 
 def phase_overhead(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"scenario": args.scenario}
-    with temp_root("nodescope-bench-") as base:
+    if args.baseline:
+        result["baseline"] = args.baseline
+    with contextlib.ExitStack() as stack:
+        baseline_tree = stack.enter_context(_checked_out(args.baseline)) if args.baseline else None
+        base = stack.enter_context(temp_root("nodescope-bench-"))
         root = base / "node"
         stats_path = base / "daemon-stats.json"
         print(f"== overhead: simulator for {args.scenario} under {root}", flush=True)
@@ -585,6 +591,8 @@ def phase_overhead(args: argparse.Namespace) -> dict[str, Any]:
                  "--stats", str(stats_path)],
             )  # fmt: skip
             targets.append(Target("nodescope", port, daemon))
+            if baseline_tree is not None:
+                targets.append(_start_baseline(baseline_tree, root, base / "baseline-stats.json"))
             if not args.no_node_exporter:
                 ne_port = free_port()
                 ne = subprocess.Popen(
@@ -609,9 +617,45 @@ def phase_overhead(args: argparse.Namespace) -> dict[str, Any]:
             for target in targets:
                 stop(target.process)
             stop(sim)
-        daemon_stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
-        _add_cycle_stats(result, daemon_stats)
+        for name, path in (("nodescope", stats_path), ("baseline", base / "baseline-stats.json")):
+            if name in result.get("overhead", {}):
+                stats = json.loads(path.read_text()) if path.exists() else {}
+                _add_cycle_stats(result, stats, name)
     return result
+
+
+@contextmanager
+def _checked_out(revision: str) -> Iterator[Path]:
+    """A detached git worktree of ``revision`` of this repository, removed afterwards."""
+    repository = BENCH.parent
+    place = Path(tempfile.mkdtemp(prefix="nodescope-baseline-")) / "tree"
+    subprocess.run(
+        ["git", "-C", str(repository), "worktree", "add", "--quiet", "--detach", str(place),
+         revision],
+        check=True,
+    )  # fmt: skip
+    try:
+        yield place
+    finally:
+        subprocess.run(
+            ["git", "-C", str(repository), "worktree", "remove", "--force", str(place)],
+            check=False,
+        )
+        shutil.rmtree(place.parent, ignore_errors=True)
+
+
+def _start_baseline(tree: Path, root: Path, stats_path: Path) -> Target:
+    """The daemon of another revision (its own ``bench/daemon.py`` and packages, this
+    environment's interpreter and libraries) on the same simulated node as this one: both run
+    in the same window, so the machine's noise falls on both alike."""
+    env = dict(os.environ, PYTHONPATH=f"{tree / 'daemon'}{os.pathsep}{tree / 'exporters'}")
+    port = free_port()
+    daemon = subprocess.Popen(
+        [PYTHON, str(tree / "bench" / "daemon.py"), str(root), "--listen", f"127.0.0.1:{port}",
+         "--stats", str(stats_path)],
+        env=env,
+    )  # fmt: skip
+    return Target("baseline", port, daemon)
 
 
 def _overhead_window(
@@ -633,8 +677,12 @@ def _overhead_window(
     bodies: dict[str, bytes] = {}
     scrape_latency: dict[str, list[float]] = {name: [] for name in scrapers}
     next_tick = start
+    rounds = 0
     while time.monotonic() - start < args.window:
-        for target in targets:
+        # Scraped in turn, first one then the other ahead: neither daemon is always the one
+        # whose serving process wakes while the other's still holds a core.
+        rounds += 1
+        for target in targets if rounds % 2 else targets[::-1]:
             latency, _, body = scrapers[target.name].get()
             scrapes[target.name] += 1
             scrape_latency[target.name].append(latency)
@@ -716,7 +764,7 @@ def _serving_cpu(pid: int) -> float:
         return 0.0
 
 
-def _add_cycle_stats(result: dict[str, Any], stats: dict[str, Any]) -> None:
+def _add_cycle_stats(result: dict[str, Any], stats: dict[str, Any], name: str) -> None:
     overhead = result.get("overhead")
     if not stats or not overhead:
         return
@@ -726,7 +774,7 @@ def _add_cycle_stats(result: dict[str, Any], stats: dict[str, Any]) -> None:
         c for e, c in zip(ends, cpu, strict=True) if overhead["start"] <= e <= overhead["end"]
     ]
     refresh = stats["nvml_refresh_cpu_seconds"] / max(1, stats["nvml_refreshes"])
-    ns = overhead["nodescope"]
+    ns = overhead[name]
     ns["cycles"] = len(inside)
     ns["cpu_ms_per_cycle"] = round(ns["cpu_seconds"] / max(1, len(inside)) * 1000, 2)
     ns["serving_cpu_ms_per_cycle"] = round(
@@ -1138,6 +1186,52 @@ def _phase_soak(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
 # Report
 
 
+def _side_by_side(
+    revision: str, ours: dict[str, Any], theirs: dict[str, Any], latency: dict[str, Any]
+) -> list[str]:
+    """The rows of this tree against the baseline revision's daemon, both measured over the
+    same window on the same simulated node."""
+
+    def row(label: str, a: float | None, b: float | None) -> str:
+        ratio = f"{a / b:.3f}" if a is not None and b else "–"
+        shown = ["–" if x is None else str(x) for x in (a, b)]
+        return f"| {label} | {shown[0]} | {shown[1]} | {ratio} |"
+
+    def p(figures: dict[str, Any], key: str) -> float | None:
+        value = figures.get("main_thread_cycle_ms", {}).get(key)
+        return float(value) if value is not None else None
+
+    lines = [
+        f"### Side by side with `{revision}` (same window, same node)",
+        "",
+        "| | this tree | baseline | ratio |",
+        "|---|---:|---:|---:|",
+        row(
+            "process CPU ms per cycle (without the mirror)",
+            ours.get("cpu_ms_per_cycle_without_mirror"),
+            theirs.get("cpu_ms_per_cycle_without_mirror"),
+        ),
+        row("main-thread cycle CPU p50 ms", p(ours, "p50"), p(theirs, "p50")),
+        row("main-thread cycle CPU mean ms", p(ours, "mean"), p(theirs, "mean")),
+        row("main-thread cycle CPU p99 ms", p(ours, "p99"), p(theirs, "p99")),
+        row(
+            "serving process CPU ms per cycle",
+            ours.get("serving_cpu_ms_per_cycle"),
+            theirs.get("serving_cpu_ms_per_cycle"),
+        ),
+        row("RSS MiB, end of window", ours.get("rss_mib_end"), theirs.get("rss_mib_end")),
+        row("PSS MiB, end of window", ours.get("pss_mib_end"), theirs.get("pss_mib_end")),
+        row("series", ours.get("series"), theirs.get("series")),
+    ]
+    for mode, figures in sorted(latency.get("nodescope", {}).items()):
+        other = latency.get("baseline", {}).get(mode)
+        if other:
+            lines.append(
+                row(f"scrape p99 ms, {mode} scraper(s)", figures["p99_ms"], other["p99_ms"])
+            )
+    return [*lines, ""]
+
+
 def report(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
@@ -1217,6 +1311,8 @@ def report(results: dict[str, Any]) -> str:
             ),
             "",
         ]
+        if "baseline" in w:
+            lines += _side_by_side(ov["baseline"], ns, w["baseline"], lat)
     pr = results.get("profile")
     if pr:
         lines += [
@@ -1295,6 +1391,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrapers", type=int, default=50)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--no-node-exporter", action="store_true")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="overhead: also run the daemon of git revision REV, side by side in the same "
+        "window, and print this tree's figures as ratios to it",
+    )
     parser.add_argument("--profile-seconds", type=float, default=30.0)
     parser.add_argument("--scale-cycles", type=int, default=60)
     parser.add_argument("--curves", nargs="*")

@@ -96,3 +96,37 @@ def test_the_report_names_each_latency_mode() -> None:
     assert "| scrape p50 / p99 ms, 1 scraper(s), plain |" in text
     assert "| scrape p50 / p99 ms, 50 scraper(s), gzip |" in text
     assert "40 + 10 = 50 MiB" in text and "32 + 6 = 38 MiB" in text
+
+
+def test_the_report_sets_this_tree_against_the_baseline_of_the_same_window() -> None:
+    def daemon(cpu: float, p50: float, rss: float) -> dict[str, Any]:
+        return {
+            "cycles": 60, "cpu_ms_per_cycle_without_mirror": cpu, "cpu_ms_per_cycle": cpu + 1,
+            "nvml_mirror_refresh_ms_per_cycle": 1.0, "rss_mib_end": rss, "rss_mib_max": rss,
+            "rss_mib_series": [rss], "series": 5000, "bytes": 400000,
+            "main_thread_cycle_ms": {"mean": p50, "p50": p50, "p99": 2 * p50, "max": 3 * p50},
+        }  # fmt: skip
+
+    latency = {"requests": 1, "p50_ms": 0.2, "p99_ms": 0.8, "max_ms": 1.0, "encoding": "gzip"}
+    results: dict[str, Any] = {
+        "machine": {"date": "d", "cpus": 2, "cpu": "c", "memory_gib": 1, "os": "o",
+                    "kernel": "k", "python": "p", "node_exporter": "n",
+                    "loadavg_start": [0.0]},
+        "overhead": {
+            "scenario": "dgx-h100",
+            "baseline": "v0.1",
+            "overhead": {"window_seconds": 60, "nodescope": daemon(9.0, 12.0, 40.0),
+                         "baseline": daemon(10.0, 15.0, 50.0)},
+            "latency": {"nodescope": {"1": latency},
+                        "baseline": {"1": {**latency, "p99_ms": 1.6}}},
+        },
+    }  # fmt: skip
+    text = bench.report(results)
+    assert "### Side by side with `v0.1` (same window, same node)" in text
+    assert "| process CPU ms per cycle (without the mirror) | 9.0 | 10.0 | 0.900 |" in text
+    assert "| main-thread cycle CPU p50 ms | 12.0 | 15.0 | 0.800 |" in text
+    assert "| RSS MiB, end of window | 40.0 | 50.0 | 0.800 |" in text
+    assert "| scrape p99 ms, 1 scraper(s) | 0.8 | 1.6 | 0.500 |" in text
+    # Without a baseline the section is absent.
+    del results["overhead"]["baseline"], results["overhead"]["overhead"]["baseline"]
+    assert "Side by side" not in bench.report(results)
