@@ -224,6 +224,14 @@ class AerRecord:
     total: int | None
 
 
+#: GPUDirect RDMA: NICs read and write GPU memory directly (``nvidia_peermem``, before it
+#: Mellanox's ``nv_peer_mem``; CUDA 11.7 and later on kernels with DMA-BUF need neither).
+GPUDIRECT_RDMA_MODULES = ("nvidia_peermem", "nv_peer_mem")
+#: GPUDirect Storage: NVMe drives read into and write from GPU memory (``nvidia_fs``).
+GPUDIRECT_STORAGE_MODULES = ("nvidia_fs",)
+PEER_MODULES = GPUDIRECT_RDMA_MODULES + GPUDIRECT_STORAGE_MODULES
+
+
 @dataclass(frozen=True, slots=True)
 class PciDevice:
     """One PCI function.
@@ -249,6 +257,11 @@ class PciDevice:
     net_interfaces: tuple[str, ...] = ()
     ib_devices: tuple[str, ...] = ()
     nvme_controllers: tuple[str, ...] = ()
+    #: A port's Access Control Services "P2P Request Redirect" (ACS control bit 2, PCIe Base
+    #: Specification §7.7.8): ``True`` sends peer-to-peer requests up to the root complex
+    #: instead of across the switch; ``None`` when the port has no ACS capability or its
+    #: configuration space could not be read (functions other than ports: always ``None``).
+    acs_redirect: bool | None = None
 
     @property
     def parent(self) -> str | None:
@@ -291,6 +304,9 @@ class Topology:
     devices: tuple[PciDevice, ...]
     roots: tuple[PciRoot, ...]
     numa_nodes: tuple[NumaNode, ...] = ()
+    #: which of the kernel modules that let devices move data peer to peer with a GPU are
+    #: loaded (:data:`PEER_MODULES`), from ``/sys/module``
+    peer_modules: frozenset[str] = frozenset()
     #: functions and attributes the read that made this record left out as unreadable or
     #: malformed (a function is left out with every function below it)
     skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)

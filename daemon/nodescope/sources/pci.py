@@ -46,6 +46,7 @@ from nodescope.errors import ParseError
 from nodescope.fileio import SYSFS_ATTRIBUTE, FileTooLarge, NotARegularFile, read_bytes
 from nodescope.model.skips import SkipTally
 from nodescope.model.topology import (
+    PEER_MODULES,
     AerCounter,
     AerRecord,
     DeviceClass,
@@ -131,6 +132,41 @@ def _parse_hex(text: str, source: str, bits: int) -> int:
     if number >= 1 << bits:
         raise ParseError(source, f"{value} does not fit {bits} bits", 1)
     return number
+
+
+#: PCIe extended capabilities start after the 256 bytes of conventional configuration space.
+EXTENDED_CAPABILITIES = 0x100
+#: Access Control Services' extended capability ID (PCIe Base Specification §7.7.8).
+ACS_CAPABILITY_ID = 0x000D
+#: ACS Control register, bit 2: P2P Request Redirect.
+ACS_P2P_REQUEST_REDIRECT = 1 << 2
+
+
+def parse_acs_redirect(data: bytes, source: str = "config") -> bool | None:
+    """Whether a port's ACS sends peer-to-peer requests up to the root complex, from the
+    bytes of its sysfs ``config`` file: the extended capability list is followed from offset
+    0x100 (each header: capability ID in bits 0-15, next offset in bits 20-31) to the ACS
+    capability, whose control register is the 16 bits at its offset + 6.
+
+    ``None`` when the file holds only conventional space (the 64 bytes an unprivileged reader
+    gets, or 256 for a PCI device) or the port has no ACS capability. A list that loops or
+    points outside the file raises :class:`ParseError`."""
+    if len(data) < EXTENDED_CAPABILITIES + 4:
+        return None
+    offset = EXTENDED_CAPABILITIES
+    seen: set[int] = set()
+    while offset:
+        if offset in seen or offset < EXTENDED_CAPABILITIES or offset % 4 or offset + 8 > len(data):
+            raise ParseError(source, f"extended capability list broken at offset {offset:#x}")
+        seen.add(offset)
+        header = int.from_bytes(data[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None  # no extended capabilities (all zeros, or all ones: not readable)
+        if header & 0xFFFF == ACS_CAPABILITY_ID:
+            control = int.from_bytes(data[offset + 6 : offset + 8], "little")
+            return bool(control & ACS_P2P_REQUEST_REDIRECT)
+        offset = (header >> 20) & 0xFFF
+    return None
 
 
 def parse_hex_id(text: str, source: str = "id") -> int:
@@ -268,6 +304,7 @@ class _Structure:
     functions: tuple[_Static, ...]
     host_bridges: tuple[PciRoot, ...]
     numa_nodes: tuple[NumaNode, ...]
+    peer_modules: frozenset[str]
 
 
 #: What one run reads of a function, as read: runtime status, current link speed and width
@@ -337,6 +374,22 @@ def _parsed(
     except ParseError as exc:
         tally.skip(SKIP_ATTRIBUTE_UNPARSABLE, str(exc))
         return None
+
+
+def _parsed_bytes(
+    data: bytes, path: str, parse: Callable[[bytes, str], T], tally: SkipTally
+) -> T | None:
+    """``parse(data)``; ``None`` (counted) for bytes that do not parse."""
+    try:
+        return parse(data, path)
+    except ParseError as exc:
+        tally.skip(SKIP_ATTRIBUTE_UNPARSABLE, str(exc))
+        return None
+
+
+def _peer_modules(roots: Roots) -> frozenset[str]:
+    """The modules of :data:`PEER_MODULES` loaded: a loaded module has ``/sys/module/NAME``."""
+    return frozenset(m for m in PEER_MODULES if os.path.isdir(roots.sysfs / "module" / m))
 
 
 def _read_text(path: str, tally: SkipTally) -> str | None:
@@ -476,6 +529,13 @@ def _walk(roots: Roots, entries: tuple[str, ...], tally: SkipTally) -> _Structur
             if os.path.exists(f"{base}/aer_dev_{s}")
         )
         bridge = is_pci_bridge(class_code)
+        role = _role(chain, bridge)
+        acs_redirect = None
+        if role in (PortRole.ROOT_PORT, PortRole.DOWNSTREAM_PORT):
+            config_path = f"{directory}/config"
+            config = _read_attribute(config_path, tally)
+            if config is not None:
+                acs_redirect = _parsed_bytes(config, config_path, parse_acs_redirect, tally)
         record = PciDevice(
             bdf=bdf,
             root=root,
@@ -484,11 +544,12 @@ def _walk(roots: Roots, entries: tuple[str, ...], tally: SkipTally) -> _Structur
             device_id=device_id,
             class_code=class_code,
             device_class=classify(class_code, vendor),
-            role=_role(chain, bridge),
+            role=role,
             numa_node=numa,
             local_cpus=cpus,
             link=link,
             children=tuple(sorted(children.get(bdf, ()))),
+            acs_redirect=acs_redirect,
         )
         # RC-integrated functions have the link files but no link (``Unknown``/0 for their
         # capabilities): never worth a read per run.
@@ -521,6 +582,7 @@ def _walk(roots: Roots, entries: tuple[str, ...], tally: SkipTally) -> _Structur
         functions=tuple(functions),
         host_bridges=tuple(host_bridges),
         numa_nodes=_read_numa_nodes(roots, tally),
+        peer_modules=_peer_modules(roots),
     )
 
 
@@ -692,6 +754,7 @@ def _refresh(
         and not previous.skipped
         and previous.roots == structure.host_bridges
         and previous.numa_nodes == structure.numa_nodes
+        and previous.peer_modules == structure.peer_modules
         and len(previous.devices) == len(devices)
         and all(a is b for a, b in zip(previous.devices, devices, strict=True))
     ):
@@ -700,6 +763,7 @@ def _refresh(
         devices=tuple(devices),
         roots=structure.host_bridges,
         numa_nodes=structure.numa_nodes,
+        peer_modules=structure.peer_modules,
         skipped=skipped,
     )
 
