@@ -112,6 +112,23 @@ def test_attributes_of_a_root_port() -> None:
     assert dev.has_aer and dev.driver == "pcieport" and dev.is_bridge
 
 
+def test_access_control_services_registers() -> None:
+    text = (
+        "17:01.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)\n"
+        "\tCapabilities: [40] Express (v2) Downstream Port (Slot+), MSI 00\n"
+        "\tCapabilities: [148 v1] Access Control Services\n"
+        "\t\tACSCap:\tSrcValid+ TransBlk+ ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- "
+        "DirectTrans+\n"
+        "\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir- UpstreamFwd- EgressCtrl+ "
+        "DirectTrans- NewFlag+\n"
+        "18:00.0 Non-Volatile memory controller: Micron Technology Inc Device 51c3\n"
+    )
+    port, drive = parse_lspci_vvv(text).devices
+    assert port.acs_capability == 0b1011111
+    assert port.acs_control == 0b0100101  # a name lspci may add later is passed over
+    assert (drive.acs_capability, drive.acs_control) == (None, None)
+
+
 def test_old_link_status_and_express_types() -> None:
     text = (
         "03:00.0 Ethernet controller: Intel Corporation Device 1572\n"
@@ -139,6 +156,12 @@ def test_old_link_status_and_express_types() -> None:
         ("15:01.0 PCI bridge: x\n\tBus: primary=15, secondary=xx\n", 2),
         ("15:01.0 PCI bridge: x\n\t\tLnkCap:\tPort #1, ASPM not supported\n", 2),
         ("15:01.0 no class here\n", 1),
+        ("15:01.0 PCI bridge: x\n\t\tACSCtl:\tSrcValid TransBlk- ReqRedir-\n", 2),
+        (  # DirectTrans missing
+            "15:01.0 PCI bridge: x\n\tNUMA node: 0\n\t\tACSCap:\tSrcValid+ TransBlk- "
+            "ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl-\n",
+            3,
+        ),
     ],
 )
 def test_parse_errors_name_the_line(text: str, line: int) -> None:
@@ -344,6 +367,7 @@ def test_lspci_reads_back_what_the_capture_said(capture: LspciDump, tree: Path) 
             want.link_sta_width,
         )
         assert dev.driver == want.driver
+        assert (dev.acs_capability, dev.acs_control) == (want.acs_capability, want.acs_control)
 
 
 def test_lspci_tree_drawing_parser() -> None:
@@ -387,6 +411,8 @@ _CAPTURE_LINES = CAPTURE_TEXT.splitlines()[:400]
                     "00:01.0 PCI bridge [0604]: x",
                     "\t\tLnkSta:\tSpeed 99GT/s, Width x99",
                     "\tCapabilities: [40] Express (v2) ",
+                    "\t\tACSCtl:\tSrcValid+ ReqRedir",
+                    "\t\tACSCap:\t",
                 ]
             ),
             st.text(max_size=40),

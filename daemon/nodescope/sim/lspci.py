@@ -10,7 +10,8 @@ then tab-indented attribute lines, and a blank line between functions. Read here
 vendor and device names (ids when the capture shows them, with ``-nn`` or as
 ``Device 2330``), ``NUMA node:``, ``Bus: primary=.., secondary=.., subordinate=..`` of
 bridges, the Express capability's port type and its ``LnkCap``/``LnkSta`` speed and width,
-whether Advanced Error Reporting is present, and the driver in use.
+whether Advanced Error Reporting is present, the Access Control Services capability and
+control registers (``ACSCap``/``ACSCtl``, ``ls-ecaps.c`` ``cap_acs``), and the driver in use.
 
 Plain ``lspci -vvv`` prints names, not numbers. Class codes are mapped back from pci.ids
 class names (:data:`CLASS_NAMES`), vendor and device ids from :data:`VENDOR_NAMES` and
@@ -135,6 +136,19 @@ DEVICE_NAMES: Mapping[tuple[int, str], int] = {
 }
 
 
+#: ACS capability and control register bits by the names lspci gives them (``ls-ecaps.c``
+#: ``cap_acs``; PCIe Base Specification §7.7.8.2-3): the low 7 bits of both registers.
+ACS_FLAG_BITS: Mapping[str, int] = {
+    "SrcValid": 1 << 0,
+    "TransBlk": 1 << 1,
+    "ReqRedir": 1 << 2,
+    "CmpltRedir": 1 << 3,
+    "UpstreamFwd": 1 << 4,
+    "EgressCtrl": 1 << 5,
+    "DirectTrans": 1 << 6,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class BusNumbers:
     """A bridge's ``Bus: primary=.., secondary=.., subordinate=..``."""
@@ -167,6 +181,11 @@ class LspciDevice:
     bus: BusNumbers | None
     has_aer: bool
     driver: str | None
+    #: the ACS capability and control registers (:data:`ACS_FLAG_BITS`); ``None`` without an
+    #: ACS capability, or where the capture shows one without its registers (``-v``, or
+    #: lspci not run as root)
+    acs_capability: int | None = None
+    acs_control: int | None = None
 
     @property
     def domain(self) -> int:
@@ -212,10 +231,32 @@ _BUS_RE = re.compile(
 _EXPRESS_RE = re.compile(r"^Capabilities: \[[0-9a-f]+\] Express (?:\(v[0-9]+\) )?(?P<type>.*)$")
 _LNK_SPEED_RE = re.compile(r"Speed (?P<speed>[0-9]+(?:\.[0-9]+)?GT/s|unknown)")
 _LNK_WIDTH_RE = re.compile(r"Width x(?P<width>[0-9]{1,2})\b")
+_ACS_FLAG_RE = re.compile(r"^(?P<name>[A-Za-z0-9]+)(?P<state>[+-])$")
 
 
 def _speed(text: str) -> float | None:
     return None if text == "unknown" else float(text.removesuffix("GT/s"))
+
+
+def _acs_register(text: str, source: str, number: int) -> int:
+    """The bits of an ``ACSCap:``/``ACSCtl:`` line's ``Name+``/``Name-`` flags. Names this
+    table does not know (a later lspci's) are passed over; every known one must be there."""
+    value = 0
+    seen: set[str] = set()
+    for token in text.split(":", 1)[1].split():
+        flag = _ACS_FLAG_RE.match(token)
+        if flag is None:
+            raise ParseError(source, f"not an ACS flag: {token!r}", number)
+        bit = ACS_FLAG_BITS.get(flag.group("name"))
+        if bit is None:
+            continue
+        seen.add(flag.group("name"))
+        if flag.group("state") == "+":
+            value |= bit
+    missing = [name for name in ACS_FLAG_BITS if name not in seen]
+    if missing:
+        raise ParseError(source, f"ACS flags {', '.join(missing)} missing in {text!r}", number)
+    return value
 
 
 def _express_type(text: str) -> ExpressType:
@@ -285,6 +326,8 @@ class _Building:
     bus: BusNumbers | None = None
     has_aer: bool = False
     driver: str | None = None
+    acs_capability: int | None = None
+    acs_control: int | None = None
 
     def freeze(self) -> LspciDevice:
         return LspciDevice(
@@ -307,6 +350,8 @@ class _Building:
             bus=self.bus,
             has_aer=self.has_aer,
             driver=self.driver,
+            acs_capability=self.acs_capability,
+            acs_control=self.acs_control,
         )
 
 
@@ -382,6 +427,10 @@ def _attribute(dev: _Building, text: str, number: int, source: str) -> None:
         else:
             dev.link_sta_speed_gts = _speed(speed.group("speed"))
             dev.link_sta_width = int(width.group("width"))
+    elif text.startswith("ACSCap:"):
+        dev.acs_capability = _acs_register(text, source, number)
+    elif text.startswith("ACSCtl:"):
+        dev.acs_control = _acs_register(text, source, number)
     elif text.startswith("Kernel driver in use: "):
         dev.driver = text.removeprefix("Kernel driver in use: ").strip() or None
 

@@ -9,6 +9,7 @@ every file here is written in the format the kernel uses and the sources parse:
   ``block/nvme*`` (``device`` -> controller -> PCI function, drivers/nvme/host/core.c);
   ``class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer,counters/*,
   hw_counters/*}`` (drivers/infiniband/core/sysfs.c; data counters in 4-byte words);
+  ``module/<name>/refcnt`` for the scenario's loaded kernel modules (kernel/module/sysfs.c);
 * ``sys/fs/cgroup``: a pure cgroup v2 hierarchy (Documentation/admin-guide/cgroup-v2.rst) with
   systemd's slices and Slurm's cgroup/v2 job layout
   (``system.slice/slurmstepd.scope/job_<id>/step_<s>/{slurm,user/task_<n>}``,
@@ -420,6 +421,7 @@ class SimulatedNode:
             self._files.mkdir(path)
         self._files.atomic = False
         self._write_pci()
+        self._write_modules()
         self._write_block()
         self._write_infiniband()
         self._write_cgroups(initial=True)
@@ -773,6 +775,12 @@ class SimulatedNode:
         for bdf, name in tree.infiniband.items():
             (sysfs / "class" / "infiniband" / name).unlink()
             shutil.rmtree(self._dirs[bdf] / "infiniband")
+
+    def _write_modules(self) -> None:
+        """A directory per loaded module, as the kernel makes one when it loads a module; its
+        ``refcnt``, the users holding it, is 0 as nothing here uses the modules."""
+        for name in self.hardware.os.kernel_modules:
+            self._files.write(self.roots.sysfs / "module" / name / "refcnt", "0\n")
 
     def _write_block(self) -> None:
         sysfs = self.roots.sysfs

@@ -32,6 +32,7 @@ from typing import Any
 from nodescope.errors import ParseError
 from nodescope.sim.expect import Expectations, parse_expectations
 from nodescope.sim.lspci import (
+    ACS_FLAG_BITS,
     BusNumbers,
     ExpressType,
     LspciDevice,
@@ -156,6 +157,8 @@ class OsSpec:
     uptime_seconds: float = 864_000.0
     #: processes besides the jobs' (kernel threads, daemons, login sessions)
     background_processes: int = 300
+    #: loaded kernel modules shown in ``/sys/module`` (e.g. ``nvidia_peermem``)
+    kernel_modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -902,7 +905,34 @@ def _function(
             if key not in spec:
                 raise source.fail(pointer_join(pointer, key), "missing (a new function needs it)")
         existing = _blank_function(bdf)
-    return replace(existing, **_function_changes(spec))
+    function = replace(existing, **_function_changes(spec))
+    if "acs_redirect" in spec:
+        if function.express_type is None:
+            raise source.fail(
+                pointer_join(pointer, "acs_redirect"),
+                "ACS is a PCI Express capability: the function has no 'express' port type",
+            )
+        function = _with_acs_redirect(function, spec["acs_redirect"])
+    return function
+
+
+#: ACS control bits a port redirects peer-to-peer traffic with: requests and completions.
+_ACS_REDIRECT_BITS = ACS_FLAG_BITS["ReqRedir"] | ACS_FLAG_BITS["CmpltRedir"]
+
+
+def _with_acs_redirect(function: LspciDevice, redirect: bool) -> LspciDevice:
+    """``function`` with P2P Request and Completion Redirect set or cleared in its ACS control
+    (an ACS capability added where it had none). Setting them also sets them in a captured
+    capability register: hardware only lets a control bit be set where the capability has it."""
+    control = function.acs_control or 0
+    capability = function.acs_capability
+    if redirect:
+        control |= _ACS_REDIRECT_BITS
+        if capability is not None:
+            capability |= _ACS_REDIRECT_BITS
+    else:
+        control &= ~_ACS_REDIRECT_BITS
+    return replace(function, acs_control=control, acs_capability=capability)
 
 
 def _blank_function(bdf: str) -> LspciDevice:
@@ -1150,6 +1180,7 @@ def _os(spec: Mapping[str, Any]) -> OsSpec:
         hostname=spec.get("hostname", "sim"),
         uptime_seconds=float(spec.get("uptime_seconds", 864_000)),
         background_processes=int(spec.get("background_processes", 300)),
+        kernel_modules=tuple(spec.get("kernel_modules", ())),
     )
 
 

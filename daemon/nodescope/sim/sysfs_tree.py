@@ -15,10 +15,11 @@ shows for each function (``drivers/pci/pci-sysfs.c``, ``drivers/pci/pcie/aer.c``
   ``<function>/net/<ifname>`` and ``class/net/<ifname>`` for network functions;
 * ``devices/system/node/nodeN/cpulist`` and ``devices/system/node/online``.
 
-``config`` holds the first 256 bytes of config space as the kernel shows it to root: ids,
-class, header type, the bridges' bus numbers and a PCIe capability with the port type and
-Link Capabilities/Status, so ``lspci -A linux-sysfs -O sysfs.path=<root>/sys/bus/pci`` can
-read the tree back.
+``config`` holds config space as the kernel shows it to root: ids, class, header type, the
+bridges' bus numbers and a PCIe capability with the port type and Link Capabilities/Status,
+so ``lspci -A linux-sysfs -O sysfs.path=<root>/sys/bus/pci`` can read the tree back. A
+function with Access Control Services gets the 4096 bytes of a PCIe function's config space,
+with ACS as the one extended capability at 0x100; the others keep the first 256 bytes.
 
 What the capture does not show is inferred, and said so here:
 
@@ -27,6 +28,8 @@ What the capture does not show is inferred, and said so here:
   (:func:`build_hgx_h100_tree` assumes two 56-core sockets with SMT, Linux numbering);
 * OS names: NVMe controllers ``nvme0..`` and Mellanox functions ``mlx5_0..`` in BDF order,
   interface names in systemd's predictable scheme (``enp<bus>s<slot>[f<fn>][np0]``);
+* ACS sits at 0x100, the one extended capability, wherever the capture shows it (``[148
+  v1]``); its Egress Control Vector Size is 0;
 * AER counters are zero (lspci shows status bits, not counts); runtime status ``active``;
   Express functions without a link (RC-integrated endpoints) read ``Unknown``/``0`` as the
   kernel reports them.
@@ -108,9 +111,20 @@ def cpus_of_sockets(sockets: int, cores: int, threads: int) -> dict[int, tuple[i
     return {node: tuple(cpus) for node, cpus in nodes.items()}
 
 
+#: Conventional config space; PCIe functions have 4096 bytes, extended capabilities from 0x100.
+CONVENTIONAL_CONFIG_SIZE = 256
+EXTENDED_CONFIG_SIZE = 4096
+EXTENDED_CAPABILITIES = 0x100
+#: Access Control Services' extended capability ID and the version the capture's ports show.
+ACS_CAPABILITY_ID = 0x000D
+ACS_CAPABILITY_VERSION = 1
+
+
 def _config_space(dev: LspciDevice, multifunction: bool) -> bytes:
-    """256 bytes of config space with what ``lspci`` needs to rebuild the tree."""
-    config = bytearray(256)
+    """Config space with what ``lspci`` needs to rebuild the tree: 256 bytes, or 4096 with the
+    ACS extended capability for a function that has one."""
+    extended = dev.acs_control is not None
+    config = bytearray(EXTENDED_CONFIG_SIZE if extended else CONVENTIONAL_CONFIG_SIZE)
     class_code = dev.class_code if dev.class_code is not None else 0xFF0000
     struct.pack_into("<HH", config, 0x00, dev.vendor_id or 0xFFFF, dev.device_id or 0xFFFF)
     struct.pack_into("<H", config, 0x04, 0x0006)  # memory space + bus master enabled
@@ -137,6 +151,13 @@ def _config_space(dev: LspciDevice, multifunction: bool) -> bytes:
             struct.pack_into("<H", config, 0x52, sta_speed | ((dev.link_sta_width or 0) << 4))
             # Link Capabilities 2: supported speeds vector, up to the maximum.
             struct.pack_into("<I", config, 0x6C, ((1 << cap_speed) - 1) << 1 if cap_speed else 0)
+    if dev.acs_control is not None:
+        # Header: ID in bits 0-15, version 16-19, next capability's offset 20-31 (0: last).
+        header = ACS_CAPABILITY_ID | (ACS_CAPABILITY_VERSION << 16)
+        # A control bit can only be set where the capability has it: with the capability
+        # unknown, the control bits stand for it.
+        capability = dev.acs_capability if dev.acs_capability is not None else dev.acs_control
+        struct.pack_into("<IHH", config, EXTENDED_CAPABILITIES, header, capability, dev.acs_control)
     return bytes(config)
 
 
