@@ -398,8 +398,9 @@ class SaturationSettings:
     bidirectional_ratio: float = option(
         0.57,
         "both directions together over twice the per-direction capacity; an A100 on Gen4 x16"
-        " saturated at 38 of 63 GB/s (0.60): 0.57 is 95 % of that point."
-        ' Per model: [detectors.saturation.models] "A100" = 0.57',
+        " saturated at 38 of 63 GB/s (0.60): 0.57 is 95 % of that point. Applies to links at"
+        " Gen4 or slower; on faster ones only to the models of [detectors.saturation.models]"
+        ' ("A100" = 0.57)',
         FRACTION,
     )
     one_way_ratio: float = option(0.85, "one direction over the per-direction capacity", FRACTION)

@@ -3,6 +3,7 @@ narrower end; on hand-made trees and on the simulated HGX H100 through the real 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 from collections.abc import Iterator
@@ -20,7 +21,13 @@ from nodescope.model.attribution import (
     attribute,
 )
 from nodescope.model.snapshot import Snapshot
-from nodescope.model.topology import PCI, DeviceClass, LinkState, link_capacity_bytes_per_s
+from nodescope.model.topology import (
+    PCI,
+    DeviceClass,
+    LinkState,
+    Topology,
+    link_capacity_bytes_per_s,
+)
 from nodescope.model.traffic import endpoint_flows
 from nodescope_exporters.fabric_metrics import TOP_CONTRIBUTORS, families
 from tests.unit.fabric_helpers import (
@@ -167,7 +174,10 @@ def test_conservation_and_shares(values: list[tuple[float, float]]) -> None:
         for direction in Direction:
             load = link.load(direction)
             expected = sum(by_bdf[b].bytes_per_second(direction) for b in link.endpoints)
-            assert load.demand_bytes_per_second == pytest.approx(expected)
+            # Traffic a GPU and an HCA below the link moved between each other (inferred where
+            # the link could not carry it all) turned below it: out of both directions.
+            expected -= sum(p.total_bytes_per_second for p in link.peer_to_peer)
+            assert load.demand_bytes_per_second == pytest.approx(expected, abs=1e-3)
             if load.demand_bytes_per_second > 0:
                 assert math.fsum(c.share for c in load.contributions) == pytest.approx(1.0)
                 assert all(c.direction is direction for c in load.contributions)
@@ -275,3 +285,141 @@ def test_exported_series_only_for_shared_links_and_bounded(contention_snapshot: 
     assert [(s.labels["direction"], s.labels["class"]) for s in nvme] == [("upstream", "nvme")]
     capacity = got["nodescope_pcie_shared_link_capacity_bytes_per_second"].samples
     assert {s.labels["link"] for s in capacity} == shared
+
+
+# --- peer to peer below a switch ------------------------------------------------------------
+
+
+def _with(
+    modules: frozenset[str] = frozenset(), redirect: dict[str, bool | None] | None = None
+) -> Topology:
+    """The hand-made tree with ``modules`` loaded and the ACS redirect bit of some ports."""
+    base = topology()
+    acs = redirect or {}
+    devices = tuple(
+        dataclasses.replace(d, acs_redirect=acs[d.bdf]) if d.bdf in acs else d
+        for d in base.devices
+    )
+    return dataclasses.replace(base, devices=devices, peer_modules=modules)
+
+
+# GPUDirect RDMA at line rate: the HCA transmits what the GPU sends up and receives what it
+# takes down, 46 GB/s each way, beside 3 GB/s of host-to-device copies and an NVMe read.
+GDR_FLOWS = [
+    flow(GPU_A, "gpu0", DeviceClass.GPU, 49e9, 46e9),
+    flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, 46e9, 46e9),
+    flow(NVME, "nvme0n1", DeviceClass.NVME, 0.0, 2e9),
+]
+SWITCH_UP, GPU_PORT, HCA_PORT = "0000:11:00.0", "0000:12:00.0", "0000:12:02.0"
+
+
+def test_gpudirect_rdma_turns_in_the_switch_and_never_reaches_the_root_port() -> None:
+    a = attribute(_with(frozenset({"nvidia_peermem"})), GDR_FLOWS)
+    (moved,) = a.peer_flows
+    assert (moved.gpu, moved.peer, moved.turn) == (GPU_A, HCA, SWITCH_UP)
+    assert moved.to_gpu_bytes_per_second == pytest.approx(46e9)
+    assert moved.from_gpu_bytes_per_second == pytest.approx(46e9)
+    assert moved.basis == "nvidia_peermem loaded, ACS not read"
+    rp = a.link(RP_SHARED)
+    assert rp is not None and rp.peer_to_peer == (moved,)
+    # What is left at the root port: the GPU's 3 GB/s from host memory, the drive's read.
+    assert rp.downstream.demand_bytes_per_second == pytest.approx(3e9)
+    assert rp.upstream.demand_bytes_per_second == pytest.approx(2e9)
+    bridge = a.link("pci0000:10")
+    assert bridge is not None and bridge.downstream.demand_bytes_per_second == pytest.approx(3e9)
+    # Below the switch each function's own link carries all it moved.
+    gpu_link, hca_link = a.link(GPU_PORT), a.link(HCA_PORT)
+    assert gpu_link is not None and gpu_link.downstream.demand_bytes_per_second == 49e9
+    assert hca_link is not None and hca_link.upstream.demand_bytes_per_second == 46e9
+    assert gpu_link.peer_to_peer == ()
+    endpoint = a.endpoint(GPU_A)
+    assert endpoint is not None and endpoint.flow.downstream_bytes_per_second == 49e9
+
+
+def test_without_the_module_the_bytes_go_up_unless_the_root_port_could_not_carry_them() -> None:
+    # 20 GB/s each way: the root port can carry it, so without nvidia_peermem it is taken to
+    # go to host memory (as traffic through DMA-BUF cannot be told from it).
+    light = [flow(GPU_A, "gpu0", DeviceClass.GPU, 20e9, 20e9),
+             flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, 20e9, 20e9)]  # fmt: skip
+    for topo in (_with(), _with(frozenset({"nvidia_fs"}))):
+        a = attribute(topo, light)
+        assert a.peer_flows == ()
+        rp = a.link(RP_SHARED)
+        assert rp is not None and rp.downstream.demand_bytes_per_second == pytest.approx(40e9)
+    # At line rate the root port would carry 95 GB/s of a 63 GB/s link: what the GPU and the
+    # HCA could have moved between each other is taken to have turned in the switch.
+    a = attribute(_with(), GDR_FLOWS)
+    (moved,) = a.peer_flows
+    assert moved.basis.startswith("no GPUDirect module loaded, inferred")
+    rp = a.link(RP_SHARED)
+    assert rp is not None and rp.downstream.demand_bytes_per_second == pytest.approx(3e9)
+
+
+def test_acs_redirect_keeps_peer_traffic_on_the_root_port() -> None:
+    for modules in (frozenset(), frozenset({"nvidia_peermem"})):
+        a = attribute(_with(modules, {HCA_PORT: True}), GDR_FLOWS)
+        assert a.peer_flows == ()
+        rp = a.link(RP_SHARED)
+        assert rp is not None and rp.downstream.demand_bytes_per_second == pytest.approx(95e9)
+
+
+def test_acs_read_and_clear_is_said_in_the_basis() -> None:
+    ports = {GPU_PORT: False, HCA_PORT: False}
+    a = attribute(_with(frozenset({"nv_peer_mem"}), ports), GDR_FLOWS)
+    assert [p.basis for p in a.peer_flows] == ["nv_peer_mem loaded, ACS does not redirect"]
+
+
+def test_gpudirect_storage_needs_nvidia_fs() -> None:
+    flows = [
+        flow(GPU_A, "gpu0", DeviceClass.GPU, 6e9, 0.0),
+        flow(NVME, "nvme0n1", DeviceClass.NVME, 0.0, 6e9),  # reads straight into the GPU
+    ]
+    assert attribute(_with(frozenset({"nvidia_peermem"})), flows).peer_flows == ()
+    a = attribute(_with(frozenset({"nvidia_fs"})), flows)
+    assert [(p.kind.value, p.peer, p.to_gpu_bytes_per_second) for p in a.peer_flows] == [
+        ("gpudirect_storage", NVME, 6e9)
+    ]
+    rp = a.link(RP_SHARED)
+    assert rp is not None and rp.total_bytes_per_second == pytest.approx(0.0)
+
+
+def test_a_gpu_and_a_nic_on_different_root_ports_stay_on_both() -> None:
+    # GPU_B sits alone on its root port: its path and the HCA's meet at the host bridge only.
+    flows = [
+        flow(GPU_B, "gpu1", DeviceClass.GPU, 10e9, 10e9),
+        flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, 10e9, 10e9),
+    ]
+    a = attribute(_with(frozenset({"nvidia_peermem"})), flows)
+    assert a.peer_flows == ()
+    rp = a.link(RP_SHARED)
+    assert rp is not None and rp.downstream.demand_bytes_per_second == 10e9
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    amounts=st.lists(st.floats(0, 80e9, allow_nan=False), min_size=6, max_size=6),
+    modules=st.sets(st.sampled_from(["nvidia_peermem", "nvidia_fs", "nv_peer_mem"])),
+)
+def test_placement_never_adds_bytes_and_each_byte_is_given_out_once(
+    amounts: list[float], modules: set[str]
+) -> None:
+    gd, gu, hd, hu, nd, nu = amounts
+    flows = [
+        flow(GPU_A, "gpu0", DeviceClass.GPU, gd, gu),
+        flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, hd, hu),
+        flow(NVME, "nvme0n1", DeviceClass.NVME, nd, nu),
+    ]
+    a = attribute(_with(frozenset(modules)), flows)
+    to_gpu = sum(p.to_gpu_bytes_per_second for p in a.peer_flows)
+    from_gpu = sum(p.from_gpu_bytes_per_second for p in a.peer_flows)
+    assert to_gpu <= gd + 1 and from_gpu <= gu + 1
+    rp = a.link(RP_SHARED)
+    assert rp is not None
+    # The root port carries what was moved less what turned below it, never less than zero.
+    assert rp.downstream.demand_bytes_per_second == pytest.approx(
+        gd + hd + nd - to_gpu - from_gpu, abs=1
+    )
+    assert rp.upstream.demand_bytes_per_second == pytest.approx(
+        gu + hu + nu - to_gpu - from_gpu, abs=1
+    )
+    assert min(rp.downstream.demand_bytes_per_second, rp.upstream.demand_bytes_per_second) >= 0

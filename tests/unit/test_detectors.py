@@ -152,10 +152,11 @@ def test_contention_raises_exactly_when_the_rule_holds(gpu: float, nvme: float, 
     classes = {
         f.device_class for f in rp.flows if total and f.total_bytes_per_second / total >= 0.1
     }
-    expected = util >= 0.6 and len(classes) >= 2
+    # More than the link can carry is no contention: the traffic took another path.
+    expected = 0.6 <= util <= contention.IMPOSSIBLE_UTILISATION and len(classes) >= 2
     assert any(f.subjects["link"] == RP_SHARED for f in found) == expected
     for f in found:
-        assert f.evidence[VALUE] >= 0.6
+        assert 0.6 <= f.evidence[VALUE] <= contention.IMPOSSIBLE_UTILISATION
 
 
 # --- saturation -------------------------------------------------------------------------------
@@ -570,3 +571,35 @@ def test_one_gpus_links_to_a_switch_are_no_switch_stall() -> None:
     stalls = [_stall(0, 0), _stall(0, 1)]  # GPU 0's own links: 2 of 6 into switch A
     assert nvlink.fold_switch_stalls(stalls, nvml, {}) == stalls
     assert nvlink.fold_switch_stalls(stalls, None, {}) == stalls
+
+
+def test_gpudirect_rdma_at_line_rate_is_no_root_port_contention() -> None:
+    """Every HCA at 92 % of NDR each way through GPUDirect RDMA, flat xmit_wait: with
+    nvidia_peermem loaded the bytes turn in the switch; without it the root port would show
+    148 % downstream, which no link carries, and is no finding either."""
+    ndr = 0.92 * 50e9
+    flows = [
+        flow(GPU_A, "gpu0", DeviceClass.GPU, ndr + 1e9, ndr),
+        flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, ndr, ndr),
+        flow(NVME, "nvme0n1", DeviceClass.NVME, 0.0, 1e9),
+    ]
+    base = topology()
+    loaded = dataclasses.replace(base, peer_modules=frozenset({"nvidia_peermem"}))
+    for topo in (base, loaded):
+        assert contention.evaluate(attribute(topo, flows).shared_links, 0.6, 0.1) == []
+    # The same traffic to host memory at a rate the root port can carry is contention, and a
+    # contention beside peer-to-peer traffic names what turned below the link.
+    busy = [
+        flow(GPU_A, "gpu0", DeviceClass.GPU, 30e9, 20e9),
+        flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, 10e9, 20e9),
+        flow(NVME, "nvme0n1", DeviceClass.NVME, 0.0, 6e9),
+    ]
+    (plain,) = contention.evaluate(attribute(base, busy).shared_links, 0.6, 0.1)
+    assert "peer to peer" not in plain.message
+    # With nvidia_peermem, 10 GB/s from the GPU and 20 GB/s to it turn in the switch: the root
+    # port keeps 10 GB/s down and 16 GB/s up (the GPU's 10 to host memory, the drive's 6).
+    (found,) = contention.evaluate(attribute(loaded, busy).shared_links, 0.2, 0.1)
+    assert found.subjects == {"link": RP_SHARED}
+    assert "peer to peer below it, not counted: gpu0↔mlx5_0 20.0 GB/s to the GPU" in found.message
+    assert "(GPUDirect RDMA: nvidia_peermem loaded, ACS not read)" in found.message
+    assert found.evidence["peer_to_peer_bytes_per_second"] == pytest.approx(30e9)

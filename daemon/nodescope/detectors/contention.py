@@ -14,6 +14,14 @@ with at least two data-moving functions below it) is *contended* when
   loader that reads NVMe (upstream) while copying frames to a GPU (downstream) contends for
   the root port although the two streams cross it in opposite directions.
 
+Traffic that a GPU and a NIC or NVMe drive below one switch move between each other
+(GPUDirect RDMA and Storage: :mod:`nodescope.model.attribution`) turns inside the switch and
+is not in the root port's demand; the message names it. A direction whose demand is over
+``IMPOSSIBLE_UTILISATION`` of the link is no contention: no link carries more than it can, so
+part of what its functions moved took another path (the attribution already takes a GPU's
+and a NIC's matching traffic below an overloaded switch as peer to peer, GPUDirect RDMA
+through DMA-BUF needing no module) or a counter is wrong.
+
 "Sustained for N seconds" is not decided here: a detector has no memory. The finding holds in
 every cycle whose interval meets the condition, and the alert engine fires it once it has held
 for the ``for_seconds`` of ``[alerts.rules.pcie_contention]`` (default ``[alerts]
@@ -35,7 +43,16 @@ from nodescope.detectors.common import (
     tcp_evidence,
     tcp_text,
 )
-from nodescope.model.attribution import Direction, DirectionLoad, EndpointFlow, LinkKind, LinkLoad
+from nodescope.model.attribution import (
+    IMPOSSIBLE_UTILISATION,
+    Direction,
+    DirectionLoad,
+    EndpointFlow,
+    LinkKind,
+    LinkLoad,
+    PeerFlow,
+    PeerKind,
+)
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import DeviceClass, generation_of
@@ -44,6 +61,11 @@ KIND = "pcie_contention"
 #: Its alert rule, declared here because :func:`detect` reports the keep band down to
 #: ``clear_below``: a firing alert holds while the link stays at least half busy.
 RULE = AlertRule(for_seconds=30.0, resolve_after_seconds=60.0, clear_below=0.5)
+
+_PEER_TEXT = {
+    PeerKind.GPUDIRECT_RDMA: "GPUDirect RDMA",
+    PeerKind.GPUDIRECT_STORAGE: "GPUDirect Storage",
+}
 
 _KIND_TEXT = {
     LinkKind.ROOT_PORT: "root port",
@@ -119,6 +141,18 @@ def direction_text(
     return f"{' + '.join(parts)} = {share} {load.direction.value}"
 
 
+def peer_text(flows: tuple[PeerFlow, ...]) -> str:
+    """What turned below the link, for the message; empty when nothing did."""
+    if not flows:
+        return ""
+    parts = [
+        f"{f.gpu_name}↔{f.peer_name} {gb(f.to_gpu_bytes_per_second)} to the GPU,"
+        f" {gb(f.from_gpu_bytes_per_second)} from it ({_PEER_TEXT[f.kind]}: {f.basis})"
+        for f in sorted(flows, key=lambda f: (-f.total_bytes_per_second, f.gpu, f.peer))
+    ]
+    return f"; peer to peer below it, not counted: {'; '.join(parts)}"
+
+
 def evaluate(
     links: Iterable[LinkLoad],
     utilisation_ratio: float,
@@ -139,7 +173,7 @@ def evaluate(
             continue
         busier = link.busier
         utilisation = busier.utilisation
-        if utilisation is None or utilisation < lowest:
+        if utilisation is None or utilisation < lowest or utilisation > IMPOSSIBLE_UTILISATION:
             continue
         chosen = participants(link, min_share)
         classes = {f.device_class for f, _s in chosen}
@@ -155,6 +189,9 @@ def evaluate(
             "downstream_utilisation_ratio": link.downstream.utilisation or 0.0,
             "upstream_utilisation_ratio": link.upstream.utilisation or 0.0,
             "endpoints": float(len(chosen)),
+            "peer_to_peer_bytes_per_second": sum(
+                f.total_bytes_per_second for f in link.peer_to_peer
+            ),
         }
         for flow, share in chosen:
             evidence[f"{flow.name}_downstream_bytes_per_second"] = flow.downstream_bytes_per_second
@@ -170,7 +207,7 @@ def evaluate(
         who = "; ".join(text for text in sides if text is not None)
         message = (
             f"contention on {link_text(link)}: {who} (threshold {utilisation_ratio:.0%})"
-            f"{tcp_text(extra)}"
+            f"{peer_text(link.peer_to_peer)}{tcp_text(extra)}"
         )
         findings.append(Finding(KIND, Severity.WARNING, {"link": link.name}, evidence, message))
     return findings

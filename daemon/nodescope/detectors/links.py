@@ -9,7 +9,11 @@ and, for GPUs, NVML's current and maximum link generation and width (§1.5).
 * both directions together over twice the per-direction capacity, against the GPU model's
   ratio (``[detectors.saturation.models]``, a key matching part of the GPU's name, else
   ``bidirectional_ratio``). The seeds measured an A100 on a Gen4 x16 link saturating at
-  38 of 63 GB/s both ways (0.60): the default 0.57 reports it at 95 % of that point;
+  38 of 63 GB/s both ways (0.60): the default 0.57 reports it at 95 % of that point. That
+  point was measured at 16 GT/s: the default applies to links running at Gen4 or slower;
+  on faster links only a model named in the table has a bidirectional point (an H100
+  moving 46 GB/s each way to its NIC over Gen5, GPUDirect RDMA at line rate, is busy, not
+  saturated);
 * one direction over the per-direction capacity, against ``one_way_ratio``.
 
 ``value`` is the larger of the two measures divided by its own threshold, so the raise
@@ -45,6 +49,8 @@ SATURATION = "pcie_saturation"
 #: saturation point.
 SATURATION_RULE = AlertRule(for_seconds=30.0, resolve_after_seconds=60.0, clear_below=0.9)
 DOWNTRAINED = "pcie_link_downtrained"
+#: The link speed the default bidirectional saturation point was measured at (Gen4).
+MEASURED_SPEED_GTS = 16.0
 
 
 def model_ratio(name: str, models: dict[str, float], default: float) -> tuple[float, str | None]:
@@ -101,8 +107,12 @@ def saturation(
         gpu = gpus.get(flow.bdf)
         name = gpu.name if gpu is not None else ""
         ratio, model = model_ratio(name, models, bidirectional_ratio)
+        speed = load.link.current_speed_gts if load.link is not None else None
+        measured_here = model is not None or (speed is not None and speed <= MEASURED_SPEED_GTS)
         one_way = max(down, up)
-        value = max(both / ratio, one_way / one_way_ratio)
+        value = one_way / one_way_ratio
+        if measured_here:
+            value = max(value, both / ratio)
         if value < floor:
             continue
         capacity = load.capacity_bytes_per_second or 0.0
@@ -121,11 +131,16 @@ def saturation(
         label = f"GPU {gpu.index}" if gpu is not None else flow.name
         what = f" {name}" if name else ""
         basis = f"for {model}" if model else "by default"
+        point = (
+            f"saturation at {ratio:.0%} {basis}"
+            if measured_here
+            else "no bidirectional saturation point known at this link speed"
+        )
         message = (
             f"{label} ({flow.bdf},{what}) saturates {_link_text(load.link)}:"
             f" H2D {gb(flow.downstream_bytes_per_second)} + D2H"
             f" {gb(flow.upstream_bytes_per_second)} = {gb(flow.total_bytes_per_second)} of"
-            f" {gb(2 * capacity)} both ways ({both:.0%}; saturation at {ratio:.0%} {basis}),"
+            f" {gb(2 * capacity)} both ways ({both:.0%}; {point}),"
             f" busier direction {one_way:.0%} (at {one_way_ratio:.0%})"
             f"{_owner(flow.bdf, owners)}{tcp_text(extra_evidence or {})}"
         )

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nodescope.model.topology import (
+    GPUDIRECT_RDMA_MODULES,
+    GPUDIRECT_STORAGE_MODULES,
     DeviceClass,
     PciDevice,
     PortRole,
@@ -110,6 +112,33 @@ class Contribution:
     share: float
 
 
+class PeerKind(enum.StrEnum):
+    GPUDIRECT_RDMA = "gpudirect_rdma"
+    GPUDIRECT_STORAGE = "gpudirect_storage"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerFlow:
+    """Bytes a GPU and a NIC or NVMe drive below one PCIe switch are taken to have moved
+    between each other directly, turning inside the switch at ``turn`` (the deepest function
+    both sit below): they cross the links below ``turn`` only. ``basis`` says what the
+    placement rests on."""
+
+    kind: PeerKind
+    gpu: str
+    gpu_name: str
+    peer: str
+    peer_name: str
+    turn: str
+    to_gpu_bytes_per_second: float
+    from_gpu_bytes_per_second: float
+    basis: str
+
+    @property
+    def total_bytes_per_second(self) -> float:
+        return self.to_gpu_bytes_per_second + self.from_gpu_bytes_per_second
+
+
 @dataclass(frozen=True, slots=True)
 class DirectionLoad:
     direction: Direction
@@ -141,6 +170,9 @@ class LinkLoad:
     flows: tuple[EndpointFlow, ...]
     downstream: DirectionLoad
     upstream: DirectionLoad
+    #: flows between two functions below this link that turn below it, so are not in its
+    #: demand (``flows`` hold what is left of each function's traffic)
+    peer_to_peer: tuple[PeerFlow, ...] = ()
 
     @property
     def shared(self) -> bool:
@@ -193,6 +225,8 @@ class Attribution:
 
     links: tuple[LinkLoad, ...]
     endpoints: tuple[EndpointLoad, ...]
+    #: the traffic placed peer to peer below a switch (see :func:`attribute`)
+    peer_flows: tuple[PeerFlow, ...] = ()
 
     @property
     def shared_links(self) -> tuple[LinkLoad, ...]:
@@ -246,8 +280,30 @@ def _direction_load(
     return DirectionLoad(direction, demand, utilisation, contributions)
 
 
-def _link_load(spec: _LinkSpec, flows_by_bdf: Mapping[str, EndpointFlow]) -> LinkLoad:
+def _link_load(
+    spec: _LinkSpec,
+    flows_by_bdf: Mapping[str, EndpointFlow],
+    peer: Mapping[str, list[tuple[int, float, float, PeerFlow]]],
+) -> LinkLoad:
     flows = tuple(flows_by_bdf[b] for b in spec.endpoints if b in flows_by_bdf)
+    turned: dict[PeerFlow, None] = {}
+    if peer:
+        # What a function moved peer to peer with a partner turns at a switch port at least
+        # as deep as this link's upper end: it does not cross this link.
+        kept = []
+        for flow in flows:
+            portions = [p for p in peer.get(flow.bdf, ()) if p[0] >= spec.depth]
+            if portions:
+                down = sum(p[1] for p in portions)
+                up = sum(p[2] for p in portions)
+                flow = replace(
+                    flow,
+                    downstream_bytes_per_second=max(0.0, flow.downstream_bytes_per_second - down),
+                    upstream_bytes_per_second=max(0.0, flow.upstream_bytes_per_second - up),
+                )
+                turned.update(dict.fromkeys(p[3] for p in portions))
+            kept.append(flow)
+        flows = tuple(kept)
     below = spec.below
     capacity = spec.capacity
     return LinkLoad(
@@ -264,6 +320,7 @@ def _link_load(spec: _LinkSpec, flows_by_bdf: Mapping[str, EndpointFlow]) -> Lin
         flows=flows,
         downstream=_direction_load(Direction.DOWNSTREAM, flows, capacity),
         upstream=_direction_load(Direction.UPSTREAM, flows, capacity),
+        peer_to_peer=tuple(turned),
     )
 
 
@@ -301,11 +358,12 @@ class LinkIndex:
     """The links of one topology and each function's own link, worked out once per topology
     object: the topology changes only when the hardware does, the traffic every second."""
 
-    __slots__ = ("_own", "links", "topology")
+    __slots__ = ("_own", "links", "peer_pairs", "topology")
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self.links = _link_specs(topology)
+        self.peer_pairs = _peer_pairs(topology)
         self._own: dict[str, UpstreamLink | None] = {}
 
     def own_link(self, bdf: str) -> UpstreamLink | None:
@@ -374,6 +432,116 @@ def _link_specs(topology: Topology) -> tuple[_LinkSpec, ...]:
     return tuple(specs)
 
 
+@dataclass(frozen=True, slots=True)
+class _PeerPair:
+    """A GPU and a function below the same PCIe switch that can move data between each other
+    without the root complex; ``depth``: the length of the chain down to ``turn``."""
+
+    kind: PeerKind
+    gpu: str
+    peer: str
+    turn: str
+    depth: int
+    basis: str
+    inferred: bool
+
+
+_SWITCH_PORTS = (PortRole.UPSTREAM_PORT, PortRole.DOWNSTREAM_PORT)
+_RDMA_CLASSES = (DeviceClass.INFINIBAND, DeviceClass.ETHERNET)
+
+
+def _peer_pairs(topology: Topology) -> tuple[_PeerPair, ...]:
+    """Every GPU and NIC (GPUDirect RDMA) or NVMe drive (GPUDirect Storage, with ``nvidia_fs``
+    loaded) whose paths meet inside a PCIe switch, where no port on the way down to either
+    redirects peer-to-peer requests to the root complex (ACS); the nearest pairs first.
+
+    A GPU-NIC pair is *inferred* when neither ``nvidia_peermem`` nor ``nv_peer_mem`` is
+    loaded: GPUDirect RDMA through DMA-BUF (recent kernels and CUDA) needs no module, and the
+    counters cannot tell it from traffic to host memory, so such a pair is used only where
+    the traffic would otherwise be more than a link above it can carry (see
+    :func:`attribute`)."""
+    modules = topology.peer_modules
+    rdma_module = next((m for m in GPUDIRECT_RDMA_MODULES if m in modules), None)
+    storage_module = next((m for m in GPUDIRECT_STORAGE_MODULES if m in modules), None)
+    endpoints = [d for d in topology.devices if d.role is not PortRole.RC_INTEGRATED_ENDPOINT]
+    gpus = [d for d in endpoints if d.device_class is DeviceClass.GPU]
+    peers = [
+        d
+        for d in endpoints
+        if d.device_class in _RDMA_CLASSES
+        or (storage_module is not None and d.device_class is DeviceClass.NVME)
+    ]
+    pairs: list[_PeerPair] = []
+    for gpu in gpus:
+        for peer in peers:
+            depth = 0
+            for a, b in zip(gpu.chain, peer.chain, strict=False):
+                if a != b:
+                    break
+                depth += 1
+            if depth == 0:
+                continue
+            turn = topology.get(gpu.chain[depth - 1])
+            if turn is None or turn.role not in _SWITCH_PORTS:
+                continue
+            below = [topology.get(b) for b in (*gpu.chain[depth:], *peer.chain[depth:])]
+            acs = [d.acs_redirect for d in below if d is not None and d.role in _SWITCH_PORTS]
+            if any(acs):
+                continue  # requests go up to the root complex and back down
+            read = all(a is False for a in acs) and bool(acs)
+            acs_text = "ACS does not redirect" if read else "ACS not read"
+            inferred = False
+            if peer.device_class is DeviceClass.NVME:
+                kind = PeerKind.GPUDIRECT_STORAGE
+                module = f"{storage_module} loaded"
+            else:
+                kind = PeerKind.GPUDIRECT_RDMA
+                inferred = rdma_module is None
+                module = (
+                    "no GPUDirect module loaded, inferred from a demand above what the link carries"
+                    if inferred
+                    else f"{rdma_module} loaded"
+                )
+            basis = f"{module}, {acs_text}"
+            pairs.append(_PeerPair(kind, gpu.bdf, peer.bdf, turn.bdf, depth, basis, inferred))
+    pairs.sort(key=lambda p: (-p.depth, p.gpu, p.peer))
+    return tuple(pairs)
+
+
+def _peer_flows(
+    pairs: tuple[_PeerPair, ...], flows_by_bdf: Mapping[str, EndpointFlow]
+) -> tuple[PeerFlow, ...]:
+    """The traffic of each pair taken as peer to peer: what the GPU sent up against what the
+    partner took down (a NIC's transmit, a drive's write), and what the partner sent up (a
+    receive, a read) against what the GPU took down, each the lesser of the two and each
+    function's bytes given out once, nearest pairs first. The counters cannot tell a NIC's
+    transmit out of GPU memory from one out of host memory: taking the match as peer to peer
+    never puts on a link more than crosses it."""
+    left_down = {b: f.downstream_bytes_per_second for b, f in flows_by_bdf.items()}
+    left_up = {b: f.upstream_bytes_per_second for b, f in flows_by_bdf.items()}
+    placed: list[PeerFlow] = []
+    for pair in pairs:
+        gpu = flows_by_bdf.get(pair.gpu)
+        peer = flows_by_bdf.get(pair.peer)
+        if gpu is None or peer is None:
+            continue
+        from_gpu = min(left_up[pair.gpu], left_down[pair.peer])
+        to_gpu = min(left_down[pair.gpu], left_up[pair.peer])
+        if from_gpu <= 0 and to_gpu <= 0:
+            continue
+        left_up[pair.gpu] -= from_gpu
+        left_down[pair.peer] -= from_gpu
+        left_down[pair.gpu] -= to_gpu
+        left_up[pair.peer] -= to_gpu
+        placed.append(
+            PeerFlow(
+                pair.kind, gpu.bdf, gpu.name, peer.bdf, peer.name, pair.turn,
+                max(0.0, to_gpu), max(0.0, from_gpu), pair.basis,
+            )
+        )  # fmt: skip
+    return tuple(placed)
+
+
 def attribute(
     topology: Topology, flows: Iterable[EndpointFlow], index: LinkIndex | None = None
 ) -> Attribution:
@@ -389,8 +557,71 @@ def attribute(
             flows_by_bdf[flow.bdf] = flow
     if index is None or index.topology is not topology:
         index = LinkIndex(topology)
-    links = tuple(_link_load(spec, flows_by_bdf) for spec in index.links)
+    known = tuple(p for p in index.peer_pairs if not p.inferred)
+    peer_flows = _peer_flows(known, flows_by_bdf) if known else ()
+    links = _links(index, flows_by_bdf, peer_flows)
+    inferred = [p for p in index.peer_pairs if p.inferred]
+    if inferred:
+        # A port link that would carry more than it can: what a GPU and a NIC below it could
+        # have moved between each other turned below it.
+        over = [link for link in links if link.kind is not LinkKind.HOST_BRIDGE and _over(link)]
+        usable = tuple(
+            p
+            for p in inferred
+            if any(
+                p.gpu in link.endpoints and p.peer in link.endpoints and p.depth >= link.depth
+                for link in over
+            )
+        )
+        if usable:
+            peer_flows = peer_flows + _peer_flows(usable, _less(flows_by_bdf, peer_flows))
+            links = _links(index, flows_by_bdf, peer_flows)
     endpoints = tuple(
         EndpointLoad(flows_by_bdf[bdf], index.own_link(bdf)) for bdf in sorted(flows_by_bdf)
     )
-    return Attribution(links, endpoints)
+    return Attribution(links, endpoints, peer_flows)
+
+
+#: Demand over capacity that the timing of the counters' reads cannot explain: they are read
+#: within milliseconds of each other over intervals of a second or more.
+IMPOSSIBLE_UTILISATION = 1.1
+
+
+def _over(link: LinkLoad) -> bool:
+    return any(
+        d.utilisation is not None and d.utilisation > IMPOSSIBLE_UTILISATION
+        for d in (link.downstream, link.upstream)
+    )
+
+
+def _less(
+    flows_by_bdf: Mapping[str, EndpointFlow], placed: tuple[PeerFlow, ...]
+) -> dict[str, EndpointFlow]:
+    """``flows_by_bdf`` less what ``placed`` already gave out."""
+    left = dict(flows_by_bdf)
+    for moved in placed:
+        for bdf, down, up in (
+            (moved.gpu, moved.to_gpu_bytes_per_second, moved.from_gpu_bytes_per_second),
+            (moved.peer, moved.from_gpu_bytes_per_second, moved.to_gpu_bytes_per_second),
+        ):
+            flow = left[bdf]
+            left[bdf] = replace(
+                flow,
+                downstream_bytes_per_second=max(0.0, flow.downstream_bytes_per_second - down),
+                upstream_bytes_per_second=max(0.0, flow.upstream_bytes_per_second - up),
+            )
+    return left
+
+
+def _links(
+    index: LinkIndex, flows_by_bdf: Mapping[str, EndpointFlow], peer_flows: tuple[PeerFlow, ...]
+) -> tuple[LinkLoad, ...]:
+    # function -> (depth of the turn, its downstream and upstream bytes in it, the flow)
+    portions: dict[str, list[tuple[int, float, float, PeerFlow]]] = {}
+    depth_of = {(p.gpu, p.peer): p.depth for p in index.peer_pairs}
+    for moved in peer_flows:
+        depth = depth_of[(moved.gpu, moved.peer)]
+        to_gpu, from_gpu = moved.to_gpu_bytes_per_second, moved.from_gpu_bytes_per_second
+        portions.setdefault(moved.gpu, []).append((depth, to_gpu, from_gpu, moved))
+        portions.setdefault(moved.peer, []).append((depth, from_gpu, to_gpu, moved))
+    return tuple(_link_load(spec, flows_by_bdf, portions) for spec in index.links)
