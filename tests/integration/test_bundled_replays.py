@@ -69,6 +69,9 @@ def test_the_issue_bundles_every_scenario() -> None:
         "nvme-driver-rebind",
         "job-memory-limit-thrash",
         "job-memory-limit-warmup",
+        "gpudirect-rdma-line-rate",
+        "gpudirect-rdma-dmabuf",
+        "gpudirect-acs-redirect",
     }
 
 
