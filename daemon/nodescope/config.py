@@ -182,6 +182,8 @@ FRACTION = Range(0, 1, low_open=True)
 PERCENT = Range(0, 100, low_open=True)
 #: Bytes per second: 10 TB/s is above any PCIe, NVLink or network link of a node.
 BANDWIDTH = Range(0, 1e13)
+#: How long a stall must hold before it is a finding (0: at once).
+STALL_DURATION = Range(0, HOUR)
 #: Errors or events per second from which something is reported.
 EVENT_RATE = Range(0, 1e9)
 
@@ -488,6 +490,12 @@ class NvlinkSettings:
     burst_findings: bool = option(
         True, "report per-sample stall peaks in the critical band when the average is normal"
     )
+    min_stall_seconds: float = option(
+        5.0,
+        "a link (or a switch's links) must stall this long before a stall finding: a blip of a"
+        " few seconds is no finding",
+        STALL_DURATION,
+    )
 
 
 #: The ``[detectors.nvlink]`` bands as (warning, critical) keys: warning may not exceed critical.
@@ -546,6 +554,12 @@ class HangsSettings:
         "the job's block I/O plus the node's NFS traffic below which that waiting is"
         " starvation rather than a busy disk",
         BANDWIDTH,
+    )
+    min_stall_seconds: float = option(
+        20.0,
+        "a job must make no progress this long before any of these findings: a pause at an"
+        " epoch boundary or a checkpoint barrier of a few seconds is no finding",
+        STALL_DURATION,
     )
 
 

@@ -72,6 +72,8 @@ def test_the_issue_bundles_every_scenario() -> None:
         "gpudirect-rdma-line-rate",
         "gpudirect-rdma-dmabuf",
         "gpudirect-acs-redirect",
+        "nvlink-stall-blip",
+        "epoch-boundary-pause",
     }
 
 

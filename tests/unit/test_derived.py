@@ -18,7 +18,7 @@ from nodescope.detectors import jobs as jobs_detector
 from nodescope.detectors.registry import ALERT_RULES
 from nodescope.model import derived as derived_module
 from nodescope.model.attribution import EndpointFlow, LinkIndex, attribute
-from nodescope.model.finding import Finding
+from nodescope.model.finding import Finding, Severity
 from nodescope.model.jobs import JobProcess
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.model.topology import PCI, AerCounter, AerRecord, DeviceClass, LinkState
@@ -403,3 +403,50 @@ def test_a_rank_of_another_job_in_the_cgroup_gives_it_none_of_that_jobs_gpus() -
     (job,) = jobs.derived.jobs
     assert (job.gpus, job.gpu_source) == ((2,), "environ")
     assert job.escaped_processes == ()
+
+
+# --- how long a condition has held --------------------------------------------------------
+
+
+def test_a_condition_holds_since_its_first_cycle_until_one_without_it() -> None:
+    stage = DerivedStage()
+    previous: Snapshot | None = None
+
+    def cycle(t: float, keys: set[str], ask: bool = True) -> Mapping[object, float]:
+        nonlocal previous
+        snap = stage.derive(_snap({}, t=t))
+        before = None if previous is None else previous.monotonic
+        since = snap.derived.held_since("stalls", keys, t, before) if ask else {}
+        # Asked again in the same snapshot (another reader): the same answer.
+        if ask:
+            assert snap.derived.held_since("stalls", keys, t, before) == since
+        previous = snap
+        return since
+
+    assert cycle(1.0, {"a"}) == {"a": 1.0}
+    assert cycle(2.0, {"a", "b"}) == {"a": 1.0, "b": 2.0}
+    assert cycle(3.0, {"a", "b"}) == {"a": 1.0, "b": 2.0}
+    # b stops for one cycle: it starts again; a goes on.
+    assert cycle(4.0, {"a"}) == {"a": 1.0}
+    assert cycle(5.0, {"a", "b"}) == {"a": 1.0, "b": 5.0}
+    # A cycle whose detector did not ask (nothing could hold): everything starts again.
+    cycle(6.0, set(), ask=False)
+    assert cycle(7.0, {"a", "b"}) == {"a": 7.0, "b": 7.0}
+    # Another name is another set of conditions.
+    snap = stage.derive(_snap({}, t=8.0))
+    assert snap.derived.held_since("other", {"a"}, 8.0, 7.0) == {"a": 8.0}
+
+
+def test_a_stall_shorter_than_the_minimum_is_no_finding() -> None:
+    stall = Finding(hangs.UNKNOWN, Severity.WARNING, {"job": "81743"}, {}, "stalled")
+    stage = DerivedStage()
+    previous: Snapshot | None = None
+    found: dict[float, list[Finding]] = {}
+    # Stalled from t=10 to t=24 (15 cycles: a pause at an epoch boundary), then from t=40 on.
+    for t in range(0, 70):
+        snap = stage.derive(_snap({}, t=float(t)))
+        now = [stall] if 10 <= t < 25 or t >= 40 else []
+        found[float(t)] = hangs.held_long_enough(now, previous, snap, 20.0)
+        previous = snap
+    assert [t for t, f in found.items() if f] == [float(t) for t in range(60, 70)]
+    assert found[60.0][0].evidence["held_seconds"] == 20.0

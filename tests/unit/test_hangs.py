@@ -30,8 +30,9 @@ JOB, HOLDER_JOB = "81760", "81761"
 
 @pytest.fixture(scope="module")
 def replayed() -> tuple[Any, dict[float, Snapshot]]:
-    """The scenario up to t=22 (the lock and the D state start at 20), with only this
-    module's detectors: the scenario's "no other findings" is theirs to keep."""
+    """The scenario up to t=45 (the lock and the D state start at 20, the stall is a finding
+    once it has held for min_stall_seconds, 20 s), with only this module's detectors: the
+    scenario's "no other findings" is theirs to keep."""
     from nodescope.sim.driver import replay, temp_dir
     from nodescope.sim.scenario import load_scenario
 
@@ -39,7 +40,7 @@ def replayed() -> tuple[Any, dict[float, Snapshot]]:
     # The metric expectations are test_replay's; rendering no /metrics keeps this one quick.
     scenario = dataclasses.replace(
         scenario,
-        duration_seconds=22.0,
+        duration_seconds=45.0,
         expect=dataclasses.replace(scenario.expect, metrics=()),
     )
     snapshots: dict[float, Snapshot] = {}
@@ -58,15 +59,19 @@ def test_scenario_expectations_hold(replayed: tuple[Any, dict[float, Snapshot]])
     failed = [f"{f.expectation}: {f.reason}" for f in result.findings if not f.passed]
     assert not failed, failed
     assert len(result.findings) == 2  # the stall, and "no other findings"
-    for t in range(0, 21):
-        assert snapshots[float(t)].findings == (), t
+    stalled = [t for t in range(46) if snapshots[float(t)].findings]
+    # The job stops at t=20: t=21 is its first cycle without progress (the rates from 20 to
+    # 21), and it is a finding 20 s later, in every cycle after that.
+    assert stalled == list(range(41, 46)), stalled
+    first = snapshots[41.0].findings[0]
+    assert first.evidence["held_seconds"] == 20.0
 
 
 def test_the_finding_names_lock_holder_and_stalled_job(
     replayed: tuple[Any, dict[float, Snapshot]],
 ) -> None:
     _, snapshots = replayed
-    [finding] = snapshots[22.0].findings
+    [finding] = snapshots[45.0].findings
     assert finding.kind == hangs.STORAGE
     assert finding.subjects["job"] == JOB
     assert finding.subjects["holder_job"] == HOLDER_JOB

@@ -39,15 +39,18 @@ A stalled job is then, in this order:
 ``job_stalled_unknown`` (warning)
     stalled with none of those signals.
 
-"For at least T" is the alert rule's ``for`` (set below in ``detectors.registry``): the
-detector only says what holds now. A job with a lost GPU is left to the fell-off-the-bus
+Each finding needs its job to have made no progress for ``min_stall_seconds`` (default 20 s)
+in every cycle: a pause at an epoch boundary or a checkpoint barrier is none. The time is
+the derived stage's (``Derived.held_since``), keyed by job, so a stall first of unknown
+cause and then on a lock is one stall. The alert rule's ``for`` (set below in
+``detectors.registry``) comes on top. A job with a lost GPU is left to the fell-off-the-bus
 finding, which already names the cause.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
@@ -593,4 +596,29 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
     if not config.detectors.hangs.enabled:
         return []
-    return evaluate(snapshot, config)
+    return held_long_enough(
+        evaluate(snapshot, config),
+        previous,
+        snapshot,
+        config.detectors.hangs.min_stall_seconds,
+    )
+
+
+def held_long_enough(
+    findings: list[Finding], previous: Snapshot | None, snapshot: Snapshot, minimum: float
+) -> list[Finding]:
+    """The findings of jobs that have made no progress for at least ``minimum`` seconds, each
+    with ``held_seconds``. A job's stall is one condition whatever it is found to be from one
+    cycle to the next (an unknown stall whose lock shows up later is the same stall)."""
+    since = snapshot.derived.held_since(
+        "hangs",
+        {f.subjects["job"] for f in findings},
+        snapshot.monotonic,
+        None if previous is None else previous.monotonic,
+    )
+    kept = []
+    for finding in findings:
+        held = snapshot.monotonic - since[finding.subjects["job"]]
+        if held >= minimum:
+            kept.append(replace(finding, evidence={**finding.evidence, "held_seconds": held}))
+    return kept

@@ -15,6 +15,10 @@ Averages decide the severity; the module's per-sample maxima over the same inter
 the evidence, and a link whose average is normal but whose per-sample stall peak reached the
 critical band gets a warning of its own kind (``nvlink_stall_burst``): the burst a 1 s poll
 averages away.
+
+A stall (per link, burst or folded per switch) is a finding once it has held in every cycle
+for ``[detectors.nvlink] min_stall_seconds`` (default 5 s; the time is the derived stage's,
+``Derived.held_since``): a blip of a few seconds is none. Saturation is reported at once.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
@@ -288,4 +292,28 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
     for view in jobs(snapshot):
         for gpu in view.gpus:
             jobs_by_gpu[gpu].append(view.job_id)
-    return fold_switch_stalls(findings, snapshot.latest(NVML), jobs_by_gpu)
+    folded = fold_switch_stalls(findings, snapshot.latest(NVML), jobs_by_gpu)
+    return _held_stalls(folded, previous, snapshot, config.detectors.nvlink.min_stall_seconds)
+
+
+_STALL_KINDS = frozenset({STALL, STALL_BURST, SWITCH_STALL})
+
+
+def _held_stalls(
+    findings: list[Finding], previous: Snapshot | None, snapshot: Snapshot, minimum: float
+) -> list[Finding]:
+    """The stall findings whose link (or switch) has stalled in every cycle for at least
+    ``minimum`` seconds, with ``held_seconds``; the other findings as they are."""
+    stalls = [f for f in findings if f.kind in _STALL_KINDS]
+    since = snapshot.derived.held_since(
+        "nvlink_stalls",
+        {f.key for f in stalls},
+        snapshot.monotonic,
+        None if previous is None else previous.monotonic,
+    )
+    kept = [f for f in findings if f.kind not in _STALL_KINDS]
+    for finding in stalls:
+        held = snapshot.monotonic - since[finding.key]
+        if held >= minimum:
+            kept.append(replace(finding, evidence={**finding.evidence, "held_seconds": held}))
+    return kept

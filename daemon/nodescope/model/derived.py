@@ -19,7 +19,7 @@ figures are the same: reuse only decides whether a pure function runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
@@ -184,6 +184,27 @@ class Derived:
         from the last one while those are unchanged: for a detector whose inputs change every
         15 or 30 s while the cycle ticks every second. Callers do not modify what it returns."""
         return self._figure(f"reuse:{name}", same, equal, compute, recheck=True)
+
+    def held_since(
+        self, name: str, keys: Iterable[Hashable], now: float, before: float | None
+    ) -> Mapping[Hashable, float]:
+        """For each of ``keys`` (conditions that hold in this snapshot, taken at ``now``), the
+        time since which it has held in every snapshot: carried over from the snapshot taken
+        at ``before`` (the previous one, ``None`` when there is none) when that snapshot asked
+        the same ``name``; a key it did not hold starts now. A condition that stops holding
+        for one snapshot starts again, and one whose detector skipped a snapshot (nothing
+        could hold) too. For the minimum durations of findings: detectors keep no memory."""
+        figure = f"held:{name}"
+        known = self._figures.get(figure)
+        if known is not None and known.equal == now:
+            return cast(Mapping[Hashable, float], known.value)
+        last = self._carried.pop(figure, None)
+        earlier: Mapping[Hashable, float] = {}
+        if last is not None and before is not None and last.equal == before:
+            earlier = cast(Mapping[Hashable, float], last.value)
+        since = MappingProxyType({key: earlier.get(key, now) for key in keys})
+        self._figures[figure] = Figure((), now, since)
+        return since
 
     # -- rates between each source's two latest reads ------------------------------------
 
