@@ -548,3 +548,46 @@ def test_no_other_findings_passes_when_none_appear() -> None:
     ev.observe_findings(0, [])
     (result,) = ev.finding_results()
     assert (result.status, result.reason) == ("pass", "none appeared")
+
+
+def test_labelled_subjects_match_in_their_role_only() -> None:
+    (e,) = parse({"findings": [{"kind": "nvlink_stall", "subjects": {"device": "7"}}]}).findings
+    assert e.labelled == (("device", "7"),) and e.subjects == ()
+    assert finding_matches(e, finding("nvlink_stall", device="7", link="2"), 1.0)
+    # Link 7 of GPU 2 has a 7 among its subjects, but not as the device.
+    assert not finding_matches(e, finding("nvlink_stall", device="2", link="7"), 1.0)
+    (plain,) = parse({"findings": [{"kind": "nvlink_stall", "subjects": ["7"]}]}).findings
+    assert finding_matches(plain, finding("nvlink_stall", device="2", link="7"), 1.0)
+
+
+def test_severity_is_matched_when_named() -> None:
+    expect = {"findings": [{"kind": "job_stalled_on_storage", "severity": "critical"}]}
+    (e,) = parse(expect).findings
+    critical = Finding("job_stalled_on_storage", Severity.CRITICAL, {"job": "1"}, {}, "")
+    warning = Finding("job_stalled_on_storage", Severity.WARNING, {"job": "1"}, {}, "")
+    assert finding_matches(e, critical, 0.0) and not finding_matches(e, warning, 0.0)
+    with pytest.raises(ParseError, match=r"/expect/findings/0/severity: must be one of"):
+        parse({"findings": [{"kind": "x", "severity": "bad"}]})
+
+
+def test_an_optional_finding_may_be_absent_and_is_no_other_finding() -> None:
+    e = parse(
+        {
+            "findings": [{"kind": "nvlink_stall", "subjects": {"device": "5"}, "optional": True}],
+            "no_other_findings": True,
+        }
+    )
+    quiet = Evaluator(e)
+    quiet.observe_findings(1, [])
+    assert [(r.status, r.reason) for r in quiet.finding_results()] == [
+        ("pass", "optional: not seen"),
+        ("pass", "none appeared"),
+    ]
+    seen = Evaluator(e)
+    seen.observe_findings(1, [finding("nvlink_stall", device="5", link="0")])
+    seen.observe_findings(2, [finding("nvlink_stall", device="6", link="0")])
+    optional, others = seen.finding_results()
+    assert (optional.status, optional.first_seen) == ("pass", 1)
+    assert others.reason == "1 unexpected finding(s): nvlink_stall{device=6,link=0} at t=2s"
+    with pytest.raises(ParseError, match=r"/expect/findings/0/optional: must be true or false"):
+        parse({"findings": [{"kind": "x", "optional": "yes"}]})

@@ -91,7 +91,12 @@ class MetricExpectation:
 
 @dataclass(frozen=True, slots=True)
 class FindingExpectation:
-    """A finding that must appear within ``start``..``end`` (the JSON ``from``/``to``)."""
+    """A finding that must appear within ``start``..``end`` (the JSON ``from``/``to``).
+
+    ``subjects``: names the finding must have in any role (the JSON array form);
+    ``labelled``: (role, name) pairs it must have exactly (the JSON object form, so GPU 7 is
+    not link 7 of GPU 2); ``severity``: the severity it must have (``None``: any);
+    ``optional``: it may also not appear, and a finding it matches is no "other" finding."""
 
     kind: str
     subjects: tuple[str, ...] = ()
@@ -99,10 +104,19 @@ class FindingExpectation:
     end: float | None = None
     description: str | None = None
     pointer: str = ""
+    labelled: tuple[tuple[str, str], ...] = ()
+    severity: str | None = None
+    optional: bool = False
 
     def describe(self) -> str:
-        subjects = f" on {', '.join(self.subjects)}" if self.subjects else ""
-        return f"finding {self.kind}{subjects} within {window_text(self.start, self.end)}"
+        names = [*self.subjects, *(f"{role}={name}" for role, name in self.labelled)]
+        subjects = f" on {', '.join(names)}" if names else ""
+        severity = f" ({self.severity})" if self.severity else ""
+        optional = " (optional)" if self.optional else ""
+        return (
+            f"finding {self.kind}{severity}{subjects} within"
+            f" {window_text(self.start, self.end)}{optional}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,17 +260,43 @@ def _metric(value: Any, source: str, pointer: str) -> MetricExpectation:
     )
 
 
+SEVERITIES = ("info", "warning", "critical")
+
+
 def _finding(value: Any, source: str, pointer: str) -> FindingExpectation:
     obj = _object(value, source, pointer)
-    _known_keys(obj, ("kind", "subjects", "from", "to", "description"), source, pointer)
+    _known_keys(
+        obj,
+        ("kind", "subjects", "from", "to", "description", "severity", "optional"),
+        source,
+        pointer,
+    )
     kind = obj.get("kind")
     if not isinstance(kind, str) or not kind:
         raise _fail(source, f"{pointer}/kind", f"must be a non-empty string, got {kind!r}")
     subjects: list[str] = []
-    for i, subject in enumerate(_array(obj.get("subjects", []), source, f"{pointer}/subjects")):
-        if not isinstance(subject, str) or not subject:
-            raise _fail(source, f"{pointer}/subjects/{i}", "must be a non-empty string")
-        subjects.append(subject)
+    labelled: list[tuple[str, str]] = []
+    given = obj.get("subjects", [])
+    if isinstance(given, dict):
+        for role, name in given.items():
+            if not role or not isinstance(name, str) or not name:
+                raise _fail(source, f"{pointer}/subjects/{role}", "must be a non-empty string")
+            labelled.append((role, name))
+    else:
+        for i, subject in enumerate(_array(given, source, f"{pointer}/subjects")):
+            if not isinstance(subject, str) or not subject:
+                raise _fail(source, f"{pointer}/subjects/{i}", "must be a non-empty string")
+            subjects.append(subject)
+    severity = obj.get("severity")
+    if severity is not None and severity not in SEVERITIES:
+        raise _fail(
+            source,
+            f"{pointer}/severity",
+            f"must be one of {', '.join(SEVERITIES)}, got {severity!r}",
+        )
+    optional = obj.get("optional", False)
+    if not isinstance(optional, bool):
+        raise _fail(source, f"{pointer}/optional", f"must be true or false, got {optional!r}")
     start, end = _window(obj, source, pointer)
     return FindingExpectation(
         kind=kind,
@@ -265,6 +305,9 @@ def _finding(value: Any, source: str, pointer: str) -> FindingExpectation:
         end=end,
         description=_description(obj, source, pointer),
         pointer=pointer,
+        labelled=tuple(sorted(labelled)),
+        severity=severity,
+        optional=optional,
     )
 
 
@@ -519,10 +562,15 @@ class _Tracker:
 
 
 def finding_matches(expectation: FindingExpectation, finding: Finding, t: float) -> bool:
-    """Same kind, every expected subject among the finding's subjects, ``t`` in the window."""
+    """Same kind, every expected subject among the finding's subjects (a labelled one in its
+    role), the expected severity if one is named, ``t`` in the window."""
     if finding.kind != expectation.kind:
         return False
     if t < expectation.start or (expectation.end is not None and t > expectation.end):
+        return False
+    if expectation.severity is not None and finding.severity.label != expectation.severity:
+        return False
+    if any(finding.subjects.get(role) != name for role, name in expectation.labelled):
         return False
     names = set(finding.subjects.values())
     return all(subject in names for subject in expectation.subjects)
@@ -572,6 +620,8 @@ class Evaluator:
         for e, found in zip(self.expectations.findings, self._found, strict=True):
             if not checkable:
                 results.append(FindingResult(e, "unchecked", NOT_CHECKABLE))
+            elif found is None and e.optional:
+                results.append(FindingResult(e, "pass", "optional: not seen"))
             elif found is None:
                 results.append(FindingResult(e, "fail", "no such finding in the window"))
             else:
