@@ -804,3 +804,29 @@ def test_nvme_scenarios(name: str, finding: str | None) -> None:
         return
     assert {f.key for f in found} == {f"pci_device_removed{{bdf={finding}}}"}
     assert found[0].evidence["removal_events"] == 1
+
+
+def _with_vfs(without: tuple[str, ...] = ()) -> Topology:
+    """The tree with two SR-IOV virtual functions of the HCA beside it."""
+    base = _topology()
+    pf = base.device(HCA)
+    vfs = tuple(
+        dataclasses.replace(pf, bdf=bdf, chain=(*pf.chain[:-1], bdf), physical_function=HCA)
+        for bdf in ("0000:bc:00.1", "0000:bc:00.2")
+    )
+    devices = tuple(
+        d for d in (*base.devices, *vfs) if not any(b in without for b in (d.bdf, *d.chain))
+    )
+    return dataclasses.replace(base, devices=tuple(sorted(devices, key=lambda d: d.bdf)))
+
+
+def test_virtual_functions_taken_away_by_their_driver_are_no_removal() -> None:
+    vfs = ("0000:bc:00.1", "0000:bc:00.2")
+    events = tuple(_remove_event(bdf, 0x020700) for bdf in vfs)
+    # sriov_numvfs set to 0: both VFs leave, their PF stays.
+    assert hotplug.pci_removed(None, _pair(_with_vfs(), _with_vfs(vfs), events)) == []
+    assert hotplug.pci_removed(None, _pair(_with_vfs(), _with_vfs(vfs))) == []
+    # The PF itself leaves the bus, its VFs with it: one finding, the PF's.
+    gone = (HCA, *vfs)
+    [finding] = hotplug.pci_removed(None, _pair(_with_vfs(), _with_vfs(gone)))
+    assert finding.subjects == {"bdf": HCA}

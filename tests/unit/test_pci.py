@@ -588,3 +588,24 @@ def test_metrics_leave_out_uninteresting_functions_and_missing_data() -> None:
     assert "nodescope_pcie_link_speed_gts{" not in text  # no link files: no series
     empty = Snapshot(cycle=1, monotonic=1.0, wall_time=1.0)
     assert list(pci_metrics.families(empty)) == []
+
+
+def test_a_virtual_function_names_its_physical_function(tmp_path: Path) -> None:
+    vf_text = MINI_LSPCI + (
+        "\n19:00.1 Ethernet controller: Mellanox Technologies ConnectX Family mlx5Gen Virtual"
+        " Function\n\tNUMA node: 0\n\tCapabilities: [60] Express (v2) Endpoint, MSI 00\n"
+        "\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x16, ASPM not supported\n"
+        "\t\tLnkSta:\tSpeed 32GT/s (ok), Width x16 (ok)\n"
+        "\tKernel driver in use: mlx5_core\n"
+    )
+    materialise(parse_lspci_vvv(vf_text, "mini-sriov"), tmp_path, {0: (0, 1, 2, 3)})
+    # As the kernel links them: the VF's physfn to the PF, the PF's virtfn0 to the VF.
+    os.symlink("../0000:19:00.0", _dir(tmp_path, "0000:19:00.1") / "physfn")
+    os.symlink("../0000:19:00.1", _dir(tmp_path, "0000:19:00.0") / "virtfn0")
+    topo = read_topology(Roots.under(tmp_path))
+    assert topo.device("0000:19:00.1").physical_function == "0000:19:00.0"
+    assert topo.device("0000:19:00.0").physical_function is None
+    # A physfn that does not name a function is none.
+    (_dir(tmp_path, "0000:19:00.1") / "physfn").unlink()
+    os.symlink("../not-a-function", _dir(tmp_path, "0000:19:00.1") / "physfn")
+    assert read_topology(Roots.under(tmp_path)).device("0000:19:00.1").physical_function is None

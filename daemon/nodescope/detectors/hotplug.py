@@ -186,7 +186,7 @@ def _gone_functions(snapshot: Snapshot) -> dict[str, _Gone]:
     if pair is not None:
         before, now, _seconds = pair
         for device in before.devices:
-            if now.get(device.bdf) is not None:
+            if now.get(device.bdf) is not None or _retired_vf(device, now):
                 continue
             if now.skipped and device.bdf not in removed:
                 continue
@@ -197,8 +197,23 @@ def _gone_functions(snapshot: Snapshot) -> dict[str, _Gone]:
             if bdf in gone or now.get(bdf) is not None:
                 continue
             known = before.get(bdf) if before is not None else None
+            if known is not None and _retired_vf(known, now):
+                continue
             gone[bdf] = _Gone(bdf, known, event)
-    return gone
+    # Virtual functions that left with their physical function are its finding's to tell.
+    return {
+        bdf: g
+        for bdf, g in gone.items()
+        if g.device is None or g.device.physical_function not in gone
+    }
+
+
+def _retired_vf(device: PciDevice, now: Topology) -> bool:
+    """An SR-IOV virtual function whose physical function is still on the bus: its driver
+    took the VF away (``sriov_numvfs`` lowered, the PF's driver reloaded), nothing left the
+    bus."""
+    pf = device.physical_function
+    return pf is not None and now.get(pf) is not None
 
 
 def _below(top: _Gone, gone: Mapping[str, _Gone]) -> list[_Gone]:

@@ -262,6 +262,9 @@ class PciDevice:
     #: instead of across the switch; ``None`` when the port has no ACS capability or its
     #: configuration space could not be read (functions other than ports: always ``None``).
     acs_redirect: bool | None = None
+    #: for an SR-IOV virtual function, the BDF of its physical function (sysfs ``physfn``):
+    #: the PF's driver creates and removes its VFs (``sriov_numvfs``)
+    physical_function: str | None = None
 
     @property
     def parent(self) -> str | None:

@@ -387,6 +387,17 @@ def _parsed_bytes(
         return None
 
 
+def _physical_function(directory: str) -> str | None:
+    """The BDF ``physfn`` points to (an SR-IOV virtual function's physical function), when it
+    is a link to a function's directory; ``None`` otherwise."""
+    try:
+        target = os.readlink(f"{directory}/physfn")
+    except OSError:
+        return None
+    name = os.path.basename(target.rstrip("/"))
+    return name if BDF_RE.match(name) else None
+
+
 def _peer_modules(roots: Roots) -> frozenset[str]:
     """The modules of :data:`PEER_MODULES` loaded: a loaded module has ``/sys/module/NAME``."""
     return frozenset(m for m in PEER_MODULES if os.path.isdir(roots.sysfs / "module" / m))
@@ -550,6 +561,7 @@ def _walk(roots: Roots, entries: tuple[str, ...], tally: SkipTally) -> _Structur
             link=link,
             children=tuple(sorted(children.get(bdf, ()))),
             acs_redirect=acs_redirect,
+            physical_function=_physical_function(directory),
         )
         # RC-integrated functions have the link files but no link (``Unknown``/0 for their
         # capabilities): never worth a read per run.
