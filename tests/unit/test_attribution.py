@@ -423,3 +423,14 @@ def test_placement_never_adds_bytes_and_each_byte_is_given_out_once(
         gu + hu + nu - to_gpu - from_gpu, abs=1
     )
     assert min(rp.downstream.demand_bytes_per_second, rp.upstream.demand_bytes_per_second) >= 0
+
+
+def test_a_gpu_whose_job_turned_gdr_off_moves_its_nic_traffic_through_host_memory() -> None:
+    loaded = _with(frozenset({"nvidia_peermem", "nvidia_fs"}))
+    a = attribute(loaded, GDR_FLOWS, host_staged=frozenset({GPU_A}))
+    # No GPUDirect RDMA for GPU A; its storage traffic (nvidia_fs) may still turn.
+    assert [p.kind.value for p in a.peer_flows] == ["gpudirect_storage"]
+    rp = a.link(RP_SHARED)
+    assert rp is not None and rp.upstream.demand_bytes_per_second == pytest.approx(92e9)
+    # Nor is any inferred: the job said so.
+    assert attribute(_with(), GDR_FLOWS, host_staged=frozenset({GPU_A})).peer_flows == ()

@@ -450,3 +450,27 @@ def test_a_stall_shorter_than_the_minimum_is_no_finding() -> None:
         previous = snap
     assert [t for t, f in found.items() if f] == [float(t) for t in range(60, 70)]
     assert found[60.0][0].evidence["held_seconds"] == 20.0
+
+
+def test_gpus_of_jobs_that_set_nccl_net_gdr_level_loc_are_host_staged() -> None:
+    def task(pid: int, job: str, level: str | None) -> JobTask:
+        env = (("NCCL_NET_GDR_LEVEL", level),) if level is not None else ()
+        return JobTask(pid, "python3", f"/job_{job}/step_0", "0", env, 1, (), None)
+
+    def cgroup(job: str, *tasks: JobTask) -> JobCgroup:
+        return JobCgroup(f"job_{job}", job, "v2", f"/job_{job}", None, None, (), tasks, None, None)
+
+    data = JobsData(
+        "v2",
+        (
+            cgroup("81770", task(100, "81770", "LOC")),
+            cgroup("81771", task(101, "81771", "PXB"), task(102, "81771", None)),
+            cgroup("81772", task(103, "81772", " 0 ")),
+        ),
+        (),
+        (),
+    )
+    nvml = _nvml({0: (100,), 1: (101,), 2: (103,)})
+    snap = _snap({"jobs": data, "nvml": nvml})
+    assert snap.derived.host_staged_gpus == frozenset({GPU_A, GPU_C})
+    assert _snap({"nvml": nvml}).derived.host_staged_gpus == frozenset()

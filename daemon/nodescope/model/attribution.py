@@ -543,13 +543,22 @@ def _peer_flows(
 
 
 def attribute(
-    topology: Topology, flows: Iterable[EndpointFlow], index: LinkIndex | None = None
+    topology: Topology,
+    flows: Iterable[EndpointFlow],
+    index: LinkIndex | None = None,
+    host_staged: frozenset[str] = frozenset(),
 ) -> Attribution:
     """Attribute ``flows`` to every link of ``topology`` they cross.
 
     Flows of functions the topology does not know (a device that left the bus) are dropped.
     ``index``: the links of ``topology`` worked out before (the topology changes only when the
     hardware does, the traffic every second); made here when not given or of another topology.
+
+    Traffic a GPU and a NIC or NVMe drive below one switch can move between each other is
+    placed peer to peer (:func:`_peer_pairs`, :func:`_peer_flows`): with the GPUDirect
+    module loaded, and without it only below a port link that would otherwise carry more than
+    it can. ``host_staged``: BDFs of GPUs whose jobs turned GPUDirect RDMA off
+    (``NCCL_NET_GDR_LEVEL=LOC``): their traffic with NICs goes through host memory.
     """
     flows_by_bdf: dict[str, EndpointFlow] = {}
     for flow in flows:
@@ -557,10 +566,15 @@ def attribute(
             flows_by_bdf[flow.bdf] = flow
     if index is None or index.topology is not topology:
         index = LinkIndex(topology)
-    known = tuple(p for p in index.peer_pairs if not p.inferred)
+    pairs = index.peer_pairs
+    if host_staged:
+        pairs = tuple(
+            p for p in pairs if p.gpu not in host_staged or p.kind is not PeerKind.GPUDIRECT_RDMA
+        )
+    known = tuple(p for p in pairs if not p.inferred)
     peer_flows = _peer_flows(known, flows_by_bdf) if known else ()
     links = _links(index, flows_by_bdf, peer_flows)
-    inferred = [p for p in index.peer_pairs if p.inferred]
+    inferred = [p for p in pairs if p.inferred]
     if inferred:
         # A port link that would carry more than it can: what a GPU and a NIC below it could
         # have moved between each other turned below it.

@@ -28,7 +28,15 @@ from nodescope.model.attribution import Attribution, LinkIndex, attribute
 from nodescope.model.disks import DISKS, IostatReport, iostat_figures
 from nodescope.model.infiniband import INFINIBAND, InfinibandRates, port_rates
 from nodescope.model.job_records import JOBS
-from nodescope.model.jobs import GpuUse, Job, JobView, build_registry, gpu_uses, job_processes_views
+from nodescope.model.jobs import (
+    GpuUse,
+    Job,
+    JobView,
+    build_registry,
+    gpu_uses,
+    host_staged_gpus,
+    job_processes_views,
+)
 from nodescope.model.mountstats import MOUNTSTATS, MountstatsRates, nfs_rates
 from nodescope.model.netdev import NETDEV, NetdevRates, link_rates
 from nodescope.model.nvlink_kmod import NVLINK_KMOD, NvlinkKmodRates
@@ -268,11 +276,22 @@ class Derived:
         traffic = self.traffic
         index = self._figure("link_index", (topology,), None, lambda: LinkIndex(topology))
         same = (topology, *(getattr(traffic, f.name) for f in fields(traffic)))
+        # Jobs that turned GPUDirect RDMA off: their GPUs' traffic is never peer to peer.
+        staged = self.host_staged_gpus if index.peer_pairs else frozenset()
         return self._figure(
             "attribution",
             same,
-            None,
-            lambda: attribute(topology, endpoint_flows(traffic, topology), index),
+            staged,
+            lambda: attribute(topology, endpoint_flows(traffic, topology), index, staged),
+        )
+
+    @property
+    def host_staged_gpus(self) -> frozenset[str]:
+        """GPUs of jobs whose processes set ``NCCL_NET_GDR_LEVEL=LOC``."""
+        data = self._latest(JOBS)
+        views = self.job_views
+        return self._figure(
+            "host_staged_gpus", (data,), views, lambda: host_staged_gpus(data, views)
         )
 
     @property

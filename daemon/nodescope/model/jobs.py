@@ -377,6 +377,28 @@ def gpu_uses(nvml: NvmlData | None) -> tuple[GpuUse, ...]:
     )
 
 
+#: ``NCCL_NET_GDR_LEVEL`` values that turn GPUDirect RDMA off (NCCL documentation,
+#: "Environment Variables": ``LOC``, or its number 0): the NIC's bytes go through host memory.
+GDR_OFF_LEVELS = frozenset({"LOC", "0"})
+
+
+def host_staged_gpus(data: JobsData | None, views: Iterable[JobView]) -> frozenset[str]:
+    """BDFs of the GPUs of jobs whose processes set ``NCCL_NET_GDR_LEVEL`` to ``LOC``: their
+    network traffic is staged in host memory, never peer to peer with a NIC."""
+    if data is None:
+        return frozenset()
+    off = {
+        job.job_id or job.key
+        for job in data.jobs
+        if any(
+            (t.env("NCCL_NET_GDR_LEVEL") or "").strip().upper() in GDR_OFF_LEVELS for t in job.tasks
+        )
+    }
+    if not off:
+        return frozenset()
+    return frozenset(bdf for view in views if view.job_id in off for bdf in view.gpu_bdfs)
+
+
 def placement_views(
     data: JobsData | None, nvml: NvmlData | None, ib: InfinibandData | None
 ) -> tuple[JobView, ...]:

@@ -103,7 +103,8 @@ NAME = JOBS.name
 
 #: Environment variables kept from a job process's environ: the job it claims, the GPUs Slurm
 #: gave it (global indices in SLURM_JOB_GPUS/SLURM_STEP_GPUS; CUDA_VISIBLE_DEVICES is
-#: renumbered inside a device-constrained job) and the HCAs NCCL may use.
+#: renumbered inside a device-constrained job), the HCAs NCCL may use and whether it may reach
+#: GPU memory from them (GPUDirect RDMA).
 KEPT_VARIABLES = (
     "SLURM_JOB_ID",
     "SLURM_STEP_ID",
@@ -114,6 +115,7 @@ KEPT_VARIABLES = (
     "SLURM_JOB_PARTITION",
     "CUDA_VISIBLE_DEVICES",
     "NCCL_IB_HCA",
+    "NCCL_NET_GDR_LEVEL",
 )
 
 #: Bounds of one run: how many cgroups the search for jobs (within
