@@ -14,8 +14,9 @@ Input, all from the snapshot:
 
 A job makes no progress when its GPUs move at most ``idle_bytes_per_second`` over PCIe plus
 NVLink (both directions) and the job moves no more than that elsewhere either: its cgroup's
-block I/O and its HCAs' InfiniBand traffic (a synchronous checkpoint leaves the GPUs idle and
-its writer threads in D state, yet moves data). A job without progress whose GPUs are all idle
+block I/O (or, where ``io.stat`` does not show it, a node disk moving that much while the
+job's threads wait for block I/O) and its HCAs' InfiniBand traffic (a synchronous checkpoint
+leaves the GPUs idle and its writer threads in D state, yet moves data). A job without progress whose GPUs are all idle
 (utilisation at most ``idle_utilisation_ratio``) is *stalled*; one whose GPUs are busy
 (kernels spinning) is in a collective hang:
 
@@ -41,9 +42,9 @@ A stalled job is then, in this order:
 
 Each finding needs its job to have made no progress for ``min_stall_seconds`` (default 20 s)
 in every cycle: a pause at an epoch boundary or a checkpoint barrier is none. The time is
-the derived stage's (``Derived.held_since``), keyed by job, so a stall first of unknown
-cause and then on a lock is one stall. The alert rule's ``for`` (set below in
-``detectors.registry``) comes on top. A job with a lost GPU is left to the fell-off-the-bus
+the derived stage's (``Derived.held_since``), keyed by job and by whether its GPUs are
+busy, so a stall first of unknown cause and then on a lock is one stall. The alert rule's
+``for`` (set below in ``detectors.registry``) comes on top. A job with a lost GPU is left to the fell-off-the-bus
 finding, which already names the cause.
 """
 
@@ -455,17 +456,54 @@ def _ib_bytes_per_second(snapshot: Snapshot, hcas: Iterable[str]) -> float | Non
     return total
 
 
-def data_moving(snapshot: Snapshot, activity: JobGpuActivity, limit: float) -> dict[str, float]:
+#: Wait channels (prefix match) of a thread waiting for block I/O to complete or to be let
+#: through (writeback throttling), not for a lock: a thread here is served by the disks.
+BLOCK_IO_WCHAN_PREFIXES = (
+    "io_schedule",
+    "folio_wait",
+    "wait_on_page",
+    "bit_wait_io",
+    "wait_on_buffer",
+    "__wait_on_buffer",
+    "blk_",
+    "rq_qos_wait",
+    "wbt_wait",
+    "balance_dirty_pages",
+)
+
+
+def _busiest_disk_bytes_per_second(snapshot: Snapshot) -> float | None:
+    """The read plus write bytes per second of the node's busiest block device (the largest
+    one, not a sum: a partition's traffic is also its disk's)."""
+    rates = snapshot.derived.disk_rates
+    if rates is None or not rates.devices:
+        return None
+    return max(d.rmb_s + d.wmb_s for d in rates.devices) * 2**20
+
+
+def data_moving(
+    snapshot: Snapshot,
+    activity: JobGpuActivity,
+    limit: float,
+    blocked: Sequence[BlockedThread] = (),
+) -> dict[str, float]:
     """What a job moves besides its GPUs' PCIe and NVLink traffic, per path, where it is
     above ``limit`` bytes per second: its cgroup's block I/O and its HCAs' InfiniBand
     traffic. A job that moves data this way is making progress, whatever its GPUs and its
     threads show: a synchronous checkpoint leaves the GPUs idle and its writer threads in D
-    state. NFS traffic is not counted: mountstats is per mount, not per job, and another
-    job's writes would hide this one's stall."""
+    state. Where the cgroup's ``io.stat`` does not show it (io accounting off, or writeback
+    charged elsewhere), threads of the job (``blocked``) waiting for block I/O while a disk of
+    the node moves more than ``limit`` count as the job's I/O being served. NFS traffic is not
+    counted: mountstats is per mount, not per job, and another job's writes would hide this
+    one's stall."""
     moving: dict[str, float] = {}
     disk = job_io_bytes_per_second(snapshot, activity.job_id)
     if disk is not None and disk > limit:
         moving["disk_bytes_per_second"] = disk
+    elif any((b.wchan or "").startswith(BLOCK_IO_WCHAN_PREFIXES) for b in blocked):
+        busiest = _busiest_disk_bytes_per_second(snapshot)
+        if busiest is not None and busiest > limit:
+            moving["node_disk_bytes_per_second"] = busiest
     ib = _ib_bytes_per_second(snapshot, activity.hcas)
     if ib is not None and ib > limit:
         moving["infiniband_bytes_per_second"] = ib
@@ -548,7 +586,7 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
         job = activity.job_id
         blocked = tuple(b for b in all_blocked if b.job_id == job)
         silent = (activity.stalled or activity.spinning) and not data_moving(
-            snapshot, activity, limit
+            snapshot, activity, limit, blocked
         )
         # What holds the job, when it makes no progress: a lock, D-state threads.
         storage = (
@@ -608,17 +646,24 @@ def held_long_enough(
     findings: list[Finding], previous: Snapshot | None, snapshot: Snapshot, minimum: float
 ) -> list[Finding]:
     """The findings of jobs that have made no progress for at least ``minimum`` seconds, each
-    with ``held_seconds``. A job's stall is one condition whatever it is found to be from one
-    cycle to the next (an unknown stall whose lock shows up later is the same stall)."""
+    with ``held_seconds``. A job with idle GPUs is one condition whatever its stall is found
+    to be from one cycle to the next (an unknown stall whose lock shows up later is the same
+    stall); busy GPUs with nothing moving (a collective hang) are another, so the cycle in
+    which a stalled job's GPUs start again before their traffic shows is no hang."""
+
+    def condition(finding: Finding) -> str:
+        spinning = "spinning" if finding.kind == COLLECTIVE else "idle"
+        return f"{finding.subjects['job']}/{spinning}"
+
     since = snapshot.derived.held_since(
         "hangs",
-        {f.subjects["job"] for f in findings},
+        {condition(f) for f in findings},
         snapshot.monotonic,
         None if previous is None else previous.monotonic,
     )
     kept = []
     for finding in findings:
-        held = snapshot.monotonic - since[finding.subjects["job"]]
+        held = snapshot.monotonic - since[condition(finding)]
         if held >= minimum:
             kept.append(replace(finding, evidence={**finding.evidence, "held_seconds": held}))
     return kept
