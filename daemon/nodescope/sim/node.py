@@ -52,6 +52,7 @@ from typing import Any
 
 import pynvml
 
+from nodescope.model.infiniband import ERROR_COUNTER_BITS
 from nodescope.model.udev import UdevEvent
 from nodescope.roots import Roots
 from nodescope.sim.fake_nvml import FakeGpu, FakeLink, FakeNvml, FakeProcess
@@ -68,7 +69,13 @@ from nodescope.sim.scenario import (
     Scenario,
     load_ib_capture_device,
 )
-from nodescope.sim.sysfs_tree import cpus_of_sockets, materialise, speed_string
+from nodescope.sim.sysfs_tree import (
+    AER_TOTALS,
+    aer_text,
+    cpus_of_sockets,
+    materialise,
+    speed_string,
+)
 from nodescope.sources.base import Source
 from nodescope.sources.registry import SourceInputs
 from nodescope.sources.udev import event_from_properties
@@ -83,6 +90,10 @@ IB_PACKET_BYTES = 4096
 NVLINK_RAW_OVERHEAD = 1.0625
 #: Request size assumed when a disk activity gives bytes but no IOPS.
 DEFAULT_REQUEST_BYTES = 131072
+#: Latencies of traffic a ``disk`` activity does not state (``job_io``, ``gpu_peer``): the
+#: ``disk`` activity's defaults.
+_DEFAULT_READ_MS = 0.1
+_DEFAULT_WRITE_MS = 0.05
 #: Controllers of the root cgroup of a typical systemd host.
 ROOT_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"
 CHILD_CONTROLLERS = "cpuset cpu io memory pids"
@@ -399,6 +410,9 @@ class SimulatedNode:
         }
         #: (InfiniBand port, counter file) of every traffic counter, with its accumulator key
         self._ib_counter_files: list[tuple[str, tuple[Any, ...], Path]] = []
+        #: cgroups whose membership changed (a process exited): their files are written again
+        self._dirty_cgroups: set[str] = set()
+        self._plan_timeline()
 
     # ---- public -------------------------------------------------------------------------
 
@@ -518,6 +532,53 @@ class SimulatedNode:
 
     def _clock_us(self) -> int:
         return round((EPOCH + self.t) * 1_000_000)
+
+    def _plan_timeline(self) -> None:
+        """What the timeline's error, pressure and I/O activities touch, found once, so a move
+        looks only at those counters and files."""
+        #: GPU links with NVLink error counters that move
+        self._error_links: set[tuple[int, int]] = set()
+        self._replay_gpus: set[int] = set()
+        #: (NIC, port, counter) of the InfiniBand error counters that move
+        self._ib_errors: set[tuple[str, int, str]] = set()
+        #: PCI functions whose AER counters move
+        self._aer_functions: set[str] = set()
+        #: cgroups with pressure, and with block I/O, from the timeline
+        self._psi_paths: set[str] = set()
+        self._io_paths: set[str] = set()
+        self._psi_avg: dict[tuple[str, str], tuple[float, ...]] = {}
+        for activity in self.scenario.timeline:
+            get = activity.get
+            if activity.kind == "errors":
+                gpu = get("gpu")
+                if gpu is not None:
+                    if get("nvlink"):
+                        links = get("links") or range(self.hardware.gpus[gpu].nvlink_count)
+                        self._error_links.update((gpu, link) for link in links)
+                    if get("pcie_replays_per_second"):
+                        self._replay_gpus.add(gpu)
+                if get("ib") is not None:
+                    self._ib_errors.update((get("ib"), get("port"), n) for n, _ in get("counters"))
+                if get("pci") is not None and get("aer"):
+                    self._aer_functions.add(get("pci"))
+            elif activity.kind == "pressure":
+                self._psi_paths.update(self._charged_cgroups(activity, stop_at_job=True))
+            elif activity.kind == "job_io":
+                self._io_paths.update(self._charged_cgroups(activity, stop_at_job=False))
+
+    def _charged_cgroups(self, activity: Activity, stop_at_job: bool) -> list[str]:
+        """The cgroup an activity names (its job's, or its job's step's) and its ancestors that
+        count what it does: up to the job's cgroup (pressure, as the activity states it for
+        the job) or up to the root, which has no ``io.stat`` (block I/O, hierarchical)."""
+        job = next(j for j in self.scenario.jobs if j.id == activity.get("job"))
+        job_path = f"{_SLURM_SCOPE}/job_{job.id}"
+        path = job_path if activity.get("level") == "job" else f"{job_path}/step_{job.step}"
+        paths = [path]
+        stop = job_path if stop_at_job else ""
+        while path != stop and "/" in path.strip("/"):
+            path = path.rsplit("/", 1)[0]
+            paths.append(path)
+        return paths
 
     def _fake_gpus(self) -> list[FakeGpu]:
         gpus = []
@@ -645,6 +706,27 @@ class SimulatedNode:
             made += 1
             i += 1
 
+        for spec in hw.os.system_processes:
+            procs = []
+            for replica in range(spec.count):
+                proc = add(
+                    spec.comm,
+                    spec.cgroup,
+                    threads=spec.threads,
+                    kernel=spec.kernel,
+                    ppid=2 if spec.kernel else 1,
+                    cmdline=spec.cmdline,
+                    environ=None if spec.kernel else base_env,
+                    rss=spec.rss_bytes or 0,
+                    state=spec.state,
+                    wchan=spec.wchan,
+                )
+                for task in proc.tasks:
+                    task.state, task.wchan = spec.state, spec.wchan
+                proc.spec, proc.replica = spec, replica
+                proc.cpu_percent = spec.cpu_percent
+                procs.append(proc)
+            self._by_key[spec.key] = procs
         for job in self.scenario.jobs:
             next_pid = (next_pid // 1000 + 1) * 1000
             self._add_job(job, add, cgroup)
@@ -951,6 +1033,7 @@ class SimulatedNode:
     def _write_cgroups(self, initial: bool = False) -> None:
         files = self._files
         base = self.roots.cgroupfs
+        dirty, self._dirty_cgroups = self._dirty_cgroups, set()
         # Totals over each subtree, children before parents.
         order = sorted(self._cgroups, key=lambda p: p.count("/") if p != "/" else 0, reverse=True)
         memory: dict[str, int] = {}
@@ -982,7 +1065,12 @@ class SimulatedNode:
             if not root:
                 files.write(directory / "memory.events", _memory_events(events[path]))
                 files.write(directory / "memory.events.local", _memory_events(cg.events))
-            if not initial:
+            if path in self._psi_paths:
+                for resource in ("cpu", "memory", "io"):
+                    files.write(directory / f"{resource}.pressure", self._pressure(path, resource))
+            if path in self._io_paths:
+                files.write(directory / "io.stat", self._io_stat(path))
+            if not initial and path not in dirty:
                 continue
             procs = [self._procs[pid] for pid in cg.procs]
             files.write(directory / "cgroup.procs", "".join(f"{p.pid}\n" for p in procs))
@@ -997,9 +1085,12 @@ class SimulatedNode:
                 directory / "cgroup.stat",
                 f"nr_descendants {len(list(self._subtree(path))) - 1}\nnr_dying_descendants 0\n",
             )
-            files.write(directory / "io.stat", "")
-            for kind in ("cpu", "memory", "io"):
-                files.write(directory / f"{kind}.pressure", _ZERO_PSI)
+            if initial:
+                if path not in self._io_paths:
+                    files.write(directory / "io.stat", "")
+                if path not in self._psi_paths:
+                    for kind in ("cpu", "memory", "io"):
+                        files.write(directory / f"{kind}.pressure", _ZERO_PSI)
             if root:
                 files.write(directory / "cgroup.controllers", f"{ROOT_CONTROLLERS}\n")
                 files.write(directory / "memory.stat", _memory_stat(memory[path]))
@@ -1016,6 +1107,31 @@ class SimulatedNode:
             files.write(directory / "memory.stat", _memory_stat(memory[path]))
             files.write(directory / "pids.current", f"{tasks[path]}\n")
             files.write(directory / "pids.max", "max\n")
+
+    def _pressure(self, path: str, resource: str) -> str:
+        """``<resource>.pressure`` (kernel/sched/psi.c ``psi_show``): the share of time some or
+        all of the cgroup's tasks stalled, averaged over 10, 60 and 300 s, and the total
+        stall in microseconds."""
+        averages = self._psi_avg.get((path, resource), (0.0,) * 6)
+        lines = []
+        for i, kind in enumerate(("some", "full")):
+            avg10, avg60, avg300 = averages[3 * i : 3 * i + 3]
+            total = int(self._acc.get(("psi", path, resource, kind), 0.0))
+            lines.append(
+                f"{kind} avg10={avg10:.2f} avg60={avg60:.2f} avg300={avg300:.2f} total={total}\n"
+            )
+        return "".join(lines)
+
+    def _io_stat(self, path: str) -> str:
+        """``io.stat`` (block/blk-cgroup.c ``blkcg_print_one_stat``): one line per device the
+        cgroup's tasks did I/O on, bytes and requests since the cgroup was made."""
+        lines = []
+        for drive in self.hardware.nvme:
+            values = [int(self._acc.get(("io", path, drive.disk, f), 0.0)) for f in _IO_FIELDS]
+            if any(values):
+                named = " ".join(f"{f}={v}" for f, v in zip(_IO_FIELDS, values, strict=True))
+                lines.append(f"{drive.major}:{drive.minor} {named}\n")
+        return "".join(lines)
 
     # ---- procfs -------------------------------------------------------------------------
 
@@ -1119,9 +1235,11 @@ class SimulatedNode:
         return "".join(lines)
 
     def _refs(self, ref: str) -> list[_Proc]:
+        """The processes ``key`` or ``key#replica`` names that have not exited."""
         key, _, replica = ref.partition("#")
         procs = self._by_key.get(key, [])
-        return procs if not replica else [procs[int(replica)]]
+        named = procs if not replica else [procs[int(replica)]]
+        return [p for p in named if p.pid in self._procs]
 
     def _mounts(self) -> str:
         lines = [
@@ -1310,6 +1428,18 @@ class SimulatedNode:
             elif kind == "tcp":
                 self._add(("tcp", "out_segs"), get("out_segs_per_second") * seconds)
                 self._add(("tcp", "retrans_segs"), get("retrans_segs_per_second") * seconds)
+            elif kind == "errors":
+                self._integrate_errors(activity, seconds)
+            elif kind == "pressure":
+                for path in self._charged_cgroups(activity, stop_at_job=True):
+                    for psi in ("some", "full"):
+                        # total: microseconds stalled, the 10 s average's share of the time
+                        stalled = get(f"{psi}_avg10") / 100.0 * seconds * 1_000_000
+                        self._add(("psi", path, get("resource"), psi), stalled)
+            elif kind == "job_io":
+                self._integrate_job_io(activity, seconds)
+            elif kind == "gpu_peer":
+                self._integrate_gpu_peer(activity, seconds)
         # CPU time of the job processes, at their current share (set by _apply_states).
         for proc in self._procs.values():
             for task in proc.tasks:
@@ -1320,14 +1450,31 @@ class SimulatedNode:
 
     def _integrate_disk(self, activity: Activity, seconds: float) -> None:
         get = activity.get
-        disk = get("disk")
-        read_bytes = get("read_bytes_per_second")
-        write_bytes = get("write_bytes_per_second")
-        r_iops = get("read_iops")
-        w_iops = get("write_iops")
+        self._integrate_drive(
+            get("disk"),
+            seconds,
+            get("read_bytes_per_second"),
+            get("write_bytes_per_second"),
+            get("read_iops"),
+            get("write_iops"),
+            get("read_latency_ms"),
+            get("write_latency_ms"),
+        )
+
+    def _integrate_drive(
+        self,
+        disk: str,
+        seconds: float,
+        read_bytes: float,
+        write_bytes: float,
+        r_iops: float | None = None,
+        w_iops: float | None = None,
+        r_lat: float = _DEFAULT_READ_MS,
+        w_lat: float = _DEFAULT_WRITE_MS,
+    ) -> None:
+        """``/proc/diskstats`` of ``disk`` for ``seconds`` of this traffic."""
         r_iops = read_bytes / DEFAULT_REQUEST_BYTES if r_iops is None else r_iops
         w_iops = write_bytes / DEFAULT_REQUEST_BYTES if w_iops is None else w_iops
-        r_lat, w_lat = get("read_latency_ms"), get("write_latency_ms")
         queue = (r_iops * r_lat + w_iops * w_lat) / 1000.0  # requests in flight on average
         key = ("disk", disk)
         self._add((*key, "reads_completed"), r_iops * seconds)
@@ -1338,6 +1485,62 @@ class SimulatedNode:
         self._add((*key, "write_ms"), w_iops * seconds * w_lat)
         self._add((*key, "io_ms"), min(1.0, queue) * seconds * 1000)
         self._add((*key, "weighted_io_ms"), queue * seconds * 1000)
+
+    def _integrate_errors(self, activity: Activity, seconds: float) -> None:
+        get = activity.get
+        gpu = get("gpu")
+        if gpu is not None:
+            links = get("links") or range(self.hardware.gpus[gpu].nvlink_count)
+            for name, rate in get("nvlink"):
+                for link in links:
+                    self._add(("nvlink_error", gpu, link, name), rate * seconds)
+            self._add(("gpu", gpu, "replays"), get("pcie_replays_per_second") * seconds)
+        if get("ib") is not None:
+            for name, rate in get("counters"):
+                self._add(("ib", get("ib"), get("port"), name), rate * seconds)
+        if get("pci") is not None:
+            for severity, errors in get("aer"):
+                for name, rate in errors:
+                    self._add(("aer", get("pci"), severity, name), rate * seconds)
+
+    def _integrate_job_io(self, activity: Activity, seconds: float) -> None:
+        get = activity.get
+        disk = get("device")
+        read_bytes, write_bytes = get("read_bytes_per_second"), get("write_bytes_per_second")
+        r_iops, w_iops = get("read_iops"), get("write_iops")
+        discard = get("discard_bytes_per_second")
+        amounts = {
+            "rbytes": read_bytes,
+            "wbytes": write_bytes,
+            "rios": read_bytes / DEFAULT_REQUEST_BYTES if r_iops is None else r_iops,
+            "wios": write_bytes / DEFAULT_REQUEST_BYTES if w_iops is None else w_iops,
+            "dbytes": discard,
+            "dios": discard / DEFAULT_REQUEST_BYTES,
+        }
+        for path in self._charged_cgroups(activity, stop_at_job=False):
+            for name, rate in amounts.items():
+                self._add(("io", path, disk, name), rate * seconds)
+        if get("in_diskstats"):
+            self._integrate_drive(disk, seconds, read_bytes, write_bytes, r_iops, w_iops)
+
+    def _integrate_gpu_peer(self, activity: Activity, seconds: float) -> None:
+        """GPUDirect: the bytes cross the GPU's PCIe link and the peer's, both counting them."""
+        get = activity.get
+        gpu, peer = get("gpu"), get("peer")
+        to_rate, from_rate = get("to_gpu_bytes_per_second"), get("from_gpu_bytes_per_second")
+        to_gpu, from_gpu = to_rate * seconds, from_rate * seconds
+        self._add(("gpu", gpu, "rx"), to_gpu)
+        self._add(("gpu", gpu, "tx"), from_gpu)
+        if any(d.disk == peer for d in self.hardware.nvme):
+            # GPUDirect Storage: the drive reads into the GPU and writes what comes from it.
+            self._integrate_drive(peer, seconds, to_rate, from_rate)
+            return
+        # GPUDirect RDMA: the HCA receives from the network into the GPU, sends from it.
+        key = ("ib", peer, get("port"))
+        for moved, field_name in ((from_gpu, "xmit"), (to_gpu, "rcv")):
+            self._add((*key, f"port_{field_name}_data"), moved / 4)
+            self._add((*key, f"port_{field_name}_packets"), moved / IB_PACKET_BYTES)
+            self._add((*key, f"unicast_{field_name}_packets"), moved / IB_PACKET_BYTES)
 
     def _fire_events(self, t0: float, t1: float) -> None:
         for number, activity in enumerate(self.scenario.timeline):
@@ -1357,8 +1560,31 @@ class SimulatedNode:
                     self.nvml.gpus[gpu.index].lost = True
             elif activity.kind == "driver_rebind":
                 self._rebind_driver(activity.get("pci"))
+            elif activity.kind == "process_exit":
+                for proc in self._refs(activity.get("process")):
+                    self._exit_process(proc)
             else:
                 self._remove_function(activity.get("pci"))
+
+    def _exit_process(self, proc: _Proc) -> None:
+        """The process and its threads are gone: its ``/proc`` directory, its place in its
+        cgroup (which no longer counts its memory and tasks) and its NVML compute process."""
+        del self._procs[proc.pid]
+        self._dirty_pids.discard(proc.pid)
+        self._overridden.discard(proc.pid)
+        cg = self._cgroups[proc.cgroup]
+        cg.procs.remove(proc.pid)
+        path = proc.cgroup
+        while True:
+            self._dirty_cgroups.add(path)
+            if path == "/":
+                break
+            path = path.rsplit("/", 1)[0] or "/"
+        self._files.remove_tree(self.roots.procfs / str(proc.pid))
+        if proc.gpu is not None:
+            self._gpu_processes[proc.gpu] = tuple(
+                entry for entry in self._gpu_processes[proc.gpu] if entry[0] != proc.pid
+            )
 
     def _apply_states(self, t: float) -> None:
         """The instantaneous state at ``t``: utilisation, link state, process states."""
@@ -1386,7 +1612,14 @@ class SimulatedNode:
             ) = (round(v) for v in util[gpu.index])
             fake.pcie_tx_bytes = int(self._acc[("gpu", gpu.index, "tx")])
             fake.pcie_rx_bytes = int(self._acc[("gpu", gpu.index, "rx")])
+            if gpu.index in self._replay_gpus:
+                fake.replay_counter = int(self._acc.get(("gpu", gpu.index, "replays"), 0.0))
             for n, link in enumerate(fake.links):
+                if (gpu.index, n) in self._error_links:
+                    link.errors = {
+                        counter: int(self._acc.get(("nvlink_error", gpu.index, n, name), 0.0))
+                        for name, counter in _NVLINK_ERROR_COUNTERS
+                    }
                 tx = self._acc.get(("nvlink", gpu.index, n, "tx"), 0.0)
                 rx = self._acc.get(("nvlink", gpu.index, n, "rx"), 0.0)
                 link.data_tx_kib, link.data_rx_kib = int(tx), int(rx)
@@ -1395,6 +1628,8 @@ class SimulatedNode:
             fake.processes = [
                 FakeProcess(pid, memory) for pid, memory in self._gpu_processes[gpu.index]
             ]
+        if self._psi_paths:
+            self._psi_avg = self._pressure_averages(t)
         self.nvlink_stall_ratio = {}
         for activity in self._active("nvlink", t):
             gpu = self.hardware.gpus[activity.get("gpu")]
@@ -1462,9 +1697,45 @@ class SimulatedNode:
         self._overridden = set(overrides)
         self._dirty_pids |= changed
 
+    def _pressure_averages(self, t: float) -> dict[tuple[str, str], tuple[float, ...]]:
+        """Each cgroup's PSI averages at ``t``: those of the pressure activities active then,
+        added up to at most 100 %; an average not given is the 10 s one."""
+        averages: dict[tuple[str, str], list[float]] = {}
+        for activity in self._active("pressure", t):
+            get = activity.get
+            values = []
+            for psi in ("some", "full"):
+                avg10 = get(f"{psi}_avg10")
+                for window in ("avg10", "avg60", "avg300"):
+                    value = get(f"{psi}_{window}")
+                    values.append(avg10 if value is None else value)
+            for path in self._charged_cgroups(activity, stop_at_job=True):
+                sums = averages.setdefault((path, get("resource")), [0.0] * 6)
+                for i, value in enumerate(values):
+                    sums[i] = min(100.0, sums[i] + value)
+        return {key: tuple(values) for key, values in averages.items()}
+
+    def _write_aer(self) -> None:
+        """The AER counters of the functions the timeline gives errors, totals kept equal to
+        the sum of the named counters as the kernel keeps them."""
+        for bdf in sorted(self._aer_functions):
+            if bdf in self._removed:
+                continue
+            for severity in AER_TOTALS:
+                counts = {
+                    key[3]: int(value)
+                    for key, value in self._acc.items()
+                    if key[:3] == ("aer", bdf, severity)
+                }
+                self._files.write(
+                    self._dirs[bdf] / f"aer_dev_{severity}", aer_text(severity, counts)
+                )
+
     def _render(self, parts: frozenset[Part]) -> None:
         if Part.PCI_LINKS in parts:
             self._write_pci_links(self._links)
+            if self._aer_functions:
+                self._write_aer()
         if Part.INFINIBAND in parts:
             self._write_ib_counters()
         if Part.PROCESSES in parts:
@@ -1489,13 +1760,21 @@ class SimulatedNode:
                     for name in _IB_TRAFFIC_COUNTERS:
                         key = ("ib", nic.name, port, name)
                         self._ib_counter_files.append((nic.pci[0], key, counters / name))
+            for nic_name, port, name in sorted(self._ib_errors):
+                nic = self.hardware.nic(nic_name)
+                device = self._dirs[nic.pci[0]] / "infiniband" / nic.name
+                path = device / "ports" / str(port) / "counters" / name
+                self._ib_counter_files.append((nic.pci[0], ("ib", nic.name, port, name), path))
         files = self._files
         for function, key, path in self._ib_counter_files:
             if function in self._removed:
                 continue
             value = self._acc.get(key)
             if value is not None:
-                files.write(path, f"{int(value)}\n")
+                bits = ERROR_COUNTER_BITS.get(key[3])
+                # PMA error counters stop at their maximum rather than wrap (IBA 16.1.3.5).
+                count = int(value) if bits is None else min(int(value), (1 << bits) - 1)
+                files.write(path, f"{count}\n")
 
 
 #: The InfiniBand counters that traffic moves.
@@ -1536,6 +1815,17 @@ _SNMP_FIELDS: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 _SNMP_FIELDS["UdpLite"] = _SNMP_FIELDS["Udp"]
+
+#: ``io.stat`` keys of one device (block/blk-cgroup.c).
+_IO_FIELDS = ("rbytes", "wbytes", "rios", "wios", "dbytes", "dios")
+
+#: ``nvmlDeviceGetNvLinkErrorCounter`` counters (``NVML_NVLINK_ERROR_DL_*``) by activity name.
+_NVLINK_ERROR_COUNTERS = (
+    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+    ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+)
 
 _CPU_THROTTLE_FIELDS = ("nr_periods", "nr_throttled", "throttled_usec", "nr_bursts", "burst_usec")
 

@@ -159,6 +159,8 @@ class OsSpec:
     background_processes: int = 300
     #: loaded kernel modules shown in ``/sys/module`` (e.g. ``nvidia_peermem``)
     kernel_modules: tuple[str, ...] = ()
+    #: named processes outside every job (daemons, kernel threads) the timeline refers to
+    system_processes: tuple[ProcessSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +211,8 @@ class ProcessSpec:
     environ: tuple[tuple[str, str], ...]
     #: resident memory of each process; ``None``: a share of the job's memory.current
     rss_bytes: int | None = None
+    #: a kernel thread (system processes only): no command line, no memory of its own
+    kernel: bool = False
 
     @property
     def thread_count(self) -> int:
@@ -297,6 +301,7 @@ class Scenario:
     source_path: Path | None = None
 
     def process_keys(self) -> dict[str, tuple[Job, ProcessSpec]]:
+        """The processes of the jobs by key (system processes have no job)."""
         return {p.key: (job, p) for job in self.jobs for p in job.processes}
 
 
@@ -384,7 +389,7 @@ class ScenarioLoader:
             nvme=_nvme_drives(source, spec.get("nvme", {}), functions),
             nics=self._nics(source, spec.get("nics", {}), functions),
             mounts=_mounts(spec.get("mounts", {})),
-            os=_os(spec.get("os", {})),
+            os=_os(source, spec.get("os", {})),
         )
 
     def _pcie_tree(self, source: _Source, spec: Mapping[str, Any], pointer: str) -> LspciDump:
@@ -1175,12 +1180,41 @@ def _mounts(specs: Mapping[str, Any]) -> tuple[Mount, ...]:
     return tuple(mounts)
 
 
-def _os(spec: Mapping[str, Any]) -> OsSpec:
+def _os(source: _Source, spec: Mapping[str, Any]) -> OsSpec:
+    system: list[ProcessSpec] = []
+    for k, entry in enumerate(spec.get("system_processes", [])):
+        where = f"/hardware/os/system_processes/{k}"
+        if any(p.key == entry["key"] for p in system):
+            raise source.fail(f"{where}/key", f"process key {entry['key']!r} used twice")
+        if sum(entry.get("threads", {}).values()) >= _MAX_THREADS:
+            raise source.fail(f"{where}/threads", f"at most {_MAX_THREADS} threads per process")
+        kernel = bool(entry.get("kernel", False))
+        default_cgroup = "/" if kernel else f"/system.slice/{entry['key']}.service"
+        system.append(
+            ProcessSpec(
+                key=entry["key"],
+                comm=entry["comm"],
+                # A kernel thread has an empty command line.
+                cmdline="" if kernel else entry.get("cmdline", entry["comm"]),
+                count=int(entry.get("count", 1)),
+                threads=tuple((name, int(n)) for name, n in entry.get("threads", {}).items()),
+                cgroup=entry.get("cgroup", default_cgroup),
+                state=entry.get("state", "S"),
+                wchan=entry.get("wchan", "0" if kernel else "do_epoll_wait"),
+                gpu=None,
+                gpu_memory_bytes=None,
+                cpu_percent=float(entry.get("cpu_percent", 0.0)),
+                environ=(),
+                rss_bytes=0 if kernel else int(entry.get("rss_bytes", 12 * 2**20)),
+                kernel=kernel,
+            )
+        )
     return OsSpec(
         hostname=spec.get("hostname", "sim"),
         uptime_seconds=float(spec.get("uptime_seconds", 864_000)),
         background_processes=int(spec.get("background_processes", 300)),
         kernel_modules=tuple(spec.get("kernel_modules", ())),
+        system_processes=tuple(system),
     )
 
 
@@ -1192,8 +1226,8 @@ def _jobs(source: _Source, specs: list[Mapping[str, Any]], hardware: Hardware) -
     """Jobs with distinct ids and process keys unique across all jobs, at most 100,000
     processes on the node in all."""
     jobs: list[Job] = []
-    keys: set[str] = set()
-    total = hardware.os.background_processes
+    keys: set[str] = {p.key for p in hardware.os.system_processes}
+    total = hardware.os.background_processes + sum(p.count for p in hardware.os.system_processes)
     for i, spec in enumerate(specs):
         where = f"/jobs/{i}"
         job_id = int(spec["id"])
@@ -1388,10 +1422,55 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "out_segs_per_second": ("number", 0.0),
         "retrans_segs_per_second": ("number", 0.0),
     },
+    "errors": {
+        "gpu": ("gpu", None),
+        "links": ("links", None),
+        "nvlink": ("rates", ()),
+        "pcie_replays_per_second": ("number", 0.0),
+        "ib": ("nic", None),
+        "port": ("integer", 1),
+        "counters": ("rates", ()),
+        "pci": ("pci", None),
+        "aer": ("aer", ()),
+    },
+    "pressure": {
+        "job": ("job", ...),
+        "level": ("text", "job"),
+        "resource": ("text", ...),
+        "some_avg10": ("number", 0.0),
+        "some_avg60": ("number", None),
+        "some_avg300": ("number", None),
+        "full_avg10": ("number", 0.0),
+        "full_avg60": ("number", None),
+        "full_avg300": ("number", None),
+    },
+    "job_io": {
+        "job": ("job", ...),
+        "level": ("text", "step"),
+        "device": ("disk", ...),
+        "read_bytes_per_second": ("number", 0.0),
+        "write_bytes_per_second": ("number", 0.0),
+        "read_iops": ("number", None),
+        "write_iops": ("number", None),
+        "discard_bytes_per_second": ("number", 0.0),
+        "in_diskstats": ("bool", True),
+    },
+    "process_exit": {
+        "process": ("process", ...),
+        "signal": ("text", None),
+        "exit_code": ("integer", None),
+    },
+    "gpu_peer": {
+        "gpu": ("gpu", ...),
+        "peer": ("peer", ...),
+        "port": ("integer", 1),
+        "to_gpu_bytes_per_second": ("number", 0.0),
+        "from_gpu_bytes_per_second": ("number", 0.0),
+    },
 }
 
 #: Kinds that happen once, at ``from``.
-INSTANT_KINDS = frozenset({"xid", "hot_unplug", "driver_rebind"})
+INSTANT_KINDS = frozenset({"xid", "hot_unplug", "driver_rebind", "process_exit"})
 
 #: NFSv4 operations of ``/proc/self/mountstats`` (fs/nfs/nfs4xdr.c ``nfs4_procedures``), the
 #: values the schema allows for an ``nfs`` activity's ``op``.
@@ -1427,7 +1506,14 @@ def _timeline(
     duration: float,
 ) -> tuple[Activity, ...]:
     """The activities, each active from ``from`` to after it and starting within the run."""
-    named = _Named(hardware, jobs, {p.key: p for job in jobs for p in job.processes})
+    named = _Named(
+        hardware,
+        jobs,
+        {
+            **{p.key: p for p in hardware.os.system_processes},
+            **{p.key: p for job in jobs for p in job.processes},
+        },
+    )
     activities: list[Activity] = []
     for i, entry in enumerate(entries):
         where = f"/timeline/{i}"
@@ -1487,6 +1573,17 @@ def _param(
         return raw
     if kind_of == "nic":
         return _nic_ref(source, raw, where, hardware)
+    if kind_of == "peer":
+        if raw in {d.disk for d in hardware.nvme} or raw in {n.name for n in hardware.nics}:
+            return raw
+        raise source.fail(where, f"no NIC or disk {raw!r}")
+    if kind_of == "rates":
+        return tuple(sorted((str(k), float(v)) for k, v in raw.items()))
+    if kind_of == "aer":
+        return tuple(
+            (severity, tuple(sorted((str(k), float(v)) for k, v in errors.items())))
+            for severity, errors in sorted(raw.items())
+        )
     if kind_of == "pci":
         if raw not in {d.bdf for d in hardware.pcie.devices}:
             raise source.fail(where, f"no PCI function {raw}")
@@ -1530,8 +1627,39 @@ def _check_activity(source: _Source, activity: Activity, hardware: Hardware) -> 
             raise source.fail(f"{activity.pointer}/port", f"{nic.name} has {nic.ports} port(s)")
     if activity.kind == "nvlink" and not hardware.gpus[activity.get("gpu")].nvlinks:
         raise source.fail(f"{activity.pointer}/gpu", "this GPU has no NVLinks")
+    if activity.kind == "errors":
+        _check_errors(source, activity, hardware)
+    if activity.kind == "pressure":
+        for window in ("avg10", "avg60", "avg300"):
+            some, full = activity.get(f"some_{window}"), activity.get(f"full_{window}")
+            if some is not None and full is not None and full > some:
+                # All tasks stalled is a part of the time some stalled.
+                raise source.fail(
+                    f"{activity.pointer}/full_{window}", f"must be <= some_{window} ({some:g})"
+                )
+    if activity.kind == "gpu_peer" and activity.get("peer") in {n.name for n in hardware.nics}:
+        nic = hardware.nic(activity.get("peer"))
+        if activity.get("port") > nic.ports:
+            raise source.fail(f"{activity.pointer}/port", f"{nic.name} has {nic.ports} port(s)")
     if activity.kind in ("lock", "nfs") and not hardware.mount(activity.get("mount")).is_nfs:
         raise source.fail(f"{activity.pointer}/mount", "not an NFS mount")
+
+
+def _check_errors(source: _Source, activity: Activity, hardware: Hardware) -> None:
+    """An ``errors`` activity's target has what its counters live on."""
+    where = activity.pointer
+    gpu = activity.get("gpu")
+    if gpu is not None and activity.get("nvlink") and not hardware.gpus[gpu].nvlinks:
+        raise source.fail(f"{where}/gpu", "this GPU has no NVLinks")
+    if activity.get("ib") is not None:
+        nic = hardware.nic(activity.get("ib"))
+        if activity.get("port") > nic.ports:
+            raise source.fail(f"{where}/port", f"{nic.name} has {nic.ports} port(s)")
+    bdf = activity.get("pci")
+    if bdf is not None and activity.get("aer"):
+        function = next(d for d in hardware.pcie.devices if d.bdf == bdf)
+        if not function.has_aer:
+            raise source.fail(f"{where}/pci", f"{bdf} has no AER capability (no aer_dev_* files)")
 
 
 def iter_activities(scenario: Scenario, kind: str) -> Iterable[Activity]:

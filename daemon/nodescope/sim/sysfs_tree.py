@@ -75,6 +75,22 @@ AER_UNCORRECTABLE_NAMES = (
     "MalfTLP", "ECRC", "UnsupReq", "ACSViol", "UncorrIntErr", "BlockedTLP",
 )  # fmt: skip
 
+#: ``aer_dev_<severity>`` files and the name of their last line, the sum of the others.
+AER_TOTALS = {
+    "correctable": "TOTAL_ERR_COR",
+    "fatal": "TOTAL_ERR_FATAL",
+    "nonfatal": "TOTAL_ERR_NONFATAL",
+}
+
+
+def aer_text(severity: str, counts: Mapping[str, int]) -> str:
+    """An ``aer_dev_<severity>`` file (``drivers/pci/pcie/aer.c``): every named error of the
+    severity with its count, then the total, which the kernel keeps as the sum."""
+    names = AER_CORRECTABLE_NAMES if severity == "correctable" else AER_UNCORRECTABLE_NAMES
+    lines = "".join(f"{n} {counts.get(n, 0)}\n" for n in names)
+    return f"{lines}{AER_TOTALS[severity]} {sum(counts.get(n, 0) for n in names)}"
+
+
 _SPEED_CODES = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 _NO_LINK_TYPES = (ExpressType.RC_INTEGRATED_ENDPOINT, ExpressType.RC_EVENT_COLLECTOR)
 _MELLANOX = 0x15B3
@@ -248,18 +264,8 @@ def materialise(
             (directory / "power").mkdir(exist_ok=True)
             _write(directory / "power" / "runtime_status", "active")
         if dev.has_aer:
-            _write(
-                directory / "aer_dev_correctable",
-                "".join(f"{n} 0\n" for n in AER_CORRECTABLE_NAMES) + "TOTAL_ERR_COR 0",
-            )
-            for severity, total in (
-                ("fatal", "TOTAL_ERR_FATAL"),
-                ("nonfatal", "TOTAL_ERR_NONFATAL"),
-            ):
-                _write(
-                    directory / f"aer_dev_{severity}",
-                    "".join(f"{n} 0\n" for n in AER_UNCORRECTABLE_NAMES) + f"{total} 0",
-                )
+            for severity in AER_TOTALS:
+                _write(directory / f"aer_dev_{severity}", aer_text(severity, {}))
         if dev.driver is not None:
             driver_dir = sys_dir / "bus" / "pci" / "drivers" / dev.driver
             driver_dir.mkdir(parents=True, exist_ok=True)
