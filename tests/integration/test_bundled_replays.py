@@ -74,6 +74,7 @@ def test_the_issue_bundles_every_scenario() -> None:
         "gpudirect-acs-redirect",
         "nvlink-stall-blip",
         "epoch-boundary-pause",
+        "checkpoint-sync-write",
     }
 
 

@@ -44,6 +44,7 @@ BUNDLED = (
     "allreduce-hang-nfs-lock",
     "allreduce-spin-nfs-lock",
     "busy-gpus-host-network",
+    "checkpoint-sync-write",
     "dgx-h100",
     "epoch-boundary-pause",
     "escaped-nccl-threads",

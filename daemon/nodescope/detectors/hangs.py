@@ -16,9 +16,9 @@ A job makes no progress when its GPUs move at most ``idle_bytes_per_second`` ove
 NVLink (both directions) and the job moves no more than that elsewhere either: its cgroup's
 block I/O (or, where ``io.stat`` does not show it, a node disk moving that much while the
 job's threads wait for block I/O) and its HCAs' InfiniBand traffic (a synchronous checkpoint
-leaves the GPUs idle and its writer threads in D state, yet moves data). A job without progress whose GPUs are all idle
-(utilisation at most ``idle_utilisation_ratio``) is *stalled*; one whose GPUs are busy
-(kernels spinning) is in a collective hang:
+leaves the GPUs idle and its writer threads in D state, yet moves data). A job without
+progress whose GPUs are all idle (utilisation at most ``idle_utilisation_ratio``) is
+*stalled*; one whose GPUs are busy (kernels spinning) is in a collective hang:
 
 ``collective_hang`` (critical with a blocker, warning without)
     busy GPUs, nothing moving: NCCL's collectives wait for a rank that does not come; the
@@ -44,8 +44,8 @@ Each finding needs its job to have made no progress for ``min_stall_seconds`` (d
 in every cycle: a pause at an epoch boundary or a checkpoint barrier is none. The time is
 the derived stage's (``Derived.held_since``), keyed by job and by whether its GPUs are
 busy, so a stall first of unknown cause and then on a lock is one stall. The alert rule's
-``for`` (set below in ``detectors.registry``) comes on top. A job with a lost GPU is left to the fell-off-the-bus
-finding, which already names the cause.
+``for`` (set below in ``detectors.registry``) comes on top. A job with a lost GPU is left
+to the fell-off-the-bus finding, which already names the cause.
 """
 
 from __future__ import annotations
