@@ -8,14 +8,18 @@ every file here is written in the format the kernel uses and the sources parse:
   capture), ``current_link_{speed,width}`` as the timeline changes them; ``class/nvme`` and
   ``block/nvme*`` (``device`` -> controller -> PCI function, drivers/nvme/host/core.c);
   ``class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer,counters/*,
-  hw_counters/*}`` (drivers/infiniband/core/sysfs.c; data counters in 4-byte words);
+  hw_counters/*}`` (drivers/infiniband/core/sysfs.c; data counters in 4-byte words; error
+  counters stop at their width's maximum); ``aer_dev_{correctable,nonfatal,fatal}`` of the
+  functions the timeline gives errors (drivers/pci/pcie/aer.c, the total kept as the sum);
   ``module/<name>/refcnt`` for the scenario's loaded kernel modules (kernel/module/sysfs.c);
 * ``sys/fs/cgroup``: a pure cgroup v2 hierarchy (Documentation/admin-guide/cgroup-v2.rst) with
   systemd's slices and Slurm's cgroup/v2 job layout
   (``system.slice/slurmstepd.scope/job_<id>/step_<s>/{slurm,user/task_<n>}``,
   docs/datasources.md §5): ``cgroup.{controllers,subtree_control,type,events,procs,threads}``,
   ``memory.{current,peak,max,high,events,events.local,stat}``, ``cpu.stat``, ``io.stat``,
-  ``pids.{current,max}``, ``{cpu,memory,io}.pressure``;
+  ``pids.{current,max}``, ``{cpu,memory,io}.pressure`` (kernel/sched/psi.c; zero but where
+  a ``pressure`` activity sets them), ``io.stat`` (block/blk-cgroup.c; empty but where a
+  ``job_io`` activity charges I/O); a process that exits leaves its cgroup;
 * ``proc/``: ``diskstats`` (block/genhd.c, 20 fields), ``uptime``, ``<pid>/{stat,comm,cmdline,
   wchan,cgroup,environ}`` and ``<pid>/task/<tid>/{stat,comm,wchan}`` (fs/proc/array.c, 52
   stat fields), ``locks`` (fs/locks.c), ``self`` -> the daemon's pid with ``mountstats``
