@@ -75,6 +75,7 @@ def test_the_issue_bundles_every_scenario() -> None:
         "nvlink-stall-blip",
         "epoch-boundary-pause",
         "checkpoint-sync-write",
+        "nvme-removed-under-job",
     }
 
 

@@ -60,6 +60,7 @@ BUNDLED = (
     "nvlink-stall-bursts",
     "nvme-driver-rebind",
     "nvme-hot-removed",
+    "nvme-removed-under-job",
     "nvswitch-stall",
     "pcie-saturation-a100",
     "root-port-contention",
