@@ -74,7 +74,9 @@ from nodescope.sim.scenario import (
     load_ib_capture_device,
 )
 from nodescope.sim.sysfs_tree import (
+    AER_CORRECTABLE_NAMES,
     AER_TOTALS,
+    AER_UNCORRECTABLE_NAMES,
     aer_text,
     cpus_of_sockets,
     materialise,
@@ -1726,11 +1728,10 @@ class SimulatedNode:
             if bdf in self._removed:
                 continue
             for severity in AER_TOTALS:
-                counts = {
-                    key[3]: int(value)
-                    for key, value in self._acc.items()
-                    if key[:3] == ("aer", bdf, severity)
-                }
+                names = (
+                    AER_CORRECTABLE_NAMES if severity == "correctable" else AER_UNCORRECTABLE_NAMES
+                )
+                counts = {n: int(self._acc.get(("aer", bdf, severity, n), 0.0)) for n in names}
                 self._files.write(
                     self._dirs[bdf] / f"aer_dev_{severity}", aer_text(severity, counts)
                 )
