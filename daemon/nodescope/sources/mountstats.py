@@ -70,7 +70,7 @@ def _unescape(text: str) -> str:
 class _MountBlock:
     """The NFS mount being read: its heading's fields, ``age`` and operations so far."""
 
-    __slots__ = ("age", "device", "fstype", "mountpoint", "ops", "statvers")
+    __slots__ = ("age", "device", "fstype", "mountpoint", "names", "ops", "statvers")
 
     def __init__(self, device: str, mountpoint: str, fstype: str, statvers: str | None) -> None:
         self.device = device
@@ -79,6 +79,8 @@ class _MountBlock:
         self.statvers = statvers
         self.age: int | None = None
         self.ops: list[NfsOp] = []
+        #: the operations' names so far: an NFSv4 mount lists about seventy
+        self.names: set[str] = set()
 
     def mount(self) -> NfsMount:
         return NfsMount(
@@ -86,14 +88,15 @@ class _MountBlock:
         )
 
 
-def _op(line: str, number: int, source: str, known: list[NfsOp]) -> NfsOp:
+def _op(line: str, number: int, source: str, known: set[str]) -> NfsOp:
     match = _OP.fullmatch(line)
     if match is None:
         raise ParseError(source, f"malformed per-op line: {line!r}", number)
     values = [int(v) for v in match.group(2).split()]
     name = match.group(1)
-    if any(op.name == name for op in known):
+    if name in known:
         raise ParseError(source, f"operation {name} listed twice", number)
+    known.add(name)
     return NfsOp(
         name=name,
         ops=values[0],
@@ -158,7 +161,7 @@ def parse_mountstats(
             elif stripped == "per-op statistics":
                 in_ops = True
             elif in_ops:
-                current.ops.append(_op(line, number, source, current.ops))
+                current.ops.append(_op(line, number, source, current.names))
         except ParseError as exc:
             # Half a mount's operations would read as operations that stopped: none of it.
             tally.skip(SKIP_NFS_MOUNT_MALFORMED, str(exc))
