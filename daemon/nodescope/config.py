@@ -578,6 +578,16 @@ class HotplugSettings:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class XidsSettings:
+    enabled: bool = option(
+        True,
+        "report new Xids by class (memory, NVLink, bus, firmware, thermal/power, engine,"
+        " application) with the severity and action of the packaged Xid catalog; Xid 79 is"
+        " the hotplug detector's",
+    )
+
+
 def _no_tables() -> Mapping[str, Mapping[str, Any]]:
     return MappingProxyType({})
 
@@ -610,6 +620,7 @@ class DetectorsSettings:
     jobs: JobsSettings = field(init=False, repr=False, compare=False)
     hangs: HangsSettings = field(init=False, repr=False, compare=False)
     hotplug: HotplugSettings = field(init=False, repr=False, compare=False)
+    xids: XidsSettings = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tables: dict[str, Mapping[str, Any]] = {}

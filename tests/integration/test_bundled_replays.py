@@ -76,6 +76,8 @@ def test_the_issue_bundles_every_scenario() -> None:
         "epoch-boundary-pause",
         "checkpoint-sync-write",
         "nvme-removed-under-job",
+        "xid48-double-bit-ecc",
+        "xid13-application-fault",
     }
 
 

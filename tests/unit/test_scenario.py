@@ -64,6 +64,8 @@ BUNDLED = (
     "nvswitch-stall",
     "pcie-saturation-a100",
     "root-port-contention",
+    "xid13-application-fault",
+    "xid48-double-bit-ecc",
     "xid79-fell-off-bus",
 )
 SCHEMA = json.loads(SCHEMA_PATH.read_text())

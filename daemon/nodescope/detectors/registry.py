@@ -32,9 +32,11 @@ from nodescope.detectors import (
     links,
     nvlink,
     placement,
+    xids,
 )
 from nodescope.model.finding import Finding
 from nodescope.model.snapshot import Snapshot
+from nodescope.model.xid_catalog import load_catalog
 
 Detect = Callable[[Snapshot | None, Snapshot, Config], Iterable[Finding]]
 
@@ -117,6 +119,8 @@ DETECTORS: tuple[DetectorInfo, ...] = (
             }
         ),
     ),
+    # The packaged Xid catalog, read once here and held by the detector: immutable data.
+    DetectorInfo("xids", xids.XidDetector(load_catalog()), xids.RULES),
 )
 
 
