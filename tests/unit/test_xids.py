@@ -223,3 +223,12 @@ def test_bundled_xid_scenarios_replay(name: str, kind: str, severity: Severity) 
     assert found and f"({severity.label})" in found[0].detail
     if severity is Severity.CRITICAL:
         assert "used by job 81790" in found[0].detail
+
+
+def test_the_prolog_gate_default_codes_are_catalogued_hardware_faults() -> None:
+    """``[slurm] xid_codes`` is its own list (not derived from the catalog); it must still
+    name only codes the catalog knows, and no application fault."""
+    for code in Config().slurm.xid_codes:
+        info = CATALOG.lookup(code)
+        assert info.known, code
+        assert info.xid_class != APPLICATION, code
