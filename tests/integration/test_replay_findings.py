@@ -151,10 +151,12 @@ def test_nvlink_stall_bursts_found_on_gpu5_links_to_the_first_switch(
     failed = [f"{f['expectation']}: {f['reason']}" for f in doc["expectations"]["findings"]]
     assert doc["summary"]["passed"], (failed, doc["summary"])
     expected = {f"nvlink_stall_burst{{device=5,link={link}}}" for link in range(5)}
-    # The stalls run from t=10 to t=30; each cycle's window is the 5 s before it.
+    # The stalls run from t=10 to t=30; each cycle's window is the 5 s before it, so the
+    # cycle at t=15 is the first to see them, and a finding needs them held for
+    # min_stall_seconds (5 s): from t=20.
     for cycle in run["cycles"]:
         keys = {f[0] for f in cycle["findings"]}
-        assert keys == (expected if 15 <= cycle["t"] <= 30 else set()), cycle["t"]
+        assert keys == (expected if 20 <= cycle["t"] <= 30 else set()), cycle["t"]
     during = next(c for c in run["cycles"] if c["t"] == 20)
     (_, message, evidence) = next(f for f in during["findings"] if "link=0}" in f[0])
     assert evidence["window_max_stall_cycles_per_microsecond"] == 2250

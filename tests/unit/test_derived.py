@@ -474,3 +474,17 @@ def test_gpus_of_jobs_that_set_nccl_net_gdr_level_loc_are_host_staged() -> None:
     snap = _snap({"jobs": data, "nvml": nvml})
     assert snap.derived.host_staged_gpus == frozenset({GPU_A, GPU_C})
     assert _snap({"nvml": nvml}).derived.host_staged_gpus == frozenset()
+
+
+def test_readers_of_one_snapshot_asking_other_conditions_get_consistent_times() -> None:
+    stage = DerivedStage()
+    first = stage.derive(_snap({}, t=1.0))
+    assert first.derived.held_since("stalls", {"a"}, 1.0, None) == {"a": 1.0}
+    second = stage.derive(_snap({}, t=2.0))
+    # One reader asks for a, another (another configuration) for a and b.
+    assert second.derived.held_since("stalls", {"a"}, 2.0, 1.0) == {"a": 1.0}
+    assert second.derived.held_since("stalls", {"a", "b"}, 2.0, 1.0) == {"a": 1.0, "b": 2.0}
+    assert second.derived.held_since("stalls", {"b"}, 2.0, 1.0) == {"b": 2.0}
+    # The next snapshot carries every condition asked of this one.
+    third = stage.derive(_snap({}, t=3.0))
+    assert third.derived.held_since("stalls", {"a", "b"}, 3.0, 2.0) == {"a": 1.0, "b": 2.0}

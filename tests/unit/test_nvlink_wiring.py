@@ -56,19 +56,20 @@ def test_the_detector_is_registered() -> None:
 def test_thresholds_come_from_the_detectors_nvlink_table() -> None:
     pair = _pair(10.0, 11.0)
     snapshot = _snapshot(10.0, 11.0, pair)
+    def table(**options: object) -> Config:
+        # Stalls reported at once: the bands are under test here, not the minimum duration.
+        return from_mapping({"detectors": {"nvlink": {"min_stall_seconds": 0, **options}}})
+
     # Defaults: 450 cycles/µs on average is normal, the 2,250 peaks are bursts.
-    assert {f.kind for f in det.detect(None, snapshot, Config())} == {det.STALL_BURST}
+    assert {f.kind for f in det.detect(None, snapshot, table())} == {det.STALL_BURST}
     # A warning band from 400 makes the average itself a finding.
-    lower = from_mapping({"detectors": {"nvlink": {"stall_warning_cycles_per_us": 400}}})
-    found = det.detect(None, snapshot, lower)
+    found = det.detect(None, snapshot, table(stall_warning_cycles_per_us=400))
     assert {f.kind for f in found} == {det.STALL} and len(found) == 5
-    assert (
-        det.detect(None, snapshot, from_mapping({"detectors": {"nvlink": {"enabled": False}}}))
-        == []
-    )
+    assert det.detect(None, snapshot, table(enabled=False)) == []
     # Peaks up to 3,000 are no longer over the critical bound: no burst finding.
-    higher = from_mapping({"detectors": {"nvlink": {"stall_critical_cycles_per_us": 3000}}})
-    assert det.detect(None, snapshot, higher) == []
+    assert det.detect(None, snapshot, table(stall_critical_cycles_per_us=3000)) == []
+    # The default minimum duration: a burst seen in one snapshot only is not yet a finding.
+    assert det.detect(None, snapshot, Config()) == []
 
 
 @pytest.mark.parametrize(

@@ -374,12 +374,13 @@ class HookServer:
                 continue
             if not self.authorize(peer):
                 # Nothing is read from a stranger; one line tells a misconfigured client why.
-                _say_and_close(sock, {"ok": False, "error": "permission denied"})
+                # Counted first: whoever reads the answer then finds the refusal counted.
                 self.refused.add(f"uid={peer.uid} pid={peer.pid} gid={peer.gid}")
+                _say_and_close(sock, {"ok": False, "error": "permission denied"})
                 continue
             if not self._admit(peer):
-                _say_and_close(sock, {"ok": False, "error": "busy: too many connections"})
                 self.busy.add(f"uid={peer.uid} pid={peer.pid}")
+                _say_and_close(sock, {"ok": False, "error": "busy: too many connections"})
                 continue
             sock.setblocking(False)
             conn = _Connection(sock, peer, time.monotonic() + self._timeout())

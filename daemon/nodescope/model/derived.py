@@ -106,6 +106,15 @@ def sample_pair(
     return SamplePair(prev, cur, before, now, seconds)
 
 
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What :meth:`Derived.held_since` knows in one snapshot: the times carried over from
+    the snapshot before, and those of every key asked in this one."""
+
+    earlier: Mapping[Hashable, float]
+    since: dict[Hashable, float]
+
+
 class Derived:
     """The figures of one snapshot, each computed at most once (see the module docstring).
 
@@ -201,18 +210,22 @@ class Derived:
         at ``before`` (the previous one, ``None`` when there is none) when that snapshot asked
         the same ``name``; a key it did not hold starts now. A condition that stops holding
         for one snapshot starts again, and one whose detector skipped a snapshot (nothing
-        could hold) too. For the minimum durations of findings: detectors keep no memory."""
+        could hold) too. Readers of one snapshot that ask with other keys (another
+        configuration) get the same times; the next snapshot carries over every key asked.
+        For the minimum durations of findings: detectors keep no memory."""
         figure = f"held:{name}"
         known = self._figures.get(figure)
-        if known is not None and known.equal == now:
-            return cast(Mapping[Hashable, float], known.value)
-        last = self._carried.pop(figure, None)
-        earlier: Mapping[Hashable, float] = {}
-        if last is not None and before is not None and last.equal == before:
-            earlier = cast(Mapping[Hashable, float], last.value)
-        since = MappingProxyType({key: earlier.get(key, now) for key in keys})
-        self._figures[figure] = Figure((), now, since)
-        return since
+        if known is None or known.equal != now:
+            last = self._carried.pop(figure, None)
+            earlier: Mapping[Hashable, float] = {}
+            if last is not None and before is not None and last.equal == before:
+                earlier = cast(_Held, last.value).since
+            known = self._figures[figure] = Figure((), now, _Held(earlier, {}))
+        held = cast(_Held, known.value)
+        for key in keys:
+            if key not in held.since:
+                held.since[key] = held.earlier.get(key, now)
+        return MappingProxyType({key: held.since[key] for key in keys})
 
     # -- rates between each source's two latest reads ------------------------------------
 
