@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
-import tempfile
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,8 +29,6 @@ from nodescope.model.xid_catalog import (
     load_catalog,
     parse_catalog,
 )
-from nodescope.sim.driver import replay, temp_dir
-from nodescope.sim.scenario import load_scenario
 
 GPU2 = "0000:4c:00.0"
 GPU5 = "0000:bb:00.0"
@@ -203,26 +199,6 @@ def test_new_xids_uses_the_source_pair() -> None:
     snap = _snapshot(_nvml(XidCount(1, GPU2, 31, 3)), _nvml(XidCount(1, GPU2, 31, 1)))
     assert xids.new_xids(snap) == {(1, GPU2, 31): (2, 3)}
     assert snap.latest(NVML) is not None
-
-
-# --- the bundled scenarios ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("name", "kind", "severity"),
-    [
-        ("xid48-double-bit-ecc", "gpu_xid_memory", Severity.CRITICAL),
-        ("xid13-application-fault", "gpu_xid_application", Severity.INFO),
-    ],
-)
-def test_bundled_xid_scenarios_replay(name: str, kind: str, severity: Severity) -> None:
-    with tempfile.TemporaryDirectory(prefix="nodescope-test-", dir=temp_dir()) as d:
-        result = replay(load_scenario(name), Path(d) / "root")
-    assert result.passed, [m.reason for m in result.failures]
-    found = [e for e in result.timeline if e.kind == "finding" and e.subject.startswith(kind)]
-    assert found and f"({severity.label})" in found[0].detail
-    if severity is Severity.CRITICAL:
-        assert "used by job 81790" in found[0].detail
 
 
 def test_the_prolog_gate_default_codes_are_catalogued_hardware_faults() -> None:
