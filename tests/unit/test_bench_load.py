@@ -68,12 +68,15 @@ def test_a_chunked_response_ends_at_its_last_chunk() -> None:
     assert exchange.encoding == "gzip"
 
 
+#: The machine facts a report opens with.
+MACHINE = {"date": "d", "cpus": 2, "cpu": "c", "memory_gib": 1, "os": "o", "kernel": "k",
+           "python": "p", "node_exporter": "n", "loadavg_start": [0.0]}  # fmt: skip
+
+
 def test_the_report_names_each_latency_mode() -> None:
     figures = {"requests": 1, "p50_ms": 0.2, "p99_ms": 0.9, "max_ms": 1.0}
     results: dict[str, Any] = {
-        "machine": {"date": "d", "cpus": 2, "cpu": "c", "memory_gib": 1, "os": "o",
-                    "kernel": "k", "python": "p", "node_exporter": "n",
-                    "loadavg_start": [0.0]},
+        "machine": MACHINE,
         "overhead": {
             "scenario": "dgx-h100",
             "overhead": {"window_seconds": 20, "nodescope": {
@@ -109,9 +112,7 @@ def test_the_report_sets_this_tree_against_the_baseline_of_the_same_window() -> 
 
     latency = {"requests": 1, "p50_ms": 0.2, "p99_ms": 0.8, "max_ms": 1.0, "encoding": "gzip"}
     results: dict[str, Any] = {
-        "machine": {"date": "d", "cpus": 2, "cpu": "c", "memory_gib": 1, "os": "o",
-                    "kernel": "k", "python": "p", "node_exporter": "n",
-                    "loadavg_start": [0.0]},
+        "machine": MACHINE,
         "overhead": {
             "scenario": "dgx-h100",
             "baseline": "v0.1",
