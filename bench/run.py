@@ -584,6 +584,8 @@ def phase_overhead(args: argparse.Namespace) -> dict[str, Any]:
         print(f"== overhead: simulator for {args.scenario} under {root}", flush=True)
         sim = start_simulator(args.scenario, root)
         targets: list[Target] = []
+        if baseline_tree is not None:
+            stack.enter_context(_hook_socket_taken(root))
         try:
             port = free_port()
             daemon = subprocess.Popen(
@@ -622,6 +624,21 @@ def phase_overhead(args: argparse.Namespace) -> dict[str, Any]:
                 stats = json.loads(path.read_text()) if path.exists() else {}
                 _add_cycle_stats(result, stats, name)
     return result
+
+
+@contextmanager
+def _hook_socket_taken(root: Path) -> Iterator[None]:
+    """The simulated node's hook socket held by the benchmark, so that neither of two daemons
+    on the node serves it (the first to start would otherwise run the hook server alone)."""
+    from nodescope.hooks.transport import socket_path
+    from nodescope.roots import Roots
+
+    path = socket_path(Roots.under(root))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(64)
+        yield
 
 
 @contextmanager

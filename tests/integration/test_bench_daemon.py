@@ -50,21 +50,25 @@ def test_the_benchmark_daemon_and_a_baseline_serve_the_simulated_node(tmp_path: 
         root = base / "node"
         sim = bench.start_simulator("dgx-h100", root)
         targets = []
+        # As the overhead phase does: neither daemon serves the node's hook socket.
         try:
-            port = bench.free_port()
-            ours = subprocess.Popen(
-                [bench.PYTHON, str(REPOSITORY / "bench" / "daemon.py"), str(root),
-                 "--listen", f"127.0.0.1:{port}", "--stats", str(base / "stats.json")],
-            )  # fmt: skip
-            targets.append(bench.Target("nodescope", port, ours))
-            targets.append(bench._start_baseline(tree, root, base / "baseline-stats.json"))
-            deadline = time.monotonic() + 120
-            for target in targets:
-                bench.wait_ready(target.port, 120, target.process)
-            for target in targets:
-                up = _sources_up(target.port, deadline)
-                assert up.keys() >= SOURCES, (target.name, up)
-                assert {s for s, v in up.items() if v != "1.0"} == set(), (target.name, up)
+            with bench._hook_socket_taken(root):
+                port = bench.free_port()
+                ours = subprocess.Popen(
+                    [bench.PYTHON, str(REPOSITORY / "bench" / "daemon.py"), str(root),
+                     "--listen", f"127.0.0.1:{port}", "--stats", str(base / "stats.json")],
+                )  # fmt: skip
+                targets.append(bench.Target("nodescope", port, ours))
+                targets.append(bench._start_baseline(tree, root, base / "baseline-stats.json"))
+                deadline = time.monotonic() + 120
+                for target in targets:
+                    bench.wait_ready(target.port, 120, target.process)
+                for target in targets:
+                    up = _sources_up(target.port, deadline)
+                    assert up.keys() >= SOURCES, (target.name, up)
+                    assert {s for s, v in up.items() if v != "1.0"} == set(), (target.name, up)
+                for target in targets:
+                    bench.stop(target.process)
         finally:
             for target in targets:
                 bench.stop(target.process)
