@@ -30,13 +30,12 @@ from types import MappingProxyType
 from nodescope.alerts import AlertRule
 from nodescope.config import Config
 from nodescope.detectors.common import jobs, jobs_of_gpus
+from nodescope.detectors.hotplug import XID_FELL_OFF_BUS
 from nodescope.model.finding import Finding
 from nodescope.model.nvml import NVML, NvmlData
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.xid_catalog import KINDS, XidCatalog
 
-#: Xid 79 is reported by the hotplug detector as ``gpu_fell_off_bus``.
-XID_FELL_OFF_BUS = 79
 #: Seconds an Xid alert stays firing after the last new Xid of its GPU and code.
 HOLD_SECONDS = 300.0
 

@@ -280,6 +280,15 @@ def _direction_load(
     return DirectionLoad(direction, demand, utilisation, contributions)
 
 
+def _less_by(flow: EndpointFlow, down: float, up: float) -> EndpointFlow:
+    """``flow`` without ``down`` and ``up`` bytes per second (what turned elsewhere)."""
+    return replace(
+        flow,
+        downstream_bytes_per_second=max(0.0, flow.downstream_bytes_per_second - down),
+        upstream_bytes_per_second=max(0.0, flow.upstream_bytes_per_second - up),
+    )
+
+
 def _link_load(
     spec: _LinkSpec,
     flows_by_bdf: Mapping[str, EndpointFlow],
@@ -296,11 +305,7 @@ def _link_load(
             if portions:
                 down = sum(p[1] for p in portions)
                 up = sum(p[2] for p in portions)
-                flow = replace(
-                    flow,
-                    downstream_bytes_per_second=max(0.0, flow.downstream_bytes_per_second - down),
-                    upstream_bytes_per_second=max(0.0, flow.upstream_bytes_per_second - up),
-                )
+                flow = _less_by(flow, down, up)
                 turned.update(dict.fromkeys(p[3] for p in portions))
             kept.append(flow)
         flows = tuple(kept)
@@ -619,11 +624,7 @@ def _less(
             (moved.peer, moved.from_gpu_bytes_per_second, moved.to_gpu_bytes_per_second),
         ):
             flow = left[bdf]
-            left[bdf] = replace(
-                flow,
-                downstream_bytes_per_second=max(0.0, flow.downstream_bytes_per_second - down),
-                upstream_bytes_per_second=max(0.0, flow.upstream_bytes_per_second - up),
-            )
+            left[bdf] = _less_by(flow, down, up)
     return left
 
 
