@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nodescope.model.counters import counter_rate
+from nodescope.model.gpu_health import GpuHealth
 from nodescope.model.nvlink_graph import BondedPair, NvLinkGraph
 from nodescope.model.slow import SlowRead
 from nodescope.model.slow import slow_pair as _slow_pair
@@ -172,6 +173,9 @@ class NvmlData:
     events: tuple[NvmlEvent, ...]
     #: which source served the NVLink figures of this record
     nvlink_data_source: str = "nvml"
+    #: each GPU's health as of the last health read (carried between reads; each record
+    #: dates itself), in GPU order; empty before the first read
+    health: tuple[GpuHealth, ...] = ()
     #: when the slowly-read values (link states and error counters, PCIe link and replays)
     #: were read, on the source's ``wall_clock``, and the record of the read before;
     #: ``None`` in a record that does not say (see :func:`slow_pair`)

@@ -164,6 +164,57 @@ class FakeGpu:
         | pynvml.nvmlEventTypeDoubleBitEccError
     )
     lost: bool = False
+    # Health, in NVML's own units (what the health calls answer; docs/datasources.md §1.8).
+    #: nvmlDeviceGetTotalEccErrors: (volatile, aggregate) × (corrected, uncorrected)
+    ecc_volatile_corrected: int = 0
+    ecc_volatile_uncorrected: int = 0
+    ecc_aggregate_corrected: int = 0
+    ecc_aggregate_uncorrected: int = 0
+    #: nvmlDeviceGetRetiredPages per cause (page counts) and ...PendingStatus
+    retired_pages_single_bit: int = 0
+    retired_pages_double_bit: int = 0
+    retired_pages_pending: bool = False
+    #: nvmlDeviceGetRemappedRows: (correctable rows, uncorrectable rows, pending, failure)
+    remapped_rows_correctable: int = 0
+    remapped_rows_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failed: bool = False
+    #: °C: nvmlDeviceGetTemperature(GPU), field NVML_FI_DEV_MEMORY_TEMP, and the thresholds
+    #: of nvmlDeviceGetTemperatureThreshold (an H100 SXM's as its driver reports them)
+    temperature_gpu: int = 34
+    temperature_memory: int = 38
+    temperature_slowdown: int = 87
+    temperature_shutdown: int = 92
+    temperature_gpu_max: int = 87
+    temperature_memory_max: int = 95
+    #: milliwatts: nvmlDeviceGetPowerUsage, ...PowerManagementLimit, ...EnforcedPowerLimit
+    power_draw_mw: int = 72_000
+    power_limit_mw: int = 700_000
+    power_enforced_limit_mw: int = 700_000
+    #: MHz: nvmlDeviceGetClockInfo(NVML_CLOCK_SM / NVML_CLOCK_MEM)
+    sm_clock_mhz: int = 1980
+    memory_clock_mhz: int = 2619
+    #: nvmlDeviceGetCurrentClocksEventReasons' bit mask (nvmlClocksEventReason*)
+    clock_event_reasons: int = pynvml.nvmlClocksEventReasonGpuIdle
+    #: bytes: nvmlDeviceGetMemoryInfo
+    fb_total_bytes: int = 80 * 1024**3
+    fb_used_bytes: int = 0
+    #: nvmlDeviceGetGpuFabricInfo(V): NVML_GPU_FABRIC_STATE_*, the registration's
+    #: nvmlReturn_t, clique id, cluster UUID (16 bytes) and the V call's healthMask
+    fabric_state: int = pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+    fabric_status: int = pynvml.NVML_SUCCESS
+    fabric_clique_id: int = 0
+    fabric_cluster_uuid: bytes = bytes(16)
+    fabric_health_mask: int = 0
+    #: GPM (Hopper and later): the activity the GPU shows between two GPM samples, as
+    #: nvmlGpmMetricsGet would compute it (percent, MiB/s)
+    gpm_sm_activity_percent: float = 0.0
+    gpm_tensor_activity_percent: float = 0.0
+    gpm_dram_bandwidth_percent: float = 0.0
+    gpm_nvlink_tx_mib_per_second: float = 0.0
+    gpm_nvlink_rx_mib_per_second: float = 0.0
+    gpm_pcie_tx_mib_per_second: float = 0.0
+    gpm_pcie_rx_mib_per_second: float = 0.0
 
 
 def _raise(code: int) -> None:
