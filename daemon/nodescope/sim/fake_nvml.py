@@ -200,11 +200,12 @@ class FakeGpu:
     fb_total_bytes: int = 80 * 1024**3
     fb_used_bytes: int = 0
     #: nvmlDeviceGetGpuFabricInfo(V): NVML_GPU_FABRIC_STATE_*, the registration's
-    #: nvmlReturn_t, clique id, cluster UUID (16 bytes) and the V call's healthMask
+    #: nvmlReturn_t, clique id, cluster UUID (text form here, so the state stays JSON; the
+    #: calls answer its 16 bytes) and the V call's healthMask
     fabric_state: int = pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
     fabric_status: int = pynvml.NVML_SUCCESS
     fabric_clique_id: int = 0
-    fabric_cluster_uuid: bytes = bytes(16)
+    fabric_cluster_uuid: str = "00000000-0000-0000-0000-000000000000"
     fabric_health_mask: int = 0
     #: GPM (Hopper and later): the activity the GPU shows between two GPM samples, as
     #: nvmlGpmMetricsGet would compute it (percent, MiB/s)
