@@ -106,8 +106,12 @@ def test_all_fields_of_a_gpu_are_read_in_one_call_per_cycle(
 ) -> None:
     for _ in range(3):
         source.collect(NO_FILES)
-    assert node.calls["nvmlDeviceGetFieldValues"] == 8 * 3
+    # One call per GPU and run for the counters, and one on the health run (the second)
+    # for the memory temperature alone.
+    assert node.calls["nvmlDeviceGetFieldValues"] == 8 * 3 + 8
     per_gpu = [ids for gpu, ids in node.field_requests if gpu == 2]
+    assert per_gpu[2] == [(nv.FI_MEMORY_TEMP, 0)]
+    per_gpu = [ids for ids in per_gpu if ids != [(nv.FI_MEMORY_TEMP, 0)]]
     assert len(per_gpu) == 3
     assert len(per_gpu[0]) == 2 + 18 * 4
     assert (197, 0) in per_gpu[0] and (198, 0) in per_gpu[0]
@@ -612,7 +616,8 @@ def test_production_cadence_reads_fault_counters_every_slow_every_runs() -> None
     assert dict(eleventh.nvlinks[2].errors)["crc_flit"] == 5
     assert (eleventh.pcie_replays, eleventh.pcie_gen_current) == (7, 4)
     assert fake.calls["nvmlDeviceGetNvLinkErrorCounter"] == 2 * asked
-    assert fake.calls["nvmlDeviceGetFieldValues"] == 2 * 11
+    counter_calls = [ids for _gpu, ids in fake.field_requests if ids != [(nv.FI_MEMORY_TEMP, 0)]]
+    assert len(counter_calls) == 2 * 11
 
 
 def test_slow_every_1_reads_fault_counters_every_run() -> None:
@@ -629,8 +634,10 @@ def test_slow_every_1_reads_fault_counters_every_run() -> None:
 
 def test_carried_records_equal_fresh_ones_while_nothing_slow_moves() -> None:
     fresh_fake, slow_fake = fixed_clock_fake(), fixed_clock_fake()
-    fresh = nv.NvmlSource(fresh_fake, watch_xids=False, slow_every=1)
-    slow = nv.NvmlSource(slow_fake, watch_xids=False, slow_every=4)
+    # Health read every run by both, on one wall clock, so it compares equal too.
+    same = {"watch_xids": False, "health_every": 1, "wall_clock": lambda: 1.75e9}
+    fresh = nv.NvmlSource(fresh_fake, slow_every=1, **same)  # type: ignore[arg-type]
+    slow = nv.NvmlSource(slow_fake, slow_every=4, **same)  # type: ignore[arg-type]
     for run in range(9):
         for fake in (fresh_fake, slow_fake):
             fake.gpus[run % 2].links[run % 3].raw_rx_kib += 100 * run
@@ -691,7 +698,8 @@ def test_the_simulated_node_sets_slow_every_on_the_nvml_source() -> None:
 
 
 def test_rates_use_field_timestamps_and_handle_a_32_bit_wrap() -> None:
-    stamps = iter([1_000_000, 3_000_000, 5_000_000, 7_000_000])
+    # Every read that dates itself takes the next stamp: the health run's too.
+    stamps = iter(range(1_000_000, 100_000_000, 2_000_000))
     gpus = hgx_h100(1, 2)
     gpus[0].pcie_counter_bits = 32
     gpus[0].pcie_tx_bytes = (1 << 32) - 1000

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from nodescope.model.counters import counter_rate
 from nodescope.model.gpu_health import GpuHealth
 from nodescope.model.nvlink_graph import BondedPair, NvLinkGraph
+from nodescope.model.skips import NOTHING_SKIPPED, Skipped
 from nodescope.model.slow import SlowRead
 from nodescope.model.slow import slow_pair as _slow_pair
 from nodescope.model.source_key import SourceKey
@@ -176,6 +177,8 @@ class NvmlData:
     #: each GPU's health as of the last health read (carried between reads; each record
     #: dates itself), in GPU order; empty before the first read
     health: tuple[GpuHealth, ...] = ()
+    #: health values this run dropped as no GPU could answer them (counted per source)
+    skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
     #: when the slowly-read values (link states and error counters, PCIe link and replays)
     #: were read, on the source's ``wall_clock``, and the record of the read before;
     #: ``None`` in a record that does not say (see :func:`slow_pair`)

@@ -36,6 +36,7 @@ import itertools
 import struct
 import threading
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ FI_PCIE_RX_BYTES = pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
 
 _HANDLE_BASE = 0x7E5700000000
 _EVENT_SET_BASE = 0x7E5800000000
+_GPM_SAMPLE_BASE = 0x7E5900000000
 _U64 = (1 << 64) - 1
 
 #: The names under which FakeGpu.unsupported lists one error counter of
@@ -68,6 +70,21 @@ _NVLINK_FIELD_ATTRS = {
     FI_NVLINK_RAW_TX: "raw_tx_kib",
     FI_NVLINK_RAW_RX: "raw_rx_kib",
 }
+
+#: GPM metric -> (the FakeGpu field it is taken from). Other metrics answer NOT_SUPPORTED.
+_GPM_METRIC_ATTRS = {
+    pynvml.NVML_GPM_METRIC_SM_UTIL: "gpm_sm_activity_percent",
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "gpm_tensor_activity_percent",
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: "gpm_dram_bandwidth_percent",
+    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: "gpm_nvlink_tx_mib_per_second",
+    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: "gpm_nvlink_rx_mib_per_second",
+    pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: "gpm_pcie_tx_mib_per_second",
+    pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "gpm_pcie_rx_mib_per_second",
+}
+#: GPM metrics that need NVLink: NOT_SUPPORTED on a GPU without links.
+_GPM_NVLINK_METRICS = frozenset(
+    {pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC}
+)
 
 #: ``c_nvmlFieldValue_t`` (nvml.h): fieldId, scopeId, timestamp, latencyUsec, valueType,
 #: nvmlReturn and the 8 bytes of the ``c_nvmlValue_t`` union, in native layout.
@@ -249,6 +266,25 @@ def _pci_info(bus_id: str, device_id: int) -> Any:
     return info
 
 
+def _struct_of(argument: Any, kinds: tuple[type[Any], ...]) -> Any:
+    """The structure a pointer argument points at: ``ctypes.byref(s)`` or
+    ``ctypes.pointer(s)``, as a caller of the real binding must pass it (pynvml hands the
+    argument to the C function as it is; a structure itself would go by value). ``None``
+    for anything else."""
+    target = getattr(argument, "_obj", None)  # what ctypes.byref made
+    if target is None and isinstance(argument, ctypes._Pointer):
+        target = argument.contents
+    return target if isinstance(target, kinds) else None
+
+
+@dataclass
+class _GpmSample:
+    """A GPM sample buffer: the GPU and time (µs) of the sample it holds, if any."""
+
+    gpu: int | None = None
+    taken_us: int | None = None
+
+
 @dataclass
 class _EventSet:
     masks: dict[int, int] = field(default_factory=dict)
@@ -276,6 +312,8 @@ class FakeNvml:
         self._event_sets: dict[int, _EventSet] = {}
         self._event_ids = itertools.count(1)
         self._cond = threading.Condition()
+        self._gpm_samples: dict[int, _GpmSample] = {}
+        self._gpm_ids = itertools.count(1)
 
     @classmethod
     def no_driver(cls) -> FakeNvml:
@@ -299,6 +337,10 @@ class FakeNvml:
     def registered_event_sets(self) -> int:
         with self._cond:
             return sum(1 for s in self._event_sets.values() if not s.freed and s.masks)
+
+    def gpm_samples_allocated(self) -> int:
+        """GPM sample buffers allocated and not yet freed."""
+        return len(self._gpm_samples)
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -441,6 +483,8 @@ class FakeNvml:
             if gpu.pcie_counter_bits <= 32:
                 return pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, number
             return pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, number
+        if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+            return pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, gpu.temperature_memory
         attr = _NVLINK_FIELD_ATTRS.get(field_id)
         if attr is None:
             return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
@@ -518,6 +562,224 @@ class FakeNvml:
         gpu = self._gpu(handle, "nvmlDeviceGetJpgUtilization")[1]
         return [gpu.jpeg_util, gpu.sampling_period_us]
 
+    # ---- health -------------------------------------------------------------------------
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")[1]
+        counts = {
+            (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC): (
+                gpu.ecc_volatile_corrected
+            ),
+            (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): (
+                gpu.ecc_volatile_uncorrected
+            ),
+            (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC): (
+                gpu.ecc_aggregate_corrected
+            ),
+            (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): (
+                gpu.ecc_aggregate_uncorrected
+            ),
+        }
+        count = counts.get((errorType, counterType))
+        if count is None:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(count or 0)
+
+    def nvmlDeviceGetRetiredPages(self, device: Any, sourceFilter: int) -> list[int]:
+        gpu = self._gpu(device, "nvmlDeviceGetRetiredPages")[1]
+        if sourceFilter == pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS:
+            count, base = gpu.retired_pages_single_bit, 0x10_0000_0000
+        elif sourceFilter == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR:
+            count, base = gpu.retired_pages_double_bit, 0x20_0000_0000
+        else:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        # The binding returns the retired pages' addresses; the fake makes up distinct ones.
+        return [base + 0x1000 * n for n in range(count)]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetRetiredPagesPendingStatus")[1]
+        return pynvml.NVML_FEATURE_ENABLED if gpu.retired_pages_pending else 0
+
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
+        gpu = self._gpu(device, "nvmlDeviceGetRemappedRows")[1]
+        return (
+            gpu.remapped_rows_correctable,
+            gpu.remapped_rows_uncorrectable,
+            int(gpu.remap_pending),
+            int(gpu.remap_failed),
+        )
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTemperature")[1]
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temperature_gpu
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTemperatureThreshold")[1]
+        thresholds = {
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: gpu.temperature_shutdown,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: gpu.temperature_slowdown,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: gpu.temperature_memory_max,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: gpu.temperature_gpu_max,
+        }
+        value = thresholds.get(threshold)
+        if value is None:
+            # The acoustic and GPS thresholds are not a data-center GPU's.
+            valid = 0 <= threshold < pynvml.NVML_TEMPERATURE_THRESHOLD_COUNT
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED if valid else pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(value or 0)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return int(self._gpu(handle, "nvmlDeviceGetPowerUsage")[1].power_draw_mw)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPowerManagementLimit")[1].power_limit_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit")[1].power_enforced_limit_mw
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetClockInfo")[1]
+        if type in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
+            # A data-center GPU runs its graphics and SM clocks together.
+            return gpu.sm_clock_mhz
+        if type == pynvml.NVML_CLOCK_MEM:
+            return gpu.memory_clock_mhz
+        if type == pynvml.NVML_CLOCK_VIDEO:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)  # not modelled
+        _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 0
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons")[1]
+        return gpu.clock_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        # The name drivers before the clock-event rename have: the same mask.
+        gpu = self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons")[1]
+        return gpu.clock_event_reasons
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")[1]
+        free = max(gpu.fb_total_bytes - gpu.fb_used_bytes, 0)
+        if not version:
+            memory = pynvml.c_nvmlMemory_t()
+        else:
+            if version != pynvml.nvmlMemory_v2:
+                _raise(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+            memory = pynvml.c_nvmlMemory_v2_t()
+            memory.version = version
+            memory.reserved = 0  # not modelled: used then matches the first version's
+        memory.total = gpu.fb_total_bytes
+        memory.used = gpu.fb_used_bytes
+        memory.free = free
+        return memory
+
+    def _fill_fabric(self, gpu: FakeGpu, info: Any, with_mask: bool) -> None:
+        info.clusterUuid[:] = list(uuid.UUID(gpu.fabric_cluster_uuid).bytes)
+        info.status = gpu.fabric_status
+        info.cliqueId = gpu.fabric_clique_id
+        info.state = gpu.fabric_state
+        if with_mask:
+            info.healthMask = gpu.fabric_health_mask
+
+    def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetGpuFabricInfo")[1]
+        info = _struct_of(gpuFabricInfo, (pynvml.c_nvmlGpuFabricInfo_t,))
+        if info is None:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._fill_fabric(gpu, info, with_mask=False)
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetGpuFabricInfoV")[1]
+        info = _struct_of(
+            gpuFabricInfo, (pynvml.c_nvmlGpuFabricInfo_v2_t, pynvml.c_nvmlGpuFabricInfo_v3_t)
+        )
+        if info is None:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        # The driver reads the layout from the version: it must name the structure passed.
+        expected = (
+            pynvml.nvmlGpuFabricInfo_v3
+            if isinstance(info, pynvml.c_nvmlGpuFabricInfo_v3_t)
+            else pynvml.nvmlGpuFabricInfo_v2
+        )
+        if info.version != expected:
+            _raise(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        self._fill_fabric(gpu, info, with_mask=True)
+        return int(pynvml.NVML_SUCCESS)
+
+    # ---- GPM ----------------------------------------------------------------------------
+
+    def _gpm_sample(self, gpmSample: Any) -> _GpmSample:
+        state = self._gpm_samples.get(_pointer_address(gpmSample) or -1)
+        if state is None:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        assert state is not None
+        return state
+
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        self._gpu(device, "nvmlGpmQueryDeviceSupport")
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = 1
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._enter("nvmlGpmSampleAlloc")
+        address = _GPM_SAMPLE_BASE + 0x100 * next(self._gpm_ids)
+        self._gpm_samples[address] = _GpmSample()
+        return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._enter("nvmlGpmSampleFree")
+        self._gpm_sample(gpmSample)
+        del self._gpm_samples[_pointer_address(gpmSample) or -1]
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        index, gpu = self._gpu(device, "nvmlGpmSampleGet")
+        if "nvmlGpmQueryDeviceSupport" in gpu.unsupported:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        sample = self._gpm_sample(gpmSample)
+        sample.gpu, sample.taken_us = index, self._clock_us()
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        self._enter("nvmlGpmMetricsGet")
+        if not isinstance(metricsGet, pynvml.c_nvmlGpmMetricsGet_t):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if metricsGet.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            _raise(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = self._gpm_sample(metricsGet.sample1)
+        second = self._gpm_sample(metricsGet.sample2)
+        if (
+            first.gpu is None
+            or first.gpu != second.gpu
+            or second.taken_us is None
+            or first.taken_us is None
+            or second.taken_us < first.taken_us
+            or not 0 <= metricsGet.numMetrics <= pynvml.NVML_GPM_METRIC_MAX
+        ):
+            # Two samples of one GPU, the older first.
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[first.gpu or 0]
+        for i in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[i]
+            attr = _GPM_METRIC_ATTRS.get(metric.metricId)
+            unsupported = (
+                attr is None
+                or f"nvmlGpmMetricsGet:{metric.metricId}" in gpu.unsupported
+                or (metric.metricId in _GPM_NVLINK_METRICS and not gpu.links)
+            )
+            if unsupported:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                metric.value = 0.0
+            else:
+                metric.nvmlReturn = pynvml.NVML_SUCCESS
+                metric.value = float(getattr(gpu, str(attr)))
+        return metricsGet
+
     # ---- events -------------------------------------------------------------------------
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
@@ -569,13 +831,19 @@ class FakeNvml:
 #: ``tests/fixtures/captures/hgx-h100`` (devices 10de:2330 and the 10de:22a3 bridges).
 HGX_H100_GPU_BUSES = (0x19, 0x3B, 0x4C, 0x5D, 0x9B, 0xBB, 0xCB, 0xDB)
 HGX_H100_NVSWITCH_BUSES = (0x83, 0x84, 0x85, 0x86)
+#: The fabric clique and cluster the fake HGX H100's GPUs registered in (made up: one per
+#: node, the same for every GPU of it).
+HGX_H100_FABRIC_CLIQUE_ID = 1
+HGX_H100_FABRIC_CLUSTER_UUID = "5e1f4a0b-9c3d-4e00-8000-00000000c1a5"
 
 
 def hgx_h100(gpus: int = 8, links: int = 18) -> list[FakeGpu]:
     """An HGX H100-like node: H100 SXM GPUs with 18 NVLinks each, all to the 4 NVSwitches.
 
     Bus numbers are those of a real HGX H100 server (see the constants above); links are
-    spread over the switches 5/4/4/5, as on the HGX H100 8-GPU baseboard.
+    spread over the switches 5/4/4/5, as on the HGX H100 8-GPU baseboard. Every GPU has
+    registered with the fabric manager (state completed, status success), in one clique of
+    one cluster, as the GPUs of an NVSwitch baseboard do.
     """
     switches = [f"00000000:{bus:02X}:00.0" for bus in HGX_H100_NVSWITCH_BUSES]
     per_switch = (5, 4, 4, 5)
@@ -591,6 +859,10 @@ def hgx_h100(gpus: int = 8, links: int = 18) -> list[FakeGpu]:
                     FakeLink(remote_pci_bus_id=switches[switch_of_link[n % len(switch_of_link)]])
                     for n in range(links)
                 ],
+                fabric_state=pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
+                fabric_status=pynvml.NVML_SUCCESS,
+                fabric_clique_id=HGX_H100_FABRIC_CLIQUE_ID,
+                fabric_cluster_uuid=HGX_H100_FABRIC_CLUSTER_UUID,
             )
         )
     return result

@@ -72,6 +72,7 @@ import struct
 import sys
 import threading
 import time
+import uuid as _uuid
 from collections import Counter as _Counter
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -82,6 +83,19 @@ from typing import Any, NoReturn, Protocol
 import pynvml
 
 from nodescope.errors import ParseError
+from nodescope.model.gpu_health import (
+    Clocks,
+    EccErrors,
+    Fabric,
+    FrameBuffer,
+    Gpm,
+    GpuHealth,
+    Power,
+    RetiredPages,
+    RowRemap,
+    Temperatures,
+    fabric_bandwidth_degraded,
+)
 from nodescope.model.nvml import (
     NVML,
     PCIE_THROUGHPUT_WINDOW_SECONDS,
@@ -104,6 +118,7 @@ from nodescope.model.nvml import (
     nvlink_pairs,
     slow_pair,
 )
+from nodescope.model.skips import SkipTally
 from nodescope.model.slow import SlowReads
 from nodescope.roots import Roots
 
@@ -136,6 +151,149 @@ _ERROR_COUNTER_KEYS = tuple(
 #: Runs between two reads of the NVLink states and error counters, the PCIe link
 #: generation and width and the PCIe replay counter (see the module docstring).
 SLOW_EVERY = 10
+
+#: Runs between two health reads (ECC, row remapping, temperatures, power, clocks, fabric:
+#: docs/datasources.md §1.8), and between two GPM samples.
+HEALTH_EVERY = 5
+GPM_EVERY = 30
+
+#: ``SkipTally`` reason of a health value no GPU can answer (a negative count, a GPU at
+#: 250 °C): the value is dropped, the rest of the read kept.
+SKIP_HEALTH_VALUE_IMPOSSIBLE = "gpu_health_value_impossible"
+
+# The range of each kind of health value a GPU can answer, both ends included. Counts, masks
+# and byte sizes are NVML's unsigned 64-bit numbers; the other bounds are far beyond any GPU
+# (the hottest thresholds are near 100 °C, the largest boards draw about 1.2 kW, GDDR7 memory
+# clocks report about 14 GHz), so only garbage falls outside.
+COUNT_RANGE = (0, (1 << 64) - 1)
+FLAG_RANGE = (0, 1)
+CELSIUS_RANGE = (0, 200)
+MILLIWATTS_RANGE = (0, 10_000_000)
+MHZ_RANGE = (0, 100_000)
+PERCENT_RANGE = (0.0, 100.0)
+#: GPM traffic in MiB/s: 10^8 MiB/s is about 100 TB/s, some 50 times today's NVLink.
+MIB_PER_SECOND_RANGE = (0.0, 1e8)
+#: fabric state numbers: a newer driver may add states (the record names them by number);
+#: the v4 structure holds the state in one byte
+FABRIC_STATE_RANGE = (0, 0xFF)
+# A GPM percentage a hair above 100 is the driver's floating-point arithmetic, not garbage.
+_FLOAT_SLACK = 1e-6
+
+
+def plausible(value: object, bounds: tuple[int, int]) -> int | None:
+    """``value`` when it is an integer within ``bounds``, else ``None``."""
+    if not isinstance(value, int):
+        return None
+    low, high = bounds
+    return value if low <= value <= high else None
+
+
+def plausible_float(value: object, bounds: tuple[float, float]) -> float | None:
+    """``value`` as a float when it is a finite number within ``bounds``, else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    low, high = bounds
+    if not low - _FLOAT_SLACK <= number <= high + _FLOAT_SLACK:  # NaN fails both
+        return None
+    return min(max(number, low), high)
+
+
+def fabric_uuid(raw: bytes) -> str | None:
+    """The cluster UUID of a fabric registration in its usual form; ``None`` for all zeros
+    (no cluster) or a size that is not 16 bytes."""
+    if len(raw) != 16 or not any(raw):
+        return None
+    return str(_uuid.UUID(bytes=raw))
+
+
+#: nvmlDeviceGetTotalEccErrors reads: (record field, errorType, counterType).
+ECC_READS: tuple[tuple[str, int, int], ...] = (
+    ("volatile_corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+    ("volatile_uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+    ("aggregate_corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+    (
+        "aggregate_uncorrected",
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_AGGREGATE_ECC,
+    ),
+)
+#: nvmlDeviceGetRetiredPages causes: (record field, NVML_PAGE_RETIREMENT_CAUSE_*).
+RETIRED_PAGE_READS: tuple[tuple[str, int], ...] = (
+    ("single_bit_ecc", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+    ("double_bit_ecc", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+)
+#: nvmlDeviceGetTemperatureThreshold reads: (record field, NVML_TEMPERATURE_THRESHOLD_*).
+THRESHOLD_READS: tuple[tuple[str, int], ...] = (
+    ("slowdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+    ("shutdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+    ("gpu_max", pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX),
+    ("memory_max", pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
+)
+#: The HBM temperature field (°C), read with nvmlDeviceGetFieldValues on health runs.
+FI_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP
+#: GPM metrics read: (Gpm field, NVML_GPM_METRIC_*, MiB/s to be turned into bytes/s).
+GPM_METRICS: tuple[tuple[str, int, bool], ...] = (
+    ("sm_activity_percent", pynvml.NVML_GPM_METRIC_SM_UTIL, False),
+    ("tensor_activity_percent", pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, False),
+    ("dram_bandwidth_percent", pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, False),
+    ("nvlink_tx_bytes_per_second", pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, True),
+    ("nvlink_rx_bytes_per_second", pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, True),
+    ("pcie_tx_bytes_per_second", pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, True),
+    ("pcie_rx_bytes_per_second", pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, True),
+)
+_MIB = 1 << 20
+
+# The keys NOT_SUPPORTED health calls are remembered under (and listed in
+# GpuHealth.unsupported): the pynvml function, and for a call asked several ways the way.
+_ECC_KEYS = tuple(f"nvmlDeviceGetTotalEccErrors:{name}" for name, _e, _c in ECC_READS)
+_RETIRED_KEYS = tuple(f"nvmlDeviceGetRetiredPages:{name}" for name, _c in RETIRED_PAGE_READS)
+_THRESHOLD_KEYS = tuple(f"nvmlDeviceGetTemperatureThreshold:{name}" for name, _t in THRESHOLD_READS)
+_GPM_METRIC_KEYS = tuple(f"nvmlGpmMetricsGet:{name}" for name, _m, _b in GPM_METRICS)
+_K_PENDING = "nvmlDeviceGetRetiredPagesPendingStatus"
+_K_REMAP = "nvmlDeviceGetRemappedRows"
+_K_TEMP = "nvmlDeviceGetTemperature:gpu"
+_K_MEMORY_TEMP = "nvmlDeviceGetFieldValues:NVML_FI_DEV_MEMORY_TEMP"
+_K_POWER = "nvmlDeviceGetPowerUsage"
+_K_LIMIT = "nvmlDeviceGetPowerManagementLimit"
+_K_ENFORCED = "nvmlDeviceGetEnforcedPowerLimit"
+_K_SM_CLOCK = "nvmlDeviceGetClockInfo:sm"
+_K_MEM_CLOCK = "nvmlDeviceGetClockInfo:mem"
+_K_EVENTS = "nvmlDeviceGetCurrentClocksEventReasons"
+_K_THROTTLE = "nvmlDeviceGetCurrentClocksThrottleReasons"
+_K_MEMORY = "nvmlDeviceGetMemoryInfo"
+_K_FABRIC_V = "nvmlDeviceGetGpuFabricInfoV"
+_K_FABRIC = "nvmlDeviceGetGpuFabricInfo"
+_K_GPM_SUPPORT = "nvmlGpmQueryDeviceSupport"
+_K_GPM_ALLOC = "nvmlGpmSampleAlloc"
+_K_GPM_GET = "nvmlGpmSampleGet"
+_K_GPM_METRICS = "nvmlGpmMetricsGet"
+_HEALTH_KEYS = frozenset(
+    (
+        *_ECC_KEYS,
+        *_RETIRED_KEYS,
+        *_THRESHOLD_KEYS,
+        *_GPM_METRIC_KEYS,
+        _K_PENDING,
+        _K_REMAP,
+        _K_TEMP,
+        _K_MEMORY_TEMP,
+        _K_POWER,
+        _K_LIMIT,
+        _K_ENFORCED,
+        _K_SM_CLOCK,
+        _K_MEM_CLOCK,
+        _K_EVENTS,
+        _K_THROTTLE,
+        _K_MEMORY,
+        _K_FABRIC_V,
+        _K_FABRIC,
+        _K_GPM_SUPPORT,
+        _K_GPM_ALLOC,
+        _K_GPM_GET,
+        _K_GPM_METRICS,
+    )
+)
 
 #: nvmlDeviceGetNvLinkRemoteDeviceType values (nvml.h nvmlIntNvLinkDeviceType_t).
 REMOTE_TYPES = {0: "gpu", 1: "ibmnpu", 2: "switch", 0xFF: "unknown"}
@@ -214,8 +372,10 @@ class NvmlAdapter(Protocol):
     """The pynvml functions this source calls, with pynvml's names and argument order.
 
     The ``pynvml`` module satisfies it; the simulated node hands in
-    :class:`nodescope.sim.fake_nvml.FakeNvml`. ``nvmlDeviceGetJpgUtilization`` is looked up
-    with ``getattr``: older bindings lack it, and the JPEG figure is then absent.
+    :class:`nodescope.sim.fake_nvml.FakeNvml`. ``nvmlDeviceGetJpgUtilization``,
+    ``nvmlDeviceGetCurrentClocksEventReasons``, ``nvmlDeviceGetGpuFabricInfoV`` and the GPM
+    functions are looked up with ``getattr``: older bindings lack them (the clock reasons then
+    come from ``...ThrottleReasons``, the fabric from ``nvmlDeviceGetGpuFabricInfo``).
     """
 
     def nvmlInit(self) -> None: ...
@@ -246,6 +406,29 @@ class NvmlAdapter(Protocol):
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any, /) -> None: ...
     def nvmlEventSetWait(self, eventSet: Any, timeoutms: int, /) -> Any: ...
     def nvmlEventSetFree(self, eventSet: Any, /) -> None: ...
+    # Health (docs/datasources.md §1.8).
+    def nvmlDeviceGetTotalEccErrors(
+        self, handle: Any, errorType: int, counterType: int, /
+    ) -> int: ...
+    def nvmlDeviceGetRetiredPages(self, device: Any, sourceFilter: int, /) -> list[int]: ...
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any, /) -> int: ...
+    def nvmlDeviceGetRemappedRows(self, device: Any, /) -> tuple[int, int, int, int]: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int, /) -> int: ...
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int, /) -> int: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetPowerManagementLimit(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int, /) -> int: ...
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None, /) -> Any: ...
+    def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any, /) -> int: ...
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any, /) -> int: ...
+    def nvmlGpmQueryDeviceSupport(self, device: Any, /) -> Any: ...
+    def nvmlGpmSampleAlloc(self) -> Any: ...
+    def nvmlGpmSampleFree(self, gpmSample: Any, /) -> None: ...
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any, /) -> Any: ...
+    def nvmlGpmMetricsGet(self, metricsGet: Any, /) -> Any: ...
 
 
 class NvmlUnavailable(RuntimeError):
@@ -491,6 +674,21 @@ class _Gpu:
     slow: _SlowGpu | None = None
     #: the fields asked every run; rebuilt when one turns out unsupported
     plan: _FieldPlan | None = None
+    #: calls the binding or the driver does not have (a fallback may stand in for them)
+    missing_calls: set[str] = field(default_factory=set)
+    #: the last health read, carried in the records until the next one
+    health: GpuHealth | None = None
+    #: temperature thresholds answered so far: constants of the board, asked until answered
+    thresholds: dict[str, int] = field(default_factory=dict)
+    #: whether the GPU has GPM (nvmlGpmQueryDeviceSupport); None until it answered
+    gpm_supported: bool | None = None
+    #: the two GPM sample buffers, the one holding the latest sample first; None until
+    #: allocated
+    gpm_samples: list[Any] | None = None
+    #: wall-clock time of the sample in ``gpm_samples[0]``; None while it holds none
+    gpm_sampled_at: float | None = None
+    #: the latest GPM window, carried until the next GPM read
+    gpm: Gpm | None = None
     _unsupported_names: tuple[int, int, tuple[str, ...]] = field(
         default=(0, 0, ()), init=False, repr=False
     )
@@ -576,7 +774,9 @@ class NvmlSource:
     ``clock`` paces initialisation retries; ``wall_clock`` stamps events and slow reads.
     ``event_wait_ms`` bounds one ``nvmlEventSetWait`` of the Xid thread, and so how long
     :meth:`close` waits for it. ``slow_every`` is the number of runs between two reads of
-    what moves only on faults (1: every run reads everything).
+    what moves only on faults (1: every run reads everything); ``health_every`` the runs
+    between two health reads, ``gpm_every`` the runs between two GPM samples (taken on a
+    health run).
     """
 
     name = NAME
@@ -591,11 +791,20 @@ class NvmlSource:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         slow_every: int = SLOW_EVERY,
+        health_every: int = HEALTH_EVERY,
+        gpm_every: int = GPM_EVERY,
     ) -> None:
         self.nvml = nvml
         self.slow_every = slow_every
+        self.health_every = health_every
+        self.gpm_every = gpm_every
         # Runs left until the next slow read; 0 makes the next run read everything.
         self._slow_left = 0
+        # Runs left until the next health read and GPM sample; 0: due now.
+        self._health_left = 0
+        self._gpm_left = 0
+        # The health of the GPUs not lost, as of their last health read.
+        self._health: tuple[GpuHealth, ...] = ()
         self._slow_reads = SlowReads[NvmlData]()
         self.retry_seconds = retry_seconds
         self.event_wait_ms = event_wait_ms
@@ -672,6 +881,9 @@ class NvmlSource:
         self._device_count = count
         self._gpus = gpus
         self._slow_left = 0
+        self._health_left = 0
+        self._gpm_left = 0
+        self._health = ()
 
     def _discover_links(self, handle: Any) -> list[_Link]:
         """Links are probed once: NVML answers INVALID_ARGUMENT past the GPU's last link
@@ -698,6 +910,9 @@ class NvmlSource:
     def _teardown(self, reason: str) -> None:
         self._stop_watcher()
         if self._initialized:
+            # NVML is gone: the frees fail, but a library that comes back mid-way still gets
+            # them, and the buffers are dropped either way.
+            self._free_all_gpm()
             self._shutdown_quietly()
         self._initialized = False
         self._gpus = []
@@ -710,6 +925,7 @@ class NvmlSource:
     def close(self) -> None:
         self._stop_watcher()
         if self._initialized:
+            self._free_all_gpm()
             self._shutdown_quietly()
             self._initialized = False
         if self._kmsg is not None:
@@ -776,6 +992,17 @@ class NvmlSource:
         self._start_watcher()
         slow = self._slow_left <= 0
         self._slow_left = max(self.slow_every, 1) - 1 if slow else self._slow_left - 1
+        # A health read that falls on a slow run waits one run, so no run pays for both
+        # (unless every run is one or the other); once shifted, the cadences stay apart.
+        health = self._health_left <= 0 and not (
+            slow and self.slow_every > 1 and self.health_every > 1
+        )
+        self._health_left = max(self.health_every, 1) - 1 if health else self._health_left - 1
+        # GPM samples are taken on health runs only: no run pays for GPM alone.
+        gpm = health and self._gpm_left <= 0
+        self._gpm_left = max(self.gpm_every, 1) - 1 if gpm else self._gpm_left - 1
+        tally = SkipTally()
+        rebuild = health
         # The wall clock is the one the simulated node drives; spans are taken between two
         # of its readings ten seconds apart, and one that went back gives no span.
         slow_at = self.wall_clock() if slow else 0.0
@@ -784,13 +1011,22 @@ class NvmlSource:
             if gpu.lost:
                 continue
             try:
-                samples.append(self._read_gpu(gpu, slow))
+                sample = self._read_gpu(gpu, slow)
+                if health:
+                    gpu.health = self._read_health(gpu, gpm, tally)
+                samples.append(sample)
             except _GpuLost as lost:
                 gpu.lost = True
+                self._free_gpm(gpu)
                 self._record_lost(gpu.index, gpu.uuid, gpu.pci_address, lost.where)
+                rebuild = True  # the lost GPU leaves the carried health
             except _LIBRARY_GONE as exc:
                 self._teardown(_error_name(exc))
                 raise NvmlUnavailable(f"NVML went away: {_error_name(exc)}") from exc
+        if rebuild:
+            self._health = tuple(
+                g.health for g in self._gpus if g.health is not None and not g.lost
+            )
         watcher = self._watcher
         if watcher is None or watcher.unsupported.is_set():
             # No NVML event set delivers Xids: the kernel log does, where it can be read.
@@ -810,6 +1046,8 @@ class NvmlSource:
             xids=xids,
             xid_source=xid_source,
             events=tuple(self._events),
+            health=self._health,
+            skipped=tally.freeze(),
         )
         if slow:
             return dataclasses.replace(record, slow=self._slow_reads.read(record, slow_at))
@@ -821,8 +1059,10 @@ class NvmlSource:
         self._events.append(
             NvmlEvent("gpu_lost", index, uuid, pci_address, self.wall_clock(), where)
         )
-        # The GPUs left may have gone through the same fault: read all of them next run.
+        # The GPUs left may have gone through the same fault: read all of them next run,
+        # their health too.
         self._slow_left = 0
+        self._health_left = 0
 
     def _call(self, gpu: _Gpu, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
         """One NVML call for ``gpu``; ``None`` when it has no answer this time.
@@ -834,11 +1074,14 @@ class NvmlSource:
             return None
         if fn is None:
             gpu.unsupported_calls.add(key)
+            gpu.missing_calls.add(key)
             return None
         try:
             return fn(*args)
-        except _NEVER:
+        except _NEVER as exc:
             gpu.unsupported_calls.add(key)
+            if isinstance(exc, pynvml.NVMLError_FunctionNotFound):
+                gpu.missing_calls.add(key)
             return None
         except pynvml.NVMLError_GpuIsLost as exc:
             raise _GpuLost(f"{key}: {_error_name(exc)}") from exc
@@ -1050,6 +1293,346 @@ class NvmlSource:
             if value is not None:
                 errors.append((name, int(value)))
         link.errors = tuple(errors)
+
+    # ---- health (docs/datasources.md §1.8) ------------------------------------------------
+
+    def _checked(
+        self, gpu: _Gpu, tally: SkipTally, key: str, value: Any, bounds: tuple[int, int]
+    ) -> int | None:
+        """``value`` when a GPU can answer it; otherwise it is dropped and counted."""
+        if value is None:
+            return None
+        number = plausible(value, bounds)
+        if number is None:
+            tally.skip(SKIP_HEALTH_VALUE_IMPOSSIBLE, f"gpu={gpu.index} {key}={value!r}")
+        return number
+
+    def _read_value(
+        self,
+        gpu: _Gpu,
+        tally: SkipTally,
+        key: str,
+        fn: Callable[..., Any] | None,
+        *args: Any,
+        bounds: tuple[int, int],
+    ) -> int | None:
+        return self._checked(gpu, tally, key, self._call(gpu, key, fn, *args), bounds)
+
+    def _read_health(self, gpu: _Gpu, gpm: bool, tally: SkipTally) -> GpuHealth:
+        """Every health value of ``gpu``; ``gpm``: take a GPM sample too."""
+        h, nvml = gpu.handle, self.nvml
+        read_at = self.wall_clock()
+        read = functools.partial(self._read_value, gpu, tally)
+
+        ecc_fn = nvml.nvmlDeviceGetTotalEccErrors
+        ecc_counts = [
+            read(key, ecc_fn, h, error_type, counter_type, bounds=COUNT_RANGE)
+            for key, (_name, error_type, counter_type) in zip(_ECC_KEYS, ECC_READS, strict=True)
+        ]
+        ecc = None if ecc_counts.count(None) == 4 else EccErrors(*ecc_counts)
+
+        pages: list[int | None] = []
+        for key, (_name, cause) in zip(_RETIRED_KEYS, RETIRED_PAGE_READS, strict=True):
+            # The binding returns the retired pages' addresses: their number is the count.
+            answer = self._call(gpu, key, nvml.nvmlDeviceGetRetiredPages, h, cause)
+            if answer is not None and not isinstance(answer, list | tuple):
+                tally.skip(SKIP_HEALTH_VALUE_IMPOSSIBLE, f"gpu={gpu.index} {key}={answer!r}")
+                answer = None
+            pages.append(None if answer is None else len(answer))
+        pending = read(
+            _K_PENDING, nvml.nvmlDeviceGetRetiredPagesPendingStatus, h, bounds=FLAG_RANGE
+        )
+        retired = (
+            None
+            if pages == [None, None] and pending is None
+            else RetiredPages(pages[0], pages[1], None if pending is None else bool(pending))
+        )
+
+        remap = self._read_row_remap(gpu, tally)
+
+        gpu_temp = read(
+            _K_TEMP,
+            nvml.nvmlDeviceGetTemperature,
+            h,
+            pynvml.NVML_TEMPERATURE_GPU,
+            bounds=CELSIUS_RANGE,
+        )
+        memory_temp = self._read_memory_temperature(gpu, tally)
+        for key, (name, threshold) in zip(_THRESHOLD_KEYS, THRESHOLD_READS, strict=True):
+            # Thresholds are the board's constants: asked until answered, then carried.
+            if name not in gpu.thresholds:
+                value = read(
+                    key,
+                    nvml.nvmlDeviceGetTemperatureThreshold,
+                    h,
+                    threshold,
+                    bounds=CELSIUS_RANGE,
+                )
+                if value is not None:
+                    gpu.thresholds[name] = value
+        limits = gpu.thresholds
+        temperatures_read = (
+            gpu_temp,
+            memory_temp,
+            limits.get("slowdown"),
+            limits.get("shutdown"),
+            limits.get("gpu_max"),
+            limits.get("memory_max"),
+        )
+        temperatures = (
+            None if temperatures_read.count(None) == 6 else Temperatures(*temperatures_read)
+        )
+
+        milliwatts = (
+            read(_K_POWER, nvml.nvmlDeviceGetPowerUsage, h, bounds=MILLIWATTS_RANGE),
+            read(_K_LIMIT, nvml.nvmlDeviceGetPowerManagementLimit, h, bounds=MILLIWATTS_RANGE),
+            read(_K_ENFORCED, nvml.nvmlDeviceGetEnforcedPowerLimit, h, bounds=MILLIWATTS_RANGE),
+        )
+        power = (
+            None
+            if milliwatts.count(None) == 3
+            else Power(*(None if mw is None else mw / 1000.0 for mw in milliwatts))
+        )
+
+        clock_fn = nvml.nvmlDeviceGetClockInfo
+        sm_mhz = read(_K_SM_CLOCK, clock_fn, h, pynvml.NVML_CLOCK_SM, bounds=MHZ_RANGE)
+        mem_mhz = read(_K_MEM_CLOCK, clock_fn, h, pynvml.NVML_CLOCK_MEM, bounds=MHZ_RANGE)
+        reasons = None
+        if _K_EVENTS not in gpu.missing_calls:
+            events_fn = getattr(nvml, _K_EVENTS, None)
+            reasons = read(_K_EVENTS, events_fn, h, bounds=COUNT_RANGE)
+        if _K_EVENTS in gpu.missing_calls:
+            # Drivers before the rename (and older bindings) have only the old name.
+            throttle_fn = getattr(nvml, _K_THROTTLE, None)
+            reasons = read(_K_THROTTLE, throttle_fn, h, bounds=COUNT_RANGE)
+        clocks = (
+            None
+            if sm_mhz is None and mem_mhz is None and reasons is None
+            else Clocks(sm_mhz, mem_mhz, reasons)
+        )
+
+        return GpuHealth(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            pci_address=gpu.pci_address,
+            read_at=read_at,
+            ecc=ecc,
+            retired_pages=retired,
+            row_remap=remap,
+            temperatures=temperatures,
+            power=power,
+            clocks=clocks,
+            framebuffer=self._read_framebuffer(gpu, tally),
+            fabric=self._read_fabric(gpu, tally),
+            gpm=self._read_gpm(gpu, tally) if gpm else gpu.gpm,
+            unsupported=tuple(sorted(gpu.unsupported_calls & _HEALTH_KEYS)),
+        )
+
+    def _read_row_remap(self, gpu: _Gpu, tally: SkipTally) -> RowRemap | None:
+        """``nvmlDeviceGetRemappedRows``: (correctable, uncorrectable, pending, failure)."""
+        rows = self._call(gpu, _K_REMAP, self.nvml.nvmlDeviceGetRemappedRows, gpu.handle)
+        if rows is None:
+            return None
+        if not isinstance(rows, list | tuple) or len(rows) != 4:
+            tally.skip(SKIP_HEALTH_VALUE_IMPOSSIBLE, f"gpu={gpu.index} {_K_REMAP}={rows!r}")
+            return None
+        correctable, uncorrectable, pending, failed = (
+            self._checked(gpu, tally, f"{_K_REMAP}[{i}]", value, bounds)
+            for i, (value, bounds) in enumerate(
+                zip(rows, (COUNT_RANGE, COUNT_RANGE, FLAG_RANGE, FLAG_RANGE), strict=True)
+            )
+        )
+        return RowRemap(
+            correctable,
+            uncorrectable,
+            None if pending is None else bool(pending),
+            None if failed is None else bool(failed),
+        )
+
+    def _read_memory_temperature(self, gpu: _Gpu, tally: SkipTally) -> int | None:
+        """The HBM temperature: one field, asked in a call of its own on health runs."""
+        values = self._call(
+            gpu,
+            _K_MEMORY_TEMP,
+            self.nvml.nvmlDeviceGetFieldValues,
+            gpu.handle,
+            [(FI_MEMORY_TEMP, 0)],
+        )
+        if values is None:
+            return None
+        _fids, _scopes, _stamps, _latency, vtypes, rets, unions = field_columns(values)
+        if len(rets) != 1:
+            return None
+        ret = rets[0]
+        if ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            gpu.unsupported_calls.add(_K_MEMORY_TEMP)
+            return None
+        if ret == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise _GpuLost(f"{_K_MEMORY_TEMP}: GPU is lost")
+        if ret != pynvml.NVML_SUCCESS:
+            return None
+        try:
+            number, _bits = row_value(vtypes[0], unions[0])
+        except ValueError:
+            number = None  # an unknown value type
+        celsius = plausible_float(number, (float(CELSIUS_RANGE[0]), float(CELSIUS_RANGE[1])))
+        if celsius is None:
+            tally.skip(SKIP_HEALTH_VALUE_IMPOSSIBLE, f"gpu={gpu.index} {_K_MEMORY_TEMP}={number!r}")
+            return None
+        return round(celsius)
+
+    def _read_framebuffer(self, gpu: _Gpu, tally: SkipTally) -> FrameBuffer | None:
+        info = self._call(gpu, _K_MEMORY, self.nvml.nvmlDeviceGetMemoryInfo, gpu.handle)
+        if info is None:
+            return None
+        used = plausible(getattr(info, "used", None), COUNT_RANGE)
+        total = plausible(getattr(info, "total", None), COUNT_RANGE)
+        if used is None or total is None or used > total:
+            example = f"gpu={gpu.index} {_K_MEMORY}=used {getattr(info, 'used', None)!r}"
+            tally.skip(
+                SKIP_HEALTH_VALUE_IMPOSSIBLE, f"{example} of {getattr(info, 'total', None)!r}"
+            )
+            return None
+        return FrameBuffer(used, total)
+
+    def _read_fabric(self, gpu: _Gpu, tally: SkipTally) -> Fabric | None:
+        """The NVSwitch fabric registration: ``nvmlDeviceGetGpuFabricInfoV`` with pynvml's
+        versioned structure (it has the health mask), else the first call and its plain
+        structure, where the binding or the driver lacks the versioned one."""
+        nvml, h = self.nvml, gpu.handle
+        info: Any = None
+        has_mask = False
+        v_struct = getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)
+        if v_struct is None:
+            gpu.missing_calls.add(_K_FABRIC_V)
+            gpu.unsupported_calls.add(_K_FABRIC_V)
+        if v_struct is not None and _K_FABRIC_V not in gpu.missing_calls:
+            candidate = v_struct()  # its constructor sets the version
+            answer = self._call(
+                gpu, _K_FABRIC_V, getattr(nvml, _K_FABRIC_V, None), h, ctypes.byref(candidate)
+            )
+            if answer is not None:
+                info, has_mask = candidate, True
+        if _K_FABRIC_V in gpu.missing_calls:
+            candidate = pynvml.c_nvmlGpuFabricInfo_t()
+            answer = self._call(
+                gpu, _K_FABRIC, getattr(nvml, _K_FABRIC, None), h, ctypes.byref(candidate)
+            )
+            if answer is not None:
+                info = candidate
+        if info is None:
+            return None
+        state = plausible(int(info.state), FABRIC_STATE_RANGE)
+        if state is None:
+            tally.skip(SKIP_HEALTH_VALUE_IMPOSSIBLE, f"gpu={gpu.index} fabric state={info.state!r}")
+            return None
+        if state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+            # Not a fabric GPU (or no fabric manager role for it): the rest means nothing.
+            return Fabric(state, None, None, None, None)
+        return Fabric(
+            state=state,
+            status=int(info.status),
+            clique_id=int(info.cliqueId),
+            cluster_uuid=fabric_uuid(bytes(info.clusterUuid)),
+            bandwidth_degraded=fabric_bandwidth_degraded(int(info.healthMask))
+            if has_mask
+            else None,
+        )
+
+    def _read_gpm(self, gpu: _Gpu, tally: SkipTally) -> Gpm | None:
+        """Take a GPM sample of ``gpu``; the figures between it and the one before, once
+        there is one before (the first read gives none)."""
+        nvml, h = self.nvml, gpu.handle
+        if gpu.gpm_supported is None:
+            support = self._call(gpu, _K_GPM_SUPPORT, getattr(nvml, _K_GPM_SUPPORT, None), h)
+            if support is None and _K_GPM_SUPPORT not in gpu.unsupported_calls:
+                return None  # no answer this time: asked again on the next GPM read
+            gpu.gpm_supported = support is not None and bool(int(support.isSupportedDevice))
+            if not gpu.gpm_supported:
+                # A GPU before Hopper answers "no" rather than NOT_SUPPORTED: listed alike.
+                gpu.unsupported_calls.add(_K_GPM_SUPPORT)
+        if not gpu.gpm_supported:
+            return None
+        if gpu.gpm_samples is None:
+            alloc = getattr(nvml, _K_GPM_ALLOC, None)
+            first = self._call(gpu, _K_GPM_ALLOC, alloc)
+            second = None if first is None else self._call(gpu, _K_GPM_ALLOC, alloc)
+            if second is None:
+                self._free_samples([first] if first is not None else [])
+                return None
+            gpu.gpm_samples = [second, first]
+        latest, spare = gpu.gpm_samples
+        taken = self._call(gpu, _K_GPM_GET, nvml.nvmlGpmSampleGet, h, spare)
+        if taken is None:
+            # The older sample is untouched: the next window starts from it.
+            return gpu.gpm
+        now = self.wall_clock()
+        before, gpu.gpm_sampled_at = gpu.gpm_sampled_at, now
+        gpu.gpm_samples = [spare, latest]
+        if before is None:
+            return None
+        gpu.gpm = self._gpm_metrics(gpu, tally, latest, spare, max(now - before, 0.0))
+        return gpu.gpm
+
+    def _gpm_metrics(
+        self, gpu: _Gpu, tally: SkipTally, older: Any, newer: Any, seconds: float
+    ) -> Gpm | None:
+        """``nvmlGpmMetricsGet`` between two samples, the metrics this GPU has only."""
+        wanted = [
+            (key, name, metric, mib)
+            for key, (name, metric, mib) in zip(_GPM_METRIC_KEYS, GPM_METRICS, strict=True)
+            if key not in gpu.unsupported_calls
+        ]
+        if not wanted:
+            return None
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(wanted)
+        request.sample1 = older
+        request.sample2 = newer
+        for i, (_key, _name, metric, _mib) in enumerate(wanted):
+            request.metrics[i].metricId = metric
+        answer = self._call(gpu, _K_GPM_METRICS, self.nvml.nvmlGpmMetricsGet, request)
+        if answer is None:
+            return None
+        figures: dict[str, float | None] = {name: None for name, _m, _b in GPM_METRICS}
+        for i, (key, name, _metric, mib) in enumerate(wanted):
+            result = request.metrics[i]
+            ret = int(result.nvmlReturn)
+            if ret in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                # A GPU without NVLink has no NVLink metrics: not asked again.
+                gpu.unsupported_calls.add(key)
+                continue
+            if ret != pynvml.NVML_SUCCESS:
+                continue
+            value = plausible_float(
+                float(result.value), MIB_PER_SECOND_RANGE if mib else PERCENT_RANGE
+            )
+            if value is None:
+                tally.skip(SKIP_HEALTH_VALUE_IMPOSSIBLE, f"gpu={gpu.index} {key}={result.value!r}")
+                continue
+            figures[name] = value * _MIB if mib else value
+        return Gpm(window_seconds=seconds, **figures)
+
+    def _free_samples(self, samples: Iterable[Any]) -> None:
+        free = getattr(self.nvml, "nvmlGpmSampleFree", None)
+        for sample in samples:
+            if free is None:
+                return
+            try:
+                free(sample)
+            except pynvml.NVMLError as exc:
+                log.debug("source=nvml gpm_sample_free_error=%r", _error_name(exc))
+
+    def _free_gpm(self, gpu: _Gpu) -> None:
+        """Give ``gpu``'s GPM buffers back (a lost GPU, a close, a teardown)."""
+        samples, gpu.gpm_samples = gpu.gpm_samples, None
+        gpu.gpm_sampled_at = None
+        self._free_samples(samples or ())
+
+    def _free_all_gpm(self) -> None:
+        for gpu in self._gpus:
+            self._free_gpm(gpu)
 
 
 def _pci_address_of(info: Any) -> str:
