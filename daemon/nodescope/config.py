@@ -465,7 +465,8 @@ class NvlinkSettings:
     enabled: bool = option(
         True,
         "report NVLink arbitration stalls, stall bursts and bandwidth saturation seen by the"
-        " nvlink_counter module",
+        " nvlink_counter module, and saturation from NVML's per-link data counters on links"
+        " the module does not serve",
     )
     stall_warning_cycles_per_us: float = option(
         500.0,
@@ -588,6 +589,34 @@ class XidsSettings:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class GpuHealthSettings:
+    enabled: bool = option(
+        True,
+        "report uncorrectable ECC errors, pending or failed row remaps, pending page"
+        " retirement, thermal, power and hardware clock slowdowns and a degraded NVSwitch"
+        " fabric from NVML's health reads",
+    )
+    busy_util_percent: float = option(
+        50.0,
+        "a GPU is under load from this NVML utilisation (%), or while it has a compute"
+        " process: thermal and power slowdowns of an idle GPU cost nothing",
+        PERCENT,
+    )
+    min_slowdown_seconds: float = option(
+        30.0,
+        "a thermal or power slowdown under load, or a hardware slowdown, must hold this long"
+        " before a finding: boost clocks step down for moments under any heavy load",
+        STALL_DURATION,
+    )
+    fabric_grace_seconds: float = option(
+        60.0,
+        "a GPU's NVSwitch fabric registration may be unfinished this long (the fabric"
+        " manager registers GPUs after the driver loads) before it is a finding",
+        Range(0, HOUR),
+    )
+
+
 def _no_tables() -> Mapping[str, Mapping[str, Any]]:
     return MappingProxyType({})
 
@@ -621,6 +650,7 @@ class DetectorsSettings:
     hangs: HangsSettings = field(init=False, repr=False, compare=False)
     hotplug: HotplugSettings = field(init=False, repr=False, compare=False)
     xids: XidsSettings = field(init=False, repr=False, compare=False)
+    gpu_health: GpuHealthSettings = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tables: dict[str, Mapping[str, Any]] = {}
@@ -634,7 +664,6 @@ class DetectorsSettings:
         object.__setattr__(
             self, "saturation_models", MappingProxyType(dict(self.saturation_models))
         )
-
 
 
 @dataclass(frozen=True, slots=True)

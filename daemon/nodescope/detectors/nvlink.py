@@ -19,6 +19,14 @@ averages away.
 A stall (per link, burst or folded per switch) is a finding once it has held in every cycle
 for ``[detectors.nvlink] min_stall_seconds`` (default 5 s; the time is the derived stage's,
 ``Derived.held_since``): a blip of a few seconds is none. Saturation is reported at once.
+
+Saturation from NVML: a link the module does not serve (no module, or a module whose records
+leave that GPU's link out) gets the same bands from NVML's per-link data counters (fields
+138/139, the ``nvml`` source's two latest reads, ``Derived.gpu_rates``) over the capacity of
+one link of the GPU's NVLink generation (:func:`nvlink_capacity`, by model name). Same kind
+and subjects as the module's finding, so a link is one alert whichever source measured it;
+the evidence says NVML measured it (``nvml_data_counters``) and has no per-sample peak (NVML
+keeps none). A link the module serves is the module's alone: no double report.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from nodescope.model.nvlink_kmod import (
     NvlinkKmodRates,
     snapshot_rates,
 )
-from nodescope.model.nvml import NVML, NvmlData
+from nodescope.model.nvml import NVML, NvLinkRates, NvmlData
 from nodescope.model.snapshot import Snapshot
 
 STALL = "nvlink_arbitration_stall"
@@ -269,9 +277,18 @@ def fold_switch_stalls(
 
 
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    """The registry's form: the source's two latest samples, ``[detectors.nvlink]`` bands."""
+    """The registry's form: the module's two latest samples, then NVML's for the links the
+    module does not serve, ``[detectors.nvlink]`` bands."""
     if not config.detectors.nvlink.enabled:
         return []
+    findings = _module_findings(previous, snapshot, config)
+    findings.extend(nvml_saturation(snapshot, thresholds(config)))
+    return findings
+
+
+def _module_findings(
+    previous: Snapshot | None, snapshot: Snapshot, config: Config
+) -> list[Finding]:
     pair = snapshot.pair(NVLINK_KMOD)
     if pair is None:
         return []
@@ -317,3 +334,91 @@ def _held_stalls(
         if held >= minimum:
             kept.append(replace(finding, evidence={**finding.evidence, "held_seconds": held}))
     return kept
+
+
+# --------------------------------------------------------------------------------------------
+# Saturation from NVML's per-link counters
+
+#: Bytes per second per direction of one NVLink, by GPU model: a model matches when its key is
+#: part of the GPU's name. NVIDIA's NVLink bandwidth per GPU (both directions, every link) over
+#: its link count: NVLink 5 (Blackwell) 1.8 TB/s over 18 links; NVLink 4 (Hopper) 900 GB/s
+#: over 18 (H800 400 GB/s over 8); NVLink 3 (A100) 600 GB/s over 12 (A800 400 GB/s over 8);
+#: NVLink 2 (V100) 300 GB/s over 6; NVLink 1 (P100) 160 GB/s over 4.
+NVLINK_CAPACITY_BY_MODEL: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("GB200", "GB300", "B100", "B200", "B300"), 50e9),
+    (("GH200", "H100", "H200", "H800"), 25e9),
+    (("A100", "A800"), 25e9),
+    (("V100",), 25e9),
+    (("P100",), 20e9),
+)
+
+
+def nvlink_capacity(gpu_name: str) -> float | None:
+    """Bytes per second per direction of one NVLink of the GPU model ``gpu_name``; ``None``
+    for a model the table does not know (no utilisation is better than a guessed one)."""
+    upper = gpu_name.upper()
+    for models, capacity in NVLINK_CAPACITY_BY_MODEL:
+        if any(model in upper for model in models):
+            return capacity
+    return None
+
+
+def module_links(snapshot: Snapshot) -> frozenset[tuple[int, int]]:
+    """(GPU index, link) of every link the nvlink_counter module serves in this snapshot."""
+    kmod = snapshot.latest(NVLINK_KMOD)
+    if kmod is None or kmod.snapshot is None:
+        return frozenset()
+    return frozenset((r.device, r.link) for r in kmod.snapshot.records)
+
+
+def nvml_saturation(snapshot: Snapshot, bands: NvlinkThresholds) -> list[Finding]:
+    """Saturation findings from NVML's per-link data counters for every link of a GPU of a
+    known model that the module does not serve."""
+    nvml_pair = snapshot.pair(NVML)
+    if nvml_pair is None or nvml_pair[1].nvlink_data_source != "nvml":
+        return []
+    rates = snapshot.derived.gpu_rates
+    if rates is None:
+        return []
+    served = module_links(snapshot)
+    names = {gpu.uuid: gpu.name for gpu in nvml_pair[1].gpus}
+    seconds = nvml_pair[2]
+    findings = []
+    for gpu in rates.gpus:
+        capacity = nvlink_capacity(names.get(gpu.uuid, ""))
+        if capacity is None:
+            continue
+        for link in gpu.nvlinks:
+            if (gpu.index, link.link) in served:
+                continue
+            finding = _nvml_link_finding(gpu.index, link, capacity, seconds, bands)
+            if finding is not None:
+                findings.append(finding)
+    return findings
+
+
+def _nvml_link_finding(
+    gpu: int, link: NvLinkRates, capacity: float, seconds: float, t: NvlinkThresholds
+) -> Finding | None:
+    tx, rx = link.data_tx_bytes_per_second, link.data_rx_bytes_per_second
+    if tx is None and rx is None:
+        return None
+    util = max(tx or 0.0, rx or 0.0) / capacity
+    severity = band(util, t.utilisation_warning_ratio, t.utilisation_critical_ratio)
+    if severity is None:
+        return None
+    return Finding(
+        SATURATION,
+        severity,
+        {"device": str(gpu), "link": str(link.link)},
+        {
+            "utilisation_ratio": util,
+            "tx_bytes_per_second": tx or 0.0,
+            "rx_bytes_per_second": rx or 0.0,
+            "capacity_bytes_per_second": capacity,
+            "interval_seconds": seconds,
+            "nvml_data_counters": 1.0,
+        },
+        f"NVLink bandwidth on device {gpu} link {link.link} at {util:.0%} of its"
+        f" {capacity / 1e9:.0f} GB/s per direction over {seconds:.1f} s (NVML data counters)",
+    )

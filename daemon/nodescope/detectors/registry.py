@@ -26,6 +26,7 @@ from nodescope.config import Config
 from nodescope.detectors import (
     contention,
     errors,
+    gpu_health,
     hangs,
     hotplug,
     jobs,
@@ -121,6 +122,7 @@ DETECTORS: tuple[DetectorInfo, ...] = (
     ),
     # The packaged Xid catalog, read once here and held by the detector: immutable data.
     DetectorInfo("xids", xids.XidDetector(load_catalog()), xids.RULES),
+    DetectorInfo("gpu_health", gpu_health.detect, gpu_health.RULES),
 )
 
 
