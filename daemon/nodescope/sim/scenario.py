@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from nodescope.errors import ParseError
+from nodescope.model.gpu_health import CLOCK_EVENT_REASONS, FABRIC_STATES
 from nodescope.sim.expect import Expectations, parse_expectations
 from nodescope.sim.lspci import (
     ACS_FLAG_BITS,
@@ -161,6 +162,9 @@ class OsSpec:
     kernel_modules: tuple[str, ...] = ()
     #: named processes outside every job (daemons, kernel threads) the timeline refers to
     system_processes: tuple[ProcessSpec, ...] = ()
+    #: the ``nvlink_counter`` module is loaded (``/dev/nvlink_stats``) on a node with NVLinks;
+    #: without it the daemon has only NVML's per-link counters
+    nvlink_counter: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +262,7 @@ def _on_until(t: float, origin: float, burst: Burst) -> float:
 @dataclass(frozen=True, slots=True)
 class Activity:
     """One timeline entry: ``kind`` with its parameters, active in [start, end) (``end``
-    ``None``: until the end). Instant kinds (``xid``, ``hot_unplug``, ``driver_rebind``)
-    happen at ``start``."""
+    ``None``: until the end). Instant kinds (:data:`INSTANT_KINDS`) happen at ``start``."""
 
     kind: str
     start: float
@@ -1215,6 +1218,7 @@ def _os(source: _Source, spec: Mapping[str, Any]) -> OsSpec:
         background_processes=int(spec.get("background_processes", 300)),
         kernel_modules=tuple(spec.get("kernel_modules", ())),
         system_processes=tuple(system),
+        nvlink_counter=bool(spec.get("nvlink_counter", True)),
     )
 
 
@@ -1334,9 +1338,11 @@ def _process(
 
 #: field -> (what its value is, default); ``...``: the field is required. The schema states
 #: each field's type and range; the kinds here say how the loader reads a value (``number``:
-#: a float, ``integer``, ``text`` and ``bool``: as written) and what it refers to (``gpu``,
-#: ``disk``, ``nic``, ``pci``, ``process``, ``processes``, ``mount``, ``job``: by name or
-#: index; ``links``: NVLinks of the activity's GPU; ``burst``: an on/off pattern).
+#: a float, ``integer``, ``text`` and ``bool``: as written; ``reasons``: clock-event reason
+#: names as NVML's bit mask; ``fabric_state``: a fabric state name as NVML's number) and what
+#: it refers to (``gpu``, ``disk``, ``nic``, ``pci``, ``process``, ``processes``, ``mount``,
+#: ``job``: by name or index; ``links``: NVLinks of the activity's GPU; ``burst``: an on/off
+#: pattern).
 _Fields = Mapping[str, tuple[str, Any]]
 
 ACTIVITY_FIELDS: Mapping[str, _Fields] = {
@@ -1467,10 +1473,84 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "to_gpu_bytes_per_second": ("number", 0.0),
         "from_gpu_bytes_per_second": ("number", 0.0),
     },
+    # GPU health. Counts are added once, at ``from``, and never taken back (a real counter
+    # only grows); every other value holds while the activity is active, ``None`` leaving
+    # the GPU's own value (idle or loaded, see docs/scenarios.md).
+    "gpu_ecc": {
+        "gpu": ("gpu", ...),
+        "corrected": ("integer", 0),
+        "uncorrected": ("integer", 0),
+    },
+    "gpu_row_remap": {
+        "gpu": ("gpu", ...),
+        "correctable_rows": ("integer", 0),
+        "uncorrectable_rows": ("integer", 0),
+        "pending": ("bool", False),
+        "failed": ("bool", False),
+    },
+    "gpu_retired_pages": {
+        "gpu": ("gpu", ...),
+        "single_bit": ("integer", 0),
+        "double_bit": ("integer", 0),
+        "pending": ("bool", False),
+    },
+    "gpu_temperature": {
+        "gpu": ("gpu", ...),
+        "gpu_celsius": ("integer", None),
+        "memory_celsius": ("integer", None),
+    },
+    "gpu_power": {
+        "gpu": ("gpu", ...),
+        "draw_watts": ("number", None),
+        "limit_watts": ("number", None),
+        "enforced_limit_watts": ("number", None),
+    },
+    "gpu_clocks": {
+        "gpu": ("gpu", ...),
+        "sm_mhz": ("integer", None),
+        "memory_mhz": ("integer", None),
+        "reasons": ("reasons", None),
+    },
+    "gpu_fabric": {
+        "gpu": ("gpu", ...),
+        "state": ("fabric_state", ...),
+        "status": ("integer", None),
+        "bandwidth_degraded": ("bool", None),
+    },
+    "gpu_gpm": {
+        "gpu": ("gpu", ...),
+        "sm_activity_percent": ("number", None),
+        "tensor_activity_percent": ("number", None),
+        "dram_bandwidth_percent": ("number", None),
+        "nvlink_tx_bytes_per_second": ("number", None),
+        "nvlink_rx_bytes_per_second": ("number", None),
+        "pcie_tx_bytes_per_second": ("number", None),
+        "pcie_rx_bytes_per_second": ("number", None),
+    },
 }
 
 #: Kinds that happen once, at ``from``.
-INSTANT_KINDS = frozenset({"xid", "hot_unplug", "driver_rebind", "process_exit"})
+INSTANT_KINDS = frozenset({"xid", "hot_unplug", "driver_rebind", "process_exit", "gpu_ecc"})
+
+#: The GPU health kinds: what the simulated node applies to its fake GPUs' health fields.
+GPU_HEALTH_KINDS = frozenset(
+    {
+        "gpu_ecc",
+        "gpu_row_remap",
+        "gpu_retired_pages",
+        "gpu_temperature",
+        "gpu_power",
+        "gpu_clocks",
+        "gpu_fabric",
+        "gpu_gpm",
+    }
+)
+
+#: Clock-event reason names a ``gpu_clocks`` activity may give, each with its NVML bit: the
+#: schema's enum is these names.
+CLOCK_EVENT_BITS: Mapping[str, int] = {name: bit for bit, name in CLOCK_EVENT_REASONS.items()}
+#: Fabric registration states by name, as a ``gpu_fabric`` activity gives them.
+FABRIC_STATE_NUMBERS: Mapping[str, int] = {name: n for n, name in FABRIC_STATES.items()}
 
 #: NFSv4 operations of ``/proc/self/mountstats`` (fs/nfs/nfs4xdr.c ``nfs4_procedures``), the
 #: values the schema allows for an ``nfs`` activity's ``op``.
@@ -1602,6 +1682,14 @@ def _param(
         if raw not in {j.id for j in named.jobs}:
             raise source.fail(where, f"no job {raw}")
         return int(raw)
+    if kind_of == "reasons":
+        # The names are checked by the schema; the node keeps NVML's bit mask.
+        mask = 0
+        for name in raw:
+            mask |= CLOCK_EVENT_BITS[name]
+        return mask
+    if kind_of == "fabric_state":
+        return FABRIC_STATE_NUMBERS[raw]
     raise AssertionError(kind_of)  # pragma: no cover - the table names only the kinds above
 
 
@@ -1643,6 +1731,13 @@ def _check_activity(source: _Source, activity: Activity, hardware: Hardware) -> 
             raise source.fail(f"{activity.pointer}/port", f"{nic.name} has {nic.ports} port(s)")
     if activity.kind in ("lock", "nfs") and not hardware.mount(activity.get("mount")).is_nfs:
         raise source.fail(f"{activity.pointer}/mount", "not an NFS mount")
+    if activity.kind == "gpu_power":
+        limit, enforced = activity.get("limit_watts"), activity.get("enforced_limit_watts")
+        if limit is not None and enforced is not None and enforced > limit:
+            # The enforced limit is the lowest of every limit in force, this one included.
+            raise source.fail(
+                f"{activity.pointer}/enforced_limit_watts", f"must be <= limit_watts ({limit:g})"
+            )
 
 
 def _check_errors(source: _Source, activity: Activity, hardware: Hardware) -> None:
