@@ -325,7 +325,10 @@ def test_thermal_slowdown_under_load_held_for_the_minimum(job_on_gpu0: None) -> 
     assert all(isinstance(v, float) for v in finding.evidence.values())
     message = finding.message
     assert message.startswith("GPU 0 (0000:18:00.0) slowed by heat under load for 30 s")
-    assert "sw_thermal_slowdown" in message and "GPU at 89 °C (slows down from 87 °C)" in message
+    assert (
+        "sw_thermal_slowdown" in message
+        and "GPU at 89 °C against a slowdown threshold of 87 °C" in message
+    )
     assert "used by job 81790" in message
     # Held on: the duration grows with each cycle.
     assert found[39.0][0].evidence["held_seconds"] == 39.0

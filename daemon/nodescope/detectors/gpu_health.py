@@ -424,7 +424,7 @@ def _temperature_text(health: GpuHealth) -> str:
         return ""
     text = f"GPU at {temps.gpu} °C"
     if temps.slowdown is not None:
-        text += f" (slows down from {temps.slowdown} °C)"
+        text += f" against a slowdown threshold of {temps.slowdown} °C"
     if temps.memory is not None:
         text += f", memory at {temps.memory} °C"
     return text
