@@ -591,6 +591,7 @@ def phase_overhead(args: argparse.Namespace) -> dict[str, Any]:
             daemon = subprocess.Popen(
                 [PYTHON, str(BENCH / "daemon.py"), str(root), "--listen", f"127.0.0.1:{port}",
                  "--stats", str(stats_path)],
+                env=_tree_environment(REPO),
             )  # fmt: skip
             targets.append(Target("nodescope", port, daemon))
             if baseline_tree is not None:
@@ -661,11 +662,19 @@ def _checked_out(revision: str) -> Iterator[Path]:
         shutil.rmtree(place.parent, ignore_errors=True)
 
 
+def _tree_environment(tree: Path) -> dict[str, str]:
+    """The environment that makes a daemon import its packages from ``tree``'s source roots.
+    Both daemons of a side-by-side run are started so: one imported through the editable
+    install's finder and the other through ``PYTHONPATH`` would not be the same program
+    apart from the revision."""
+    return dict(os.environ, PYTHONPATH=f"{tree / 'daemon'}{os.pathsep}{tree / 'exporters'}")
+
+
 def _start_baseline(tree: Path, root: Path, stats_path: Path) -> Target:
     """The daemon of another revision (its own ``bench/daemon.py`` and packages, this
     environment's interpreter and libraries) on the same simulated node as this one: both run
     in the same window, so the machine's noise falls on both alike."""
-    env = dict(os.environ, PYTHONPATH=f"{tree / 'daemon'}{os.pathsep}{tree / 'exporters'}")
+    env = _tree_environment(tree)
     port = free_port()
     daemon = subprocess.Popen(
         [PYTHON, str(tree / "bench" / "daemon.py"), str(root), "--listen", f"127.0.0.1:{port}",
