@@ -33,6 +33,7 @@ from nodescope.detectors import (
     links,
     nvlink,
     placement,
+    sxids,
     xids,
 )
 from nodescope.model.finding import Finding
@@ -122,6 +123,7 @@ DETECTORS: tuple[DetectorInfo, ...] = (
     ),
     # The packaged Xid catalog, read once here and held by the detector: immutable data.
     DetectorInfo("xids", xids.XidDetector(load_catalog()), xids.RULES),
+    DetectorInfo("sxids", sxids.detect, sxids.RULES),
     DetectorInfo("gpu_health", gpu_health.detect, gpu_health.RULES),
 )
 

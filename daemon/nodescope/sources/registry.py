@@ -142,6 +142,12 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "GPUs through NVML: PCIe and NVLink counters, link state, Xids, processes, utilisation",
     ),
     SourceInfo(
+        "sxid",
+        "nodescope.sources.sxid",
+        5.0,
+        "NVSwitch SXids (nvidia-nvswitch errors) counted from the kernel log, /dev/kmsg",
+    ),
+    SourceInfo(
         "nvlink_kmod",
         "nodescope.sources.nvlink_kmod",
         1.0,
