@@ -1,11 +1,11 @@
-"""Hot-plug, link events and hang signals: the ``udev``, ``link_events``, ``locks``,
-``threads`` and ``mountstats`` sources.
+"""Hot-plug, link events, NVSwitch SXids and hang signals: the ``udev``, ``link_events``,
+``sxid``, ``locks``, ``threads`` and ``mountstats`` sources.
 
 Counters are the sources' own cumulative counts since the daemon started (Prometheus computes
 rates and increases). Labels stay bounded: interfaces are the node's hardware links and IB
 ports (the source leaves virtual links out), ``action`` is one of the kernel's uevent actions
 or ``other``, jobs are the node's running jobs, NFS operations are the RPC procedures the
-kernel lists per mount.
+kernel lists per mount, SXid keys are (switch, code, link) under the source's own cap.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from nodescope.model.link_events import LINK_EVENTS
 from nodescope.model.locks import LOCKS as LOCKS_SOURCE
 from nodescope.model.mountstats import MOUNTSTATS
 from nodescope.model.snapshot import Snapshot
+from nodescope.model.sxid import SXID
 from nodescope.model.threads import THREADS
 from nodescope.model.udev import ACTIONS, UDEV
 from nodescope_exporters.catalog import Metric, metric
@@ -55,6 +56,27 @@ GPU_FELL_OFF = metric(
     "counter",
     "times a GPU's PCI function was removed (udev remove event or gone from the PCI listing)",
     ("bdf",),
+    area=AREA,
+)
+SXIDS = metric(
+    "nodescope_nvswitch_sxid_errors_total",
+    "counter",
+    "NVSwitch SXids in the kernel log since the daemon started, by switch (PCI address), code,"
+    " link (empty: the line names none) and the driver's severity word (fatal, nonfatal,"
+    " unstated)",
+    ("nvswitch", "sxid", "link", "severity"),
+    area=AREA,
+)
+SXIDS_DROPPED = metric(
+    "nodescope_nvswitch_sxid_dropped_total",
+    "counter",
+    "SXids not counted per key because the table of (switch, code, link) keys was full",
+    area=AREA,
+)
+KMSG_LOST = metric(
+    "nodescope_kmsg_records_lost_total",
+    "counter",
+    "times the kernel said log records were overwritten before the sxid source read them",
     area=AREA,
 )
 UDEV_EVENTS = metric(
@@ -165,6 +187,22 @@ def _udev(snapshot: Snapshot) -> Iterator[Metric]:
     yield events
 
 
+def _sxids(snapshot: Snapshot) -> Iterator[Metric]:
+    data = snapshot.latest(SXID)
+    if data is None:
+        return
+    errors = SXIDS.family()
+    for c in data.counts:
+        severity = "unstated" if c.fatal is None else "fatal" if c.fatal else "nonfatal"
+        link = "" if c.link is None else str(c.link)
+        errors.add_metric([c.nvswitch, str(c.sxid), link, severity], c.count)
+    dropped = SXIDS_DROPPED.family()
+    dropped.add_metric([], data.dropped)
+    lost = KMSG_LOST.family()
+    lost.add_metric([], data.lost)
+    yield from (errors, dropped, lost)
+
+
 def _hangs(snapshot: Snapshot) -> Iterator[Metric]:
     locks = snapshot.latest(LOCKS_SOURCE)
     if locks is not None:
@@ -213,5 +251,6 @@ def _nfs(snapshot: Snapshot) -> Iterator[Metric]:
 def families(snapshot: Snapshot) -> Iterator[Metric]:
     yield from _links(snapshot)
     yield from _udev(snapshot)
+    yield from _sxids(snapshot)
     yield from _hangs(snapshot)
     yield from _nfs(snapshot)

@@ -516,3 +516,65 @@ def test_source_to_detector(kmsg_root: tuple[Path, Roots]) -> None:
     [finding] = sxids.detect(None, _snapshot(now, before), CONFIG)
     assert finding.kind == sxids.FATAL
     assert finding.evidence["new_sxids"] == 1 and finding.evidence["sxids_since_start"] == 2
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+def test_sxid_metrics_render_every_key_and_pass_promtool() -> None:
+    import shutil
+    import subprocess
+    from typing import Any
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nodescope_exporters import event_metrics
+
+    data = SxidData(
+        (
+            SxidCount("0000:05:00.0", "nvswitch3", 24007, True, 30, 2, "Fatal, Link 30"),
+            SxidCount("0000:05:00.0", "nvswitch3", 20009, False, None, 5, "Non-fatal"),
+            SxidCount("0000:06:00.0", "nvswitch4", 26007, None, None, 1, "SOE EXTERR"),
+        ),
+        dropped=3,
+        lost=1,
+    )
+    snapshot = Snapshot(1, 10.0, 1e9, {"sxid": SourceSample("sxid", 10.0, 0.01, data)})
+
+    class Area:
+        def collect(self) -> Any:
+            return event_metrics.families(snapshot)
+
+    registry = CollectorRegistry()
+    registry.register(Area())  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    values = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    name = "nodescope_nvswitch_sxid_errors_total"
+    assert values[(name, (("link", "30"), ("nvswitch", "0000:05:00.0"), ("severity", "fatal"),
+                          ("sxid", "24007")))] == 2  # fmt: skip
+    assert values[(name, (("link", ""), ("nvswitch", "0000:05:00.0"), ("severity", "nonfatal"),
+                          ("sxid", "20009")))] == 5  # fmt: skip
+    assert values[(name, (("link", ""), ("nvswitch", "0000:06:00.0"), ("severity", "unstated"),
+                          ("sxid", "26007")))] == 1  # fmt: skip
+    assert values[("nodescope_nvswitch_sxid_dropped_total", ())] == 3
+    assert values[("nodescope_kmsg_records_lost_total", ())] == 1
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not installed (scripts/test.sh installs Debian's prometheus)")
+    lint = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_no_sxid_record_no_sxid_series() -> None:
+    from nodescope_exporters import event_metrics
+
+    snapshot = Snapshot(1, 10.0, 1e9, {})
+    names = {family.name for family in event_metrics.families(snapshot)}
+    assert not any("sxid" in name or "kmsg" in name for name in names)
