@@ -5,7 +5,9 @@ current and maximum link generation and width, the PCIe replay counter; per NVLi
 remote device type and PCI address, throughput fields 138-141 and the DL error counters;
 compute processes; GPU, memory, decoder, encoder and JPEG utilisation; Xid critical errors
 from an NVML event set, or from the kernel log (``/dev/kmsg``) where event sets are not
-supported.
+supported; and each GPU's health (ECC counts, retired pages, row remapping, temperatures and
+their thresholds, power, clocks and clock-event reasons, framebuffer, fabric registration,
+GPM figures).
 
 The call surface and the formats are those of ``pynvml.py`` (nvidia-ml-py 13.615) and NVIDIA's
 ``nvml.h``; docs/datasources.md §1 names the calls, fields and units. What the code relies on:
@@ -29,6 +31,24 @@ The call surface and the formats are those of ``pynvml.py`` (nvidia-ml-py 13.615
   processes are read every run. Each record says when its slow values were read (on
   ``wall_clock``) and holds the record of the slow read before (``NvmlData.slow``), so the
   error rates are taken over the span between the two reads (:func:`slow_pair`).
+* Health is read every ``health_every`` runs (:data:`HEALTH_EVERY`) and carried in the
+  records between reads (``NvmlData.health``, each GPU's record dated by its read): about 20
+  calls a GPU, none on the runs between. A health read due on a slow run waits one run, so
+  no run pays for both; the cadences then stay apart. The temperature thresholds are the
+  board's constants: asked until answered, then kept. The memory temperature is field
+  ``NVML_FI_DEV_MEMORY_TEMP``, asked in a call of its own. The fabric comes from
+  ``nvmlDeviceGetGpuFabricInfoV`` with pynvml's ``c_nvmlGpuFabricInfoV_t`` passed by
+  reference, or, where the binding or driver lacks it, ``nvmlDeviceGetGpuFabricInfo`` with
+  ``c_nvmlGpuFabricInfo_t`` (no health mask); the clock-event reasons likewise fall back to
+  ``nvmlDeviceGetCurrentClocksThrottleReasons``. A value no GPU can answer (a negative
+  count, a temperature above 200 °C, a draw above 10 kW, a mask wider than 64 bits) is
+  dropped and counted in ``NvmlData.skipped``; the rest of the read stands.
+* GPM (Hopper and later) is sampled on a health run every ``gpm_every`` runs
+  (:data:`GPM_EVERY`): ``nvmlGpmQueryDeviceSupport`` once per GPU, two buffers from
+  ``nvmlGpmSampleAlloc`` used in turn, ``nvmlGpmSampleGet`` each time, then
+  ``nvmlGpmMetricsGet`` between the previous sample and this one, so the figures are
+  averages over ``gpm_every`` runs and the first sample gives none. The buffers are freed
+  when the GPU is lost, on a teardown and on :meth:`NvmlSource.close`.
 * ``nvmlDeviceGetPcieThroughput`` is "a byte counter over a 20ms interval" in KB/s: a 20 ms
   snapshot, not an average over the poll interval. It is read only where fields 197/198 are
   not supported, and the record says so (``pcie_bytes_source = "throughput-20ms"``). KB is
@@ -1723,11 +1743,14 @@ __all__ = [
     "FI_NVLINK_RAW_TX",
     "FI_PCIE_RX_BYTES",
     "FI_PCIE_TX_BYTES",
+    "GPM_EVERY",
+    "HEALTH_EVERY",
     "NAME",
     "NVLINK_ERROR_COUNTERS",
     "NVLINK_FIELDS",
     "PCIE_THROUGHPUT_WINDOW_SECONDS",
     "REMOTE_TYPES",
+    "SKIP_HEALTH_VALUE_IMPOSSIBLE",
     "SLOW_EVERY",
     "XID_MEANINGS",
     "XID_SOURCE_EVENTS",
@@ -1756,6 +1779,8 @@ __all__ = [
     "nvlink_pairs",
     "parse_bus_id",
     "parse_kmsg_xid",
+    "plausible",
+    "plausible_float",
     "row_value",
     "slow_pair",
     "sysfs_pci_address",
