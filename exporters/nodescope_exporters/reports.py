@@ -403,6 +403,14 @@ def _bytes(value: float) -> str:
     return f"{value:.0f} B"
 
 
+def _number(value: Any) -> float | None:
+    """A time or duration of a report as a number, ``None`` when it is not one (a report is
+    a file anyone may hand to ``nodescope report``)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def _clock(wall: float | None) -> str:
     if wall is None:
         return "?"
@@ -492,11 +500,24 @@ def render_text(document: Document, width: int = 60) -> str:
         f" (from {document.get('gpu_source', '?')})"
     )
     start, end = document.get("start"), document.get("end")
-    lines.append(
-        f"ran {_clock(start)} .. {_clock(end)}  ({_duration(document.get('duration_seconds'))})"
-        f"  exit {document.get('exit_code') or '?'}"
-        + ("" if document.get("daemon", True) else "  [daemon was down: local figures only]")
-    )
+    down = "" if document.get("daemon", True) else "  [daemon was down: local figures only]"
+    gate = document.get("gate")
+    if isinstance(gate, Mapping) and gate.get("stopped"):
+        # The job never ran: "ran .." would claim a run, and its epilog's time is not an end.
+        lines.append(
+            f"not run: stopped by the prolog gate at {_clock(_number(gate.get('stopped_at')))}"
+            f"  (epilog {_clock(_number(end))}){down}"
+        )
+        lines.append(f"gate: {gate.get('reason') or '?'}")
+        for check in gate.get("checks") or []:
+            if isinstance(check, Mapping) and check.get("ok") is False:
+                lines.append(f"  failed check {check.get('name')}: {check.get('detail')}")
+    else:
+        lines.append(
+            f"ran {_clock(_number(start))} .. {_clock(_number(end))}"
+            f"  ({_duration(_number(document.get('duration_seconds')))})"
+            f"  exit {document.get('exit_code') or '?'}{down}"
+        )
     verdict = document.get("verdict") or {}
     lines.append(
         "verdict: ok" if verdict.get("ok", True) else f"verdict: FAILED: {verdict.get('reason')}"

@@ -9,9 +9,12 @@ slurmd runs Prolog/Epilog as root with no PATH and the job in the environment
   when the node is unfit, the reason is printed as one line, the node is drained with it
   (``scontrol update ... state=drain reason=...``, since slurmd itself would say only "Prolog
   error") and the exit status is 1. With ``[slurm] run_probe`` the quick probe runs too, when
-  it is installed.
+  it is installed. A stopped job's registration goes and a record of when and why it was
+  stopped takes its place (:mod:`nodescope.hooks.stops`), for its epilog.
 * epilog: processes still holding one of the job's GPUs are looked for (``/proc/*/fd``), the
-  daemon writes the job's report; GPUs still held fail the epilog the same way.
+  daemon writes the job's report; GPUs still held fail the epilog the same way. The report of
+  a job the gate stopped says so, with the gate's time and reason, and fails its verdict; the
+  epilog of such a job does not drain the node again (the prolog did).
 
 The daemon is asked over its socket with a deadline of ``[slurm] timeout_seconds`` (≤ 2 s),
 which travels with the request: a daemon that reads it late drops it. When the daemon does not
@@ -41,6 +44,7 @@ from nodescope.cli.common import roots_from_args
 from nodescope.config import Config
 from nodescope.errors import ConfigError
 from nodescope.hooks import (
+    Check,
     HookUnavailable,
     JobRequest,
     build_report,
@@ -56,6 +60,13 @@ from nodescope.hooks import (
     unfit_reason,
     write_gate_state,
     write_registration,
+)
+from nodescope.hooks.stops import (
+    GateStop,
+    checks_of,
+    read_gate_stop,
+    remove_gate_stop,
+    write_gate_stop,
 )
 from nodescope_exporters.reports import StaleReport, write_report
 
@@ -162,6 +173,7 @@ def prolog(args: argparse.Namespace) -> int:
         return 0
     config, job = prepared
     reason: str | None
+    checks: tuple[Check, ...] = ()
     try:
         response = call(
             socket_path(config.roots),
@@ -174,6 +186,7 @@ def prolog(args: argparse.Namespace) -> int:
             raise HookUnavailable(str(response.get("error")))
         else:
             reason = response.get("reason") if not response.get("fit", True) else None
+            checks = checks_of(response.get("checks"))
     except HookUnavailable as exc:
         _say(f"nodescope: daemon not answering ({exc}); local checks only")
         now = time.time()
@@ -181,13 +194,21 @@ def prolog(args: argparse.Namespace) -> int:
             write_registration(config.roots, job, local_sample(config.roots, now), now)
         except OSError as err:
             _say(f"nodescope: cannot register job {job.job_id}: {err}")
-        reason = unfit_reason(gate_checks(config.slurm, local_gate_inputs(config)))
-        if reason is not None:
-            remove_registration(config.roots, job.job_id)
+        checks = tuple(gate_checks(config.slurm, local_gate_inputs(config)))
+        reason = unfit_reason(checks)
     if reason is None and config.slurm.run_probe:
         reason = _probe(config)
     if reason is None:
+        # A record left by an earlier start of this job (requeued) is not about this one.
+        remove_gate_stop(config.roots, job.job_id)
         return 0
+    # The job will not run here: it has no registration, and its epilog finds instead when
+    # and why it was stopped, for its report.
+    remove_registration(config.roots, job.job_id)
+    try:
+        write_gate_stop(config.roots, GateStop(job.job_id, time.time(), reason, checks))
+    except OSError as err:
+        _say(f"nodescope: cannot record why job {job.job_id} was stopped: {err}")
     print(reason, flush=True)
     drain(config, reason)
     return 1
@@ -213,6 +234,7 @@ def epilog(args: argparse.Namespace) -> int:
         if response.get("report_error"):
             _say(f"nodescope: job {job.job_id}: {response['report_error']}")
         verdict = response.get("verdict") or {"ok": True, "reason": None}
+        held = bool(response.get("gpu_holders"))
     except HookUnavailable as exc:
         _say(f"nodescope: daemon not answering ({exc}); writing a local report")
         now = time.time()
@@ -220,6 +242,7 @@ def epilog(args: argparse.Namespace) -> int:
         report = build_report(
             job, registration, local_sample(config.roots, now), now, daemon=False,
             holders=holders, issued_at=issued_at,
+            gate_stop=read_gate_stop(config.roots, job.job_id),
         )  # fmt: skip
         try:
             write_report(Path(config.slurm.reports_dir), report)
@@ -230,11 +253,17 @@ def epilog(args: argparse.Namespace) -> int:
         finally:
             # The job has ended, report or not: its registration must not outlive it.
             remove_registration(config.roots, job.job_id)
+            remove_gate_stop(config.roots, job.job_id)
         verdict = report["verdict"]
+        held = bool(report["gpu_holders"])
     if verdict.get("ok", True):
         return 0
     reason = str(verdict.get("reason") or f"nodescope: job {job.job_id} epilog failed")
     print(reason, flush=True)
+    if not held:
+        # The prolog gate stopped the job: the node is drained already, with the gate's
+        # reason, which a second drain would only overwrite.
+        return 0
     drain(config, reason)
     return 1
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from nodescope.config import Config
 from nodescope.hooks.auth import allowed_uids, slurm_uid
+from nodescope.hooks.stops import gate_stops_dir, remove_stale_gate_stops
 from nodescope.hooks.tracker import JobTracker
 from nodescope.hooks.transport import HookServer, run_dir, socket_path
 from nodescope.model.job_records import registrations_dir
@@ -57,8 +58,9 @@ class Hooks:
         return hooks
 
     def sweep(self) -> None:
-        """Remove temporary files of writers that died (``kill -9``, power loss) and say
-        now, not at the first epilog, when the reports directory is unsafe."""
+        """Remove temporary files of writers that died (``kill -9``, power loss) and records
+        of stopped jobs whose epilog never came, and say now, not at the first epilog, when
+        the reports directory is unsafe."""
         config = self._config()
         for directory in (
             registrations_dir(config.roots),
@@ -72,6 +74,14 @@ class Hooks:
                 continue
             if removed:
                 log.info("event=orphans_removed path=%s count=%d", directory, len(removed))
+        try:
+            stale = remove_stale_gate_stops(config.roots)
+        except OSError as exc:
+            log.error("event=directory_unsafe path=%s error=%r", gate_stops_dir(config.roots),
+                      str(exc))  # fmt: skip
+        else:
+            if stale:
+                log.info("event=gate_stops_expired count=%d", len(stale))
 
     def observe(self, snapshot: Snapshot) -> None:
         self.tracker.observe(snapshot)

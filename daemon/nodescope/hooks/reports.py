@@ -1,5 +1,5 @@
 """A job's end-of-job report: what it used, what went wrong on its GPUs, and whether it left
-them clean.
+them clean — or, for a job the prolog gate stopped, when and why it never ran.
 
 The daemon's epilog builds it from the job's registration, the counters at the end and what it
 saw of the job while it ran (:class:`JobWindow`); the hook builds it alone, without a window,
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodescope.hooks.request import JobRequest
+from nodescope.hooks.stops import GateStop
 from nodescope_exporters.reports import REPORT_FORMAT, counter_deltas
 
 #: The most samples a job's timeline keeps; a longer job's timeline is thinned.
@@ -38,14 +39,19 @@ def build_report(
     contention: Sequence[Mapping[str, Any]] = (),
     holders: Sequence[Mapping[str, Any]] = (),
     issued_at: float | None = None,
+    gate_stop: GateStop | None = None,
 ) -> dict[str, Any]:
     """A job's report. ``issued_at``: when the epilog call began (wall clock), which orders
-    two reports of one job (:func:`nodescope_exporters.reports.write_report`)."""
+    two reports of one job (:func:`nodescope_exporters.reports.write_report`). ``gate_stop``:
+    the prolog gate stopped the job (it never ran): the verdict fails with the gate's reason
+    and the report starts when the gate stopped it."""
     registration = registration or {}
     gpus = list(job.gpus) or list(registration.get("gpus", []))
     start = registration.get("registered_at")
     if not isinstance(start, int | float):
         start = window.first_seen if window is not None else None
+    if start is None and gate_stop is not None:
+        start = gate_stop.stopped_at
     baseline = registration.get("baseline")
     deltas = (
         counter_deltas(baseline, end_sample, gpus if gpus else None)
@@ -59,6 +65,9 @@ def build_report(
             for h in holders
         )
         reason = f"nodescope: job {job.job_id} GPU(s) still held after the job: {shown}"[:200]
+    elif gate_stop is not None:
+        why = gate_stop.reason.removeprefix("nodescope: ")
+        reason = f"nodescope: the prolog gate stopped job {job.job_id}: {why}"[:200]
     memory: dict[str, Any] = {}
     if window is not None:
         memory = {
@@ -88,6 +97,7 @@ def build_report(
         "alerts": list(alerts),
         "contention": list(contention),
         "gpu_holders": list(holders),
+        "gate": None if gate_stop is None else gate_stop.as_dict(),
         "timeline": window.timeline() if window is not None else {"t": [], "series": {}},
         "verdict": {"ok": reason is None, "reason": reason},
         "issued_at": end_wall if issued_at is None else issued_at,

@@ -38,6 +38,7 @@ from nodescope.hooks.health import (
 )
 from nodescope.hooks.reports import JobWindow, build_report
 from nodescope.hooks.request import JobRequest, holders_of
+from nodescope.hooks.stops import read_gate_stop, remove_gate_stop
 from nodescope.hooks.transport import Request, Response, run_dir
 from nodescope.model.alert import AlertState
 from nodescope.model.disks import DISKS, DisksData
@@ -401,6 +402,7 @@ class JobTracker:
         deadline = request.get("deadline")
         issued_at = request.get("issued_at")
         registration = read_registration(config.roots, job.job_id)
+        gate_stop = read_gate_stop(config.roots, job.job_id)
         now = time.time()
         with self._lock:
             snapshot = self.latest
@@ -408,7 +410,11 @@ class JobTracker:
             window = self.windows.pop(job.job_id, None)
             start = registration.get("registered_at") if registration else None
             if not isinstance(start, int | float):
-                start = window.first_seen if window is not None else now
+                start = window.first_seen if window is not None else None
+            if start is None and gate_stop is not None:
+                start = gate_stop.stopped_at
+            if start is None:
+                start = now
             gpus = set(job.gpus) or set(window.gpus if window is not None else ())
             nvml = snapshot.latest(NVML) if snapshot is not None else None
             bdfs = {g.pci_address for g in nvml.gpus if g.index in gpus} if nvml else set()
@@ -442,6 +448,7 @@ class JobTracker:
             contention=contention,
             holders=holders,
             issued_at=issued_at if isinstance(issued_at, int | float) else now,
+            gate_stop=gate_stop,
         )
         path: Path | None = None
         problem = None
@@ -461,14 +468,16 @@ class JobTracker:
         # The job has ended whether or not its report could be written: a registration left
         # behind would keep it in nodescope_job_info for good.
         remove_registration(config.roots, job.job_id)
+        remove_gate_stop(config.roots, job.job_id)
         with self._lock:
             self.windows.pop(job.job_id, None)  # observe() may have seen the job meanwhile
         verdict = report["verdict"]
         log.info(
-            "event=epilog job=%s report=%s ok=%s%s",
+            "event=epilog job=%s report=%s ok=%s%s%s",
             job.job_id,
             path,
             verdict["ok"],
+            "" if gate_stop is None else f" gate_stopped_at={gate_stop.stopped_at}",
             f" reason={verdict['reason']!r}" if verdict["reason"] else "",
         )
         return {
