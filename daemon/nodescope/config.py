@@ -164,6 +164,20 @@ class NameList:
         return None if ok else f"must be a list of {self.allowed}"
 
 
+@dataclass(frozen=True, slots=True)
+class OneOf:
+    """One word of a fixed list."""
+
+    words: tuple[str, ...]
+
+    @property
+    def allowed(self) -> str:
+        return "one of " + ", ".join(self.words)
+
+    def __call__(self, value: Any) -> str | None:
+        return None if value in self.words else f"must be {self.allowed}, not {_display(value)!r}"
+
+
 #: A kernel module's name, as ``required_modules`` lists them.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -764,6 +778,61 @@ class SlurmSettings:
     )
 
 
+#: What the remediation policy may do about a finding: nothing, keep it an alert, drain the
+#: node (running jobs finish), or drain it and requeue the job the finding names.
+REMEDIATION_ACTIONS = OneOf(("none", "alert", "drain", "drain_requeue"))
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationRuleSettings:
+    """One ``[remediation.rules.<kind>]`` table; ``None`` where the file does not set the key
+    (the kind's built-in rule, then the ``[remediation]`` default applies)."""
+
+    critical: str | None = option(
+        None, "action on a critical finding of this kind", REMEDIATION_ACTIONS
+    )
+    warning: str | None = option(
+        None, "action on a warning finding of this kind", REMEDIATION_ACTIONS
+    )
+    info: str | None = option(None, "action on an info finding of this kind", REMEDIATION_ACTIONS)
+
+
+def _no_remediation_rules() -> Mapping[str, RemediationRuleSettings]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationSettings:
+    """``[remediation]``: what ``nodescope slurm health`` does about a firing alert or a failed
+    gate check, per severity, and the guards around a drain."""
+
+    critical: str = option("drain", "action on a critical finding", REMEDIATION_ACTIONS)
+    warning: str = option("alert", "action on a warning finding", REMEDIATION_ACTIONS)
+    info: str = option("none", "action on an info finding", REMEDIATION_ACTIONS)
+    dry_run: bool = option(
+        False, "decide and say what would be done, but drain, resume and requeue nothing"
+    )
+    cooldown_seconds: float = option(
+        600.0,
+        "after nodescope drains or resumes a node, the opposite change waits this long (no"
+        " flip-flop of a finding that comes and goes)",
+        Range(0, DAY),
+    )
+    max_drained_share: float = option(
+        0.1,
+        "no new drain while the nodes nodescope has drained make up this share of one of the"
+        " node's partitions or more (read from Slurm); the first drain of a partition always"
+        " goes ahead",
+        Range(0, 1, low_open=True),
+    )
+    scontrol_timeout_seconds: float = option(
+        10.0,
+        "how long one scontrol call may take before it is abandoned",
+        Range(0.1, 60),
+    )
+    rules: Mapping[str, RemediationRuleSettings] = field(default_factory=_no_remediation_rules)
+
+
 def _default_sources() -> Mapping[str, SourceSettings]:
     return MappingProxyType(
         {s.name: SourceSettings(interval_seconds=s.default_interval) for s in SOURCE_TABLE}
@@ -790,6 +859,7 @@ class Config:
     detectors: DetectorsSettings = field(default_factory=DetectorsSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    remediation: RemediationSettings = field(default_factory=RemediationSettings)
     path: str | None = None
 
     @property
@@ -826,9 +896,11 @@ DETECTOR_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
 )
 PROBE_OPTIONS = options_of(ProbeSettings)
 SLURM_OPTIONS = options_of(SlurmSettings)
+REMEDIATION_OPTIONS = options_of(RemediationSettings)
+REMEDIATION_RULE_OPTIONS = options_of(RemediationRuleSettings)
 
 #: The tables a file may hold, in the order the sample and the reference list them.
-TABLES = ("daemon", "roots", "sources", "alerts", "detectors", "probe", "slurm")
+TABLES = ("daemon", "roots", "sources", "alerts", "detectors", "probe", "slurm", "remediation")
 
 
 #: A host name as resolvers take it (RFC 1123 labels); Python's IDNA codec raises UnicodeError,
@@ -926,6 +998,7 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
     detectors = _detectors(path, data.get("detectors", {}))
     probe = _section(path, "probe", data.get("probe", {}), PROBE_OPTIONS)
     slurm = _section(path, "slurm", data.get("slurm", {}), SLURM_OPTIONS)
+    remediation = _remediation(path, data.get("remediation", {}))
     return Config(
         **daemon,
         roots=Roots().with_overrides(**roots_table),
@@ -934,6 +1007,7 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
         detectors=detectors,
         probe=ProbeSettings(**probe),
         slurm=SlurmSettings(**slurm),
+        remediation=remediation,
         path=path,
     )
 
@@ -968,6 +1042,25 @@ def _alerts(path: str, table: Any) -> AlertsSettings:
         rule = _section(path, f"alerts.rules.{kind}", rule_table, ALERT_RULE_OPTIONS)
         rules[kind] = AlertRuleSettings(**rule)
     return AlertsSettings(**settings, rules=MappingProxyType(rules))
+
+
+def _remediation(path: str, table: Any) -> RemediationSettings:
+    if not isinstance(table, dict):
+        raise ConfigError(path, "remediation", "must be a table")
+    plain = {k: v for k, v in table.items() if k != "rules"}
+    settings = _section(path, "remediation", plain, REMEDIATION_OPTIONS)
+    rules_table = table.get("rules", {})
+    if not isinstance(rules_table, dict):
+        raise ConfigError(path, "remediation.rules", "must be a table")
+    rules: dict[str, RemediationRuleSettings] = {}
+    for kind, rule_table in rules_table.items():
+        if len(kind) > 64 or not KIND_PATTERN.fullmatch(kind):
+            raise ConfigError(
+                path, f"remediation.rules.{_display(kind)}", "not a finding kind (a-z, 0-9, _)"
+            )
+        rule = _section(path, f"remediation.rules.{kind}", rule_table, REMEDIATION_RULE_OPTIONS)
+        rules[kind] = RemediationRuleSettings(**rule)
+    return RemediationSettings(**settings, rules=MappingProxyType(rules))
 
 
 def _saturation_models(path: str, table: Any) -> dict[str, float]:
@@ -1133,6 +1226,8 @@ def _tables() -> Iterator[tuple[str, tuple[Option, ...]]]:
         yield f"detectors.{name}", options
     yield "probe", PROBE_OPTIONS
     yield "slurm", SLURM_OPTIONS
+    yield "remediation", REMEDIATION_OPTIONS
+    yield "remediation.rules.<kind>", REMEDIATION_RULE_OPTIONS
 
 
 def reference_markdown() -> str:
@@ -1185,6 +1280,14 @@ SAMPLE_NOTES: Mapping[str, str] = MappingProxyType(
         "slurm": "The prolog/epilog hooks (nodescope slurm prolog|epilog), their socket to the"
         " daemon and the prolog's health gate. A gate key at 0, false or [] turns that check"
         " off.",
+        "remediation": "What `nodescope slurm health` (Slurm's HealthCheckProgram) does about"
+        " the daemon's firing alerts and the gate's failed checks: none, alert (shown, nothing"
+        " done), drain (running jobs finish) or drain_requeue (the job the finding names is"
+        " requeued too). A node is resumed only when nodescope drained it and every finding"
+        " it drained for has cleared; a drain set by a person is never touched.",
+        "remediation.rules.<kind>": "[remediation.rules.<kind>]: one table per finding kind,"
+        " every key optional; an unset key falls back to the kind's built-in rule"
+        " (gpu_xid_application never drains), then to the [remediation] defaults.",
     }
 )
 
@@ -1241,6 +1344,8 @@ def sample_toml() -> str:
         header = f"[{table}]"
         if table == "alerts.rules.<kind>":
             header = f"# [alerts.rules.{SAMPLE_RULE_KIND}]"
+        if table == "remediation.rules.<kind>":
+            header = "# [remediation.rules.gpu_xid_application]"
         out.extend(["", header])
         for o in options:
             out.extend(_sample_option(o))

@@ -243,7 +243,9 @@ def test_bounds_in_the_sample_comments_are_the_codes() -> None:
             key, _, allowed = found.groups()
             option = tables[table][key]
             if allowed is not None:
-                assert isinstance(option.check, config.Range | config.IntList | config.NameList)
+                assert isinstance(
+                    option.check, config.Range | config.IntList | config.NameList | config.OneOf
+                )
                 assert allowed == option.check.allowed, line
                 checked += 1
     bounded = [o for options in tables.values() for o in options.values() if o.default is not None]
