@@ -7,10 +7,12 @@ from __future__ import annotations
 import ctypes
 import inspect
 import uuid
+from pathlib import Path
 
 import pynvml
 import pytest
 
+from nodescope.roots import Roots
 from nodescope.sim.fake_nvml import (
     HGX_H100_FABRIC_CLIQUE_ID,
     HGX_H100_FABRIC_CLUSTER_UUID,
@@ -18,6 +20,8 @@ from nodescope.sim.fake_nvml import (
     FakeNvml,
     hgx_h100,
 )
+from nodescope.sim.nvml_mirror import MirroredNvml, state_document, write_state
+from nodescope.sources.nvml import NvmlSource
 
 #: Every health call the nvml source makes, and the fallbacks it may make.
 HEALTH_FUNCTIONS = (
@@ -327,3 +331,35 @@ def test_not_supported_lost_and_uninitialized_like_every_other_call() -> None:
         getattr(fake, name)(*args)  # GPU 0 answers every one
     # Every call was counted: once before init and once on each of the three GPUs.
     assert all(fake.calls[name] == 4 for name, _args in calls)
+
+
+def test_the_published_state_carries_the_health_fields_to_a_mirror(tmp_path: Path) -> None:
+    fake = FakeNvml(hgx_h100(2, 1), clock_us=lambda: 1_750_000_000_000_000)
+    gpu = fake.gpus[1]
+    gpu.ecc_aggregate_uncorrected, gpu.remap_pending = 3, True
+    gpu.temperature_gpu, gpu.power_draw_mw = 88, 690_000
+    gpu.clock_event_reasons = pynvml.nvmlClocksEventReasonHwSlowdown
+    gpu.fabric_health_mask = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
+    gpu.gpm_tensor_activity_percent = 55.5
+    path = tmp_path / "nvml-state.json"
+    write_state(path, state_document(fake, 0.0, 1.75e9, []))
+    mirror = MirroredNvml(path)
+    clock = lambda: 1.75e9  # noqa: E731
+    direct = NvmlSource(fake, watch_xids=False, wall_clock=clock, health_every=1, gpm_every=1)
+    mirrored = NvmlSource(mirror, watch_xids=False, wall_clock=clock, health_every=1, gpm_every=1)
+    try:
+        for _ in range(3):
+            ours, theirs = direct.collect(Roots()), mirrored.collect(Roots())
+            assert theirs.health == ours.health
+        assert ours.health[1].ecc is not None and ours.health[1].ecc.aggregate_uncorrected == 3
+        assert ours.health[1].gpm is not None and ours.health[1].gpm.tensor_activity_percent == 55.5
+        gpu.temperature_gpu = 91  # a later state reaches the mirror on refresh
+        write_state(path, state_document(fake, 1.0, 1.75e9, []))
+        assert mirror.refresh()
+        ours, theirs = direct.collect(Roots()), mirrored.collect(Roots())
+        assert theirs.health == ours.health
+        assert theirs.health[1].temperatures is not None
+        assert theirs.health[1].temperatures.gpu == 91
+    finally:
+        direct.close()
+        mirrored.close()
