@@ -102,6 +102,9 @@ class SlurmCluster:
     epilog: str | None = None
     node: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
     pids: dict[str, int] = field(default_factory=dict)
+    #: Nodes that only exist in slurm.conf (no slurmd: Slurm holds them DOWN), members of the
+    #: partition too: a partition of several nodes on one host.
+    extra_nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -182,7 +185,12 @@ class SlurmCluster:
         lines += [
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1024"
             f" Gres=gpu:{self.gpus} State=UNKNOWN",
-            f"PartitionName=test Nodes={self.node} Default=YES MaxTime=10 State=UP",
+            *(
+                f"NodeName={name} NodeAddr=127.0.0.2 CPUs=1 RealMemory=100 State=DOWN"
+                for name in self.extra_nodes
+            ),
+            f"PartitionName=test Nodes={','.join((self.node, *self.extra_nodes))} Default=YES"
+            " MaxTime=10 State=UP",
         ]
         self.slurm_conf.write_text("\n".join(lines) + "\n")
         files = ",".join(str(p) for p in self.gpu_devices())
@@ -287,9 +295,9 @@ class SlurmCluster:
             raise RuntimeError(f"sbatch failed: {result.stderr}")
         return result.stdout.strip().split(";")[0]
 
-    def node_info(self) -> dict[str, str]:
+    def node_info(self, node: str | None = None) -> dict[str, str]:
         """``scontrol show node -o`` as key=value pairs (Reason may hold spaces: it is last)."""
-        out = self.client(["scontrol", "show", "node", "-o", self.node]).stdout.strip()
+        out = self.client(["scontrol", "show", "node", "-o", node or self.node]).stdout.strip()
         info: dict[str, str] = {}
         reason_at = out.find(" Reason=")
         if reason_at >= 0:

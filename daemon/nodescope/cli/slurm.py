@@ -96,6 +96,7 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
             help=f"TOML configuration file (default: {DEFAULT_CONFIG} when it exists)",
         )
         sub.set_defaults(func=func)
+    _register_health(actions, parents)
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -295,4 +296,114 @@ def clear_xids(args: argparse.Namespace) -> int:
         _say(f"nodescope: {response.get('error')}")
         return 1
     print("Xids cleared: the prolog gate accepts the node again")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# nodescope slurm health: Slurm's HealthCheckProgram
+
+
+def _register_health(actions: Any, parents: list[argparse.ArgumentParser]) -> None:
+    text = (
+        "drain or resume this node by the [remediation] policy, from the daemon's firing"
+        " alerts and the gate's checks (Slurm's HealthCheckProgram)"
+    )
+    sub = actions.add_parser(
+        "health",
+        parents=parents,
+        help=text,
+        description=text + ". Says on stdout what it did, or in a dry run what it would do."
+        " Exit 0 whatever the node's health, 2 on a bad configuration.",
+    )
+    sub.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"TOML configuration file (default: {DEFAULT_CONFIG} when it exists)",
+    )
+    sub.add_argument(
+        "--node",
+        metavar="NAME",
+        help="this node's Slurm name (default: SLURMD_NODENAME, else the node whose NodeName"
+        " or NodeHostName is this host's name)",
+    )
+    sub.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="change nothing: say what would be drained, resumed or requeued",
+    )
+    sub.set_defaults(func=health)
+
+
+def _firing_problems(config: Config) -> tuple[list[Any], bool]:
+    """The daemon's firing alerts as problems, and whether they are known (the daemon
+    answered after analysing at least one cycle)."""
+    from nodescope.remediation.act import problems_from_alerts
+
+    try:
+        response = call(socket_path(config.roots), {"command": "alerts"},
+                        config.slurm.timeout_seconds)  # fmt: skip
+    except HookUnavailable as exc:
+        _say(f"nodescope: daemon not answering ({exc}); the gate's local checks only")
+        return [], False
+    alerts = response.get("alerts")
+    if not response.get("ok") or not isinstance(alerts, list):
+        _say(f"nodescope: daemon: {response.get('error') or 'no alerts in its answer'}")
+        return [], False
+    if response.get("wall_time") is None:
+        _say("nodescope: the daemon has not analysed a cycle yet; the gate's checks only")
+        return [], False
+    return problems_from_alerts(alerts), True
+
+
+def _node_name(config: Config, given: str | None) -> str | None:
+    """``--node``, else ``SLURMD_NODENAME`` (set when slurmd runs the program), else the node
+    Slurm lists under this host's name: HealthCheckProgram runs with no job environment."""
+    import socket
+
+    from nodescope.remediation.slurm import NODE_NAME, Scontrol, SlurmError, node_named
+
+    name = given or os.environ.get("SLURMD_NODENAME")
+    if name:
+        return name if NODE_NAME.fullmatch(name) else None
+    host = socket.gethostname()
+    scontrol = Scontrol(config.slurm.scontrol, config.remediation.scontrol_timeout_seconds)
+    try:
+        nodes = scontrol.nodes().items
+    except SlurmError as exc:
+        _say(f"nodescope: {exc}")
+        return None
+    return node_named(nodes, [host.split(".")[0], host])
+
+
+def health(args: argparse.Namespace) -> int:
+    from nodescope.remediation.act import problems_from_checks, remediate
+    from nodescope.remediation.slurm import SlurmError
+    from nodescope.remediation.state import RecordBusy
+
+    try:
+        config = _config(args)
+    except ConfigError as exc:
+        _say(f"nodescope: {exc}")
+        return 2
+    if not config.slurm.scontrol:
+        _say("nodescope: [slurm] scontrol is empty: health cannot read or change the node")
+        return 2
+    node = _node_name(config, args.node)
+    if node is None:
+        _say("nodescope: cannot tell which Slurm node this is; give --node")
+        return 0
+    problems, complete = _firing_problems(config)
+    problems += problems_from_checks(gate_checks(config.slurm, local_gate_inputs(config)))
+    try:
+        outcome = remediate(
+            config, problems, node, complete=complete, dry_run=True if args.dry_run else None
+        )
+    except (SlurmError, RecordBusy, OSError) as exc:
+        # A Slurm that does not answer is no reason to fail the health check: slurmd would
+        # only log the exit status, and the next run tries again.
+        _say(f"nodescope: nothing done on {node}: {exc}")
+        return 0
+    prefix = "dry run: " if outcome.dry_run else ""
+    for line in outcome.lines:
+        print(prefix + line if not line.startswith("  ") else line, flush=True)
     return 0

@@ -2,7 +2,8 @@
 it feeds every analysed snapshot.
 
 ``ping`` is the server's own; ``prolog``, ``epilog`` and ``clear_xids`` are the tracker's;
-``probe`` and ``probe_result`` come from :mod:`nodescope.probe_runner`.
+``probe`` and ``probe_result`` come from :mod:`nodescope.probe_runner`; ``alerts`` answers the
+firing alerts of the last analysed cycle, read-only, for ``nodescope slurm health``.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nodescope.config import Config
-from nodescope.hooks.auth import allowed_uids, slurm_uid
+from nodescope.hooks.auth import Peer, allowed_uids, slurm_uid
 from nodescope.hooks.stops import gate_stops_dir, remove_stale_gate_stops
 from nodescope.hooks.tracker import JobTracker
-from nodescope.hooks.transport import HookServer, run_dir, socket_path
+from nodescope.hooks.transport import HookServer, Request, Response, run_dir, socket_path
+from nodescope.model.alert import AlertState
 from nodescope.model.job_records import registrations_dir
 from nodescope.model.snapshot import Snapshot
 from nodescope.probe_runner import ProbeHook
@@ -43,6 +46,11 @@ class Hooks:
         self.probe = ProbeHook(config)
         self.server.register("probe", self.probe.start)
         self.server.register("probe_result", self.probe.result)
+        # The last cycle's firing alerts, replaced whole each cycle: the socket's worker
+        # thread reads one complete tuple or the previous one, never a list being built.
+        self._firing: tuple[dict[str, Any], ...] = ()
+        self._firing_wall: float | None = None
+        self.server.register("alerts", self.firing_alerts)
 
     @classmethod
     def start(cls, config: Callable[[], Config]) -> Hooks | None:
@@ -84,7 +92,19 @@ class Hooks:
                 log.info("event=gate_stops_expired count=%d", len(stale))
 
     def observe(self, snapshot: Snapshot) -> None:
+        # Imported here: every Slurm hook imports this module, and the analysis stage (all
+        # detectors) would add a tenth of a second to each job launch; the daemon that calls
+        # this has it loaded already.
+        from nodescope.analysis import alert_json
+
         self.tracker.observe(snapshot)
+        self._firing = tuple(alert_json(a) for a in snapshot.alerts if a.state is AlertState.FIRING)
+        self._firing_wall = snapshot.wall_time
+
+    def firing_alerts(self, request: Request, peer: Peer) -> Response:
+        """``alerts``: the firing alerts of the last cycle (``wall_time`` null before the
+        first cycle has been analysed: then nothing is known yet)."""
+        return {"ok": True, "wall_time": self._firing_wall, "alerts": list(self._firing)}
 
     def stop(self) -> None:
         self.server.stop()

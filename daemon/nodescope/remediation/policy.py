@@ -292,8 +292,11 @@ def decide(
     node: NodeView,
     memory: Memory,
     now: float,
+    complete: bool = True,
 ) -> Decision:
-    """What to do now; see the module docstring for the rules."""
+    """What to do now; see the module docstring for the rules. ``complete`` is false when
+    some problems could not be known (the daemon did not answer): nothing is resumed then,
+    since a cause that cannot be seen has not been seen to clear."""
     ordered = sorted({p.identity: p for p in problems}.values(), key=_severity_order)
     present = {p.identity for p in ordered}
     steps: list[Step] = []
@@ -331,7 +334,12 @@ def decide(
         causes = (*causes, *new_causes)
         if not drainers and not any(c in present for c in causes):
             first = causes[0] if causes else ""
-            if cooling:
+            if not complete:
+                notes.append(
+                    f"node {node.name} stays drained: its problems are not all known now"
+                    " (the daemon did not answer)"
+                )
+            elif cooling:
                 steps.append(
                     Step(
                         StepKind.HELD,
