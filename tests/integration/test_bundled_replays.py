@@ -78,6 +78,19 @@ def test_the_issue_bundles_every_scenario() -> None:
         "nvme-removed-under-job",
         "xid48-double-bit-ecc",
         "xid13-application-fault",
+        "gpu-ecc-corrected-control",
+        "gpu-ecc-uncorrectable",
+        "gpu-fabric-degraded",
+        "gpu-fabric-healthy-control",
+        "gpu-hw-slowdown-blip-control",
+        "gpu-power-brake-slowdown",
+        "gpu-power-cap-slowdown",
+        "gpu-row-remap-failed",
+        "gpu-row-remap-pending",
+        "gpu-thermal-idle-control",
+        "gpu-thermal-slowdown-under-load",
+        "nvlink-nvml-busy-control",
+        "nvlink-saturation-nvml",
     }
 
 

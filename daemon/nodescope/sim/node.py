@@ -25,10 +25,13 @@ every file here is written in the format the kernel uses and the sources parse:
   stat fields), ``locks`` (fs/locks.c), ``self`` -> the daemon's pid with ``mountstats``
   (fs/nfs/super.c, net/sunrpc/stats.c) and ``mounts``, ``net/snmp`` (net/ipv4/proc.c);
 * the fake NVML (:class:`nodescope.sim.fake_nvml.FakeNvml`) whose counters and field
-  timestamps follow simulated time;
+  timestamps follow simulated time, and whose GPUs' health (ECC and remap counters,
+  temperatures, power, clocks and their event reasons, fabric registration, GPM) follows
+  their load and the timeline's GPU health activities;
 * ``dev/nvlink_stats``: the ``nvlink_counter`` module's snapshot, one read per tick (in wall
   time, one per read of the daemon's nvlink_kmod source), in the module's ABI
-  (:mod:`nodescope.sim.kmod`: window statistics of 100 µs samples, bursts included).
+  (:mod:`nodescope.sim.kmod`: window statistics of 100 µs samples, bursts included), unless
+  the scenario's node runs without the module (``hardware.os.nvlink_counter``).
 
 Counters advance by rate × overlap of each timeline activity with the interval moved over,
 and time is a real number, not a count of ticks: :meth:`SimulatedNode.refresh` moves the node
