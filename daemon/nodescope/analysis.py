@@ -24,6 +24,7 @@ from nodescope.derive import DerivedStage
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS, DetectorInfo
 from nodescope.model.alert import Alert, AlertCounters, Transition
 from nodescope.model.finding import Finding
+from nodescope.model.remediation import REMEDIATION, describe, latest_by_key
 from nodescope.model.snapshot import Snapshot
 
 log = logging.getLogger("nodescope.alerts")
@@ -49,6 +50,7 @@ class AlertPush(Protocol):
         transitions: Iterable[Transition],
         now_monotonic: float,
         now_wall: float,
+        actions: Mapping[str, str] | None = None,
     ) -> object: ...
     def counts(self) -> PushTally: ...
     def close(self) -> None: ...
@@ -189,7 +191,11 @@ class Analyzer:
         push_counts = None
         if self.pusher is not None:
             self.pusher.submit(
-                step.active, step.transitions, snapshot.monotonic, snapshot.wall_time
+                step.active,
+                step.transitions,
+                snapshot.monotonic,
+                snapshot.wall_time,
+                actions=action_texts(snapshot),
             )
             push_counts = self.pusher.counts()
         counters = AlertCounters(
@@ -220,12 +226,27 @@ def alert_json(alert: Alert) -> dict[str, Any]:
     return document
 
 
+def action_texts(snapshot: Snapshot) -> dict[str, str]:
+    """Alert key -> what nodescope last did about it, in words (the ``remediation`` source's
+    record): the annotation its Alertmanager alert carries."""
+    data = snapshot.latest(REMEDIATION)
+    if data is None:
+        return {}
+    return {key: describe(action) for key, action in latest_by_key(data).items()}
+
+
 def alerts_document(snapshot: Snapshot) -> dict[str, Any]:
-    """The body of ``/api/v1/alerts``: the cycle's active alerts and findings."""
+    """The body of ``/api/v1/alerts``: the cycle's active alerts and findings, and the latest
+    actions nodescope recorded (``remediation`` source), each with the finding it was about."""
+    remediation = snapshot.latest(REMEDIATION)
     return {
         "cycle": snapshot.cycle,
         "wall_time": snapshot.wall_time,
         "alerts": [alert_json(a) for a in snapshot.alerts],
+        "actions": [
+            {**jsonout.plain(a), "text": describe(a)}
+            for a in (remediation.recent if remediation is not None else ())
+        ],
         "findings": [
             {**jsonout.plain(f), "severity": f.severity.label, "key": f.key}
             for f in _sorted_findings(snapshot.findings)

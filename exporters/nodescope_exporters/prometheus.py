@@ -40,6 +40,7 @@ AREAS: tuple[str, ...] = (
     "nodescope_exporters.probe_metrics",
     "nodescope_exporters.alert_metrics",
     "nodescope_exporters.event_metrics",
+    "nodescope_exporters.remediation_metrics",
 )
 
 FamilyBuilder = Callable[[Snapshot], Iterable[Metric]]

@@ -65,14 +65,16 @@ def labels_of(alert: Alert, instance: str) -> dict[str, str]:
 
 
 def alert_document(
-    alert: Alert, instance: str, ends_at: float, generator_url: str = ""
+    alert: Alert, instance: str, ends_at: float, generator_url: str = "", action: str = ""
 ) -> dict[str, Any]:
-    """One ``postableAlert``."""
+    """One ``postableAlert``; ``action`` is what nodescope did about it (annotation
+    ``nodescope_action``: drained, held back, ...)."""
     annotations = {
         "summary": alert.message or f"{alert.kind} on {alert.subject or instance}",
         "evidence": _numbers(alert.evidence_last),
         "evidence_peak": _numbers(alert.evidence_peak),
         "evidence_start": _numbers(alert.evidence_start),
+        "nodescope_action": action,
     }
     document: dict[str, Any] = {
         "labels": labels_of(alert, instance),
@@ -140,6 +142,8 @@ class AlertmanagerPusher:
         self._firing: dict[str, tuple[tuple[tuple[str, str], ...], Alert]] = {}
         self._resolved: dict[tuple[tuple[str, str], ...], tuple[dict[str, Any], float]] = {}
         self._last_batch: float | None = None
+        # Alert key -> the action annotation Alertmanager was last sent for it.
+        self._actions: dict[str, str] = {}
         # Shared with the thread, under the condition's lock.
         self._cond = threading.Condition()
         self._slot: bytes | None = None
@@ -158,9 +162,12 @@ class AlertmanagerPusher:
         transitions: Iterable[Transition],
         now_monotonic: float,
         now_wall: float,
+        actions: Mapping[str, str] | None = None,
     ) -> bool:
         """Queue a batch if something changed or the resend interval passed; never blocks.
-        Returns whether a batch was queued."""
+        Returns whether a batch was queued. ``actions``: alert key -> what nodescope did about
+        it; a new action is a change (the annotation goes out at once)."""
+        actions = actions or {}
         resolved_at = {
             t.key: t.alert.resolved_wall
             for t in transitions
@@ -176,7 +183,9 @@ class AlertmanagerPusher:
             del self._firing[key]
             ends = resolved_at.get(key, now_wall)
             self._resolved[label_key] = (
-                alert_document(old, self.instance, ends, self.generator_url),
+                alert_document(
+                    old, self.instance, ends, self.generator_url, self._actions.pop(key, "")
+                ),
                 now_monotonic + RESOLVED_RETENTION_SECONDS,
             )
             changed = True
@@ -187,6 +196,10 @@ class AlertmanagerPusher:
                 # A label set that fires again is no longer resolved.
                 self._resolved.pop(label_key, None)
             self._firing[key] = (label_key, alert)
+            action = actions.get(key, "")
+            if action != self._actions.get(key, ""):
+                changed = True
+                self._actions[key] = action
         for label_key, (_, until) in list(self._resolved.items()):
             if until <= now_monotonic:
                 del self._resolved[label_key]
@@ -201,8 +214,10 @@ class AlertmanagerPusher:
             return False
         ends_firing = now_wall + 4 * self.resend_seconds
         batch = [
-            alert_document(alert, self.instance, ends_firing, self.generator_url)
-            for _, alert in self._firing.values()
+            alert_document(
+                alert, self.instance, ends_firing, self.generator_url, self._actions.get(key, "")
+            )
+            for key, (_, alert) in self._firing.items()
         ] + [document for document, _ in self._resolved.values()]
         self._last_batch = now_monotonic
         body = json.dumps(batch).encode()

@@ -157,6 +157,7 @@ def setup() -> Iterator[Setup]:
     config.write_text(
         f'[daemon]\ntick_seconds = 0.5\n[roots]\nrun = "{run}"\nsysfs = "{tree.root / "sys"}"\n'
         f'dev = "{cluster.dev}"\n[sources.pci]\ninterval_seconds = 0.5\n'
+        "[sources.remediation]\ninterval_seconds = 0.5\n"
         f"[alerts.rules.pcie_aer_errors]\nresolve_after_seconds = {RESOLVE_AFTER}\n"
         '[slurm]\nslurm_user = "root"\n'
     )
@@ -199,6 +200,19 @@ def test_a_fired_alert_drains_the_node_and_its_clearing_resumes_it(fresh: Setup)
     assert (s.cluster.node, reason) in parse_sinfo_reasons(sinfo).items
     drains = [e for e in s.entries() if e["action"] == "drain"]
     assert len(drains) == 1 and drains[0]["kind"] == "pcie_aer_errors" and drains[0]["ok"]
+    # The daemon reads the record back: counted, and listed under its alert.
+    counted = 'nodescope_remediation_actions_total{action="drain",kind="pcie_aer_errors"} 1.0'
+    _wait(lambda: counted in s.daemon.scrape(), 10, "the drain counted in /metrics")
+    s.raise_fatal_aer()  # the alert still firing, the action is shown under it
+    listed = subprocess.run(
+        [*nodescope_command(), "alerts", "--url", f"http://127.0.0.1:{s.daemon.port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "action: " in listed.stdout and f"drained {s.cluster.node} by health: {reason}" in (
+        listed.stdout
+    ), listed.stdout
 
     # Still firing: a second run leaves the drain as it is and records nothing more.
     s.raise_fatal_aer()

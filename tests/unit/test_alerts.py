@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -1013,6 +1013,7 @@ class RecordingPush:
         transitions: Iterable[Transition],
         now_monotonic: float,
         now_wall: float,
+        actions: Mapping[str, str] | None = None,
     ) -> bool:
         self.batches.append(
             ([a.key for a in active], [t.kind.value for t in transitions], now_monotonic)

@@ -90,12 +90,41 @@ def _evidence_lines(alert: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _action_line(action: Any) -> str | None:
+    if not isinstance(action, dict) or not isinstance(action.get("text"), str):
+        return None
+    when = action.get("time")
+    at = _when(float(when)) if isinstance(when, int | float) else "?"
+    return f"{at} {action['text']}"
+
+
+def format_actions(document: dict[str, Any], shown: set[str], out: TextIO) -> None:
+    """The recorded actions not already shown under their alert, newest last, each with the
+    finding it was about."""
+    rest = [
+        a for a in document.get("actions", []) if isinstance(a, dict) and a.get("key") not in shown
+    ]
+    lines = []
+    for action in rest[-20:]:
+        line = _action_line(action)
+        if line is None:
+            continue
+        finding = f"{action.get('kind', '')} {action.get('subject', '')}".strip()
+        lines.append(f"  {line}" + (f" [finding: {finding}]" if finding else ""))
+    if lines:
+        out.write("recent actions:\n" + "\n".join(lines) + "\n")
+
+
 def format_alerts(document: dict[str, Any], out: TextIO) -> None:
     alerts = document.get("alerts", [])
     now = float(document.get("wall_time", 0.0))
+    actions: dict[str, Any] = {}
+    for action in document.get("actions", []):
+        if isinstance(action, dict) and isinstance(action.get("key"), str) and action["key"]:
+            actions[action["key"]] = action
+    shown: set[str] = set()
     if not alerts:
         out.write("no active alerts\n")
-        return
     for alert in alerts:
         state = str(alert["state"]).upper()
         since = alert.get("fired_wall") if alert["state"] == "firing" else alert["started_wall"]
@@ -114,6 +143,11 @@ def format_alerts(document: dict[str, Any], out: TextIO) -> None:
             out.write("  evidence:\n")
             out.write("\n".join(lines) + "\n")
         out.write(f"  id: {alert['fingerprint']}  key: {alert['key']}\n")
+        line = _action_line(actions.get(alert["key"]))
+        if line is not None:
+            shown.add(alert["key"])
+            out.write(f"  action: {line}\n")
+    format_actions(document, shown, out)
 
 
 def fetch(url: str, timeout: float) -> dict[str, Any]:

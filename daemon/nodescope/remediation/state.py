@@ -10,8 +10,9 @@ daemon never lose each other's entries. It holds
     last drained or resumed the node, and the step it took last per problem;
 ``entries``
     the latest :data:`MAX_ENTRIES` actions, oldest first, each once: time, node, action,
-    finding kind, subject and message, the drain reason, why it was held, the jobs requeued,
-    whether scontrol did it (``ok``) and its error;
+    finding kind, subject, key and message, the drain reason, why it was held, the jobs
+    requeued, who acted (``source``: health, prolog, daemon), whether scontrol did it (``ok``)
+    and its error;
 ``counts``
     the number of actions per (action, kind) since the record was created, at most
     :data:`MAX_COUNTS` pairs: the daemon's ``nodescope_remediation_actions_total`` counter,
@@ -77,6 +78,9 @@ class Entry:
     source: str = "health"
     ok: bool = True
     error: str = ""
+    #: the identity of the problem acted on: an alert's key, so the daemon can name the
+    #: action beside its alert
+    key: str = ""
 
     @classmethod
     def of(cls, step: Step, node: str, now: float, source: str, error: str = "") -> Entry:
@@ -93,6 +97,7 @@ class Entry:
             source=source,
             ok=not error,
             error=error,
+            key=step.key,
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -109,6 +114,7 @@ class Entry:
             "source": self.source,
             "ok": self.ok,
             "error": self.error,
+            "key": self.key,
         }
 
 
@@ -223,6 +229,7 @@ def _entry(document: object) -> Entry:
         source=_text(document.get("source", "health"), 32),
         ok=ok if isinstance(ok, bool) else False,
         error=_text(document.get("error", "")),
+        key=_text(document.get("key", "")),
     )
 
 

@@ -193,6 +193,12 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         1.0,
         "link up/down transitions from an rtnetlink monitor thread and IB port states; flaps",
     ),
+    SourceInfo(
+        "remediation",
+        "nodescope.sources.remediation",
+        5.0,
+        "drains, resumes and held drains nodescope recorded (<run>/nodescope/remediation.json)",
+    ),
 )
 
 SOURCES: dict[str, SourceInfo] = {info.name: info for info in SOURCE_TABLE}
