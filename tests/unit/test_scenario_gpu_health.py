@@ -28,6 +28,7 @@ from nodescope.model.gpu_health import (
     FABRIC_STATE_IN_PROGRESS,
     FABRIC_STATE_NOT_SUPPORTED,
     FABRIC_STATES,
+    GpuHealth,
     fabric_bandwidth_degraded,
 )
 from nodescope.sim.fake_nvml import FakeGpu
@@ -39,6 +40,7 @@ from nodescope.sim.scenario import (
     Scenario,
     ScenarioLoader,
 )
+from nodescope.sources.nvml import NvmlSource
 from tests.unit.test_scenario import small_document
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
@@ -439,3 +441,51 @@ def test_a_node_may_run_without_the_nvlink_counter_module(scratch: Path, loaded:
     node.materialise()
     node.advance_to(1)
     assert node.nvlink_snapshot_path.exists() is loaded
+
+
+def test_the_nvml_source_reads_what_the_timeline_sets(scratch: Path) -> None:
+    """The node's health reaches the daemon through the nvml source's real health reads."""
+    scenario = load(
+        [
+            {"kind": "gpu_util", "gpu": 0, "gpu_percent": 95},
+            {"kind": "gpu_ecc", "from": 2, "gpu": 0, "uncorrected": 1},
+            {"kind": "gpu_row_remap", "from": 2, "gpu": 0, "uncorrectable_rows": 1,
+             "pending": True},
+            {"kind": "gpu_temperature", "from": 2, "to": 4, "gpu": 0, "gpu_celsius": 88},
+            {"kind": "gpu_clocks", "from": 2, "to": 4, "gpu": 0, "sm_mhz": 1440,
+             "reasons": ["sw_thermal_slowdown"]},
+            {"kind": "gpu_fabric", "from": 2, "to": 4, "gpu": 0, "state": "completed",
+             "bandwidth_degraded": True},
+        ]
+    )  # fmt: skip
+    node = SimulatedNode(scenario, scratch / "node")
+    node.materialise()
+    (source,) = [s for s in node.sources() if isinstance(s, NvmlSource)]
+    source.health_every = 1
+    read: dict[float, GpuHealth] = {}
+    try:
+        for t in (1, 2, 4):
+            node.advance_to(t)
+            data = source.collect(node.roots)
+            read[t] = data.health[0]
+    finally:
+        source.close()
+    before, during, after = read[1], read[2], read[4]
+    assert before.ecc is not None and during.ecc is not None
+    assert (before.ecc.volatile_uncorrected, during.ecc.volatile_uncorrected) == (0, 1)
+    assert during.ecc.aggregate_uncorrected == 1
+    assert during.row_remap is not None and during.row_remap.pending is True
+    assert during.temperatures is not None and during.temperatures.gpu == 88
+    assert during.clocks is not None
+    assert (during.clocks.sm_mhz, during.clocks.event_reasons) == (
+        1440,
+        CLOCK_EVENT_SW_THERMAL_SLOWDOWN,
+    )
+    assert during.fabric is not None and during.fabric.bandwidth_degraded is True
+    # After the spans: the loaded GPU's own values, the counters and the pending remap kept.
+    assert after.temperatures is not None and after.temperatures.gpu == 68
+    assert after.clocks is not None and after.clocks.event_reasons == 0
+    assert after.fabric is not None
+    assert (after.fabric.state, after.fabric.bandwidth_degraded) == (FABRIC_STATE_COMPLETED, False)
+    assert after.ecc is not None and after.ecc.volatile_uncorrected == 1
+    assert after.row_remap is not None and after.row_remap.pending is True
