@@ -27,6 +27,7 @@ from nodescope.collect import Collector
 from nodescope.config import Config
 from nodescope.errors import ConfigError
 from nodescope.hooks import Hooks
+from nodescope.hooks.jobdrain import JobDrain
 from nodescope.httpserver import JsonCache, MetricsHTTPServer
 from nodescope.sdnotify import Notifier
 from nodescope.selfstats import ProcessMeter
@@ -88,6 +89,8 @@ class Service:
         #: at start; the serving process is started with it.
         self.web_config: WebConfig | None = None
         self.hooks: Hooks | None = None
+        #: Drains the node on a finding the policy drains for while a job is on it.
+        self.job_drain = JobDrain(lambda: self.config)
         self._wake = threading.Event()
         self._stop = False
         self._reload = False
@@ -226,6 +229,11 @@ class Service:
                 self.hooks.observe(snapshot)
             except Exception as exc:
                 self._survived("jobs", exc)
+        try:
+            # Starts a worker at most: scontrol never runs in the cycle itself.
+            self.job_drain.observe(snapshot)
+        except Exception as exc:
+            self._survived("remediation", exc)
         if self.cycle_errors:
             snapshot = replace(snapshot, cycle_errors=self.cycle_errors)
         serving = self.server.process if self.server is not None else None
@@ -320,6 +328,7 @@ class Service:
         if self.hooks is not None:
             self.hooks.stop()
             self.hooks = None
+        self.job_drain.stop()
         self.collector.close()
         self.analyzer.close()
         self.notifier.close()

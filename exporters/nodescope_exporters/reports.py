@@ -489,8 +489,8 @@ def _span(start: float, end: float, t0: float, t1: float, width: int) -> str:
 
 
 def render_text(document: Document, width: int = 60) -> str:
-    """The report for a terminal: header, counter deltas, memory, findings, contention and a
-    timeline picture."""
+    """The report for a terminal: header, counter deltas, memory, findings, what nodescope
+    did to the node during the job, contention and a timeline picture."""
     lines: list[str] = []
     job = document.get("job_id", "?")
     gpus = ",".join(str(g) for g in document.get("gpus", [])) or "none"
@@ -583,6 +583,23 @@ def render_text(document: Document, width: int = 60) -> str:
                 f"  {f.get('severity', '?'):<8} {f.get('kind')}  {_duration(f.get('seconds'))}:"
                 f" {f.get('message', '')}"
             )
+    actions = [a for a in document.get("actions") or [] if isinstance(a, Mapping)]
+    if actions:
+        lines.append("")
+        lines.append("nodescope acted on the node during the job (the job went on):")
+        for a in actions:
+            subject = f" {a.get('subject')}" if a.get("subject") else ""
+            by = f" ({a.get('source')})" if a.get("source") else ""
+            lines.append(
+                f"  {_clock(_number(a.get('time')))}  {a.get('action')}{by}:"
+                f" {a.get('kind')}{subject}: {a.get('message') or ''}".rstrip()
+            )
+            if a.get("reason"):
+                lines.append(f"    reason: {a.get('reason')}")
+            if a.get("why"):
+                lines.append(f"    held: {a.get('why')}")
+            if a.get("ok") is False:
+                lines.append(f"    failed: {a.get('error') or '?'}")
     episodes = document.get("contention", [])
     if episodes:
         lines.append("")

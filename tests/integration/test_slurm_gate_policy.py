@@ -2,13 +2,21 @@
 
 munged, slurmctld and slurmd as :mod:`tests.integration.slurm_harness` starts them (one node,
 two fake GPUs, cgroup/v1), the Prolog/Epilog wrappers of ``packaging/slurm`` pointing at this
-venv's ``nodescope``, and a ``nodescope run`` daemon serving the hook socket:
+venv's ``nodescope``, and a ``nodescope run`` daemon serving the hook socket, reading a sysfs
+tree materialised from the HGX H100 capture (where the test raises a PCIe function's
+``TOTAL_ERR_FATAL``: a critical ``pcie_aer_errors`` alert fires) and the real cgroups of the
+jobs; it runs scontrol against the test's Slurm (``SLURM_CONF``):
 
 * a job the gate stops (it expects 8 GPUs where 2 exist) drains the node with the gate's
   reason, and its epilog writes a report that says the job did not run, when and why the gate
   stopped it, and fails its verdict — without replacing the node's drain reason;
-* the same with no daemon listening: the hooks record the stop and write the report
-  themselves, and a later start of the job that passes the gate is not reported as stopped.
+* the gate consults the firing alerts under the remediation policy: a firing alert whose kind
+  the policy only alerts on lets the job run, the same alert under the default policy (critical:
+  drain) stops the job, with the alert in the reason;
+* a critical alert that fires during a job drains the node (the job goes on and completes),
+  once, recorded in the remediation record, and the job's report notes it;
+* with no daemon listening, the hooks record the stop and write the report themselves, and a
+  later start of the job that passes the gate is not reported as stopped.
 
 Needs root, Slurm and munge (``slurm-wlm munge``) and v1 memory/freezer hierarchies; skips
 with the reason otherwise.
@@ -24,39 +32,54 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
+from nodescope.hooks.transport import HookUnavailable, call
+from nodescope.sim.sysfs_tree import aer_text, load_capture, materialise
 from tests.conftest import REPO, nodescope_command
 from tests.hook_peers import hook_env, run_hook
 from tests.integration.daemon_harness import Daemon
-from tests.integration.slurm_harness import SlurmCluster, missing_binaries
+from tests.integration.slurm_harness import SlurmCluster, find_binary, missing_binaries
 
 pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
+CAPTURE = REPO / "tests" / "fixtures" / "captures" / "hgx-h100" / "lspci-vvv.hgx-h100"
+#: How long the AER alert stays firing after the counter stops moving.
+RESOLVE_AFTER = 4
 
 
 @dataclass
 class Setup:
     work: Path
     cluster: SlurmCluster
-    daemon: Daemon
     config: Path
     reports: Path
     run: Path
+    sysfs: Path
+    aer_file: Path
+    daemon: Daemon = field(init=False)
+    fatal: int = 0
 
-    def write_config(self, expected_gpus: int = 2, extra: str = "") -> None:
+    def write_config(self, expected_gpus: int = 2, remediation: str = "") -> None:
+        """One file for the daemon and the hooks (the wrappers pass it with NODESCOPE_ARGS)."""
         self.config.write_text(
             "[daemon]\ntick_seconds = 0.5\n"
-            f'[roots]\nrun = "{self.run}"\ndev = "{self.cluster.dev}"\n'
-            "[sources.jobs]\ninterval_seconds = 0.5\n"
+            f'[roots]\nrun = "{self.run}"\ndev = "{self.cluster.dev}"\nsysfs = "{self.sysfs}"\n'
+            "[sources.jobs]\ninterval_seconds = 0.5\n[sources.pci]\ninterval_seconds = 0.5\n"
+            f"[alerts.rules.pcie_aer_errors]\nresolve_after_seconds = {RESOLVE_AFTER}\n"
             f'[slurm]\nslurm_user = "root"\nreports_dir = "{self.reports}"\n'
-            f"expected_gpus = {expected_gpus}\n" + extra
+            f'scontrol = "{find_binary("scontrol")}"\nexpected_gpus = {expected_gpus}\n'
+            f"[remediation]\n{remediation}"
         )
+
+    def sbatch(self, script: str) -> str:
+        """A job on both GPUs, its output in the test's directory (not the current one)."""
+        return self.cluster.sbatch(["--gres=gpu:2", "-o", str(self.work / "slurm-%j.out")], script)
 
     def reload(self) -> None:
         before = self.daemon.stderr().count("event=reloaded")
@@ -66,6 +89,41 @@ class Setup:
     def resume(self) -> None:
         self.cluster.client(["scontrol", "update", f"nodename={self.cluster.node}", "state=resume"])
         self.cluster.wait_node_state(("IDLE",), 30)
+
+    @property
+    def record(self) -> Path:
+        return self.run / "nodescope" / "remediation.json"
+
+    def entries(self) -> list[dict[str, object]]:
+        if not self.record.exists():
+            return []
+        entries: list[dict[str, object]] = json.loads(self.record.read_text())["entries"]
+        return entries
+
+    def firing(self) -> list[dict[str, object]]:
+        try:
+            response = call(self.run / "nodescope" / "nodescope.sock", {"command": "alerts"}, 2.0)
+        except HookUnavailable:
+            return []
+        return [a for a in response.get("alerts", []) if a.get("kind") == "pcie_aer_errors"]
+
+    def raise_fatal_aer(self) -> dict[str, object]:
+        """One more fatal AER error on a PCIe function of the tree; the alert it fires."""
+        self.fatal += 1
+        text = aer_text("fatal", {}).replace("TOTAL_ERR_FATAL 0", f"TOTAL_ERR_FATAL {self.fatal}")
+        self.aer_file.write_text(text)
+        return _wait(lambda: next(iter(self.firing()), None), 20, "the AER alert firing")
+
+    def wait_cleared(self) -> None:
+        _wait(lambda: not self.firing(), 30, "the AER alert resolved")
+
+    def registered(self, job: str) -> bool:
+        """Whether the daemon sees the job on the node with its registration."""
+        return f'job_id="{job}"' in "".join(
+            line
+            for line in self.daemon.scrape().splitlines()
+            if line.startswith("nodescope_job_info{") and 'registered="true"' in line
+        )
 
     def report(self, job: str, timeout: float = 30) -> dict[str, object]:
         path = self.reports / f"{job}.json"
@@ -96,7 +154,7 @@ def _skip_reason() -> str | None:
     return None
 
 
-def _wait(predicate: Callable[[], T], timeout: float, what: str) -> T:
+def _wait(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -122,17 +180,22 @@ def setup() -> Iterator[Setup]:
          str(env_file)],
         check=True,
     )  # fmt: skip
+    tree = materialise(load_capture(CAPTURE), work / "node", {0: (0, 1)})
+    aer_file = next(
+        d / "aer_dev_fatal" for d in tree.function_dirs.values() if (d / "aer_dev_fatal").exists()
+    )
     cluster = SlurmCluster(
         work / "slurm", gpus=2, prolog=str(hooks / "prolog"), epilog=str(hooks / "epilog")
     )
     run = work / "run"
     run.mkdir()
     cluster.write_config()  # makes the fake GPU devices the daemon's roots point at
-    s = Setup(work, cluster, None, config, work / "reports", run)  # type: ignore[arg-type]
+    s = Setup(work, cluster, config, work / "reports", run, tree.root / "sys", aer_file)
     s.write_config()
-    s.daemon = Daemon(work, ["--config", str(config)])
+    # The daemon reaches this Slurm as slurmd's hooks do: through SLURM_CONF.
+    s.daemon = Daemon(work, ["--config", str(config)], env={"SLURM_CONF": str(cluster.slurm_conf)})
     try:
-        s.daemon.wait_message("READY=1", timeout=15)
+        s.daemon.wait_message("READY=1", timeout=20)
         _wait((run / "nodescope" / "nodescope.sock").exists, 10, "the hook socket")
         cluster.start()
         yield s
@@ -142,13 +205,31 @@ def setup() -> Iterator[Setup]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_a_job_the_gate_stopped_has_a_report_that_says_when_and_why(setup: Setup) -> None:
+@pytest.fixture
+def fresh(setup: Setup) -> Iterator[Setup]:
+    """Each test starts with the default configuration, no alert, no record and the node in
+    service, and leaves it so."""
+    setup.write_config()
+    setup.reload()
+    setup.wait_cleared()
+    setup.record.unlink(missing_ok=True)
+    try:
+        yield setup
+    finally:
+        setup.write_config()
+        setup.reload()
+        setup.cluster.scontrol_quiet(["scancel", "--quiet", "-u", "root"])
+        setup.resume()
+
+
+def test_a_job_the_gate_stopped_has_a_report_that_says_when_and_why(fresh: Setup) -> None:
+    setup = fresh
     setup.write_config(expected_gpus=8)
     setup.reload()
     job = ""
     try:
         before = time.time()
-        job = setup.cluster.sbatch(["--gres=gpu:2"], "true")
+        job = setup.sbatch("true")
         info = setup.cluster.wait_node_state(("DRAIN", "DRAINED", "DRAINING"), 30)
         assert "nodescope: expected 8 GPUs, found 2" in info.get("Reason", ""), info
         report = setup.report(job)
@@ -180,11 +261,93 @@ def test_a_job_the_gate_stopped_has_a_report_that_says_when_and_why(setup: Setup
         reason = setup.cluster.node_info().get("Reason", "")
         assert "expected 8 GPUs, found 2" in reason and "prolog gate stopped" not in reason
     finally:
-        setup.write_config(expected_gpus=2)
-        setup.reload()
         if job:
             setup.cluster.client(["scancel", job])
-        setup.resume()
+
+
+def test_the_gate_fails_on_a_firing_alert_only_when_the_policy_drains_for_it(
+    fresh: Setup,
+) -> None:
+    s = fresh
+    # The policy only alerts on this kind: the alert fires, the job runs.
+    s.write_config(remediation='[remediation.rules.pcie_aer_errors]\ncritical = "alert"\n')
+    s.reload()
+    alert = s.raise_fatal_aer()
+    assert alert["severity"] == "critical"
+    job = s.sbatch("true")
+    assert s.cluster.wait_job_done(job, 60) == "COMPLETED"
+    report = s.report(job)
+    assert report["verdict"] == {"ok": True, "reason": None} and report["gate"] is None
+    assert "DRAIN" not in s.cluster.node_info()["State"].split("+")
+
+    # The default policy drains on a critical finding: the same alert stops the next job.
+    s.write_config()
+    s.reload()
+    alert = s.raise_fatal_aer()
+    job = s.sbatch("true")
+    info = s.cluster.wait_node_state(("DRAIN", "DRAINED", "DRAINING"), 30)
+    reason = info["Reason"].rsplit(" [", 1)[0]
+    assert reason.startswith(f"nodescope: firing pcie_aer_errors {alert['subject']}: "), info
+    report = s.report(job)
+    gate = report["gate"]
+    assert isinstance(gate, dict) and gate["reason"] == reason
+    assert [c["name"] for c in gate["checks"] if not c["ok"]] == ["alerts"]
+    assert report["verdict"]["ok"] is False  # type: ignore[index]
+    # The job never ran, so the daemon had no job to drain the node for: only the gate did.
+    assert not [e for e in s.entries() if e["action"] == "drain"]
+
+
+def test_a_critical_finding_during_a_job_drains_the_node_and_the_job_goes_on(
+    fresh: Setup,
+) -> None:
+    s = fresh
+    started = time.time()
+    job = s.sbatch("sleep 12")
+    _wait(lambda: s.registered(job), 30, f"job {job} registered; {s.cluster.logs()}")
+    alert = s.raise_fatal_aer()
+    info = s.cluster.wait_node_state(("DRAIN", "DRAINED", "DRAINING"), 30)
+    reason = info["Reason"].rsplit(" [", 1)[0]
+    assert reason.startswith(f"nodescope: pcie_aer_errors {alert['subject']}: 1 fatal AER"), info
+    # Drained, not stopped: the job still runs and ends as it would have.
+    assert s.cluster.job_state(job) == "RUNNING"
+    s.raise_fatal_aer()  # still firing, the node already drained: nothing more is done
+    assert s.cluster.wait_job_done(job, 60) == "COMPLETED"
+    drains = [e for e in s.entries() if e["action"] == "drain"]
+    assert len(drains) == 1, s.entries()
+    drain = drains[0]
+    assert drain["source"] == "daemon" and drain["ok"] is True and drain["reason"] == reason
+    assert drain["kind"] == "pcie_aer_errors" and drain["node"] == s.cluster.node
+    assert "event=job_drain" in s.daemon.stderr()
+
+    report = s.report(job)
+    assert report["verdict"] == {"ok": True, "reason": None}
+    actions = report["actions"]
+    assert isinstance(actions, list) and [a["action"] for a in actions] == ["drain"], actions
+    noted = actions[0]
+    assert noted["kind"] == "pcie_aer_errors" and noted["reason"] == reason
+    assert started <= noted["time"] <= time.time()
+    text = s.shown(job)
+    assert "nodescope acted on the node during the job (the job went on):" in text, text
+    assert f"drain (daemon): pcie_aer_errors {alert['subject']}: " in text, text
+    assert f"reason: {reason}" in text, text
+    # The node stays drained after the job, for an operator or `nodescope slurm health`.
+    assert "DRAIN" in s.cluster.node_info()["State"].split("+")
+
+
+def test_a_dry_run_during_a_job_says_what_it_would_do_and_changes_nothing(fresh: Setup) -> None:
+    s = fresh
+    s.write_config(remediation="dry_run = true\n")
+    s.reload()
+    job = s.sbatch("sleep 6")
+    _wait(lambda: s.registered(job), 30, f"job {job} registered; {s.cluster.logs()}")
+    before = s.daemon.stderr().count("would drain")
+    s.raise_fatal_aer()
+    _wait(lambda: s.daemon.stderr().count("would drain") > before, 20, "the dry run said")
+    assert s.cluster.wait_job_done(job, 60) == "COMPLETED"
+    assert "DRAIN" not in s.cluster.node_info()["State"].split("+")
+    assert not s.record.exists()
+    # Said once while the alert fires, not at every cycle.
+    assert s.daemon.stderr().count("would drain") == before + 1
 
 
 def test_without_a_daemon_the_hooks_record_the_stop_and_report_it(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ def _packaged_mode() -> str:
     runtime = re.findall(r"^RuntimeDirectoryMode=(\d{4})$", unit, re.MULTILINE)
     assert len(entries) == 1 and runtime == entries, (entries, runtime)
     assert "RuntimeDirectory=nodescope\n" in unit
-    return entries[0]
+    return str(entries[0])
 
 
 def test_the_docs_give_the_socket_directory_the_mode_the_packages_make(tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ from nodescope.hooks.stops import (
     remove_gate_stop,
     write_gate_stop,
 )
+from nodescope.hooks.tracker import actions_during
 from nodescope_exporters.reports import StaleReport, write_report
 
 DEFAULT_CONFIG = "/etc/nodescope/nodescope.toml"
@@ -239,11 +240,15 @@ def epilog(args: argparse.Namespace) -> int:
     except HookUnavailable as exc:
         _say(f"nodescope: daemon not answering ({exc}); writing a local report")
         now = time.time()
-        registration = read_registration(config.roots, job.job_id)
+        registration = read_registration(config.roots, job.job_id) or {}
+        gate_stop = read_gate_stop(config.roots, job.job_id)
+        start = registration.get("registered_at")
+        if not isinstance(start, int | float):
+            start = gate_stop.stopped_at if gate_stop is not None else None
         report = build_report(
             job, registration, local_sample(config.roots, now), now, daemon=False,
-            holders=holders, issued_at=issued_at,
-            gate_stop=read_gate_stop(config.roots, job.job_id),
+            holders=holders, issued_at=issued_at, gate_stop=gate_stop,
+            actions=actions_during(config.roots, job.node, start, now) if start else (),
         )  # fmt: skip
         try:
             write_report(Path(config.slurm.reports_dir), report)

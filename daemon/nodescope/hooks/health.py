@@ -1,7 +1,8 @@
 """The health gate: whether the node may take a job, and whether a job left it clean.
 
 The prolog checks the GPU count, uncleared Xids, the GPUs' PCIe links and the required kernel
-modules (:func:`gate_checks`); the daemon gives what it has seen, the hook reads what it can
+modules (:func:`gate_checks`), and the daemon's firing alerts under the remediation policy
+(:func:`alert_check`); the daemon gives what it has seen, the hook reads what it can
 itself when the daemon does not answer (:func:`local_gate_inputs`). The epilog looks for
 processes still holding one of the job's GPUs (:func:`gpu_holders`, :func:`nvml_holders`).
 
@@ -28,6 +29,7 @@ from nodescope.hooks.request import MAX_GPU_INDEX, is_int
 from nodescope.hooks.transport import run_dir
 from nodescope.model.job_records import NVIDIA_MAJOR
 from nodescope.model.nvml import NvmlData
+from nodescope.remediation.policy import REASON_PREFIX, Policy, Problem, drain_reason
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
 from nodescope_exporters.reports import write_private
@@ -105,6 +107,27 @@ def gate_checks(settings: SlurmSettings, inputs: GateInputs) -> list[Check]:
             )
         )
     return checks
+
+
+#: The most firing alerts one gate reason names; the rest are counted.
+MAX_ALERTS_NAMED = 3
+
+
+def alert_check(policy: Policy, problems: Sequence[Problem]) -> Check:
+    """The daemon's firing alerts (as :class:`~nodescope.remediation.policy.Problem`) under
+    the remediation policy: one whose kind and severity the policy drains for (``drain``,
+    ``drain_requeue``) fails the gate, one it only alerts on (or ignores) does not. The gate
+    and ``nodescope slurm health`` so agree on which findings keep jobs off the node."""
+    draining = [p for p in problems if policy.action(p.kind, p.severity).drains]
+    if not draining:
+        return Check(
+            "alerts", True, f"no firing alert the policy drains for ({len(problems)} firing)"
+        )
+    named = "; ".join(
+        drain_reason(p).removeprefix(REASON_PREFIX).strip() for p in draining[:MAX_ALERTS_NAMED]
+    )
+    more = len(draining) - MAX_ALERTS_NAMED
+    return Check("alerts", False, f"firing {named}" + (f" (+{more} more)" if more > 0 else ""))
 
 
 def unfit_reason(checks: Iterable[Check]) -> str | None:

@@ -40,11 +40,14 @@ def build_report(
     holders: Sequence[Mapping[str, Any]] = (),
     issued_at: float | None = None,
     gate_stop: GateStop | None = None,
+    actions: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """A job's report. ``issued_at``: when the epilog call began (wall clock), which orders
     two reports of one job (:func:`nodescope_exporters.reports.write_report`). ``gate_stop``:
     the prolog gate stopped the job (it never ran): the verdict fails with the gate's reason
-    and the report starts when the gate stopped it."""
+    and the report starts when the gate stopped it. ``actions``: what nodescope did to the
+    node during the job (a drain on a finding; the job went on), from the remediation
+    record."""
     registration = registration or {}
     gpus = list(job.gpus) or list(registration.get("gpus", []))
     start = registration.get("registered_at")
@@ -98,6 +101,7 @@ def build_report(
         "contention": list(contention),
         "gpu_holders": list(holders),
         "gate": None if gate_stop is None else gate_stop.as_dict(),
+        "actions": list(actions),
         "timeline": window.timeline() if window is not None else {"t": [], "series": {}},
         "verdict": {"ok": reason is None, "reason": reason},
         "issued_at": end_wall if issued_at is None else issued_at,

@@ -2,7 +2,8 @@
 
 Every field of a request is bounded (:meth:`JobRequest.from_request`): a job id of at most ten
 digits, names of at most :data:`MAX_NAME_LENGTH` printable characters, GPU indices among the
-node's GPUs; the epilog's own list of GPU holders (:func:`holders_of`) likewise.
+node's GPUs, a node name as slurm.conf allows one; the epilog's own list of GPU holders
+(:func:`holders_of`) likewise.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from nodescope.hooks.transport import Request
 from nodescope.model.job_records import parse_gpu_list
+from nodescope.remediation.slurm import NODE_NAME
 
 #: Bounds of a request's fields: Slurm job ids are 32-bit numbers; user names are at most
 #: LOGIN_NAME_MAX; the GPU list cannot be longer than the node's GPUs, and where the node's
@@ -34,6 +36,9 @@ class JobRequest:
     partition: str | None = None
     gpus: tuple[int, ...] = ()
     exit_code: str | None = None
+    #: The Slurm node the hook runs for (``SLURMD_NODENAME``): the name the daemon gives
+    #: scontrol when it drains the node during the job.
+    node: str | None = None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> JobRequest:
@@ -41,6 +46,7 @@ class JobRequest:
         if not _is_job_id(job_id):
             raise ValueError(f"SLURM_JOB_ID is not a job id: {job_id!r}")
         uid_text = env.get("SLURM_JOB_UID", "")
+        node = env.get("SLURMD_NODENAME", "")
         try:
             gpus = parse_gpu_list(env.get("SLURM_JOB_GPUS", ""))
         except ValueError:
@@ -52,6 +58,7 @@ class JobRequest:
             partition=env.get("SLURM_JOB_PARTITION") or None,
             gpus=gpus,
             exit_code=env.get("SLURM_JOB_EXIT_CODE") or None,
+            node=node if NODE_NAME.fullmatch(node) else None,
         )
 
     @classmethod
@@ -87,6 +94,9 @@ class JobRequest:
                 raise ValueError(f"{key}: expected printable text of at most {longest} characters")
             return value
 
+        node = request.get("node")
+        if node is not None and not (isinstance(node, str) and NODE_NAME.fullmatch(node)):
+            raise ValueError(f"node: not a Slurm node name: {_shown(node)}")
         return cls(
             job_id=job_id,
             uid=uid,
@@ -94,6 +104,7 @@ class JobRequest:
             partition=text("partition", MAX_NAME_LENGTH),
             gpus=tuple(sorted(set(gpus))),
             exit_code=text("exit_code", MAX_EXIT_CODE_LENGTH),
+            node=node,
         )
 
     def as_request(self) -> Request:
@@ -104,6 +115,7 @@ class JobRequest:
             "partition": self.partition,
             "gpus": list(self.gpus),
             "exit_code": self.exit_code,
+            "node": self.node,
         }
 
 

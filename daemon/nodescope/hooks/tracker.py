@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodescope.analysis import alert_json
 from nodescope.config import Config
 from nodescope.hooks.auth import Peer, prepare_directory
 from nodescope.hooks.health import (
     GateInputs,
+    alert_check,
     count_dev_gpus,
     dev_gpu_minors,
     gate_checks,
@@ -47,6 +49,7 @@ from nodescope.model.job_records import REGISTRATION_FORMAT, registrations_dir
 from nodescope.model.jobs import Job
 from nodescope.model.nvml import NVML, NvmlData
 from nodescope.model.snapshot import Snapshot
+from nodescope.remediation.policy import Policy, Problem
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
 from nodescope.sources.diskstats import read_disks
@@ -86,6 +89,7 @@ def write_registration(
         "user": job.user,
         "partition": job.partition,
         "gpus": list(job.gpus),
+        "node": job.node,
         "registered_at": wall_time,
         "baseline": dict(baseline),
     }
@@ -112,6 +116,29 @@ def read_registration(roots: Roots, job_id: str) -> dict[str, Any] | None:
 def remove_registration(roots: Roots, job_id: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(registrations_dir(roots) / f"{job_id}.json")
+
+
+#: Actions of the remediation record a report lists: what was done to the node, or held.
+REPORTED_ACTIONS = frozenset({"drain", "drain_requeue", "held", "resume"})
+
+
+def actions_during(
+    roots: Roots, node: str | None, start: float, end: float
+) -> list[dict[str, Any]]:
+    """What nodescope did to the job's node while the job was on it (drains during the job,
+    from the daemon or ``nodescope slurm health``; drains held back), from the remediation
+    record. ``node``: the job's Slurm node (``None``: not known, every node of the record)."""
+    # Imported here: the remediation record imports the hooks package, which imports this
+    # module.
+    from nodescope.remediation.state import read_record
+
+    return [
+        entry.as_json()
+        for entry in read_record(roots).entries
+        if start <= entry.time <= end
+        and entry.action in REPORTED_ACTIONS
+        and (node is None or entry.node == node)
+    ]
 
 
 def local_sample(roots: Roots, wall_time: float) -> dict[str, Any]:
@@ -359,11 +386,15 @@ class JobTracker:
             snapshot = self.latest
         now = time.time()
         sample = self._sample_counters(snapshot, config, now)
-        write_registration(config.roots, job, sample, now)
         checks = gate_checks(config.slurm, self.gate_inputs(config))
+        checks.append(alert_check(Policy.from_settings(config.remediation), self.firing()))
         reason = unfit_reason(checks)
-        if reason is not None:
-            # The job will not run here (Slurm requeues it): nothing to report on.
+        if reason is None:
+            # Registered only once fit: a job on the node is what lets the daemon drain it
+            # during a job (:mod:`nodescope.hooks.jobdrain`), and a job the gate stops never
+            # runs here (Slurm requeues it).
+            write_registration(config.roots, job, sample, now)
+        else:
             remove_registration(config.roots, job.job_id)
         log.info(
             "event=prolog job=%s uid=%s gpus=%s fit=%s%s",
@@ -379,6 +410,21 @@ class JobTracker:
             "reason": reason,
             "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
         }
+
+    def firing(self) -> list[Problem]:
+        """The firing alerts of the last analysed cycle as the remediation policy takes
+        them (the same conversion ``nodescope slurm health`` applies to them)."""
+        # Imported here: the remediation's passes import the hooks package, which imports
+        # this module.
+        from nodescope.remediation.act import problems_from_alerts
+
+        with self._lock:
+            snapshot = self.latest
+        if snapshot is None:
+            return []
+        return problems_from_alerts(
+            alert_json(a) for a in snapshot.alerts if a.state is AlertState.FIRING
+        )
 
     def _sample_counters(
         self, snapshot: Snapshot | None, config: Config, now: float
@@ -435,6 +481,7 @@ class JobTracker:
                 if e.kind in CONTENTION_KINDS
             ]
         holders = merge_holders(local_holders, nvml_holders(config.roots, nvml, gpus))
+        actions = actions_during(config.roots, job.node, start, now)
         sample = self._sample_counters(snapshot, config, now)
         report = build_report(
             job,
@@ -449,6 +496,7 @@ class JobTracker:
             holders=holders,
             issued_at=issued_at if isinstance(issued_at, int | float) else now,
             gate_stop=gate_stop,
+            actions=actions,
         )
         path: Path | None = None
         problem = None
