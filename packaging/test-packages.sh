@@ -150,6 +150,9 @@ done
 if [ -e /usr/lib/nodescope/slurm/prolog ]; then
     nodescope slurm --help >/dev/null || fail "the hooks' command, nodescope slurm, is missing"
 fi
+if [ -e /usr/lib/nodescope/slurm/health ]; then
+    nodescope slurm health --help >/dev/null || fail "nodescope slurm health is missing"
+fi
 
 step "DKMS built nvlink_counter against the root's headers"
 kernels=$(for build in /lib/modules/*/build; do [ -e "$build/Makefile" ] && basename "${build%/build}"; done)

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install the Slurm hook wrappers: install.sh DESTDIR [NODESCOPE [ENV_FILE]]
 #
-# Copies prolog and epilog into DESTDIR (mode 0755) with the absolute path of the nodescope
+# Copies prolog, epilog and health (the HealthCheckProgram) into DESTDIR (mode 0755) with the absolute path of the nodescope
 # command (default /usr/bin/nodescope) and of the optional env file (default
 # /etc/nodescope/slurm.env) written into them: slurmd gives hooks no PATH and no environment
 # of ours, so both are fixed at installation. Packages install to /usr/lib/nodescope/slurm.
@@ -24,7 +24,7 @@ for value in "$nodescope" "$env_file"; do
 done
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$dest"
-for hook in prolog epilog; do
+for hook in prolog epilog health; do
     tmp="$dest/.$hook.tmp"
     sed -e "s|^NODESCOPE=.*|NODESCOPE=$nodescope|" \
         -e "s|^NODESCOPE_ENV=.*|NODESCOPE_ENV=$env_file|" "$here/$hook" > "$tmp"

@@ -105,6 +105,8 @@ class SlurmCluster:
     #: Nodes that only exist in slurm.conf (no slurmd: Slurm holds them DOWN), members of the
     #: partition too: a partition of several nodes on one host.
     extra_nodes: tuple[str, ...] = ()
+    #: More slurm.conf lines (``HealthCheckProgram=...``), written before the node lines.
+    extra_config: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -181,6 +183,7 @@ class SlurmCluster:
             lines.append(f"Prolog={self.prolog}")
         if self.epilog:
             lines.append(f"Epilog={self.epilog}")
+        lines.extend(self.extra_config)
         cpus = os.cpu_count() or 1
         lines += [
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1024"

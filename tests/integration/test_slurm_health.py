@@ -21,6 +21,7 @@ Needs root, Slurm and munge (``slurm-wlm munge``); skips with the reason otherwi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -109,6 +110,10 @@ class Setup:
     def node(self, name: str | None = None) -> dict[str, str]:
         return self.cluster.node_info(name)
 
+    def drained_node(self) -> dict[str, str] | None:
+        info = self.node()
+        return info if "DRAIN" in info.get("State", "").split("+") else None
+
     def entries(self) -> list[dict[str, object]]:
         if not self.record.exists():
             return []
@@ -138,12 +143,13 @@ def _skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def setup() -> Iterator[Setup]:
+@contextlib.contextmanager
+def running(prefix: str, extra_config: tuple[str, ...] = ()) -> Iterator[Setup]:
+    """The daemon on the materialised node, then Slurm (with ``extra_config`` lines)."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    work = Path(tempfile.mkdtemp(prefix="nodescope-health-", dir="/tmp"))
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     os.chmod(work, 0o755)
     tree = materialise(load_capture(CAPTURE), work / "node", {0: (0, 1)})
     aer_file = next(
@@ -151,7 +157,9 @@ def setup() -> Iterator[Setup]:
     )
     run = work / "run"
     run.mkdir()
-    cluster = SlurmCluster(work / "slurm", gpus=2, extra_nodes=("ghost1", "ghost2"))
+    cluster = SlurmCluster(
+        work / "slurm", gpus=2, extra_nodes=("ghost1", "ghost2"), extra_config=extra_config
+    )
     cluster.write_config()
     config = work / "daemon.toml"
     config.write_text(
@@ -171,6 +179,12 @@ def setup() -> Iterator[Setup]:
         cluster.stop()
         s.daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def setup() -> Iterator[Setup]:
+    with running("nodescope-health-") as s:
+        yield s
 
 
 @pytest.fixture
@@ -291,3 +305,52 @@ def test_the_partition_guard_holds_back_a_drain(fresh: Setup) -> None:
     result = s.health("max_drained_share = 0.5\ncooldown_seconds = 0\n")
     assert f"drained {s.cluster.node}" in result.stdout, result.stdout
     assert [e["action"] for e in s.entries()] == ["held", "drain"]
+
+
+def test_slurmd_runs_it_as_its_health_check_program() -> None:
+    """Installed by packaging/slurm/install.sh and run by slurmd itself every few seconds:
+    the alert drains the node, its clearing resumes it."""
+    work = Path(tempfile.mkdtemp(prefix="nodescope-hcp-", dir="/tmp"))
+    os.chmod(work, 0o755)
+    try:
+        env_file = work / "slurm.env"
+        config = work / "health.toml"
+        env_file.write_text(f'NODESCOPE_ARGS="--config {config}"\n')
+        subprocess.run(
+            [str(REPO / "packaging" / "slurm" / "install.sh"), str(work / "hooks"),
+             nodescope_command()[0], str(env_file)],
+            check=True,
+        )  # fmt: skip
+        program = (
+            f"HealthCheckProgram={work / 'hooks' / 'health'}",
+            "HealthCheckInterval=2",
+            "HealthCheckNodeState=ANY",
+        )
+        with running("nodescope-hcp-run-", program) as s:
+            config.write_text(s.health_config("cooldown_seconds = 0\n").read_text())
+            # slurmd gives its HealthCheckProgram no SLURM_CONF (only SLURMD_NODENAME): a
+            # slurm.conf away from the default is named in the env file, as docs/remediation.md
+            # says.
+            env_file.write_text(
+                f'NODESCOPE_ARGS="--config {config}"\nexport SLURM_CONF={s.cluster.slurm_conf}\n'
+            )
+            alert = s.raise_fatal_aer()
+            # The counter keeps moving until slurmd's next run has seen the alert.
+            node = _wait(
+                lambda: s.drained_node() if s.raise_fatal_aer() else None,
+                30,
+                "slurmd's health check draining the node",
+            )
+            assert node["Reason"].startswith(f"nodescope: pcie_aer_errors {alert['subject']}")
+            s.wait_cleared()
+            s.cluster.wait_node_state(("IDLE",), 20)
+            _wait(
+                lambda: "DRAIN" not in s.node()["State"].split("+"),
+                20,
+                "slurmd's health check resuming the node",
+            )
+            # The record is written once scontrol has answered: a moment after the resume.
+            _wait(lambda: len(s.entries()) >= 2, 10, "the resume recorded")
+            assert [e["action"] for e in s.entries()][:2] == ["drain", "resume"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
