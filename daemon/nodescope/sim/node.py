@@ -31,7 +31,12 @@ every file here is written in the format the kernel uses and the sources parse:
 * ``dev/nvlink_stats``: the ``nvlink_counter`` module's snapshot, one read per tick (in wall
   time, one per read of the daemon's nvlink_kmod source), in the module's ABI
   (:mod:`nodescope.sim.kmod`: window statistics of 100 µs samples, bursts included), unless
-  the scenario's node runs without the module (``hardware.os.nvlink_counter``).
+  the scenario's node runs without the module (``hardware.os.nvlink_counter``);
+* ``dev/kmsg``: the kernel log as ``/dev/kmsg`` hands it out, a regular file of records
+  ``PRIO,SEQ,USEC,FLAGS;MESSAGE`` (Documentation/ABI/testing/dev-kmsg), empty at t = 0 and
+  only ever appended to, as the kernel's ring buffer only grows to a reader: the
+  ``nvidia-nvswitch`` driver's SXid lines of the timeline's ``sxid`` activities, or the same
+  text written from user space (a record with a facility).
 
 Counters advance by rate × overlap of each timeline activity with the interval moved over,
 and time is a real number, not a count of ticks: :meth:`SimulatedNode.refresh` moves the node
@@ -163,6 +168,8 @@ PARTS_READ_BY: Mapping[str, frozenset[Part]] = MappingProxyType(
         "jobs": frozenset({Part.PROCESSES, Part.CGROUPS}),
         "procs": frozenset({Part.PROCESSES, Part.CGROUPS, Part.PROC_FILES}),
         "nvml": frozenset(),
+        # The kernel log is appended to when the timeline's events fire, at every move.
+        "sxid": frozenset(),
         "nvlink_kmod": frozenset({Part.NVLINK_WINDOW}),
     }
 )
@@ -229,6 +236,16 @@ class _Files:
     def symlink(self, link: Path, target: Path) -> None:
         self.mkdir(link.parent)
         link.symlink_to(os.path.relpath(target, link.parent))
+
+    def append(self, path: Path, data: bytes) -> None:
+        """Append ``data`` in one write. A file that only grows is never replaced: a reader
+        that keeps it open (the kernel log's) goes on reading the same file."""
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        self.writes += 1
 
     def remove_tree(self, path: Path) -> None:
         if path.is_symlink() or path.is_file():
@@ -466,6 +483,9 @@ class SimulatedNode:
         #: Where the nvlink_counter module's snapshot (``/dev/nvlink_stats``) is written.
         self.nvlink_snapshot_path = self.roots.dev / "nvlink_stats"
         self.nvlink_module = SimulatedModule(self.hardware, scenario.timeline)
+        #: The kernel log (``/dev/kmsg``) and the sequence number of its next record.
+        self.kmsg_path = self.roots.dev / "kmsg"
+        self._kmsg_sequence = 0
         self._build_processes()
         #: each GPU's processes as NVML lists them, fixed once the processes are built; the
         #: lists are handed out anew at every move (the churn appends to them)
@@ -510,6 +530,8 @@ class SimulatedNode:
         self._write_cgroups(initial=True)
         self._write_processes(initial=True)
         self._write_proc_files()
+        # Empty: the kernel log of a healthy node holds nothing the daemon counts.
+        _write_bytes(self.kmsg_path, b"")
         self._files.atomic = True
         self.write_nvlink_snapshot()
 
@@ -543,9 +565,9 @@ class SimulatedNode:
     def sources(
         self, slow_every: int | None = 1, inputs: SourceInputs | None = None
     ) -> list[Source]:
-        """The daemon's sources for this node: the tree sources of the registry, the NVML
-        source over the fake NVML and the nvlink_counter snapshot's (no netlink: the simulated
-        node has no network namespace).
+        """The daemon's sources for this node: the tree sources of the registry, the kernel
+        log's (``sxid``), the NVML source over the fake NVML and the nvlink_counter
+        snapshot's (no netlink: the simulated node has no network namespace).
 
         Sources that read their slowly-changing files only every so many runs have a
         ``slow_every`` attribute. ``slow_every=1`` (the default, what ``replay`` uses) makes
@@ -574,7 +596,13 @@ class SimulatedNode:
         # The node's device events reach it as the monitor thread's would.
         self._uevent_sinks.append(udev.receive)
         events: list[Source] = [udev, LinkEventsSource(netlink=False)]
-        sources: list[Source] = [*tree, *events, nvml, SOURCES["nvlink_kmod"].make(inputs)]
+        sources: list[Source] = [
+            *tree,
+            *events,
+            SOURCES["sxid"].make(inputs),
+            nvml,
+            SOURCES["nvlink_kmod"].make(inputs),
+        ]
         for source in tree:
             if isinstance(source, InfinibandSource):
                 # Its slow counters' span is timed on the node's clock, as NVML's is: replay
@@ -1659,6 +1687,8 @@ class SimulatedNode:
                 if falls if falls is not None else xid == 79:
                     self._remove_function(gpu.pci)
                     self.nvml.gpus[gpu.index].lost = True
+            elif activity.kind == "sxid":
+                self._log_sxid(activity)
             elif activity.kind == "driver_rebind":
                 self._rebind_driver(activity.get("pci"))
             elif activity.kind == "process_exit":
@@ -1670,6 +1700,37 @@ class SimulatedNode:
                 continue
             else:
                 self._remove_function(activity.get("pci"))
+
+    def _log_sxid(self, activity: Activity) -> None:
+        """Append an ``sxid`` activity's records to the kernel log: per SXid, the line of
+        ``NVSWITCH_PRINT_SXID`` and the two lines of the driver's error-log entry
+        (``_nvswitch_dump_error_entry``), as docs/sxid.md shows them."""
+        index = activity.get("nvswitch")
+        bdf = self.hardware.nvswitches[index]
+        forged = activity.get("forged")
+        if bdf in self._removed and not forged:
+            return  # a switch off the bus raises no error
+        fatal, link, code = activity.get("fatal"), activity.get("link"), activity.get("sxid")
+        prefix = f"nvidia-nvswitch{index}: SXid (PCI:{bdf}): {code:05d}, "
+        where = "" if link is None else f"Link {link:02d} "
+        lines = (
+            f"{'Fatal' if fatal else 'Non-fatal'}, {where}{activity.get('message')}",
+            # The entry's severity (1 fatal, 0 non-fatal) and the port as its engine instance.
+            f"Severity {1 if fatal else 0} Engine instance {link or 0:02d} Sub-engine instance 00",
+            # The entry's raw words: nothing reads them.
+            "Data {" + ", ".join(["0x00000000"] * 8) + "}",
+        )
+        # The driver prints at KERN_ERR (3) in the kernel's facility 0; a write to /dev/kmsg
+        # from user space gets facility 1 (LOG_USER) and the default level 4
+        # (devkmsg_write, kernel/printk/printk.c).
+        prio = 1 * 8 + 4 if forged else 0 * 8 + 3
+        usec = round((self.hardware.os.uptime_seconds + activity.start) * 1_000_000)
+        records = []
+        for _ in range(activity.get("count")):
+            for line in lines:
+                records.append(f"{prio},{self._kmsg_sequence},{usec},-;{prefix}{line}\n")
+                self._kmsg_sequence += 1
+        self._files.append(self.kmsg_path, "".join(records).encode())
 
     def _exit_process(self, proc: _Proc) -> None:
         """The process and its threads are gone: its ``/proc`` directory, its place in its

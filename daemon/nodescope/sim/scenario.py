@@ -1393,6 +1393,16 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "xid": ("integer", ...),
         "falls_off_bus": ("bool", None),
     },
+    # An NVSwitch error as the nvidia-nvswitch driver logs it: ``count`` SXids at ``from``.
+    "sxid": {
+        "nvswitch": ("nvswitch", ...),
+        "sxid": ("integer", ...),
+        "fatal": ("bool", ...),
+        "link": ("integer", None),
+        "message": ("text", ...),
+        "count": ("integer", 1),
+        "forged": ("bool", False),
+    },
     "hot_unplug": {"pci": ("pci", ...)},
     "driver_rebind": {"pci": ("pci", ...)},
     "process": {
@@ -1530,7 +1540,7 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
 }
 
 #: Kinds that happen once, at ``from``.
-INSTANT_KINDS = frozenset({"xid", "hot_unplug", "driver_rebind", "process_exit", "gpu_ecc"})
+INSTANT_KINDS = frozenset({"xid", "sxid", "hot_unplug", "driver_rebind", "process_exit", "gpu_ecc"})
 
 #: The GPU health kinds: what the simulated node applies to its fake GPUs' health fields.
 GPU_HEALTH_KINDS = frozenset(
@@ -1635,6 +1645,11 @@ def _param(
         return raw
     if kind_of == "gpu":
         return _gpu_ref(source, raw, where, hardware)
+    if kind_of == "nvswitch":
+        if raw >= len(hardware.nvswitches):
+            span = f"0-{len(hardware.nvswitches) - 1}" if hardware.nvswitches else "none"
+            raise source.fail(where, f"no NVSwitch {raw} (NVSwitches: {span})")
+        return int(raw)
     if kind_of == "links":
         # The activity's GPU was read (and checked) before its links.
         upper = max(0, hardware.gpus[entry["gpu"]].nvlink_count - 1)

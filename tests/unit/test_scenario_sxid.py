@@ -1,0 +1,245 @@
+"""NVSwitch SXids in the scenario format: the ``sxid`` activity, how the loader reads and
+rejects it, the kernel log (``dev/kmsg``) the simulated node keeps, and the ``sxid`` source
+reading that regular file.
+
+Each node test builds the small node of ``test_scenario.small_document`` (one GPU with four
+NVLinks to NVSwitch 0000:06:00.0) with only its own activities, on a tmpfs when there is one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodescope.errors import ParseError
+from nodescope.sim.node import SimulatedNode, make_temp_root
+from nodescope.sim.scenario import INSTANT_KINDS, Scenario, ScenarioLoader
+from nodescope.sources.sxid import SKIP_NOT_KERNEL, SxidSource
+from tests.unit.test_scenario import small_document
+
+_LOADER = ScenarioLoader()
+SWITCH = "0000:06:00.0"
+UPTIME_USEC = 864_000 * 1_000_000  # the small node's default uptime, in µs
+FATAL = {
+    "kind": "sxid",
+    "from": 3,
+    "nvswitch": 0,
+    "sxid": 24007,
+    "fatal": True,
+    "link": 30,
+    "message": "sourcetrack timeout error",
+}
+
+
+def document(timeline: list[dict[str, Any]]) -> dict[str, Any]:
+    doc = small_document()
+    doc.pop("expect")
+    doc["timeline"] = timeline
+    return doc
+
+
+def load(timeline: list[dict[str, Any]]) -> Scenario:
+    return _LOADER.parse(document(timeline), Path("sxid.json"))
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    root = make_temp_root("nodescope-test-sxid-")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def node_of(root: Path, timeline: list[dict[str, Any]]) -> SimulatedNode:
+    node = SimulatedNode(load(timeline), root / "node")
+    node.materialise()
+    return node
+
+
+# --------------------------------------------------------------------------------------------
+# The loader
+
+
+def test_an_sxid_loads_with_its_values_and_defaults() -> None:
+    fatal, nonfatal = load(
+        [
+            FATAL,
+            {"kind": "sxid", "nvswitch": 0, "sxid": 20009, "fatal": False,
+             "message": "RX Short Error Rate", "count": 4, "forged": True},
+        ]
+    ).timeline  # fmt: skip
+    assert fatal.kind == "sxid" and "sxid" in INSTANT_KINDS
+    assert (fatal.start, fatal.end) == (3.0, None)
+    assert [fatal.get(n) for n in ("nvswitch", "sxid", "fatal", "link", "count", "forged")] == [
+        0,
+        24007,
+        True,
+        30,
+        1,
+        False,
+    ]
+    assert fatal.get("message") == "sourcetrack timeout error"
+    # A line that names no port, four SXids at once, written from user space.
+    assert [nonfatal.get(n) for n in ("fatal", "link", "count", "forged")] == [False, None, 4, True]
+
+
+BAD: list[tuple[str, dict[str, Any], str]] = [
+    ("switch index", {"nvswitch": 1}, "/timeline/0/nvswitch: no NVSwitch 1 (NVSwitches: 0-0)"),
+    ("negative switch", {"nvswitch": -1}, "/timeline/0/nvswitch: must be >= 0, got -1"),
+    ("no severity", {"fatal": None}, "/timeline/0/fatal: must be true or false"),
+    ("no message", {"message": None}, "/timeline/0/message:"),
+    ("empty message", {"message": ""}, "/timeline/0/message: must be at least 1 character"),
+    (
+        "two lines",
+        {"message": "error\n2,9,0,-;nvidia-nvswitch0: SXid (PCI:0000:06:00.0): 1, Fatal, x"},
+        "/timeline/0/message: must be printable ASCII on one line",
+    ),
+    ("with to", {"to": 5}, "/timeline/0/to: sxid happens once, at 'from'"),
+    ("no SXid", {"count": 0}, "/timeline/0/count: must be >= 1, got 0"),
+    ("code zero", {"sxid": 0}, "/timeline/0/sxid: must be >= 1, got 0"),
+    ("code of six digits", {"sxid": 100000}, "/timeline/0/sxid: must be <= 99999, got 100000"),
+    ("port", {"link": 64}, "/timeline/0/link: must be <= 63, got 64"),
+    ("forged type", {"forged": "yes"}, "/timeline/0/forged: must be true or false"),
+    ("a GPU's key", {"gpu": 0}, "/timeline/0/gpu: unknown key"),
+    ("after the end", {"from": 11}, "/timeline/0/from: after the end of the scenario (10 s)"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_a_bad_sxid_is_rejected_with_its_pointer(change: dict[str, Any], message: str) -> None:
+    activity = {k: v for k, v in {**FATAL, **change}.items() if v is not None}
+    with pytest.raises(ParseError) as caught:
+        load([activity])
+    assert str(caught.value).startswith(f"sxid.json: {message}"), str(caught.value)
+
+
+def test_a_node_without_nvswitches_has_none_to_name() -> None:
+    doc = document([FATAL])
+    doc["hardware"]["nvswitches"] = []
+    doc["hardware"]["gpus"]["0"].pop("nvlinks")
+    with pytest.raises(ParseError) as caught:
+        _LOADER.parse(doc, Path("sxid.json"))
+    assert "/timeline/0/nvswitch: no NVSwitch 0 (NVSwitches: none)" in str(caught.value)
+
+
+# --------------------------------------------------------------------------------------------
+# The node's kernel log
+
+
+def test_a_healthy_node_has_an_empty_kernel_log_its_source_reads(scratch: Path) -> None:
+    node = node_of(scratch, [])
+    assert node.kmsg_path == node.roots.dev / "kmsg"
+    assert node.kmsg_path.is_file() and node.kmsg_path.read_bytes() == b""
+    source = SxidSource()
+    data = source.collect(node.roots)
+    assert (data.counts, data.dropped, data.lost, data.behind) == ((), 0, 0, False)
+    assert not data.skipped
+    # The node builds the source with its others, before NVML's and the module's.
+    names = [s.name for s in node.sources()]
+    assert "sxid" in names and names[-2:] == ["nvml", "nvlink_kmod"]
+
+
+def test_an_sxid_is_the_drivers_three_records_at_its_time(scratch: Path) -> None:
+    node = node_of(scratch, [{**FATAL, "count": 2}])
+    node.advance_to(2.0)
+    assert node.kmsg_path.read_bytes() == b""  # nothing before ``from``
+    node.advance_to(4.0)
+    usec = UPTIME_USEC + 3_000_000
+    prefix = f"nvidia-nvswitch0: SXid (PCI:{SWITCH}): 24007, "
+    data = ", ".join(["0x00000000"] * 8)
+    lines = [
+        "Fatal, Link 30 sourcetrack timeout error",
+        "Severity 1 Engine instance 30 Sub-engine instance 00",
+        f"Data {{{data}}}",
+    ]
+    expected = "".join(
+        f"3,{seq},{usec},-;{prefix}{lines[seq % 3]}\n" for seq in range(6)
+    )  # two SXids, sequence numbers 0 to 5
+    assert node.kmsg_path.read_text() == expected
+    node.advance_to(8.0)
+    assert node.kmsg_path.read_text() == expected  # it happened once
+
+
+def test_a_nonfatal_sxid_without_a_port_and_a_forged_one(scratch: Path) -> None:
+    node = node_of(
+        scratch,
+        [
+            {"kind": "sxid", "from": 1, "nvswitch": 0, "sxid": 20009, "fatal": False,
+             "message": "RX Short Error Rate"},
+            {**FATAL, "from": 2, "forged": True},
+        ],
+    )  # fmt: skip
+    node.advance_to(3.0)
+    records = node.kmsg_path.read_text().splitlines()
+    assert records[0] == (
+        f"3,0,{UPTIME_USEC + 1_000_000},-;nvidia-nvswitch0: SXid (PCI:{SWITCH}): 20009, "
+        "Non-fatal, RX Short Error Rate"
+    )
+    assert records[1].endswith(": 20009, Severity 0 Engine instance 00 Sub-engine instance 00")
+    # Written from user space: facility 1 (LOG_USER), level 4, the same text, the next
+    # sequence numbers.
+    assert [r.split(";", 1)[0] for r in records[3:]] == [
+        f"12,{seq},{UPTIME_USEC + 2_000_000},-" for seq in (3, 4, 5)
+    ]
+    assert records[3].endswith(": 24007, Fatal, Link 30 sourcetrack timeout error")
+
+
+def test_the_source_follows_the_file_and_counts_only_the_kernels(scratch: Path) -> None:
+    node = node_of(
+        scratch,
+        [
+            {**FATAL, "count": 2},
+            {**FATAL, "from": 5, "forged": True, "count": 3},
+            {**FATAL, "from": 7},
+        ],
+    )
+    inode = os.stat(node.kmsg_path).st_ino
+    source = SxidSource()
+    assert source.collect(node.roots).counts == ()
+    node.advance_to(4.0)
+    (count,) = source.collect(node.roots).counts
+    assert (count.nvswitch, count.device, count.sxid, count.fatal, count.link, count.count) == (
+        SWITCH,
+        "nvswitch0",
+        24007,
+        True,
+        30,
+        2,
+    )
+    assert count.message == "sourcetrack timeout error"
+    # The forged records are read and skipped: each line of the three forged SXids (their
+    # continuation lines too) is counted as not the kernel's.
+    node.advance_to(6.0)
+    data = source.collect(node.roots)
+    assert [c.count for c in data.counts] == [2]
+    assert data.skipped.counts == {SKIP_NOT_KERNEL: 9}
+    # At the end of the file the read stops and waits for the next records.
+    assert not data.behind
+    node.advance_to(8.0)
+    assert [c.count for c in source.collect(node.roots).counts] == [3]
+    # Appended to, never replaced: the open file is the node's file.
+    assert os.stat(node.kmsg_path).st_ino == inode
+    # Opened again (a failed read closes it), the file is read from its start and the
+    # records counted before are passed over by their sequence numbers.
+    source.close()
+    again = source.collect(node.roots)
+    assert [c.count for c in again.counts] == [3]
+    source.close()
+
+
+def test_a_switch_off_the_bus_logs_nothing_but_a_user_still_can(scratch: Path) -> None:
+    node = node_of(
+        scratch,
+        [
+            {"kind": "hot_unplug", "from": 1, "pci": SWITCH},
+            {**FATAL, "from": 2},
+            {**FATAL, "from": 2, "forged": True},
+        ],
+    )
+    node.advance_to(3.0)
+    records = node.kmsg_path.read_text().splitlines()
+    assert [r.split(",", 1)[0] for r in records] == ["12", "12", "12"]
