@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodescope import config as config_mod
 from nodescope.analysis import action_texts, alerts_document
@@ -30,6 +32,7 @@ from nodescope.remediation.state import (
     Record,
     RecordBusy,
     locked,
+    parse_record,
     read_record,
     state_path,
     write_record,
@@ -304,3 +307,31 @@ def test_alertmanager_gets_the_action_as_an_annotation(tmp_path: Path) -> None:
     last = json.loads(sent[-1])
     assert last[0]["annotations"]["nodescope_action"].startswith("drained n1 by health: nodescope:")
     assert "nodescope_action" not in json.loads(sent[0])[0]["annotations"]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["format", "nodes", "entries", "counts", "written_at"]), _JSON, max_size=5
+    ),
+    st.booleans(),
+)
+def test_any_json_is_a_record_or_a_value_error(document: dict[str, object], real: bool) -> None:
+    if real:
+        document["format"] = "nodescope-remediation/1"
+    try:
+        record = parse_record(json.dumps(document))
+    except ValueError:
+        return
+    for entry in record.entries:
+        assert isinstance(entry.time, float) and isinstance(entry.action, str)
+    assert all(isinstance(n, int) and n >= 0 for n in record.counts.values())
