@@ -12,7 +12,9 @@ jobs; it runs scontrol against the test's Slurm (``SLURM_CONF``):
   stopped it, and fails its verdict — without replacing the node's drain reason;
 * the gate consults the firing alerts under the remediation policy: a firing alert whose kind
   the policy only alerts on lets the job run, the same alert under the default policy (critical:
-  drain) stops the job, with the alert in the reason;
+  drain) stops the job, with the alert in the reason; the hook records that drain as
+  nodescope's, and ``nodescope slurm health`` resumes the node once the alert has cleared;
+* in a dry run the gate and the daemon say what they would do and change nothing;
 * a critical alert that fires during a job drains the node (the job goes on and completes),
   once, recorded in the remediation record, and the job's report notes it;
 * with no daemon listening, the hooks record the stop and write the report themselves, and a
@@ -258,6 +260,10 @@ def test_a_job_the_gate_stopped_has_a_report_that_says_when_and_why(fresh: Setup
         # The epilog recorded the stop and left the node's reason to the gate.
         assert f"event=epilog job={job}" in setup.daemon.stderr()
         assert not (setup.run / "nodescope" / "gate-stops" / f"{job}.json").exists()
+        # The drain is nodescope's, for the failed check, as `nodescope slurm health` sees it.
+        assert [(e["action"], e["kind"], e["source"]) for e in setup.entries()] == [
+            ("drain", "gate_gpus", "prolog")
+        ]
         reason = setup.cluster.node_info().get("Reason", "")
         assert "expected 8 GPUs, found 2" in reason and "prolog gate stopped" not in reason
     finally:
@@ -293,8 +299,22 @@ def test_the_gate_fails_on_a_firing_alert_only_when_the_policy_drains_for_it(
     assert isinstance(gate, dict) and gate["reason"] == reason
     assert [c["name"] for c in gate["checks"] if not c["ok"]] == ["alerts"]
     assert report["verdict"]["ok"] is False  # type: ignore[index]
-    # The job never ran, so the daemon had no job to drain the node for: only the gate did.
-    assert not [e for e in s.entries() if e["action"] == "drain"]
+    # The job never ran, so the daemon had no job to drain the node for: only the gate did,
+    # and the hook recorded that drain as nodescope's, for the alert.
+    drains = [e for e in s.entries() if e["action"] == "drain"]
+    assert [(e["source"], e["kind"], e["reason"]) for e in drains] == [
+        ("prolog", "pcie_aer_errors", reason)
+    ], s.entries()
+    # So once the alert has cleared, `nodescope slurm health` resumes the node.
+    s.wait_cleared()
+    s.write_config(remediation="cooldown_seconds = 0\n")
+    env = {"SLURM_CONF": str(s.cluster.slurm_conf), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    health = subprocess.run(
+        [*nodescope_command(), "slurm", "health", "--config", str(s.config)],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert f"resumed {s.cluster.node}" in health.stdout, (health.stdout, health.stderr)
+    s.cluster.wait_node_state(("IDLE",), 20)
 
 
 def test_a_critical_finding_during_a_job_drains_the_node_and_the_job_goes_on(
@@ -334,20 +354,25 @@ def test_a_critical_finding_during_a_job_drains_the_node_and_the_job_goes_on(
     assert "DRAIN" in s.cluster.node_info()["State"].split("+")
 
 
-def test_a_dry_run_during_a_job_says_what_it_would_do_and_changes_nothing(fresh: Setup) -> None:
+def test_a_dry_run_at_the_gate_and_during_a_job_says_what_it_would_do_and_changes_nothing(
+    fresh: Setup,
+) -> None:
     s = fresh
     s.write_config(remediation="dry_run = true\n")
     s.reload()
-    job = s.sbatch("sleep 6")
-    _wait(lambda: s.registered(job), 30, f"job {job} registered; {s.cluster.logs()}")
-    before = s.daemon.stderr().count("would drain")
     s.raise_fatal_aer()
-    _wait(lambda: s.daemon.stderr().count("would drain") > before, 20, "the dry run said")
+    # The gate would fail on the alert: it says so and lets the job run.
+    job = s.sbatch("sleep 8")
+    _wait(lambda: s.registered(job), 30, f"job {job} registered; {s.cluster.logs()}")
+    assert f"event=prolog_dry_run job={job}" in s.daemon.stderr()
+    assert "the gate would fail: firing pcie_aer_errors" in s.daemon.stderr()
+    # During the job the daemon would drain the node: it says so, once, and does not.
+    s.raise_fatal_aer()
+    _wait(lambda: "would drain" in s.daemon.stderr(), 20, "the dry run said")
     assert s.cluster.wait_job_done(job, 60) == "COMPLETED"
     assert "DRAIN" not in s.cluster.node_info()["State"].split("+")
     assert not s.record.exists()
-    # Said once while the alert fires, not at every cycle.
-    assert s.daemon.stderr().count("would drain") == before + 1
+    assert s.daemon.stderr().count("would drain") == 1
 
 
 def test_without_a_daemon_the_hooks_record_the_stop_and_report_it(tmp_path: Path) -> None:

@@ -14,16 +14,26 @@ import pytest
 from nodescope import config as config_mod
 from nodescope.config import Config
 from nodescope.hooks import JobRequest, JobTracker, Peer, build_report
-from nodescope.hooks.health import Check, alert_check
+from nodescope.hooks.health import Check, alert_check, gate_causes
 from nodescope.hooks.jobdrain import RETRY_SECONDS, JobDrain, due, settled
+from nodescope.hooks.stops import problem_json, problems_of, record_gate_drain
 from nodescope.hooks.tracker import actions_during, write_registration
 from nodescope.model.alert import Alert, AlertState
 from nodescope.model.finding import Severity
 from nodescope.model.job_records import JobsData, Registration
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.remediation.act import Outcome
-from nodescope.remediation.policy import Decision, Memory, Policy, Problem, Step, StepKind
-from nodescope.remediation.state import Entry, Record, locked, write_record
+from nodescope.remediation.policy import (
+    Decision,
+    Memory,
+    NodeView,
+    Policy,
+    Problem,
+    Step,
+    StepKind,
+    decide,
+)
+from nodescope.remediation.state import Entry, Record, locked, read_record, write_record
 from nodescope_exporters.reports import render_text
 
 ROOT = Peer(pid=1, uid=0, gid=0)
@@ -358,3 +368,80 @@ def test_the_report_notes_what_was_done_to_the_node_during_the_job(tmp_path: Pat
     assert "held: cool-down" in text and "failed: scontrol: exit 1" in text
     # A report from elsewhere with junk in its actions still renders.
     render_text({**report, "actions": [1, None, {"time": "x"}, {}]})
+
+
+# ---------------------------------------------------------------------------------------------
+# The gate's drain, recorded as nodescope's
+
+
+def test_in_a_dry_run_the_gate_says_what_it_would_fail_on_and_passes() -> None:
+    policy = Policy.from_settings(
+        config_mod.from_mapping({"remediation": {"dry_run": True}}).remediation
+    )
+    check = alert_check(policy, [_problem("pcie_link_down", Severity.CRITICAL)])
+    assert (
+        check.ok
+        and check.detail == "dry run: the gate would fail: firing pcie_link_down gpu=0: broken"
+    )
+
+
+def test_a_gate_drain_is_recorded_only_for_what_health_can_see_clear() -> None:
+    alert = _problem("pcie_aer_errors", Severity.CRITICAL)
+    gpus = Check("gpus", False, "expected 8 GPUs, found 7")
+    xid = Check("xid", False, "uncleared Xid 79")
+    passed = Check("modules", True, "loaded")
+    failed_alerts = Check("alerts", False, "firing ...")
+    causes = gate_causes([gpus, xid, passed, failed_alerts], [alert])
+    assert causes is not None
+    assert [p.identity for p in causes] == ["gate_gpus{}", "gate_xid{}", alert.identity]
+    # A link check (NVML's, which health does not read) or the probe: a person resumes.
+    assert gate_causes([gpus, Check("links", False, "x8 of x16")], []) is None
+
+
+def test_problems_travel_from_the_daemon_to_the_hook_bounded() -> None:
+    problems = [
+        _problem("pcie_aer_errors", Severity.CRITICAL),
+        _problem("gate_gpus", Severity.CRITICAL),
+    ]
+    assert problems_of([problem_json(p) for p in problems]) == problems
+    good = problem_json(problems[0])
+    for junk in (None, [], "x", [1], [{**good, "severity": "fatal"}], [{**good, "kind": 3}],
+                 [good] * 100):  # fmt: skip
+        assert problems_of(junk) is None
+    [long] = problems_of([{**good, "message": "m\n" * 5000}]) or []
+    assert len(long.message) <= 400 and "\n" not in long.message
+
+
+def test_a_recorded_gate_drain_is_owned_and_resumed_once_its_causes_clear(tmp_path: Path) -> None:
+    config = _config(tmp_path, "cooldown_seconds = 0\n")
+    alert = _problem("pcie_aer_errors", Severity.CRITICAL)
+    reason = "nodescope: firing pcie_aer_errors gpu=0: broken"
+    with locked(config.roots, 1.0):
+        write_record(config.roots, Record(), 1.0)  # an earlier record is kept, not replaced
+    record_gate_drain(config.roots, "n1", reason, [alert], 100.0, 1.0)
+    record = read_record(config.roots)
+    assert [(e.action, e.kind, e.source, e.reason) for e in record.entries] == [
+        ("drain", "pcie_aer_errors", "prolog", reason)
+    ]
+    assert record.counts == {("drain", "pcie_aer_errors"): 1}
+    policy = Policy.from_settings(config.remediation)
+    node = NodeView("n1", True, reason)
+    # While the alert fires nothing changes; once it has cleared the node is resumed.
+    assert decide(policy, [alert], node, record.memory("n1"), 110.0).steps == ()
+    resumed = decide(policy, [], node, record.memory("n1"), 120.0)
+    assert resumed.resume is not None
+    # A person who changed the reason meanwhile owns the node: nothing is resumed.
+    other = NodeView("n1", True, "maintenance")
+    assert decide(policy, [], other, record.memory("n1"), 120.0).resume is None
+
+
+def test_the_daemons_prolog_answer_carries_what_the_drain_is_for(tmp_path: Path) -> None:
+    config = _config(tmp_path, "")
+    tracker = JobTracker(lambda: config)
+    tracker.observe(_snapshot([AER]))
+    answer = tracker.prolog(JobRequest("5", node="n1").as_request(), ROOT)
+    assert not answer["fit"]
+    assert [c["kind"] for c in answer["causes"]] == ["pcie_aer_errors"]
+    assert answer["causes"][0]["key"] == AER.key
+    tracker.observe(_snapshot([]))
+    assert tracker.prolog(JobRequest("6", node="n1").as_request(), ROOT)["causes"] is None

@@ -10,7 +10,10 @@ slurmd runs Prolog/Epilog as root with no PATH and the job in the environment
   (``scontrol update ... state=drain reason=...``, since slurmd itself would say only "Prolog
   error") and the exit status is 1. With ``[slurm] run_probe`` the quick probe runs too, when
   it is installed. A stopped job's registration goes and a record of when and why it was
-  stopped takes its place (:mod:`nodescope.hooks.stops`), for its epilog.
+  stopped takes its place (:mod:`nodescope.hooks.stops`), for its epilog. A drain for what
+  ``nodescope slurm health`` watches too (the daemon's firing alerts, the checks it runs
+  itself) is recorded as nodescope's in the remediation record, so that health resumes the
+  node once those have cleared; one for the probe or a link check is left to a person.
 * epilog: processes still holding one of the job's GPUs are looked for (``/proc/*/fd``), the
   daemon writes the job's report; GPUs still held fail the epilog the same way. The report of
   a job the gate stopped says so, with the gate's time and reason, and fails its verdict; the
@@ -61,19 +64,26 @@ from nodescope.hooks import (
     write_gate_state,
     write_registration,
 )
+from nodescope.hooks.health import gate_causes
 from nodescope.hooks.stops import (
     GateStop,
     checks_of,
+    problems_of,
     read_gate_stop,
+    record_gate_drain,
     remove_gate_stop,
     write_gate_stop,
 )
 from nodescope.hooks.tracker import actions_during
+from nodescope.remediation.policy import Problem
 from nodescope_exporters.reports import StaleReport, write_report
 
 DEFAULT_CONFIG = "/etc/nodescope/nodescope.toml"
 #: The prolog waits at most this long for the quick probe.
 PROBE_TIMEOUT_SECONDS = 60.0
+#: How long the prolog waits for the remediation record (a health run may hold it): the
+#: drain is done by then, only its record would be missing.
+GATE_RECORD_WAIT_SECONDS = 1.0
 
 
 def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -110,13 +120,14 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def drain(config: Config, reason: str) -> None:
-    """Drain this node with ``reason`` (best effort: Slurm drains it anyway on exit 1)."""
+def drain(config: Config, reason: str) -> bool:
+    """Drain this node with ``reason`` (best effort: Slurm drains it anyway on exit 1);
+    whether scontrol did."""
     node = os.environ.get("SLURMD_NODENAME")
     if not config.slurm.scontrol or not node:
-        return
+        return False
     try:
-        subprocess.run(
+        result = subprocess.run(
             [
                 config.slurm.scontrol,
                 "update",
@@ -131,6 +142,8 @@ def drain(config: Config, reason: str) -> None:
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         _say(f"nodescope: cannot drain {node}: {exc}")
+        return False
+    return result.returncode == 0
 
 
 def _prepare(args: argparse.Namespace) -> tuple[Config, JobRequest] | None:
@@ -176,6 +189,9 @@ def prolog(args: argparse.Namespace) -> int:
     config, job = prepared
     reason: str | None
     checks: tuple[Check, ...] = ()
+    # What the drain is for, as `nodescope slurm health` will look for it; None: a drain
+    # health cannot see clear (the probe, a refused request, a link check), left to a person.
+    causes: list[Problem] | None = None
     try:
         response = call(
             socket_path(config.roots),
@@ -189,30 +205,41 @@ def prolog(args: argparse.Namespace) -> int:
         else:
             reason = response.get("reason") if not response.get("fit", True) else None
             checks = checks_of(response.get("checks"))
+            causes = problems_of(response.get("causes"))
     except HookUnavailable as exc:
         _say(f"nodescope: daemon not answering ({exc}); local checks only")
-        now = time.time()
-        try:
-            write_registration(config.roots, job, local_sample(config.roots, now), now)
-        except OSError as err:
-            _say(f"nodescope: cannot register job {job.job_id}: {err}")
         checks = tuple(gate_checks(config.slurm, local_gate_inputs(config)))
         reason = unfit_reason(checks)
+        causes = gate_causes(checks, ()) if reason is not None else None
+        if reason is None:
+            now = time.time()
+            try:
+                write_registration(config.roots, job, local_sample(config.roots, now), now)
+            except OSError as err:
+                _say(f"nodescope: cannot register job {job.job_id}: {err}")
     if reason is None and config.slurm.run_probe:
         reason = _probe(config)
+        causes = None
     if reason is None:
         # A record left by an earlier start of this job (requeued) is not about this one.
         remove_gate_stop(config.roots, job.job_id)
         return 0
     # The job will not run here: it has no registration, and its epilog finds instead when
     # and why it was stopped, for its report.
+    stopped_at = time.time()
     remove_registration(config.roots, job.job_id)
     try:
-        write_gate_stop(config.roots, GateStop(job.job_id, time.time(), reason, checks))
+        write_gate_stop(config.roots, GateStop(job.job_id, stopped_at, reason, checks))
     except OSError as err:
         _say(f"nodescope: cannot record why job {job.job_id} was stopped: {err}")
     print(reason, flush=True)
-    drain(config, reason)
+    if drain(config, reason) and causes and job.node and not config.remediation.dry_run:
+        try:
+            record_gate_drain(
+                config.roots, job.node, reason, causes, stopped_at, GATE_RECORD_WAIT_SECONDS
+            )
+        except OSError as err:
+            _say(f"nodescope: drain of {job.node} not recorded: {err}")
     return 1
 
 

@@ -113,21 +113,52 @@ def gate_checks(settings: SlurmSettings, inputs: GateInputs) -> list[Check]:
 MAX_ALERTS_NAMED = 3
 
 
+def draining(policy: Policy, problems: Sequence[Problem]) -> list[Problem]:
+    """The problems whose kind and severity the policy drains for (``drain``,
+    ``drain_requeue``)."""
+    return [p for p in problems if policy.action(p.kind, p.severity).drains]
+
+
 def alert_check(policy: Policy, problems: Sequence[Problem]) -> Check:
     """The daemon's firing alerts (as :class:`~nodescope.remediation.policy.Problem`) under
     the remediation policy: one whose kind and severity the policy drains for (``drain``,
     ``drain_requeue``) fails the gate, one it only alerts on (or ignores) does not. The gate
-    and ``nodescope slurm health`` so agree on which findings keep jobs off the node."""
-    draining = [p for p in problems if policy.action(p.kind, p.severity).drains]
-    if not draining:
+    and ``nodescope slurm health`` so agree on which findings keep jobs off the node. In a dry
+    run the check passes and says what it would have failed on."""
+    drains = draining(policy, problems)
+    if not drains:
         return Check(
             "alerts", True, f"no firing alert the policy drains for ({len(problems)} firing)"
         )
     named = "; ".join(
-        drain_reason(p).removeprefix(REASON_PREFIX).strip() for p in draining[:MAX_ALERTS_NAMED]
+        drain_reason(p).removeprefix(REASON_PREFIX).strip() for p in drains[:MAX_ALERTS_NAMED]
     )
-    more = len(draining) - MAX_ALERTS_NAMED
-    return Check("alerts", False, f"firing {named}" + (f" (+{more} more)" if more > 0 else ""))
+    more = len(drains) - MAX_ALERTS_NAMED
+    detail = f"firing {named}" + (f" (+{more} more)" if more > 0 else "")
+    if policy.dry_run:
+        return Check("alerts", True, f"dry run: the gate would fail: {detail}")
+    return Check("alerts", False, detail)
+
+
+#: The gate's checks that ``nodescope slurm health`` runs too, from what a hook reads itself
+#: (:func:`local_gate_inputs`). A drain for these and for firing alerts is one health can see
+#: clear, and so resume; link width needs NVML and the probe runs only at the gate.
+WATCHED_CHECKS = frozenset({"gpus", "xid", "modules"})
+
+
+def gate_causes(checks: Iterable[Check], alerts: Sequence[Problem]) -> list[Problem] | None:
+    """What a gate that failed on ``checks`` drained the node for, as the problems ``nodescope
+    slurm health`` will look for (the failed checks as ``gate_<name>``, the firing ``alerts``
+    that failed it); ``None`` when one of them is a check health does not run, so that it
+    never resumes a node it cannot see clear."""
+    # Imported here: the remediation's passes import the hooks package, which imports this
+    # module.
+    from nodescope.remediation.act import problems_from_checks
+
+    failed = [c for c in checks if not c.ok and c.name != "alerts"]
+    if any(c.name not in WATCHED_CHECKS for c in failed):
+        return None
+    return [*problems_from_checks(failed), *alerts]
 
 
 def unfit_reason(checks: Iterable[Check]) -> str | None:

@@ -8,6 +8,10 @@ the job, its reason and its checks — and the epilog, the daemon's or the hook'
 into the report and removes it. A file rather than the daemon's memory, since either side may
 be the one that answers each hook.
 
+When the gate drains the node for what ``nodescope slurm health`` watches too (its firing
+alerts, the checks health runs), the hook also records the drain in the remediation record
+(:func:`record_gate_drain`), so that health resumes the node once those have cleared.
+
 The directory is root's (checked like the registrations'); a record is parsed as hostile
 input all the same: bounded in size, every field typed and cut to length. A record that exists
 but cannot be read still says that the gate stopped the job, with its reason unknown.
@@ -21,7 +25,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,8 @@ from nodescope.fileio import FileKind
 from nodescope.hooks.auth import prepare_directory
 from nodescope.hooks.health import Check
 from nodescope.hooks.transport import run_dir
+from nodescope.model.finding import Severity
+from nodescope.remediation.policy import Problem
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
 from nodescope_exporters.reports import open_private_directory, write_private
@@ -62,6 +68,77 @@ class GateStop:
             "reason": self.reason,
             "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
         }
+
+
+def problem_json(problem: Problem) -> dict[str, Any]:
+    """A problem as the daemon's prolog answer carries it to the hook."""
+    return {
+        "kind": problem.kind,
+        "severity": problem.severity.label,
+        "subject": problem.subject,
+        "message": problem.message,
+        "source": problem.source,
+        "key": problem.identity,
+    }
+
+
+_SEVERITIES = {s.label: s for s in Severity}
+
+
+def problems_of(value: Any) -> list[Problem] | None:
+    """The problems of a prolog answer (:func:`problem_json`), bounded; ``None`` when the
+    answer has none or anything in it is not one (then nothing is recorded)."""
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_CHECKS:
+        return None
+    out = []
+    for item in value:
+        if not isinstance(item, Mapping):
+            return None
+        fields = [item.get(k) for k in ("kind", "severity", "subject", "message", "source", "key")]
+        if not all(isinstance(f, str) for f in fields) or fields[1] not in _SEVERITIES:
+            return None
+        kind, severity, subject, message, source, key = (str(f) for f in fields)
+        out.append(
+            Problem(
+                _line(kind, 64),
+                _SEVERITIES[severity],
+                _line(subject, MAX_DETAIL),
+                _line(message, MAX_DETAIL),
+                _line(source, 16),
+                _line(key, MAX_DETAIL),
+            )
+        )
+    return out
+
+
+def record_gate_drain(
+    roots: Roots, node: str, reason: str, causes: Sequence[Problem], now: float, timeout: float
+) -> None:
+    """Record that the gate drained ``node`` with ``reason`` for ``causes``, as a remediation
+    pass records its drains: the action once per cause (source ``prolog``), and the node as
+    nodescope's, drained for those causes, so that ``nodescope slurm health`` resumes it once
+    they have cleared (and the partition guard and cool-down count it). Raises ``OSError``
+    (:class:`~nodescope.remediation.state.RecordBusy` when another writer holds the record
+    past ``timeout``)."""
+    # Imported here: the record imports the hooks package, which imports this module.
+    from nodescope.remediation.policy import Memory, StepKind
+    from nodescope.remediation.state import Entry, locked, read_record, write_record
+
+    identities = tuple(dict.fromkeys(p.identity for p in causes))
+    memory = Memory(
+        drained_reason=reason,
+        causes=identities,
+        last_change=now,
+        last_steps=dict.fromkeys(identities, StepKind.DRAIN.value),
+    )
+    entries = [
+        Entry(now, node, StepKind.DRAIN.value, p.kind, p.subject, p.message, reason,
+              source="prolog")
+        for p in causes
+    ]  # fmt: skip
+    with locked(roots, timeout):
+        record = read_record(roots)
+        write_record(roots, record.with_actions(node, memory, entries), now)
 
 
 def gate_stops_dir(roots: Roots) -> Path:

@@ -30,6 +30,8 @@ from nodescope.hooks.health import (
     alert_check,
     count_dev_gpus,
     dev_gpu_minors,
+    draining,
+    gate_causes,
     gate_checks,
     merge_holders,
     missing_modules,
@@ -40,7 +42,7 @@ from nodescope.hooks.health import (
 )
 from nodescope.hooks.reports import JobWindow, build_report
 from nodescope.hooks.request import JobRequest, holders_of
-from nodescope.hooks.stops import read_gate_stop, remove_gate_stop
+from nodescope.hooks.stops import problem_json, read_gate_stop, remove_gate_stop
 from nodescope.hooks.transport import Request, Response, run_dir
 from nodescope.model.alert import AlertState
 from nodescope.model.disks import DISKS, DisksData
@@ -387,8 +389,14 @@ class JobTracker:
         now = time.time()
         sample = self._sample_counters(snapshot, config, now)
         checks = gate_checks(config.slurm, self.gate_inputs(config))
-        checks.append(alert_check(Policy.from_settings(config.remediation), self.firing()))
+        policy = Policy.from_settings(config.remediation)
+        firing = self.firing()
+        alerts = alert_check(policy, firing)
+        checks.append(alerts)
         reason = unfit_reason(checks)
+        if alerts.detail.startswith("dry run"):
+            log.info("event=prolog_dry_run job=%s says=%r", job.job_id, alerts.detail)
+        causes = None if reason is None else gate_causes(checks, draining(policy, firing))
         if reason is None:
             # Registered only once fit: a job on the node is what lets the daemon drain it
             # during a job (:mod:`nodescope.hooks.jobdrain`), and a job the gate stops never
@@ -409,6 +417,10 @@ class JobTracker:
             "fit": reason is None,
             "reason": reason,
             "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
+            # What the gate's drain is for, as `nodescope slurm health` will look for it:
+            # the hook records the drain with them, so that health resumes the node once
+            # they have cleared (null: the hook does not record it, a person resumes).
+            "causes": None if causes is None else [problem_json(p) for p in causes],
         }
 
     def firing(self) -> list[Problem]:
