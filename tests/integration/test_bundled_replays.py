@@ -91,6 +91,9 @@ def test_the_issue_bundles_every_scenario() -> None:
         "gpu-thermal-slowdown-under-load",
         "nvlink-nvml-busy-control",
         "nvlink-saturation-nvml",
+        "nvswitch-sxid-fatal",
+        "nvswitch-sxid-nonfatal",
+        "nvswitch-sxid-forged-control",
     }
 
 
