@@ -335,3 +335,11 @@ def test_any_json_is_a_record_or_a_value_error(document: dict[str, object], real
     for entry in record.entries:
         assert isinstance(entry.time, float) and isinstance(entry.action, str)
     assert all(isinstance(n, int) and n >= 0 for n in record.counts.values())
+
+
+def test_lines_scontrol_prints_that_are_not_understood_are_said(tmp_path: Path) -> None:
+    slurm = FakeSlurm(tmp_path)
+    nodes = slurm.dir / "nodes"
+    nodes.write_text(nodes.read_text() + "garbage line\n")
+    out = remediate(_config(tmp_path), [], "n1", scontrol=slurm.scontrol, now=1.0)
+    assert "1 line(s) of scontrol's output not understood: skipped" in out.lines
