@@ -300,27 +300,37 @@ def test_no_node_name_no_scontrol_or_an_alert_only_policy_starts_nothing(tmp_pat
 
 def test_due_and_settled() -> None:
     policy = Policy.from_settings(Config().remediation)
-    crit = _problem("pcie_link_down", Severity.CRITICAL)
-    warn = _problem("pcie_link_downtrained", Severity.WARNING)
-    assert due(policy, [crit, warn], set(), {}, 10.0) == [crit]
-    assert due(policy, [crit], {crit.identity}, {}, 10.0) == []
-    assert due(policy, [crit], set(), {crit.identity: 11.0}, 10.0) == []
-    assert due(policy, [crit], set(), {crit.identity: 10.0}, 10.0) == [crit]
-    drained = Step(StepKind.DRAIN, crit.kind, "", "", crit.identity, reason="r")
-    held = Step(StepKind.HELD, crit.kind, "", "", crit.identity, why="guard")
-    ok = Entry(1.0, "n1", "drain", crit.kind)
-    bad = Entry(1.0, "n1", "drain", crit.kind, ok=False, error="refused")
+    pending = Alert(AER.key, AER.kind, AER.severity, AlertState.PENDING, AER.subjects, "")
+    assert due(policy, [AER, SLOW, pending], set(), {}, 10.0) == [AER]
+    assert due(policy, [AER], {AER.key}, {}, 10.0) == []
+    assert due(policy, [AER], set(), {AER.key: 11.0}, 10.0) == []
+    assert due(policy, [AER], set(), {AER.key: 10.0}, 10.0) == [AER]
+    drained = Step(StepKind.DRAIN, AER.kind, "", "", "short", reason="r")
+    held = Step(StepKind.HELD, AER.kind, "", "", "short", why="guard")
+    ok = Entry(1.0, "n1", "drain", AER.kind)
+    bad = Entry(1.0, "n1", "drain", AER.kind, ok=False, error="refused")
 
     def outcome(steps: tuple[Step, ...], entries: tuple[Entry, ...], dry: bool = False) -> Outcome:
         return Outcome("n1", Decision(steps, Memory()), entries, (), dry)
 
-    assert settled(outcome((drained,), (ok,)), ["k", crit.identity]) == (
-        {"k", crit.identity},
-        set(),
-    )
-    assert settled(outcome((drained,), (bad,)), [crit.identity]) == (set(), {crit.identity})
-    assert settled(outcome((held,), ()), [crit.identity]) == (set(), {crit.identity})
-    assert settled(outcome((held,), (), dry=True), [crit.identity]) == ({crit.identity}, set())
+    # Alert keys in, each with its problem's identity (which a long key is cut to).
+    passed = {"k": "k", AER.key: "short"}
+    assert settled(outcome((drained,), (ok,)), passed) == ({"k", AER.key}, set())
+    assert settled(outcome((drained,), (bad,)), passed) == (set(), {"k", AER.key})
+    assert settled(outcome((held,), ()), passed) == ({"k"}, {AER.key})
+    assert settled(outcome((held,), (), dry=True), passed) == ({"k", AER.key}, set())
+
+
+def test_an_alert_with_a_key_longer_than_a_problem_keeps_is_passed_once(tmp_path: Path) -> None:
+    act = FakeAct()
+    drain, _, _ = _drain(tmp_path, act)
+    subjects = {"device": "0000:1b:00.0", "note": "x" * 600}
+    key = "pcie_aer_errors{" + ",".join(f"{k}={v}" for k, v in subjects.items()) + "}"
+    long = Alert(key, AER.kind, AER.severity, AlertState.FIRING, subjects, "fatal")
+    assert _run(drain, _snapshot([long], ["5"])) is not None
+    for _ in range(3):
+        assert _run(drain, _snapshot([long], ["5"])) is None
+    assert len(act.calls) == 1
 
 
 # ---------------------------------------------------------------------------------------------

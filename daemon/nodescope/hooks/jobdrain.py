@@ -56,19 +56,20 @@ STOP_WAIT_SECONDS = 2.0
 Remediate = Callable[..., Outcome]
 
 
-def firing_problems(alerts: Iterable[Alert], jobs: Sequence[Job]) -> list[Problem]:
+def firing_problems(alerts: Iterable[Alert], jobs: Sequence[Job]) -> list[tuple[str, Problem]]:
     """The firing alerts as the policy takes them (the conversion ``nodescope slurm health``
     applies), each with the jobs it affects: those its subjects name, else those running on
-    the GPUs it names (what ``drain_requeue`` requeues)."""
-    firing = [a for a in alerts if a.state is AlertState.FIRING]
-    by_key = {a.key: a for a in firing}
-    problems = []
-    for problem in problems_from_alerts(alert_json(a) for a in firing):
-        alert = by_key.get(problem.key)
-        if alert is not None and not problem.jobs:
-            problem = replace(problem, jobs=jobs_on_gpus(alert.subjects, jobs))
-        problems.append(problem)
-    return problems
+    the GPUs it names (what ``drain_requeue`` requeues); paired with the alert's key, which
+    the problem's identity may shorten."""
+    out = []
+    for alert in alerts:
+        if alert.state is not AlertState.FIRING:
+            continue
+        for problem in problems_from_alerts([alert_json(alert)]):
+            if not problem.jobs:
+                problem = replace(problem, jobs=jobs_on_gpus(alert.subjects, jobs))
+            out.append((alert.key, problem))
+    return out
 
 
 def jobs_on_gpus(subjects: Mapping[str, str], jobs: Sequence[Job]) -> tuple[str, ...]:
@@ -79,33 +80,36 @@ def jobs_on_gpus(subjects: Mapping[str, str], jobs: Sequence[Job]) -> tuple[str,
 
 def due(
     policy: Policy,
-    problems: Sequence[Problem],
+    alerts: Iterable[Alert],
     done: set[str],
     retry_at: Mapping[str, float],
     now: float,
-) -> list[Problem]:
-    """The firing problems that call for a pass now: the policy drains for them, and they
-    have not been passed yet, or were held or failed and their retry time has come."""
+) -> list[Alert]:
+    """The firing alerts that call for a pass now: the policy drains for them, and they have
+    not been passed yet, or were held or failed and their retry time has come."""
     return [
-        p
-        for p in problems
-        if policy.action(p.kind, p.severity).drains
-        and p.identity not in done
-        and retry_at.get(p.identity, now) <= now
+        a
+        for a in alerts
+        if a.state is AlertState.FIRING
+        and policy.action(a.kind, a.severity).drains
+        and a.key not in done
+        and retry_at.get(a.key, now) <= now
     ]
 
 
-def settled(outcome: Outcome, passed: Iterable[str]) -> tuple[set[str], set[str]]:
-    """Of the problems a pass was started for, those it settled (drained for, joined to a
-    drain, left to a drain that is not nodescope's, or said in a dry run) and those to try
-    again (held by the policy, or the pass's action failed)."""
-    passed = set(passed)
+def settled(outcome: Outcome, passed: Mapping[str, str]) -> tuple[set[str], set[str]]:
+    """Of the alerts a pass was started for (their keys, each to its problem's identity),
+    those it settled (drained for, joined to a drain, left to a drain that is not
+    nodescope's, or said in a dry run) and those to try again (held by the policy, or the
+    pass's action failed)."""
+    keys = set(passed)
     if not outcome.dry_run and any(not e.ok for e in outcome.entries):
-        return set(), passed
+        return set(), keys
     held = {s.key for s in outcome.decision.steps if s.action is StepKind.HELD}
     if outcome.dry_run:
         held = set()
-    return passed - held, passed & held
+    again = {k for k, identity in passed.items() if identity in held}
+    return keys - again, again
 
 
 class JobDrain:
@@ -137,23 +141,33 @@ class JobDrain:
 
     def observe(self, snapshot: Snapshot) -> threading.Thread | None:
         """Start a pass when one is due; returns its thread (``None``: none started)."""
-        firing_keys = {a.key for a in snapshot.alerts if a.state is AlertState.FIRING}
+        firing = [a for a in snapshot.alerts if a.state is AlertState.FIRING]
+        firing_keys = {a.key for a in firing}
         with self._lock:
             # A problem that stopped firing is forgotten: firing again is a new problem.
             self._done &= firing_keys
             self._retry_at = {k: v for k, v in self._retry_at.items() if k in firing_keys}
             busy = self._worker is not None and self._worker.is_alive()
-        if busy or not firing_keys:
+        if busy or not firing:
             return None
         config = self._config()
-        jobs = [j for j in snapshot.derived.jobs if j.registered]
-        if not config.slurm.scontrol or not jobs:
+        if not config.slurm.scontrol:
             return None
         policy = Policy.from_settings(config.remediation)
-        problems = firing_problems(snapshot.alerts, jobs)
         now = self._clock()
+        # Most cycles end here, before any conversion: nothing firing calls for a pass.
         with self._lock:
-            todo = due(policy, problems, self._done, self._retry_at, now)
+            waiting = {a.key for a in due(policy, firing, self._done, self._retry_at, now)}
+        if not waiting:
+            return None
+        jobs = [j for j in snapshot.derived.jobs if j.registered]
+        if not jobs:
+            return None
+        pairs = firing_problems(firing, jobs)
+        todo = {key: problem.identity for key, problem in pairs if key in waiting}
+        with self._lock:
+            # An alert the conversion cannot read is no problem to pass, now or later.
+            self._done |= waiting - set(todo)
         if not todo:
             return None
         node = node_of(config, jobs)
@@ -167,7 +181,7 @@ class JobDrain:
             return None
         worker = threading.Thread(
             target=self._pass,
-            args=(config, problems, [p.identity for p in todo], node),
+            args=(config, [p for _, p in pairs], todo, node),
             name="nodescope-job-drain",
             daemon=True,
         )
@@ -177,7 +191,9 @@ class JobDrain:
         worker.start()
         return worker
 
-    def _pass(self, config: Config, problems: list[Problem], todo: list[str], node: str) -> None:
+    def _pass(
+        self, config: Config, problems: list[Problem], todo: Mapping[str, str], node: str
+    ) -> None:
         try:
             checks = list(self._checks(config))
             outcome = self._act(
@@ -193,7 +209,7 @@ class JobDrain:
                 retry = self._clock() + RETRY_SECONDS
                 self._retry_at.update(dict.fromkeys(todo, retry))
             log.error(
-                "event=job_drain_failed node=%s problems=%s error=%r",
+                "event=job_drain_failed node=%s problems=%r error=%r",
                 node,
                 ",".join(todo),
                 f"{type(exc).__name__}: {exc}",
