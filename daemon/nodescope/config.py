@@ -741,7 +741,9 @@ class SlurmSettings:
     )
     scontrol: str = option(
         "/usr/bin/scontrol",
-        "scontrol used to drain the node with the gate's reason; empty: leave it to Slurm",
+        "scontrol that drains the node: the prolog gate, the daemon on a finding during a job,"
+        " nodescope slurm health; empty: the gate leaves the drain to Slurm and nothing else"
+        " drains",
         _absolute_or_empty,
     )
     timeout_seconds: float = option(
