@@ -343,3 +343,33 @@ def test_lines_scontrol_prints_that_are_not_understood_are_said(tmp_path: Path) 
     nodes.write_text(nodes.read_text() + "garbage line\n")
     out = remediate(_config(tmp_path), [], "n1", scontrol=slurm.scontrol, now=1.0)
     assert "1 line(s) of scontrol's output not understood: skipped" in out.lines
+
+
+def test_two_passes_at_once_drain_once(tmp_path: Path) -> None:
+    """slurmd may start a health check while the last one still runs: the second pass waits
+    for the first and sees its drain."""
+    slurm = FakeSlurm(tmp_path)
+    script = Path(slurm.scontrol.path)
+    nodes = slurm.dir / "nodes"
+    # This scontrol takes its time to drain, then shows the node drained with the reason.
+    script.write_text(
+        script.read_text()
+        + 'case "$4" in reason=*) sleep 0.5; r=${4#reason=}; printf "NodeName=n1 State=IDLE+DRAIN'
+        + f' Partitions=gpu Reason=%s [root@2026-12-03T18:52:12]\\n" "$r" > {nodes};; esac\n'
+    )
+    config = _config(tmp_path)
+    outcomes: list[object] = []
+
+    def one() -> None:
+        outcomes.append(remediate(config, [_critical()], "n1", scontrol=slurm.scontrol, now=5.0))
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(outcomes) == 2
+    reason = "nodescope: gpu_xid_memory gpu=0: Xid 48 on GPU 0"
+    drains = [line for line in slurm.log() if "state=drain" in line]
+    assert drains == [f"[update][nodename=n1][state=drain][reason={reason}]"]
+    assert [e.action for e in read_record(config.roots).entries] == ["drain"]

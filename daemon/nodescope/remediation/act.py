@@ -107,10 +107,13 @@ def remediate(
     tool = scontrol or Scontrol(config.slurm.scontrol, settings.scontrol_timeout_seconds)
     wall = time.time() if now is None else now
     problems = list(problems)
-    view, skipped = tool.view(node)
-    if view is None:
-        raise SlurmError(f"Slurm does not know node {node!r}")
     with locked(config.roots, timeout=2 * settings.scontrol_timeout_seconds):
+        # Slurm is read under the lock: a pass that ran meanwhile (slurmd starts the next
+        # health check while a slow one still runs; the daemon acts during a job) has drained
+        # already, and this one must see that drain, not the node as it was before it.
+        view, skipped = tool.view(node)
+        if view is None:
+            raise SlurmError(f"Slurm does not know node {node!r}")
         record = read_record(config.roots)
         memory = record.memory(node)
         decision = decide(policy, problems, view, memory, wall, complete=complete)
