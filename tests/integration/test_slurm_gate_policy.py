@@ -14,6 +14,8 @@ jobs; it runs scontrol against the test's Slurm (``SLURM_CONF``):
   the policy only alerts on lets the job run, the same alert under the default policy (critical:
   drain) stops the job, with the alert in the reason; the hook records that drain as
   nodescope's, and ``nodescope slurm health`` resumes the node once the alert has cleared;
+* the policy's partition guard holds back a drain for an alert at the gate as anywhere: with
+  the partition's other node drained by nodescope, the job runs, the hold recorded once;
 * in a dry run the gate and the daemon say what they would do and change nothing;
 * a critical alert that fires during a job drains the node (the job goes on and completes),
   once, recorded in the remediation record, and the job's report notes it;
@@ -186,9 +188,12 @@ def setup() -> Iterator[Setup]:
     aer_file = next(
         d / "aer_dev_fatal" for d in tree.function_dirs.values() if (d / "aer_dev_fatal").exists()
     )
+    # ghost1 exists only in slurm.conf (Slurm holds it DOWN): a partition of two, for the
+    # partition guard.
     cluster = SlurmCluster(
-        work / "slurm", gpus=2, prolog=str(hooks / "prolog"), epilog=str(hooks / "epilog")
-    )
+        work / "slurm", gpus=2, prolog=str(hooks / "prolog"), epilog=str(hooks / "epilog"),
+        extra_nodes=("ghost1",),
+    )  # fmt: skip
     run = work / "run"
     run.mkdir()
     cluster.write_config()  # makes the fake GPU devices the daemon's roots point at
@@ -221,6 +226,7 @@ def fresh(setup: Setup) -> Iterator[Setup]:
         setup.write_config()
         setup.reload()
         setup.cluster.scontrol_quiet(["scancel", "--quiet", "-u", "root"])
+        setup.cluster.client(["scontrol", "update", "nodename=ghost1", "state=undrain"])
         setup.resume()
 
 
@@ -293,7 +299,8 @@ def test_the_gate_fails_on_a_firing_alert_only_when_the_policy_drains_for_it(
     job = s.sbatch("true")
     info = s.cluster.wait_node_state(("DRAIN", "DRAINED", "DRAINING"), 30)
     reason = info["Reason"].rsplit(" [", 1)[0]
-    assert reason.startswith(f"nodescope: firing pcie_aer_errors {alert['subject']}: "), info
+    # The policy's pass drained it: the reason is the one every nodescope drain gives.
+    assert reason.startswith(f"nodescope: pcie_aer_errors {alert['subject']}: 1 fatal"), info
     report = s.report(job)
     gate = report["gate"]
     assert isinstance(gate, dict) and gate["reason"] == reason
@@ -315,6 +322,33 @@ def test_the_gate_fails_on_a_firing_alert_only_when_the_policy_drains_for_it(
     )  # fmt: skip
     assert f"resumed {s.cluster.node}" in health.stdout, (health.stdout, health.stderr)
     s.cluster.wait_node_state(("IDLE",), 20)
+
+
+def test_the_partition_guard_lets_the_job_run_despite_the_alert(fresh: Setup) -> None:
+    s = fresh
+    other = "nodescope: gpu_xid_memory gpu=0: Xid 48 on GPU 0"
+    done = s.cluster.client(
+        ["scontrol", "update", "nodename=ghost1", "state=drain", f"reason={other}"]
+    )
+    assert done.returncode == 0, done.stderr
+    # One of the partition's two nodes is drained by nodescope: at a share of one half no
+    # further drain, and a gate that would drain the node for an alert lets the job run.
+    s.write_config(remediation="max_drained_share = 0.5\n")
+    s.reload()
+    s.raise_fatal_aer()
+    job = s.sbatch("sleep 3")
+    assert s.cluster.wait_job_done(job, 60) == "COMPLETED", s.cluster.logs()
+    assert "DRAIN" not in s.cluster.node_info()["State"].split("+")
+    assert f"event=prolog_alerts_held job={job}" in s.daemon.stderr()
+    report = s.report(job)
+    assert report["verdict"] == {"ok": True, "reason": None} and report["gate"] is None
+    # Held back once, recorded once (the daemon, during the job, held the same drain).
+    held = [e for e in s.entries() if e["action"] == "held"]
+    assert [(e["source"], e["kind"]) for e in held] == [("prolog", "pcie_aer_errors")], held
+    assert "partition test: 1 of 2 nodes already drained by nodescope" in str(held[0]["why"])
+    assert not [e for e in s.entries() if e["action"] == "drain"]
+    actions = report["actions"]
+    assert isinstance(actions, list) and [a["action"] for a in actions] == ["held"]
 
 
 def test_a_critical_finding_during_a_job_drains_the_node_and_the_job_goes_on(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -340,7 +341,8 @@ def test_an_alert_with_a_key_longer_than_a_problem_keeps_is_passed_once(tmp_path
 def test_the_report_notes_what_was_done_to_the_node_during_the_job(tmp_path: Path) -> None:
     config = _config(tmp_path)
     entries = [
-        Entry(90.0, "n1", "drain", "gpu_xid_memory", reason="before the job", source="health"),
+        Entry(60.0, "n1", "drain", "gpu_xid_memory", reason="before the job", source="health"),
+        Entry(90.0, "n1", "held", "pcie_aer_errors", why="partition guard", source="prolog"),
         Entry(110.0, "n1", "alert", "pcie_link_downtrained", message="x8 of x16"),
         Entry(
             120.0,
@@ -361,11 +363,12 @@ def test_the_report_notes_what_was_done_to_the_node_during_the_job(tmp_path: Pat
         write_record(config.roots, Record().with_actions("n1", Memory(), entries), 1.0)
     actions = actions_during(config.roots, "n1", 100.0, 160.0)
     assert [(a["time"], a["action"]) for a in actions] == [
+        (90.0, "held"),  # at the job's prolog, just before its registration
         (120.0, "drain"),
         (130.0, "held"),
         (135.0, "drain"),
     ]
-    assert len(actions_during(config.roots, None, 100.0, 160.0)) == 4
+    assert len(actions_during(config.roots, None, 100.0, 160.0)) == 5
     (tmp_path / "empty").mkdir()
     assert actions_during(_config(tmp_path / "empty").roots, "n1", 0.0, 1e12) == []
     report = build_report(JobRequest("5", node="n1"), {"registered_at": 100.0}, {}, 160.0,
@@ -455,3 +458,18 @@ def test_the_daemons_prolog_answer_carries_what_the_drain_is_for(tmp_path: Path)
     assert answer["causes"][0]["key"] == AER.key
     tracker.observe(_snapshot([]))
     assert tracker.prolog(JobRequest("6", node="n1").as_request(), ROOT)["causes"] is None
+
+
+def test_alerts_the_policy_held_back_keep_no_job_off_the_node(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    tracker = JobTracker(lambda: config)
+    tracker.observe(_snapshot([AER]))
+    request = JobRequest("5", node="n1").as_request()
+    assert not tracker.prolog(request, ROOT)["fit"]
+    held = tracker.prolog({**request, "hold_alerts": True}, ROOT)
+    assert held["fit"] and held["causes"] is None
+    [alerts] = [c for c in held["checks"] if c["name"] == "alerts"]
+    assert alerts["ok"] and alerts["detail"].startswith("held back by the policy: firing")
+    # Only the alerts are held: a failed check of the gate's own still fails it.
+    config = replace(config, slurm=replace(config.slurm, expected_gpus=8))
+    assert not tracker.prolog({**request, "hold_alerts": True}, ROOT)["fit"]

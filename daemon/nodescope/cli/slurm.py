@@ -13,7 +13,10 @@ slurmd runs Prolog/Epilog as root with no PATH and the job in the environment
   stopped takes its place (:mod:`nodescope.hooks.stops`), for its epilog. A drain for what
   ``nodescope slurm health`` watches too (the daemon's firing alerts, the checks it runs
   itself) is recorded as nodescope's in the remediation record, so that health resumes the
-  node once those have cleared; one for the probe or a link check is left to a person.
+  node once those have cleared; one for the probe or a link check is left to a person. When
+  the daemon's firing alerts alone fail the gate, the hook runs the remediation policy's pass
+  for them (:func:`nodescope.remediation.act.remediate`): it drains with the policy's reason,
+  or its cool-down or partition guard holds the drain back and the job runs.
 * epilog: processes still holding one of the job's GPUs are looked for (``/proc/*/fd``), the
   daemon writes the job's report; GPUs still held fail the epilog the same way. The report of
   a job the gate stopped says so, with the gate's time and reason, and fails its verdict; the
@@ -38,7 +41,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +87,8 @@ PROBE_TIMEOUT_SECONDS = 60.0
 #: How long the prolog waits for the remediation record (a health run may hold it): the
 #: drain is done by then, only its record would be missing.
 GATE_RECORD_WAIT_SECONDS = 1.0
+#: The longest one scontrol call of the gate's policy pass may take (a job launch waits).
+GATE_SCONTROL_SECONDS = 5.0
 
 
 def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -182,57 +187,126 @@ def _probe(config: Config) -> str | None:
     return f"nodescope: probe failed: {last}"[:200]
 
 
+@dataclass
+class _Gate:
+    """The gate's answer: ``reason`` (``None``: fit), its checks, and ``causes``, what a drain
+    is for as ``nodescope slurm health`` will look for it (``None``: a drain health cannot see
+    clear — the probe, a refused request, a link check — left to a person)."""
+
+    reason: str | None
+    checks: tuple[Check, ...] = ()
+    causes: list[Problem] | None = None
+
+
+def _daemon_gate(config: Config, job: JobRequest, hold_alerts: bool = False) -> _Gate:
+    """The daemon's gate (it registers the job when fit); :class:`HookUnavailable` when it
+    does not answer. ``hold_alerts``: the policy held back the drain its firing alerts call
+    for, so they do not fail the gate."""
+    request = {"command": "prolog", **job.as_request()}
+    if hold_alerts:
+        request["hold_alerts"] = True
+    response = call(socket_path(config.roots), request, config.slurm.timeout_seconds)
+    if not response.get("ok") and response.get("invalid"):
+        return _Gate(f"nodescope: prolog refused: {response.get('error')}"[:200])
+    if not response.get("ok"):
+        raise HookUnavailable(str(response.get("error")))
+    return _Gate(
+        response.get("reason") if not response.get("fit", True) else None,
+        checks_of(response.get("checks")),
+        problems_of(response.get("causes")),
+    )
+
+
+def _local_gate(config: Config, job: JobRequest) -> _Gate:
+    """The checks the hook runs itself (it registers the job when fit)."""
+    checks = tuple(gate_checks(config.slurm, local_gate_inputs(config)))
+    reason = unfit_reason(checks)
+    if reason is not None:
+        return _Gate(reason, checks, gate_causes(checks, ()))
+    now = time.time()
+    try:
+        write_registration(config.roots, job, local_sample(config.roots, now), now)
+    except OSError as err:
+        _say(f"nodescope: cannot register job {job.job_id}: {err}")
+    return _Gate(None, checks)
+
+
+def _alerts_by_policy(config: Config, node: str, causes: list[Problem]) -> tuple[bool, str] | None:
+    """The remediation pass for a gate that failed on firing alerts alone, as ``nodescope
+    slurm health`` would run it: ``(True, reason)`` when it drained the node (with the
+    policy's reason), ``(False, why)`` when the policy held the drain back (cool-down,
+    partition guard): the job may run, as on every other node the guard keeps in service.
+    ``None`` when Slurm could not be asked or the drain failed: the gate fails as decided."""
+    from nodescope.remediation.act import remediate
+    from nodescope.remediation.policy import StepKind
+    from nodescope.remediation.slurm import Scontrol, SlurmError
+
+    timeout = min(config.remediation.scontrol_timeout_seconds, GATE_SCONTROL_SECONDS)
+    try:
+        outcome = remediate(
+            config, causes, node, complete=False, source="prolog",
+            scontrol=Scontrol(config.slurm.scontrol, timeout),
+        )  # fmt: skip
+    except (SlurmError, OSError) as exc:  # RecordBusy is an OSError
+        _say(f"nodescope: the policy could not be applied ({exc}); the gate fails")
+        return None
+    if any(not entry.ok for entry in outcome.entries):
+        return None
+    drain = outcome.decision.drain
+    if drain is not None:
+        return True, drain.reason
+    held = [s for s in outcome.decision.steps if s.action is StepKind.HELD]
+    if held:
+        return False, held[0].why
+    return None
+
+
 def prolog(args: argparse.Namespace) -> int:
     prepared = _prepare(args)
     if prepared is None:
         return 0
     config, job = prepared
-    reason: str | None
-    checks: tuple[Check, ...] = ()
-    # What the drain is for, as `nodescope slurm health` will look for it; None: a drain
-    # health cannot see clear (the probe, a refused request, a link check), left to a person.
-    causes: list[Problem] | None = None
     try:
-        response = call(
-            socket_path(config.roots),
-            {"command": "prolog", **job.as_request()},
-            config.slurm.timeout_seconds,
-        )
-        if not response.get("ok") and response.get("invalid"):
-            reason = f"nodescope: prolog refused: {response.get('error')}"[:200]
-        elif not response.get("ok"):
-            raise HookUnavailable(str(response.get("error")))
-        else:
-            reason = response.get("reason") if not response.get("fit", True) else None
-            checks = checks_of(response.get("checks"))
-            causes = problems_of(response.get("causes"))
+        gate = _daemon_gate(config, job)
     except HookUnavailable as exc:
         _say(f"nodescope: daemon not answering ({exc}); local checks only")
-        checks = tuple(gate_checks(config.slurm, local_gate_inputs(config)))
-        reason = unfit_reason(checks)
-        causes = gate_causes(checks, ()) if reason is not None else None
-        if reason is None:
-            now = time.time()
+        gate = _local_gate(config, job)
+    drained = False
+    failed = {c.name for c in gate.checks if not c.ok}
+    if gate.reason is not None and failed == {"alerts"} and gate.causes and job.node:
+        # Firing alerts alone failed the gate: the policy's guards decide, as for any drain.
+        decided = (
+            None if not config.slurm.scontrol else _alerts_by_policy(config, job.node, gate.causes)
+        )
+        if decided is not None and decided[0]:
+            gate.reason, drained = decided[1], True
+        elif decided is not None:
+            _say(f"nodescope: drain held back ({decided[1]}): the job runs")
             try:
-                write_registration(config.roots, job, local_sample(config.roots, now), now)
-            except OSError as err:
-                _say(f"nodescope: cannot register job {job.job_id}: {err}")
-    if reason is None and config.slurm.run_probe:
-        reason = _probe(config)
-        causes = None
-    if reason is None:
+                gate = _daemon_gate(config, job, hold_alerts=True)
+            except HookUnavailable:
+                gate = _local_gate(config, job)
+    if gate.reason is None and config.slurm.run_probe:
+        probe = _probe(config)
+        if probe is not None:
+            gate = _Gate(probe, gate.checks)
+    if gate.reason is None:
         # A record left by an earlier start of this job (requeued) is not about this one.
         remove_gate_stop(config.roots, job.job_id)
         return 0
+    reason = gate.reason
     # The job will not run here: it has no registration, and its epilog finds instead when
     # and why it was stopped, for its report.
     stopped_at = time.time()
     remove_registration(config.roots, job.job_id)
     try:
-        write_gate_stop(config.roots, GateStop(job.job_id, stopped_at, reason, checks))
+        write_gate_stop(config.roots, GateStop(job.job_id, stopped_at, reason, gate.checks))
     except OSError as err:
         _say(f"nodescope: cannot record why job {job.job_id} was stopped: {err}")
     print(reason, flush=True)
+    if drained:
+        return 1  # drained and recorded by the policy's pass
+    causes = gate.causes
     if drain(config, reason) and causes and job.node and not config.remediation.dry_run:
         try:
             record_gate_drain(

@@ -26,6 +26,7 @@ from nodescope.analysis import alert_json
 from nodescope.config import Config
 from nodescope.hooks.auth import Peer, prepare_directory
 from nodescope.hooks.health import (
+    Check,
     GateInputs,
     alert_check,
     count_dev_gpus,
@@ -122,14 +123,18 @@ def remove_registration(roots: Roots, job_id: str) -> None:
 
 #: Actions of the remediation record a report lists: what was done to the node, or held.
 REPORTED_ACTIONS = frozenset({"drain", "drain_requeue", "held", "resume"})
+#: The prolog's own policy pass (a drain for firing alerts, or one held back) comes before the
+#: job's registration by at most this long: it is the job's too.
+PROLOG_SECONDS = 30.0
 
 
 def actions_during(
     roots: Roots, node: str | None, start: float, end: float
 ) -> list[dict[str, Any]]:
     """What nodescope did to the job's node while the job was on it (drains during the job,
-    from the daemon or ``nodescope slurm health``; drains held back), from the remediation
-    record. ``node``: the job's Slurm node (``None``: not known, every node of the record)."""
+    from the daemon or ``nodescope slurm health``; drains held back, at the prolog too), from
+    the remediation record. ``node``: the job's Slurm node (``None``: not known, every node of
+    the record)."""
     # Imported here: the remediation record imports the hooks package, which imports this
     # module.
     from nodescope.remediation.state import read_record
@@ -137,7 +142,7 @@ def actions_during(
     return [
         entry.as_json()
         for entry in read_record(roots).entries
-        if start <= entry.time <= end
+        if start - PROLOG_SECONDS <= entry.time <= end
         and entry.action in REPORTED_ACTIONS
         and (node is None or entry.node == node)
     ]
@@ -392,6 +397,11 @@ class JobTracker:
         policy = Policy.from_settings(config.remediation)
         firing = self.firing()
         alerts = alert_check(policy, firing)
+        if not alerts.ok and request.get("hold_alerts") is True:
+            # The hook ran the policy's pass: its cool-down or partition guard held the drain
+            # back, so the alerts keep no job off this node either.
+            alerts = Check(alerts.name, True, f"held back by the policy: {alerts.detail}")
+            log.info("event=prolog_alerts_held job=%s detail=%r", job.job_id, alerts.detail)
         checks.append(alerts)
         reason = unfit_reason(checks)
         if alerts.detail.startswith("dry run"):
