@@ -20,7 +20,8 @@ jobs; it runs scontrol against the test's Slurm (``SLURM_CONF``):
 * a critical alert that fires during a job drains the node (the job goes on and completes),
   once, recorded in the remediation record, and the job's report notes it;
 * with no daemon listening, the hooks record the stop and write the report themselves, and a
-  later start of the job that passes the gate is not reported as stopped.
+  later start of the job that passes the gate is not reported as stopped;
+* an scontrol that hangs holds the prolog's policy pass no longer than its bound.
 
 Needs root, Slurm and munge (``slurm-wlm munge``) and v1 memory/freezer hierarchies; skips
 with the reason otherwise.
@@ -42,7 +43,8 @@ from typing import TypeVar
 
 import pytest
 
-from nodescope.hooks.transport import HookUnavailable, call
+from nodescope.hooks.auth import Peer
+from nodescope.hooks.transport import HookServer, HookUnavailable, call
 from nodescope.sim.sysfs_tree import aer_text, load_capture, materialise
 from tests.conftest import REPO, nodescope_command
 from tests.hook_peers import hook_env, run_hook
@@ -449,3 +451,45 @@ def test_without_a_daemon_the_hooks_record_the_stop_and_report_it(tmp_path: Path
     result = run_hook("epilog", config, hook_env("7", SLURM_JOB_GPUS="0"))
     report = json.loads((reports / "7.json").read_text())
     assert report["verdict"] == {"ok": True, "reason": None} and report["gate"] is None
+
+
+def test_a_slurm_that_does_not_answer_never_holds_the_prolog_long(tmp_path: Path) -> None:
+    """A daemon whose gate failed on a firing alert alone, and an scontrol that hangs: the
+    hook's policy pass gives up after its bound, the gate fails with the check's reason, and
+    the prolog ends within the bounds of its scontrol calls."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\nexec sleep 60\n")
+    scontrol.chmod(0o755)
+    config = tmp_path / "nodescope.toml"
+    config.write_text(
+        f'[roots]\nrun = "{run}"\ndev = "{tmp_path / "dev"}"\n'
+        f'[slurm]\nreports_dir = "{tmp_path / "reports"}"\nscontrol = "{scontrol}"\n'
+    )
+    reason = "nodescope: firing pcie_aer_errors device=0000:1b:00.0: 1 fatal AER error"
+    cause = {"kind": "pcie_aer_errors", "severity": "critical", "subject": "device=0000:1b:00.0",
+             "message": "1 fatal AER error", "source": "alert",
+             "key": "pcie_aer_errors{device=0000:1b:00.0}"}  # fmt: skip
+
+    def prolog(request: dict[str, object], peer: Peer) -> dict[str, object]:
+        return {
+            "ok": True, "fit": False, "reason": reason, "causes": [cause],
+            "checks": [{"name": "alerts", "ok": False, "detail": reason[11:]}],
+        }  # fmt: skip
+
+    server = HookServer(run / "nodescope" / "nodescope.sock", lambda peer: peer.uid == 0)
+    server.register("prolog", prolog)
+    server.start()
+    try:
+        started = time.monotonic()
+        result = run_hook("prolog", config, hook_env("9", SLURMD_NODENAME="n1"))
+        took = time.monotonic() - started
+    finally:
+        server.stop()
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.strip() == reason
+    assert "the policy could not be applied" in result.stderr and "did not answer" in result.stderr
+    # One bounded scontrol call of the policy's pass (5 s); no drain of its own after it.
+    assert took < 9, took
+    assert json.loads((run / "nodescope" / "gate-stops" / "9.json").read_text())["reason"] == reason

@@ -231,12 +231,13 @@ def _local_gate(config: Config, job: JobRequest) -> _Gate:
     return _Gate(None, checks)
 
 
-def _alerts_by_policy(config: Config, node: str, causes: list[Problem]) -> tuple[bool, str] | None:
+def _alerts_by_policy(config: Config, node: str, causes: list[Problem]) -> tuple[str, str]:
     """The remediation pass for a gate that failed on firing alerts alone, as ``nodescope
-    slurm health`` would run it: ``(True, reason)`` when it drained the node (with the
-    policy's reason), ``(False, why)`` when the policy held the drain back (cool-down,
-    partition guard): the job may run, as on every other node the guard keeps in service.
-    ``None`` when Slurm could not be asked or the drain failed: the gate fails as decided."""
+    slurm health`` would run it: ``("drained", reason)`` when it drained the node (with the
+    policy's reason); ``("held", why)`` when the policy held the drain back (cool-down,
+    partition guard): the job may run, as on every other node the guard keeps in service;
+    ``("unreachable", why)`` when Slurm did not answer, ``("failed", why)`` otherwise: the gate
+    fails as decided."""
     from nodescope.remediation.act import remediate
     from nodescope.remediation.policy import StepKind
     from nodescope.remediation.slurm import Scontrol, SlurmError
@@ -247,18 +248,20 @@ def _alerts_by_policy(config: Config, node: str, causes: list[Problem]) -> tuple
             config, causes, node, complete=False, source="prolog",
             scontrol=Scontrol(config.slurm.scontrol, timeout),
         )  # fmt: skip
-    except (SlurmError, OSError) as exc:  # RecordBusy is an OSError
-        _say(f"nodescope: the policy could not be applied ({exc}); the gate fails")
-        return None
-    if any(not entry.ok for entry in outcome.entries):
-        return None
+    except SlurmError as exc:
+        return "unreachable", str(exc)
+    except OSError as exc:  # the record busy or refused
+        return "failed", str(exc)
+    failed = [entry.error for entry in outcome.entries if not entry.ok]
+    if failed:
+        return "failed", failed[0]
     drain = outcome.decision.drain
     if drain is not None:
-        return True, drain.reason
+        return "drained", drain.reason
     held = [s for s in outcome.decision.steps if s.action is StepKind.HELD]
     if held:
-        return False, held[0].why
-    return None
+        return "held", held[0].why
+    return "failed", "the policy neither drained nor held the node"
 
 
 def prolog(args: argparse.Namespace) -> int:
@@ -271,21 +274,30 @@ def prolog(args: argparse.Namespace) -> int:
     except HookUnavailable as exc:
         _say(f"nodescope: daemon not answering ({exc}); local checks only")
         gate = _local_gate(config, job)
-    drained = False
+    # Whether the node is drained already (by the policy's pass), or Slurm did not answer it
+    # (a drain of our own would only wait as long again: Slurm drains on exit 1 anyway).
+    drained = slurm_down = False
     failed = {c.name for c in gate.checks if not c.ok}
-    if gate.reason is not None and failed == {"alerts"} and gate.causes and job.node:
+    if (
+        gate.reason is not None
+        and failed == {"alerts"}
+        and gate.causes
+        and job.node
+        and config.slurm.scontrol
+    ):
         # Firing alerts alone failed the gate: the policy's guards decide, as for any drain.
-        decided = (
-            None if not config.slurm.scontrol else _alerts_by_policy(config, job.node, gate.causes)
-        )
-        if decided is not None and decided[0]:
-            gate.reason, drained = decided[1], True
-        elif decided is not None:
-            _say(f"nodescope: drain held back ({decided[1]}): the job runs")
+        outcome, text = _alerts_by_policy(config, job.node, gate.causes)
+        if outcome == "drained":
+            gate.reason, drained = text, True
+        elif outcome == "held":
+            _say(f"nodescope: drain held back ({text}): the job runs")
             try:
                 gate = _daemon_gate(config, job, hold_alerts=True)
             except HookUnavailable:
                 gate = _local_gate(config, job)
+        else:
+            _say(f"nodescope: the policy could not be applied ({text}); the gate fails")
+            slurm_down = outcome == "unreachable"
     if gate.reason is None and config.slurm.run_probe:
         probe = _probe(config)
         if probe is not None:
@@ -304,8 +316,8 @@ def prolog(args: argparse.Namespace) -> int:
     except OSError as err:
         _say(f"nodescope: cannot record why job {job.job_id} was stopped: {err}")
     print(reason, flush=True)
-    if drained:
-        return 1  # drained and recorded by the policy's pass
+    if drained or slurm_down:
+        return 1  # drained and recorded by the policy's pass, or Slurm is not answering
     causes = gate.causes
     if drain(config, reason) and causes and job.node and not config.remediation.dry_run:
         try:
