@@ -8,11 +8,16 @@ the job's report and the job tracker.
 * :mod:`~nodescope.hooks.request`: the job a hook names, every field of a request bounded;
 * :mod:`~nodescope.hooks.health`: the health gate (:func:`gate_checks`), the GPUs a job left
   held, and the record of uncleared Xids that outlives the daemon;
+* :mod:`~nodescope.hooks.stops`: the record of a job the gate stopped, kept for its epilog,
+  and the record of the gate's drain in the remediation record;
 * :mod:`~nodescope.hooks.reports`: the job's end-of-job report (:func:`build_report`);
 * :mod:`~nodescope.hooks.tracker`: registrations written by the prolog and removed by the
   epilog, and what the daemon remembers of a job in between (:class:`JobTracker`);
 * :mod:`~nodescope.hooks.daemon`: the server and the tracker as the service starts and feeds
-  them (:class:`Hooks`).
+  them (:class:`Hooks`);
+* :mod:`~nodescope.hooks.jobdrain`: the daemon draining the node on a finding during a job
+  (imported by the service, not here: it imports the remediation, which imports this
+  package).
 
 When the daemon is down, :mod:`nodescope.cli.slurm` calls the same functions with what it can
 read itself.
