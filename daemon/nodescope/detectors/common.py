@@ -5,10 +5,17 @@ Pure: reads only the snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping
+from typing import TypeVar
+
 from nodescope.alerts import AlertRule, keep_floor
 from nodescope.config import Config
 from nodescope.model.jobs import JobView
 from nodescope.model.snapshot import Snapshot
+from nodescope.model.source_key import SourceKey
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 def jobs(snapshot: Snapshot) -> tuple[JobView, ...]:
@@ -23,6 +30,34 @@ def jobs_of_gpus(views: tuple[JobView, ...]) -> dict[str, list[str]]:
         for bdf in view.gpu_bdfs:
             out.setdefault(bdf, []).append(view.job_id)
     return out
+
+
+def grown_counts(
+    snapshot: Snapshot, source: SourceKey[T], counts: Callable[[T], Mapping[K, int]]
+) -> dict[K, tuple[int, int]]:
+    """key -> (new events, events since the source started), for every key whose count of
+    events since the source started grew between the source's two latest reads, in the order
+    of the latest read.
+
+    The source's first read has no read before it: everything it holds is new. A count lower
+    than the read before is a restarted source: all of it is new."""
+    pair = snapshot.pair(source)
+    if pair is not None:
+        before, now = counts(pair[0]), counts(pair[1])
+    else:
+        latest = snapshot.latest(source)
+        # A previous sample that makes no pair (a failed read, a record of another type)
+        # proves nothing new; only the source's first read counts everything it holds.
+        if latest is None or source.name in snapshot.previous:
+            return {}
+        before, now = {}, counts(latest)
+    grown: dict[K, tuple[int, int]] = {}
+    for key, count in now.items():
+        old = before.get(key, 0)
+        added = count - old if count >= old else count
+        if added > 0:
+            grown[key] = (added, count)
+    return grown
 
 
 def tcp_evidence(snapshot: Snapshot) -> dict[str, float]:

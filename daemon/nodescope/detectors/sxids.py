@@ -35,6 +35,7 @@ from types import MappingProxyType
 
 from nodescope.alerts import AlertRule
 from nodescope.config import Config
+from nodescope.detectors.common import grown_counts
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.sxid import SXID, SxidCount, SxidData
@@ -65,31 +66,23 @@ NONFATAL_ACTION = "watch the link; if the count keeps growing, have the link che
 _Key = tuple[str, int, int | None]
 
 
-def _counts(data: SxidData) -> dict[_Key, SxidCount]:
-    return {(c.nvswitch.lower(), c.sxid, c.link): c for c in data.counts}
+def _key(count: SxidCount) -> _Key:
+    return (count.nvswitch.lower(), count.sxid, count.link)
+
+
+def _counts(data: SxidData) -> dict[_Key, int]:
+    return {_key(c): c.count for c in data.counts}
 
 
 def new_sxids(snapshot: Snapshot) -> list[tuple[SxidCount, int]]:
     """(count, new SXids) of every (switch, code, link) whose count grew between the ``sxid``
     source's two latest reads, in the source's order."""
-    pair = snapshot.pair(SXID)
-    if pair is not None:
-        before, now = _counts(pair[0]), _counts(pair[1])
-    else:
-        latest = snapshot.latest(SXID)
-        # A previous sample that makes no pair (a failed read) proves nothing new; only the
-        # source's first read counts everything it holds.
-        if latest is None or SXID.name in snapshot.previous:
-            return []
-        before, now = {}, _counts(latest)
-    grown: list[tuple[SxidCount, int]] = []
-    for key, count in now.items():
-        old = before.get(key)
-        old_count = 0 if old is None else old.count
-        added = count.count - old_count if count.count >= old_count else count.count
-        if added > 0:
-            grown.append((count, added))
-    return grown
+    grown = grown_counts(snapshot, SXID, _counts)
+    latest = snapshot.latest(SXID)
+    if latest is None:
+        return []
+    by_key = {_key(c): c for c in latest.counts}
+    return [(by_key[key], added) for key, (added, _) in grown.items()]
 
 
 @dataclass

@@ -29,7 +29,7 @@ from types import MappingProxyType
 
 from nodescope.alerts import AlertRule
 from nodescope.config import Config
-from nodescope.detectors.common import jobs, jobs_of_gpus
+from nodescope.detectors.common import grown_counts, jobs, jobs_of_gpus
 from nodescope.detectors.hotplug import XID_FELL_OFF_BUS
 from nodescope.model.finding import Finding
 from nodescope.model.nvml import NVML, NvmlData
@@ -54,23 +54,7 @@ def _counts(data: NvmlData) -> dict[_Key, int]:
 def new_xids(snapshot: Snapshot) -> dict[_Key, tuple[int, int]]:
     """(GPU index, address, code) -> (new Xids, Xids since the source started), for every
     code whose count grew between the ``nvml`` source's two latest reads."""
-    pair = snapshot.pair(NVML)
-    if pair is not None:
-        before, now = _counts(pair[0]), _counts(pair[1])
-    else:
-        latest = snapshot.latest(NVML)
-        # A previous sample that makes no pair (a record of another type) proves nothing
-        # new; only the source's first read counts everything it holds.
-        if latest is None or NVML.name in snapshot.previous:
-            return {}
-        before, now = {}, _counts(latest)
-    grown: dict[_Key, tuple[int, int]] = {}
-    for key, count in now.items():
-        old = before.get(key, 0)
-        added = count - old if count >= old else count
-        if added > 0:
-            grown[key] = (added, count)
-    return grown
+    return grown_counts(snapshot, NVML, _counts)
 
 
 class XidDetector:
