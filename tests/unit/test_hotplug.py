@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from nodescope.config import Config
 from nodescope.detectors import hotplug
@@ -53,6 +52,7 @@ from nodescope.sources.udev import (
     parse_uevent,
 )
 from nodescope_exporters import event_metrics
+from tests.unit.exposition_helpers import SampleValues, exposition, sample_values
 
 HOST = Path(__file__).parent.parent / "fixtures" / "hosts" / "kvm-epyc-debian12"
 GPU5 = "0000:bb:00.0"
@@ -521,22 +521,8 @@ def _snapshot(data: Mapping[str, Any]) -> Snapshot:
     )
 
 
-def _render(snapshot: Snapshot) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """The area's families as the exposition shows them (prometheus_client's renderer)."""
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    class Area:
-        def collect(self) -> Any:
-            return event_metrics.families(snapshot)
-
-    registry = CollectorRegistry()
-    registry.register(Area())  # type: ignore[arg-type]
-    text = generate_latest(registry).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+def _render(snapshot: Snapshot) -> SampleValues:
+    return sample_values(exposition(event_metrics.families(snapshot)))
 
 
 def test_event_metrics() -> None:

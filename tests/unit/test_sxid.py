@@ -524,12 +524,9 @@ def test_source_to_detector(kmsg_root: tuple[Path, Roots]) -> None:
 def test_sxid_metrics_render_every_key_and_pass_promtool() -> None:
     import shutil
     import subprocess
-    from typing import Any
-
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
 
     from nodescope_exporters import event_metrics
+    from tests.unit.exposition_helpers import exposition, sample_values
 
     data = SxidData(
         (
@@ -542,18 +539,8 @@ def test_sxid_metrics_render_every_key_and_pass_promtool() -> None:
     )
     snapshot = Snapshot(1, 10.0, 1e9, {"sxid": SourceSample("sxid", 10.0, 0.01, data)})
 
-    class Area:
-        def collect(self) -> Any:
-            return event_metrics.families(snapshot)
-
-    registry = CollectorRegistry()
-    registry.register(Area())  # type: ignore[arg-type]
-    text = generate_latest(registry).decode()
-    values = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    text = exposition(event_metrics.families(snapshot))
+    values = sample_values(text)
     name = "nodescope_nvswitch_sxid_errors_total"
     assert values[(name, (("link", "30"), ("nvswitch", "0000:05:00.0"), ("severity", "fatal"),
                           ("sxid", "24007")))] == 2  # fmt: skip
