@@ -39,6 +39,7 @@ from tests.unit.fabric_helpers import (
     snapshot,
     topology,
 )
+from tests.unit.gpu_helpers import gpu_sample
 
 GEN5 = link_capacity_bytes_per_s(5, 16)
 GEN4 = link_capacity_bytes_per_s(4, 16)
@@ -173,15 +174,10 @@ def _gpu(
     pids: tuple[int, ...] = (),
     nvlinks: tuple[NvLinkSample, ...] = (),
 ) -> GpuSample:
-    return GpuSample(
-        index=index,
-        uuid=f"GPU-{index}",
+    return gpu_sample(
+        index,
+        bdf,
         name=name,
-        pci_address=bdf,
-        pcie_tx=None,
-        pcie_rx=None,
-        pcie_snapshot=None,
-        pcie_bytes_source=None,
         pcie_gen_current=gen[0],
         pcie_width_current=width[0],
         pcie_gen_max=gen[1],
@@ -194,7 +190,6 @@ def _gpu(
         jpeg_util_percent=0,
         processes=tuple(GpuProcess(p, None) for p in pids),
         nvlinks=nvlinks,
-        unsupported=(),
     )
 
 

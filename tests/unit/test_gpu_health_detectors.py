@@ -34,6 +34,7 @@ from nodescope.model.gpu_health import (
 from nodescope.model.jobs import JobView
 from nodescope.model.nvml import GpuProcess, GpuSample, NvmlData
 from nodescope.model.snapshot import Snapshot, SourceSample
+from tests.unit.gpu_helpers import gpu_health, gpu_sample, nvml_data
 
 GPU0 = "0000:18:00.0"
 GPU1 = "0000:2a:00.0"
@@ -61,33 +62,24 @@ def health(
     reasons: int | None = 0,
     fabric: Fabric | None = None,
 ) -> GpuHealth:
-    return GpuHealth(
-        index=index,
-        uuid=f"GPU-{index}",
-        pci_address=BDFS[index],
-        read_at=read_at,
+    return gpu_health(
+        index,
+        BDFS[index],
+        read_at,
         ecc=ecc,
         retired_pages=pages,
         row_remap=remap,
         temperatures=temps,
         power=power,
         clocks=None if reasons is None else Clocks(1980, 2619, reasons),
-        framebuffer=None,
         fabric=fabric,
-        gpm=None,
     )
 
 
 def sample(index: int = 0, util: int | None = 0, pids: tuple[int, ...] = ()) -> GpuSample:
-    return GpuSample(
-        index=index,
-        uuid=f"GPU-{index}",
-        name="NVIDIA H100 80GB HBM3",
-        pci_address=BDFS[index],
-        pcie_tx=None,
-        pcie_rx=None,
-        pcie_snapshot=None,
-        pcie_bytes_source=None,
+    return gpu_sample(
+        index,
+        BDFS[index],
         pcie_gen_current=5,
         pcie_width_current=16,
         pcie_gen_max=5,
@@ -99,23 +91,13 @@ def sample(index: int = 0, util: int | None = 0, pids: tuple[int, ...] = ()) -> 
         encoder_util_percent=0,
         jpeg_util_percent=0,
         processes=tuple(GpuProcess(p, None) for p in pids),
-        nvlinks=(),
-        unsupported=(),
     )
 
 
 def nvml(*gpus: GpuHealth, samples: tuple[GpuSample, ...] | None = None) -> NvmlData:
     if samples is None:
         samples = tuple(sample(h.index) for h in gpus)
-    return NvmlData(
-        device_count=len(samples),
-        gpus=samples,
-        lost=(),
-        xids=(),
-        xid_source=None,
-        events=(),
-        health=gpus,
-    )
+    return nvml_data(samples, gpus)
 
 
 class Node:

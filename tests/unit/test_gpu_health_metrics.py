@@ -11,48 +11,26 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodescope.model import gpu_health as gh
-from nodescope.model.nvml import GpuSample, NvmlData
+from nodescope.model.nvml import NvmlData
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope_exporters import gpu_metrics
 from nodescope_exporters.catalog import CATALOG
 from nodescope_exporters.prometheus import render
+from tests.unit.gpu_helpers import gpu_health, gpu_sample, nvml_data
 
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def sample(index: int) -> GpuSample:
-    return GpuSample(
-        index=index,
-        uuid=f"GPU-{index}",
-        name="NVIDIA H100 80GB HBM3",
-        pci_address=f"0000:{0x19 + index:02x}:00.0",
-        pcie_tx=None,
-        pcie_rx=None,
-        pcie_snapshot=None,
-        pcie_bytes_source=None,
-        pcie_gen_current=None,
-        pcie_width_current=None,
-        pcie_gen_max=None,
-        pcie_width_max=None,
-        pcie_replays=None,
-        gpu_util_percent=None,
-        memory_util_percent=None,
-        decoder_util_percent=None,
-        encoder_util_percent=None,
-        jpeg_util_percent=None,
-        processes=(),
-        nvlinks=(),
-        unsupported=(),
-    )
+def address(index: int) -> str:
+    return f"0000:{0x19 + index:02x}:00.0"
 
 
 def health(index: int = 0) -> gh.GpuHealth:
     """An H100 under a job that its power cap holds back, with a pending remap."""
-    return gh.GpuHealth(
-        index=index,
-        uuid=f"GPU-{index}",
-        pci_address=f"0000:{0x19 + index:02x}:00.0",
-        read_at=1_796_000_123.5,
+    return gpu_health(
+        index,
+        address(index),
+        1_796_000_123.5,
         ecc=gh.EccErrors(
             volatile_corrected=7,
             volatile_uncorrected=1,
@@ -94,34 +72,12 @@ def health(index: int = 0) -> gh.GpuHealth:
 
 def bare(index: int = 0) -> gh.GpuHealth:
     """A GPU that answered none of the health calls."""
-    return gh.GpuHealth(
-        index=index,
-        uuid=f"GPU-{index}",
-        pci_address=f"0000:{0x19 + index:02x}:00.0",
-        read_at=1_796_000_000.0,
-        ecc=None,
-        retired_pages=None,
-        row_remap=None,
-        temperatures=None,
-        power=None,
-        clocks=None,
-        framebuffer=None,
-        fabric=None,
-        gpm=None,
-    )
+    return gpu_health(index, address(index), 1_796_000_000.0)
 
 
 def data(*records: gh.GpuHealth, gpus: tuple[int, ...] | None = None) -> NvmlData:
     listed = tuple(r.index for r in records) if gpus is None else gpus
-    return NvmlData(
-        device_count=len(listed),
-        gpus=tuple(sample(i) for i in listed),
-        lost=(),
-        xids=(),
-        xid_source=None,
-        events=(),
-        health=records,
-    )
+    return nvml_data(tuple(gpu_sample(i, address(i)) for i in listed), records)
 
 
 def exposition(record: NvmlData) -> str:
@@ -146,6 +102,11 @@ def series(record: NvmlData) -> Series:
 
 def value(s: Series, name: str, **labels: str) -> float:
     return s[(name, tuple(sorted(labels.items())))]
+
+
+def by_label(s: Series, name: str, label: str) -> dict[str, float]:
+    """The values of the series ``name`` by the value of their label ``label``."""
+    return {dict(labels)[label]: v for (n, labels), v in s.items() if n == name}
 
 
 #: The series names of the health families.
@@ -222,11 +183,7 @@ def test_every_figure_lands_in_its_series_in_base_units() -> None:
 
 def test_every_clock_event_reason_has_a_series_set_only_for_the_bits_in_the_mask() -> None:
     s = series(data(health()))
-    reasons = {
-        dict(labels)["reason"]: v
-        for (name, labels), v in s.items()
-        if name == "nodescope_gpu_clock_event_reason"
-    }
+    reasons = by_label(s, "nodescope_gpu_clock_event_reason", "reason")
     assert set(reasons) == set(gh.CLOCK_EVENT_REASONS.values())
     assert {r for r, v in reasons.items() if v == 1} == {"sw_power_cap", "hw_slowdown"}
     assert all(v in (0, 1) for v in reasons.values())
@@ -249,11 +206,7 @@ def test_every_clock_event_reason_has_a_series_set_only_for_the_bits_in_the_mask
 
 def test_fabric_state_is_one_for_the_current_state_only() -> None:
     s = series(data(health()))
-    states = {
-        dict(labels)["state"]: v
-        for (name, labels), v in s.items()
-        if name == "nodescope_gpu_fabric_state"
-    }
+    states = by_label(s, "nodescope_gpu_fabric_state", "state")
     assert states == {"not_supported": 0, "not_started": 0, "in_progress": 0, "completed": 1}
 
     stuck = dataclasses.replace(
@@ -283,11 +236,7 @@ def test_fabric_state_is_one_for_the_current_state_only() -> None:
         ),
     )
     s = series(data(newer))
-    states = {
-        dict(labels)["state"]: v
-        for (name, labels), v in s.items()
-        if name == "nodescope_gpu_fabric_state"
-    }
+    states = by_label(s, "nodescope_gpu_fabric_state", "state")
     assert states == {
         "not_supported": 0,
         "not_started": 0,

@@ -9,9 +9,9 @@ from nodescope.model.finding import Finding, Severity
 from nodescope.model.nvlink_kmod import NvlcHeader, NvlcRecord, NvlcSnapshot, NvlinkKmodData
 from nodescope.model.nvml import CounterValue, GpuSample, NvLinkSample, NvmlData
 from nodescope.model.snapshot import Snapshot, SourceSample
+from tests.unit.gpu_helpers import H100, gpu_sample
 
 GB = 1e9
-H100 = "NVIDIA H100 80GB HBM3"
 #: One NVLink 4 link: 25 GB/s per direction.
 LINK = 25 * GB
 
@@ -31,15 +31,10 @@ def link(n: int, tx: int, rx: int, t_us: int) -> NvLinkSample:
 
 
 def gpu(index: int, links: tuple[NvLinkSample, ...], name: str = H100) -> GpuSample:
-    return GpuSample(
-        index=index,
-        uuid=f"GPU-{index}",
+    return gpu_sample(
+        index,
+        f"0000:{0x18 + index:02x}:00.0",
         name=name,
-        pci_address=f"0000:{0x18 + index:02x}:00.0",
-        pcie_tx=None,
-        pcie_rx=None,
-        pcie_snapshot=None,
-        pcie_bytes_source=None,
         pcie_gen_current=5,
         pcie_width_current=16,
         pcie_gen_max=5,
@@ -50,9 +45,7 @@ def gpu(index: int, links: tuple[NvLinkSample, ...], name: str = H100) -> GpuSam
         decoder_util_percent=0,
         encoder_util_percent=0,
         jpeg_util_percent=0,
-        processes=(),
         nvlinks=links,
-        unsupported=(),
     )
 
 
