@@ -38,26 +38,16 @@ from nodescope.sim.scenario import (
     INSTANT_KINDS,
     SCHEMA_PATH,
     Scenario,
-    ScenarioLoader,
 )
 from nodescope.sources.nvml import NvmlSource
-from tests.unit.test_scenario import small_document
+from tests.unit.scenario_helpers import load_document, timeline_document
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
-_LOADER = ScenarioLoader()
 MIB = 1024 * 1024
 
 
-def document(timeline: list[dict[str, Any]]) -> dict[str, Any]:
-    """The small node with ``timeline`` only, idle but where the timeline says otherwise."""
-    doc = small_document()
-    doc.pop("expect")
-    doc["timeline"] = timeline
-    return doc
-
-
 def load(timeline: list[dict[str, Any]]) -> Scenario:
-    return _LOADER.parse(document(timeline), Path("health.json"))
+    return load_document(timeline_document(timeline), "health.json")
 
 
 @pytest.fixture
@@ -386,11 +376,11 @@ def test_fabric_is_registered_on_an_nvswitch_node_and_follows_its_spans(scratch:
 
 
 def test_a_gpu_without_nvswitch_links_has_no_fabric(scratch: Path) -> None:
-    doc = document([])
+    doc = timeline_document([])
     doc["hardware"]["gpus"]["0"]["nvlinks"] = []
     doc["hardware"]["nvswitches"] = []
     del doc["hardware"]["pcie"]["functions"]["0000:06:00.0"]
-    scenario = _LOADER.parse(doc, Path("health.json"))
+    scenario = load_document(doc, "health.json")
     assert gpu_at(scratch, scenario, (0,))[0].fabric_state == FABRIC_STATE_NOT_SUPPORTED
 
 
@@ -422,10 +412,10 @@ def test_gpm_follows_the_timeline_unless_stated(scratch: Path) -> None:
 
 
 def test_framebuffer_is_the_gpu_memory_its_processes_hold(scratch: Path) -> None:
-    doc = document([{"kind": "process_exit", "from": 3, "process": "rank"}])
+    doc = timeline_document([{"kind": "process_exit", "from": 3, "process": "rank"}])
     doc["hardware"]["gpus"]["0"]["memory_bytes"] = 85_899_345_920
     doc["jobs"][0]["processes"][0]["gpu_memory_bytes"] = 73_014_444_032
-    scenario = _LOADER.parse(doc, Path("health.json"))
+    scenario = load_document(doc, "health.json")
     seen = gpu_at(scratch, scenario, (1, 3))
     assert seen[1].fb_total_bytes == 85_899_345_920
     assert seen[1].fb_used_bytes == 73_014_444_032
@@ -434,10 +424,10 @@ def test_framebuffer_is_the_gpu_memory_its_processes_hold(scratch: Path) -> None
 
 @pytest.mark.parametrize("loaded", [True, False])
 def test_a_node_may_run_without_the_nvlink_counter_module(scratch: Path, loaded: bool) -> None:
-    doc = document([])
+    doc = timeline_document([])
     if not loaded:
         doc["hardware"]["os"]["nvlink_counter"] = False
-    node = SimulatedNode(_LOADER.parse(doc, Path("health.json")), scratch / "node")
+    node = SimulatedNode(load_document(doc, "health.json"), scratch / "node")
     node.materialise()
     node.advance_to(1)
     assert node.nvlink_snapshot_path.exists() is loaded

@@ -18,11 +18,10 @@ import pytest
 
 from nodescope.errors import ParseError
 from nodescope.sim.node import SimulatedNode, make_temp_root
-from nodescope.sim.scenario import INSTANT_KINDS, Scenario, ScenarioLoader
+from nodescope.sim.scenario import INSTANT_KINDS, Scenario
 from nodescope.sources.sxid import SKIP_NOT_KERNEL, SxidSource
-from tests.unit.test_scenario import small_document
+from tests.unit.scenario_helpers import load_document, timeline_document
 
-_LOADER = ScenarioLoader()
 SWITCH = "0000:06:00.0"
 UPTIME_USEC = 864_000 * 1_000_000  # the small node's default uptime, in µs
 FATAL = {
@@ -36,15 +35,8 @@ FATAL = {
 }
 
 
-def document(timeline: list[dict[str, Any]]) -> dict[str, Any]:
-    doc = small_document()
-    doc.pop("expect")
-    doc["timeline"] = timeline
-    return doc
-
-
 def load(timeline: list[dict[str, Any]]) -> Scenario:
-    return _LOADER.parse(document(timeline), Path("sxid.json"))
+    return load_document(timeline_document(timeline), "sxid.json")
 
 
 @pytest.fixture
@@ -118,11 +110,11 @@ def test_a_bad_sxid_is_rejected_with_its_pointer(change: dict[str, Any], message
 
 
 def test_a_node_without_nvswitches_has_none_to_name() -> None:
-    doc = document([FATAL])
+    doc = timeline_document([FATAL])
     doc["hardware"]["nvswitches"] = []
     doc["hardware"]["gpus"]["0"].pop("nvlinks")
     with pytest.raises(ParseError) as caught:
-        _LOADER.parse(doc, Path("sxid.json"))
+        load_document(doc, "sxid.json")
     assert "/timeline/0/nvswitch: no NVSwitch 0 (NVSwitches: none)" in str(caught.value)
 
 
