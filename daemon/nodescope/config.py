@@ -1027,42 +1027,48 @@ def _sources(path: str, table: Any) -> Mapping[str, SourceSettings]:
     return MappingProxyType(sources)
 
 
-def _alerts(path: str, table: Any) -> AlertsSettings:
+def _with_rules(
+    path: str,
+    name: str,
+    table: Any,
+    options: tuple[Option, ...],
+    rule_options: tuple[Option, ...],
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The keys a section with per-kind rules (``[alerts]``, ``[remediation]``) sets, and each
+    of its ``[<name>.rules.<kind>]`` tables' keys by kind."""
     if not isinstance(table, dict):
-        raise ConfigError(path, "alerts", "must be a table")
+        raise ConfigError(path, name, "must be a table")
     plain = {k: v for k, v in table.items() if k != "rules"}
-    settings = _section(path, "alerts", plain, ALERT_OPTIONS)
+    settings = _section(path, name, plain, options)
     rules_table = table.get("rules", {})
     if not isinstance(rules_table, dict):
-        raise ConfigError(path, "alerts.rules", "must be a table")
-    rules: dict[str, AlertRuleSettings] = {}
+        raise ConfigError(path, f"{name}.rules", "must be a table")
+    rules: dict[str, dict[str, Any]] = {}
     for kind, rule_table in rules_table.items():
         if len(kind) > 64 or not KIND_PATTERN.fullmatch(kind):
             raise ConfigError(
-                path, f"alerts.rules.{_display(kind)}", "not a finding kind (a-z, 0-9, _)"
+                path, f"{name}.rules.{_display(kind)}", "not a finding kind (a-z, 0-9, _)"
             )
-        rule = _section(path, f"alerts.rules.{kind}", rule_table, ALERT_RULE_OPTIONS)
-        rules[kind] = AlertRuleSettings(**rule)
-    return AlertsSettings(**settings, rules=MappingProxyType(rules))
+        rules[kind] = _section(path, f"{name}.rules.{kind}", rule_table, rule_options)
+    return settings, rules
+
+
+def _alerts(path: str, table: Any) -> AlertsSettings:
+    settings, rules = _with_rules(path, "alerts", table, ALERT_OPTIONS, ALERT_RULE_OPTIONS)
+    return AlertsSettings(
+        **settings,
+        rules=MappingProxyType({k: AlertRuleSettings(**r) for k, r in rules.items()}),
+    )
 
 
 def _remediation(path: str, table: Any) -> RemediationSettings:
-    if not isinstance(table, dict):
-        raise ConfigError(path, "remediation", "must be a table")
-    plain = {k: v for k, v in table.items() if k != "rules"}
-    settings = _section(path, "remediation", plain, REMEDIATION_OPTIONS)
-    rules_table = table.get("rules", {})
-    if not isinstance(rules_table, dict):
-        raise ConfigError(path, "remediation.rules", "must be a table")
-    rules: dict[str, RemediationRuleSettings] = {}
-    for kind, rule_table in rules_table.items():
-        if len(kind) > 64 or not KIND_PATTERN.fullmatch(kind):
-            raise ConfigError(
-                path, f"remediation.rules.{_display(kind)}", "not a finding kind (a-z, 0-9, _)"
-            )
-        rule = _section(path, f"remediation.rules.{kind}", rule_table, REMEDIATION_RULE_OPTIONS)
-        rules[kind] = RemediationRuleSettings(**rule)
-    return RemediationSettings(**settings, rules=MappingProxyType(rules))
+    settings, rules = _with_rules(
+        path, "remediation", table, REMEDIATION_OPTIONS, REMEDIATION_RULE_OPTIONS
+    )
+    return RemediationSettings(
+        **settings,
+        rules=MappingProxyType({k: RemediationRuleSettings(**r) for k, r in rules.items()}),
+    )
 
 
 def _saturation_models(path: str, table: Any) -> dict[str, float]:
