@@ -711,6 +711,7 @@ class SimulatedNode:
                 max_gen=_GENERATIONS.get(dev.link_cap_speed_gts or 0.0, 0),
                 max_width=dev.link_cap_width or 0,
                 links=links,
+                unsupported=set(gpu.nvml_unsupported),
             )
             # Counters since the driver loaded: a steady trickle over the uptime.
             self._acc[("gpu", gpu.index, "tx")] = uptime * 2.0e8

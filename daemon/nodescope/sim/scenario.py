@@ -32,6 +32,7 @@ from typing import Any
 from nodescope.errors import ParseError
 from nodescope.model.gpu_health import CLOCK_EVENT_REASONS, FABRIC_STATES
 from nodescope.sim.expect import Expectations, parse_expectations
+from nodescope.sim.fake_nvml import FakeNvml
 from nodescope.sim.lspci import (
     ACS_FLAG_BITS,
     BusNumbers,
@@ -96,6 +97,8 @@ class Gpu:
     uuid: str
     memory_bytes: int
     nvlinks: tuple[NvLinkGroup, ...]
+    #: NVML calls that answer NOT_SUPPORTED on this GPU (its model's driver lacks them)
+    nvml_unsupported: frozenset[str] = frozenset()
 
     @property
     def nvlink_count(self) -> int:
@@ -1081,9 +1084,25 @@ def _gpus(
                 uuid=spec.get("uuid", uuid_default),
                 memory_bytes=int(spec.get("memory_bytes", 80 * 2**30)),
                 nvlinks=nvlinks,
+                nvml_unsupported=_nvml_unsupported(
+                    source, spec.get("nvml_unsupported", []), f"{pointer}/{index}"
+                ),
             )
         )
     return tuple(gpus)
+
+
+def _nvml_unsupported(source: _Source, names: list[str], pointer: str) -> frozenset[str]:
+    """The calls a GPU does not support, each one the fake NVML answers: a misspelt name
+    would leave the call supported without a word."""
+    for i, name in enumerate(names):
+        per_gpu = name.startswith(("nvmlDevice", "nvmlGpm"))
+        if not per_gpu or not callable(getattr(FakeNvml, name, None)):
+            raise source.fail(
+                f"{pointer}/nvml_unsupported/{i}",
+                f"{name!r} is no NVML call of a GPU that the node answers",
+            )
+    return frozenset(names)
 
 
 def _nvlinks(
