@@ -54,6 +54,8 @@ BUNDLED = (
     "gpu-fabric-degraded",
     "gpu-fabric-healthy-control",
     "gpu-hw-slowdown-blip-control",
+    "gpu-page-retirement-control",
+    "gpu-page-retirement-pending",
     "gpu-power-brake-slowdown",
     "gpu-power-cap-slowdown",
     "gpu-row-remap-failed",
