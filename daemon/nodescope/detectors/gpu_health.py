@@ -387,34 +387,28 @@ def _held(
 
 
 def _slowdown_evidence(gpu: _Gpu, reasons: int, held: float) -> dict[str, float]:
-    health = gpu.health
     evidence = {"clock_event_reasons": float(reasons), "held_seconds": held}
     if gpu.sample is not None:
         if gpu.sample.gpu_util_percent is not None:
             evidence["gpu_util_percent"] = float(gpu.sample.gpu_util_percent)
         evidence["compute_processes"] = float(len(gpu.sample.processes))
-    if health.clocks is not None:
-        for name, value in (("sm", health.clocks.sm_mhz), ("memory", health.clocks.memory_mhz)):
-            if value is not None:
-                evidence[f"{name}_clock_mhz"] = float(value)
-    temps = health.temperatures
+    clocks, temps, power = gpu.health.clocks, gpu.health.temperatures, gpu.health.power
+    read: tuple[tuple[str, float | None], ...] = ()
+    if clocks is not None:
+        read += (("sm_clock_mhz", clocks.sm_mhz), ("memory_clock_mhz", clocks.memory_mhz))
     if temps is not None:
-        for name, value in (
+        read += (
             ("gpu_temperature_celsius", temps.gpu),
             ("memory_temperature_celsius", temps.memory),
             ("slowdown_temperature_celsius", temps.slowdown),
-        ):
-            if value is not None:
-                evidence[name] = float(value)
-    power = health.power
+        )
     if power is not None:
-        for name, watts in (
+        read += (
             ("power_draw_watts", power.draw_watts),
             ("power_limit_watts", power.limit_watts),
             ("enforced_power_limit_watts", power.enforced_limit_watts),
-        ):
-            if watts is not None:
-                evidence[name] = float(watts)
+        )
+    evidence.update((name, float(value)) for name, value in read if value is not None)
     return evidence
 
 
