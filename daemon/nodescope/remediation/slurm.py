@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Generic, TypeVar
@@ -109,69 +109,70 @@ def strip_reason(raw: str | None) -> str | None:
     return None if text in ("", "(null)", "none") else text
 
 
-def parse_nodes(text: str) -> Parsed[SlurmNode]:
-    """``scontrol show node --oneliner`` output."""
-    nodes: list[SlurmNode] = []
+def _parse_lines(text: str, read: Callable[[str], T | None]) -> Parsed[T]:
+    """What ``read`` makes of each line of ``text`` that is not blank; a line it gives
+    ``None`` for is counted as skipped."""
+    items: list[T] = []
     skipped = 0
     for line in text.splitlines():
         if not line.strip():
             continue
-        fields = split_fields(line)
-        name = fields.get("NodeName", "") if fields else ""
-        state = fields.get("State", "") if fields else ""
-        if fields is None or not NODE_NAME.fullmatch(name) or not state:
+        item = read(line)
+        if item is None:
             skipped += 1
-            continue
-        parts = [p for p in state.rstrip("*~#!%$@^-").split("+") if p]
-        partitions = fields.get("Partitions", "")
-        nodes.append(
-            SlurmNode(
-                name=name,
-                state=parts[0] if parts else state,
-                flags=frozenset(parts),
-                reason=strip_reason(fields.get("Reason")),
-                partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),
-                hostname=fields.get("NodeHostName", ""),
-            )
-        )
-    return Parsed(tuple(nodes), skipped)
+        else:
+            items.append(item)
+    return Parsed(tuple(items), skipped)
+
+
+def _node(line: str) -> SlurmNode | None:
+    fields = split_fields(line)
+    name = fields.get("NodeName", "") if fields else ""
+    state = fields.get("State", "") if fields else ""
+    if fields is None or not NODE_NAME.fullmatch(name) or not state:
+        return None
+    parts = [p for p in state.rstrip("*~#!%$@^-").split("+") if p]
+    partitions = fields.get("Partitions", "")
+    return SlurmNode(
+        name=name,
+        state=parts[0] if parts else state,
+        flags=frozenset(parts),
+        reason=strip_reason(fields.get("Reason")),
+        partitions=tuple(p for p in partitions.split(",") if p and p != "(null)"),
+        hostname=fields.get("NodeHostName", ""),
+    )
+
+
+def parse_nodes(text: str) -> Parsed[SlurmNode]:
+    """``scontrol show node --oneliner`` output."""
+    return _parse_lines(text, _node)
+
+
+def _partition(line: str) -> SlurmPartition | None:
+    fields = split_fields(line)
+    name = fields.get("PartitionName", "") if fields else ""
+    total = fields.get("TotalNodes", "") if fields else ""
+    if fields is None or not NODE_NAME.fullmatch(name) or not re.fullmatch(r"[0-9]{1,9}", total):
+        return None
+    return SlurmPartition(name, int(total), fields)
 
 
 def parse_partitions(text: str) -> Parsed[SlurmPartition]:
     """``scontrol show partition --oneliner`` output."""
-    found: list[SlurmPartition] = []
-    skipped = 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = split_fields(line)
-        name = fields.get("PartitionName", "") if fields else ""
-        total = fields.get("TotalNodes", "") if fields else ""
-        if (
-            fields is None
-            or not NODE_NAME.fullmatch(name)
-            or not re.fullmatch(r"[0-9]{1,9}", total)
-        ):
-            skipped += 1
-            continue
-        found.append(SlurmPartition(name, int(total), fields))
-    return Parsed(tuple(found), skipped)
+    return _parse_lines(text, _partition)
+
+
+def _sinfo_reason(line: str) -> tuple[str, str] | None:
+    name, sep, reason = line.partition("|")
+    name = name.strip()
+    if not sep or not NODE_NAME.fullmatch(name) or not line.isprintable():
+        return None
+    return (name, reason.strip())
 
 
 def parse_sinfo_reasons(text: str) -> Parsed[tuple[str, str]]:
     """``sinfo -R -h -N -o "%N|%E"`` output: (node, reason) pairs."""
-    pairs: list[tuple[str, str]] = []
-    skipped = 0
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        name, sep, reason = line.partition("|")
-        name = name.strip()
-        if not sep or not NODE_NAME.fullmatch(name) or not line.isprintable():
-            skipped += 1
-            continue
-        pairs.append((name, reason.strip()))
-    return Parsed(tuple(pairs), skipped)
+    return _parse_lines(text, _sinfo_reason)
 
 
 def node_named(nodes: Iterable[SlurmNode], hostnames: Sequence[str]) -> str | None:
