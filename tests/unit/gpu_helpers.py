@@ -1,6 +1,6 @@
-"""NVML records built directly for the GPU detector, health and metric tests: a GPU sample,
+"""NVML records built directly for the GPU detector, health and metric tests (a GPU sample,
 a health record and the ``nvml`` record that holds them, each with nothing answered but what
-a test names."""
+a test names), and the NVML functions the health read calls."""
 
 from __future__ import annotations
 
@@ -11,6 +11,28 @@ from nodescope.model.gpu_health import GpuHealth
 from nodescope.model.nvml import GpuSample, NvmlData
 
 H100 = "NVIDIA H100 80GB HBM3"
+
+#: The NVML functions the ``nvml`` source's health read calls, by the name ``FakeNvml.calls``
+#: counts them under.
+HEALTH_CALLS = (
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureThreshold",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetGpuFabricInfoV",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
+)
 
 
 def gpu_sample(index: int, pci_address: str, **fields: Any) -> GpuSample:

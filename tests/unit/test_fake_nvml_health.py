@@ -22,29 +22,15 @@ from nodescope.sim.fake_nvml import (
 )
 from nodescope.sim.nvml_mirror import MirroredNvml, state_document, write_state
 from nodescope.sources.nvml import NvmlSource
+from tests.unit.gpu_helpers import HEALTH_CALLS
 
-#: Every health call the nvml source makes, and the fallbacks it may make.
+#: Every health call the nvml source makes, the fallbacks it may make and the GPM sample's
+#: release.
 HEALTH_FUNCTIONS = (
-    "nvmlDeviceGetTotalEccErrors",
-    "nvmlDeviceGetRetiredPages",
-    "nvmlDeviceGetRetiredPagesPendingStatus",
-    "nvmlDeviceGetRemappedRows",
-    "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetTemperatureThreshold",
-    "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetPowerManagementLimit",
-    "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetCurrentClocksEventReasons",
+    *HEALTH_CALLS,
     "nvmlDeviceGetCurrentClocksThrottleReasons",
-    "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetGpuFabricInfo",
-    "nvmlDeviceGetGpuFabricInfoV",
-    "nvmlGpmQueryDeviceSupport",
-    "nvmlGpmSampleAlloc",
     "nvmlGpmSampleFree",
-    "nvmlGpmSampleGet",
-    "nvmlGpmMetricsGet",
 )
 
 #: The ones that take a device handle and nothing else.

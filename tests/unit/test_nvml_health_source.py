@@ -38,31 +38,11 @@ from nodescope.sim.fake_nvml import (
     hgx_h100,
 )
 from nodescope.sources import nvml as nv
+from tests.unit.gpu_helpers import HEALTH_CALLS
 
 NO_FILES = Roots.under("/nonexistent-nodescope-root")
 SKIP = nv.SKIP_HEALTH_VALUE_IMPOSSIBLE
 MIB = 1 << 20
-
-#: The fake's functions the health read calls, by the name ``FakeNvml.calls`` counts.
-HEALTH_CALLS = (
-    "nvmlDeviceGetTotalEccErrors",
-    "nvmlDeviceGetRetiredPages",
-    "nvmlDeviceGetRetiredPagesPendingStatus",
-    "nvmlDeviceGetRemappedRows",
-    "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetTemperatureThreshold",
-    "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetPowerManagementLimit",
-    "nvmlDeviceGetEnforcedPowerLimit",
-    "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetGpuFabricInfoV",
-    "nvmlGpmQueryDeviceSupport",
-    "nvmlGpmSampleAlloc",
-    "nvmlGpmSampleGet",
-    "nvmlGpmMetricsGet",
-)
 
 
 class Wall:
