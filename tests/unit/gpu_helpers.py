@@ -64,6 +64,22 @@ def gpu_sample(index: int, pci_address: str, **fields: Any) -> GpuSample:
     return dataclasses.replace(bare, **fields)
 
 
+def gen5_sample(index: int, pci_address: str, **fields: Any) -> GpuSample:
+    """GPU ``index`` (as :func:`gpu_sample`) on its full PCIe Gen5 x16 link without replays,
+    its media engines idle, with ``fields`` as given."""
+    full_link = {
+        "pcie_gen_current": 5,
+        "pcie_width_current": 16,
+        "pcie_gen_max": 5,
+        "pcie_width_max": 16,
+        "pcie_replays": 0,
+        "decoder_util_percent": 0,
+        "encoder_util_percent": 0,
+        "jpeg_util_percent": 0,
+    }
+    return gpu_sample(index, pci_address, **{**full_link, **fields})
+
+
 def gpu_health(index: int, pci_address: str, read_at: float, **fields: Any) -> GpuHealth:
     """The health of GPU ``index`` read at ``read_at``, answering none of the health calls
     but ``fields``."""

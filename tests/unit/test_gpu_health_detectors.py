@@ -34,7 +34,7 @@ from nodescope.model.gpu_health import (
 from nodescope.model.jobs import JobView
 from nodescope.model.nvml import GpuProcess, GpuSample, NvmlData
 from nodescope.model.snapshot import Snapshot, SourceSample
-from tests.unit.gpu_helpers import gpu_health, gpu_sample, nvml_data
+from tests.unit.gpu_helpers import gen5_sample, gpu_health, nvml_data
 
 GPU0 = "0000:18:00.0"
 GPU1 = "0000:2a:00.0"
@@ -77,19 +77,11 @@ def health(
 
 
 def sample(index: int = 0, util: int | None = 0, pids: tuple[int, ...] = ()) -> GpuSample:
-    return gpu_sample(
+    return gen5_sample(
         index,
         BDFS[index],
-        pcie_gen_current=5,
-        pcie_width_current=16,
-        pcie_gen_max=5,
-        pcie_width_max=16,
-        pcie_replays=0,
         gpu_util_percent=util,
         memory_util_percent=0,
-        decoder_util_percent=0,
-        encoder_util_percent=0,
-        jpeg_util_percent=0,
         processes=tuple(GpuProcess(p, None) for p in pids),
     )
 

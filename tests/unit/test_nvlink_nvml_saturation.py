@@ -9,7 +9,7 @@ from nodescope.model.finding import Finding, Severity
 from nodescope.model.nvlink_kmod import NvlcHeader, NvlcRecord, NvlcSnapshot, NvlinkKmodData
 from nodescope.model.nvml import CounterValue, GpuSample, NvLinkSample, NvmlData
 from nodescope.model.snapshot import Snapshot, SourceSample
-from tests.unit.gpu_helpers import H100, gpu_sample
+from tests.unit.gpu_helpers import H100, gen5_sample
 
 GB = 1e9
 #: One NVLink 4 link: 25 GB/s per direction.
@@ -31,20 +31,12 @@ def link(n: int, tx: int, rx: int, t_us: int) -> NvLinkSample:
 
 
 def gpu(index: int, links: tuple[NvLinkSample, ...], name: str = H100) -> GpuSample:
-    return gpu_sample(
+    return gen5_sample(
         index,
         f"0000:{0x18 + index:02x}:00.0",
         name=name,
-        pcie_gen_current=5,
-        pcie_width_current=16,
-        pcie_gen_max=5,
-        pcie_width_max=16,
-        pcie_replays=0,
         gpu_util_percent=100,
         memory_util_percent=50,
-        decoder_util_percent=0,
-        encoder_util_percent=0,
-        jpeg_util_percent=0,
         nvlinks=links,
     )
 
