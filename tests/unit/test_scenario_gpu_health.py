@@ -10,7 +10,6 @@ NVLinks to one NVSwitch) with only its own activities, on a tmpfs when there is 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from nodescope.model.gpu_health import (
     fabric_bandwidth_degraded,
 )
 from nodescope.sim.fake_nvml import FakeGpu
-from nodescope.sim.node import SimulatedNode, make_temp_root
+from nodescope.sim.node import SimulatedNode
 from nodescope.sim.scenario import (
     GPU_HEALTH_KINDS,
     INSTANT_KINDS,
@@ -40,21 +39,24 @@ from nodescope.sim.scenario import (
     Scenario,
 )
 from nodescope.sources.nvml import NvmlSource
-from tests.unit.scenario_helpers import load_document, timeline_document
+from tests.unit.scenario_helpers import (
+    load_document,
+    load_timeline,
+    scratch_root,
+    timeline_document,
+)
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 MIB = 1024 * 1024
 
 
 def load(timeline: list[dict[str, Any]]) -> Scenario:
-    return load_document(timeline_document(timeline), "health.json")
+    return load_timeline(timeline, "health.json")
 
 
 @pytest.fixture
 def scratch() -> Iterator[Path]:
-    root = make_temp_root("nodescope-test-health-")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    yield from scratch_root("nodescope-test-health-")
 
 
 def gpu_at(root: Path, scenario: Scenario, times: tuple[float, ...]) -> dict[float, FakeGpu]:

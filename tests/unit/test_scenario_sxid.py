@@ -9,7 +9,6 @@ NVLinks to NVSwitch 0000:06:00.0) with only its own activities, on a tmpfs when 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,15 @@ from typing import Any
 import pytest
 
 from nodescope.errors import ParseError
-from nodescope.sim.node import SimulatedNode, make_temp_root
+from nodescope.sim.node import SimulatedNode
 from nodescope.sim.scenario import INSTANT_KINDS, Scenario
 from nodescope.sources.sxid import SKIP_NOT_KERNEL, SxidSource
-from tests.unit.scenario_helpers import load_document, timeline_document
+from tests.unit.scenario_helpers import (
+    load_document,
+    load_timeline,
+    scratch_root,
+    timeline_document,
+)
 
 SWITCH = "0000:06:00.0"
 UPTIME_USEC = 864_000 * 1_000_000  # the small node's default uptime, in µs
@@ -36,14 +40,12 @@ FATAL = {
 
 
 def load(timeline: list[dict[str, Any]]) -> Scenario:
-    return load_document(timeline_document(timeline), "sxid.json")
+    return load_timeline(timeline, "sxid.json")
 
 
 @pytest.fixture
 def scratch() -> Iterator[Path]:
-    root = make_temp_root("nodescope-test-sxid-")
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    yield from scratch_root("nodescope-test-sxid-")
 
 
 def node_of(root: Path, timeline: list[dict[str, Any]]) -> SimulatedNode:
