@@ -26,6 +26,7 @@ from nodescope.hooks.stops import (
 )
 from nodescope.roots import Roots
 from nodescope_exporters.reports import render_text
+from tests.unit.json_strategy import json_values
 
 JOB = JobRequest("42", uid=0, user="root", partition="gpu", gpus=(0, 1))
 STOP = GateStop(
@@ -85,11 +86,7 @@ def _document(stop: GateStop) -> dict[str, object]:
     return {"format": GATE_STOP_FORMAT, "job_id": stop.job_id, **stop.as_dict()}
 
 
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=300),
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner),
-    max_leaves=20,
-)
+_json = json_values(300)
 
 
 @settings(max_examples=300, deadline=None)

@@ -70,6 +70,7 @@ from nodescope.sources.registry import SOURCES
 from nodescope_exporters import probe_metrics
 from nodescope_exporters.prometheus import render
 from tests.conftest import REPO
+from tests.unit.json_strategy import json_values
 
 # --- sweep and formulas -----------------------------------------------------------------------
 
@@ -343,13 +344,7 @@ def test_parser_rejects_non_finite_numbers_and_non_json() -> None:
     assert info.value.line == 2
 
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
+_JSON = json_values(8, max_key=8)
 
 
 @settings(max_examples=200, deadline=None)

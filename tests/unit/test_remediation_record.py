@@ -41,6 +41,7 @@ from nodescope.roots import Roots
 from nodescope.sources.remediation import RemediationSource
 from nodescope_exporters.push import AlertmanagerPusher
 from nodescope_exporters.remediation_metrics import families
+from tests.unit.json_strategy import json_values
 
 NODE_LINE = (
     "NodeName={name} Arch=x86_64 State={state} Partitions=gpu{reason}\n"
@@ -309,13 +310,7 @@ def test_alertmanager_gets_the_action_as_an_annotation(tmp_path: Path) -> None:
     assert "nodescope_action" not in json.loads(sent[0])[0]["annotations"]
 
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
+_JSON = json_values(20)
 
 
 @settings(max_examples=300, deadline=None)
