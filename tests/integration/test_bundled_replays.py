@@ -14,6 +14,9 @@ import pytest
 
 from nodescope.sim.driver import replay, replay_document
 
+# The scenarios bundled, which tests/unit/test_scenario.py holds to what the package ships.
+from tests.unit.test_scenario import BUNDLED
+
 pytestmark = pytest.mark.integration
 
 
@@ -33,12 +36,6 @@ def _replay_bundled(name: str) -> dict[str, Any]:
         return {"error": traceback.format_exc()}
 
 
-def bundled_names() -> list[str]:
-    from nodescope.sim.scenario import bundled_scenarios
-
-    return bundled_scenarios()
-
-
 @pytest.fixture(scope="module")
 def bundled_results() -> dict[str, dict[str, Any]]:
     """Every bundled scenario replayed once, in parallel: each is a DGX-class node with
@@ -46,58 +43,14 @@ def bundled_results() -> dict[str, dict[str, Any]]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    names = bundled_names()
-    workers = max(1, min(len(names), os.cpu_count() or 1))
+    workers = max(1, min(len(BUNDLED), os.cpu_count() or 1))
     # spawn: the workers must not inherit the threads (NVML Xid watchers) of earlier tests.
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        return dict(zip(names, pool.map(_replay_bundled, names), strict=True))
+        return dict(zip(BUNDLED, pool.map(_replay_bundled, BUNDLED), strict=True))
 
 
-def test_the_issue_bundles_every_scenario() -> None:
-    assert set(bundled_names()) >= {
-        "dgx-h100",
-        "root-port-contention",
-        "link-downtrained",
-        "nvlink-stall-bursts",
-        "pcie-saturation-a100",
-        "escaped-nccl-threads",
-        "allreduce-hang-nfs-lock",
-        "hca-numa-mismatch",
-        "xid79-fell-off-bus",
-        "nvme-hot-removed",
-        "nvme-driver-rebind",
-        "job-memory-limit-thrash",
-        "job-memory-limit-warmup",
-        "gpudirect-rdma-line-rate",
-        "gpudirect-rdma-dmabuf",
-        "gpudirect-acs-redirect",
-        "nvlink-stall-blip",
-        "epoch-boundary-pause",
-        "checkpoint-sync-write",
-        "nvme-removed-under-job",
-        "xid48-double-bit-ecc",
-        "xid13-application-fault",
-        "gpu-ecc-corrected-control",
-        "gpu-ecc-uncorrectable",
-        "gpu-fabric-degraded",
-        "gpu-fabric-healthy-control",
-        "gpu-hw-slowdown-blip-control",
-        "gpu-power-brake-slowdown",
-        "gpu-power-cap-slowdown",
-        "gpu-row-remap-failed",
-        "gpu-row-remap-pending",
-        "gpu-thermal-idle-control",
-        "gpu-thermal-slowdown-under-load",
-        "nvlink-nvml-busy-control",
-        "nvlink-saturation-nvml",
-        "nvswitch-sxid-fatal",
-        "nvswitch-sxid-nonfatal",
-        "nvswitch-sxid-forged-control",
-    }
-
-
-@pytest.mark.parametrize("name", bundled_names())
+@pytest.mark.parametrize("name", BUNDLED)
 def test_bundled_scenario_passes_replay(name: str, bundled_results: dict[str, Any]) -> None:
     doc = bundled_results[name]
     assert "error" not in doc, doc.get("error")
