@@ -262,9 +262,7 @@ _INDEX = Body(INDEX, HTML_TYPE)
 _NOT_FOUND = Body(b"not found\n", TEXT_TYPE)
 
 
-def route(
-    method: str, path: str, current: Documents, stale: bool = False
-) -> tuple[int, Body, str]:
+def route(method: str, path: str, current: Documents, stale: bool = False) -> tuple[int, Body, str]:
     """(status, body, extra header lines) of a request, from the current documents;
     ``stale`` when the daemon has published nothing for longer than it should."""
     if method not in ("GET", "HEAD"):
@@ -1076,10 +1074,7 @@ class Server:
                 keep_alive=request.keep_alive, http10=request.http10,
             )  # fmt: skip
             return
-        stale = (
-            self.stale_after is not None
-            and self.clock() - self.published_at > self.stale_after
-        )
+        stale = self.stale_after is not None and self.clock() - self.published_at > self.stale_after
         status, body, extra = route(request.method, request.path, self.current, stale)
         gzip = request.gzip and body.negotiable
         if gzip:

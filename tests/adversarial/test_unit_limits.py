@@ -77,7 +77,7 @@ def test_the_daemon_survives_the_attacks_under_the_units_limits(tmp_path: Path) 
             assert daemon.proc.poll() is None, daemon.stderr()
             assert any(line.startswith("memory.limit_in_bytes=") for line in applied), applied
             peak = None
-            for line in (Path(f"/proc/{daemon.proc.pid}/cgroup").read_text().splitlines()):
+            for line in Path(f"/proc/{daemon.proc.pid}/cgroup").read_text().splitlines():
                 _, controllers, where = line.split(":", 2)
                 if "memory" in controllers.split(","):
                     peak_file = Path("/sys/fs/cgroup/memory") / where.lstrip("/")

@@ -87,6 +87,7 @@ def test_contention_names_devices_jobs_and_fires_after_for(
     runs: dict[str, dict[str, Any]],
 ) -> None:
     from nodescope.detectors.registry import ALERT_RULES
+
     cycles = runs["root-port-contention"]["cycles"]
     key = "pcie_contention{link=0000:15:01.0}"
     first = _first(cycles, key)

@@ -30,5 +30,3 @@ def test_bundled_xid_scenarios_replay(name: str, kind: str, severity: Severity) 
     assert found and f"({severity.label})" in found[0].detail
     if severity is Severity.CRITICAL:
         assert "used by job 81790" in found[0].detail
-
-

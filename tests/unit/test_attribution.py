@@ -297,8 +297,7 @@ def _with(
     base = topology()
     acs = redirect or {}
     devices = tuple(
-        dataclasses.replace(d, acs_redirect=acs[d.bdf]) if d.bdf in acs else d
-        for d in base.devices
+        dataclasses.replace(d, acs_redirect=acs[d.bdf]) if d.bdf in acs else d for d in base.devices
     )
     return dataclasses.replace(base, devices=devices, peer_modules=modules)
 

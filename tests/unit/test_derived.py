@@ -325,6 +325,7 @@ def test_a_pair_no_rates_can_be_made_of_costs_only_that_source(
     )
     assert snap.derived.procs_rates is None
     assert [g.index for g in snap.derived.gpu_uses] == [0, 1, 2]
+
     # Samples of the right type that the rate function cannot make rates of (it raises):
     # logged, None, and only that source's figure is lost.
     def unreadable(previous: ProcsData, current: ProcsData, seconds: float) -> None:

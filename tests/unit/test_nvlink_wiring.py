@@ -56,6 +56,7 @@ def test_the_detector_is_registered() -> None:
 def test_thresholds_come_from_the_detectors_nvlink_table() -> None:
     pair = _pair(10.0, 11.0)
     snapshot = _snapshot(10.0, 11.0, pair)
+
     def table(**options: object) -> Config:
         # Stalls reported at once: the bands are under test here, not the minimum duration.
         return from_mapping({"detectors": {"nvlink": {"min_stall_seconds": 0, **options}}})
