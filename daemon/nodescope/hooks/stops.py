@@ -200,12 +200,9 @@ def parse_gate_stop(job_id: str, text: str | None) -> GateStop:
     stopped_at = None
     if isinstance(at, int | float) and not isinstance(at, bool) and math.isfinite(at):
         stopped_at = float(at)
-    return GateStop(
-        job_id,
-        stopped_at,
-        _line(reason, MAX_REASON),
-        checks_of(document.get("checks")),
-    )
+    # A record with an empty reason still stands for a stop: the report must say one.
+    text_reason = _line(reason, MAX_REASON) or "nodescope: prolog gate stopped the job (no reason)"
+    return GateStop(job_id, stopped_at, text_reason, checks_of(document.get("checks")))
 
 
 def read_gate_stop(roots: Roots, job_id: str) -> GateStop | None:
