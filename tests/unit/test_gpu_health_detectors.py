@@ -22,6 +22,7 @@ from nodescope.model.gpu_health import (
     FABRIC_STATE_COMPLETED,
     FABRIC_STATE_IN_PROGRESS,
     FABRIC_STATE_NOT_SUPPORTED,
+    HEALTH_EVERY,
     Clocks,
     EccErrors,
     Fabric,
@@ -43,7 +44,7 @@ CONFIG = Config()
 #: The default minimum duration of a slowdown.
 MINIMUM = CONFIG.detectors.gpu_health.min_slowdown_seconds
 #: A read interval of 1 s and a health read every 5 runs: health is stale after 15 s.
-STALE_AFTER = det.STALE_READS * det.HEALTH_EVERY_RUNS * 1.0
+STALE_AFTER = det.STALE_READS * HEALTH_EVERY * 1.0
 
 HEALTHY_ECC = EccErrors(0, 0, 0, 0)
 HOT = Temperatures(gpu=89, memory=84, slowdown=87, shutdown=92, gpu_max=87, memory_max=95)
@@ -519,9 +520,10 @@ def test_the_cadence_follows_the_measured_read_interval() -> None:
 
 
 def test_the_health_cadence_is_the_nvml_sources() -> None:
+    from nodescope.sim.fake_nvml import FakeNvml
     from nodescope.sources import nvml as source
 
-    assert det.HEALTH_EVERY_RUNS == source.HEALTH_EVERY
+    assert source.NvmlSource(FakeNvml([])).health_every == HEALTH_EVERY
 
 
 # --- wiring and configuration ----------------------------------------------------------------

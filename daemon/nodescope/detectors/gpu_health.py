@@ -2,7 +2,7 @@
 and the NVSwitch fabric.
 
 Input: ``NvmlData.health`` (:mod:`nodescope.model.gpu_health`), one :class:`GpuHealth` per
-GPU, read by the ``nvml`` source every :data:`HEALTH_EVERY_RUNS` runs and carried on the
+GPU, read by the ``nvml`` source every :data:`HEALTH_EVERY` runs and carried on the
 records in between (each dates itself with ``read_at``); "under load" from the same GPU's
 :class:`GpuSample` (utilisation, compute processes). Pure: no IO, no clock; the durations are
 the derived stage's (``Derived.held_since``), keyed by kind and GPU.
@@ -56,6 +56,7 @@ from nodescope.model.gpu_health import (
     FABRIC_STATE_COMPLETED,
     FABRIC_STATE_NOT_SUPPORTED,
     HARDWARE_REASONS,
+    HEALTH_EVERY,
     NVML_SUCCESS,
     POWER_REASONS,
     THERMAL_REASONS,
@@ -86,9 +87,6 @@ KINDS = (
     FABRIC,
 )
 
-#: The ``nvml`` source reads health every this many of its runs (``NvmlSource``'s
-#: ``health_every``), so its health cadence is this many of its read intervals.
-HEALTH_EVERY_RUNS = 5
 #: A health read that has been the latest for more than this many cadences is stale: the
 #: source missed two reads in a row (a GPU that stopped answering, a source that stalls).
 STALE_READS = 3
@@ -185,7 +183,7 @@ def _current(
     with the collector's)."""
     reads = {(h.uuid, h.read_at) for h in data.health}
     since = snapshot.derived.held_since(_READS, reads, snapshot.monotonic, before)
-    limit = STALE_READS * HEALTH_EVERY_RUNS * interval
+    limit = STALE_READS * HEALTH_EVERY * interval
     samples = {g.uuid: g for g in data.gpus}
     users = jobs_of_gpus(jobs(snapshot))
     by_bdf = {bdf.lower(): ids for bdf, ids in users.items()}

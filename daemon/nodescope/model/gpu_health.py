@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: Runs of the ``nvml`` source between two health reads (its ``health_every`` default): the
+#: source reads on this cadence and the detector judges a read stale by it.
+HEALTH_EVERY = 5
+
 # --------------------------------------------------------------------------------------------
 # Clock-event ("throttle") reasons: nvmlDeviceGetCurrentClocksEventReasons' bit mask
 

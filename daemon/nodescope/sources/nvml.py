@@ -104,6 +104,7 @@ import pynvml
 
 from nodescope.errors import ParseError
 from nodescope.model.gpu_health import (
+    HEALTH_EVERY,
     Clocks,
     EccErrors,
     Fabric,
@@ -172,9 +173,8 @@ _ERROR_COUNTER_KEYS = tuple(
 #: generation and width and the PCIe replay counter (see the module docstring).
 SLOW_EVERY = 10
 
-#: Runs between two health reads (ECC, row remapping, temperatures, power, clocks, fabric:
-#: docs/datasources.md §1.8), and between two GPM samples.
-HEALTH_EVERY = 5
+#: Runs between two GPM samples; health (ECC, row remapping, temperatures, power, clocks,
+#: fabric: docs/datasources.md §1.8) is read every ``HEALTH_EVERY`` runs (model.gpu_health).
 GPM_EVERY = 30
 
 #: ``SkipTally`` reason of a health value no GPU can answer (a negative count, a GPU at
