@@ -96,8 +96,13 @@ def prepare_directory(directory: Path) -> bool:
         pass
     except FileNotFoundError:
         os.makedirs(directory.parent, exist_ok=True)
-        os.mkdir(directory, 0o750)
-        made = True
+        # Two writers (a hook and the daemon, two hook threads) may both find the parent
+        # missing: the loser of the second mkdir checks the winner's directory below.
+        try:
+            os.mkdir(directory, 0o750)
+            made = True
+        except FileExistsError:
+            pass
     info = os.lstat(directory)
     if not stat.S_ISDIR(info.st_mode):
         raise PermissionError(f"{directory}: not a directory (a link?): refusing the socket")
