@@ -73,9 +73,10 @@ def test_xid79_timeline_shows_the_gpu_falling_off_the_bus(
 ) -> None:
     timeline = bundled_results["xid79-fell-off-bus"]["timeline"]
     events = [e for e in timeline if e["kind"] in ("gpu_lost", "xid")]
-    # The nvlink_counter module stops reading the 18 links of the GPU that went away.
-    gone = {e["subject"] for e in timeline if e["subject"].startswith("nvlink_counter_device_gone")}
-    assert gone == {f"nvlink_counter_device_gone{{device=5,link={n}}}" for n in range(18)}
+    # The nvlink_counter module stops reading the 18 links of the GPU that went away: one
+    # finding for the device, not one per link (18 alerts for one GPU is a storm).
+    gone = [e for e in timeline if e["subject"].startswith("nvlink_counter_device_gone")]
+    assert {e["subject"] for e in gone} == {"nvlink_counter_device_gone{device=5}"}
     assert [(e["kind"], e["subject"]) for e in events] == [
         ("gpu_lost", "gpu 5 (0000:bb:00.0)"),
         ("xid", "gpu 5 (0000:bb:00.0)"),

@@ -578,6 +578,17 @@ def test_device_gone_and_unusable_timestamps() -> None:
     prev = _snap(1.0, 0, [_record(0, 0, 0, 0)])
     gone = _snap(2.0, 10, [dataclasses.replace(_record(0, 0, 0, 0), flags=1)])
     assert [f.kind for f in det.evaluate(prev, gone)] == [det.GONE]
+    # Two gone devices with three links between them, beside one that still answers: one
+    # finding per gone device, counting its links, and nothing for the live one.
+    records = [
+        dataclasses.replace(_record(d, link, 0, 0), flags=1 if d != 2 else 0)
+        for d, link in ((0, 0), (0, 1), (1, 0), (2, 0))
+    ]
+    found = det.evaluate(prev, _snap(2.0, 10, records))
+    assert [(f.kind, f.subjects, f.evidence["links_gone"]) for f in found] == [
+        (det.GONE, {"device": "0"}, 2.0),
+        (det.GONE, {"device": "1"}, 1.0),
+    ]
     same_time = _snap(1.0, 10, [_record(0, 0, 10**15, 10**15)])
     assert det.evaluate(prev, same_time) == []
 

@@ -246,8 +246,11 @@ def test_a_gpu_that_falls_off_the_bus_is_a_device_gone() -> None:
     assert b[(4, 0)].device_gone and not b[(3, 0)].device_gone
     assert b[(4, 0)].counters == c[(4, 0)].counters == a[(4, 0)].counters
     assert c[(4, 0)].window_samples == 0 and c[(3, 0)].window_samples == 10_000
-    kinds = [f.kind for f in det.evaluate(gone, later) if f.subjects["device"] == "4"]
-    assert kinds == [det.GONE] * 18
+    found = [f for f in det.evaluate(gone, later) if f.subjects["device"] == "4"]
+    # One finding for the device that went away, however many links it carried.
+    assert [(f.kind, f.subjects) for f in found] == [(det.GONE, {"device": "4"})]
+    assert found[0].evidence["links_gone"] == 18
+    assert "18 links" in found[0].message
 
 
 def test_a_node_without_nvlinks_has_no_module() -> None:

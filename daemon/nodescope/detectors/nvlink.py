@@ -20,6 +20,10 @@ A stall (per link, burst or folded per switch) is a finding once it has held in 
 for ``[detectors.nvlink] min_stall_seconds`` (default 5 s; the time is the derived stage's,
 ``Derived.held_since``): a blip of a few seconds is none. Saturation is reported at once.
 
+A device whose registers stopped answering (a GPU that fell off the bus) is one
+``nvlink_counter_device_gone`` finding for the device (subjects ``{"device": N}``, evidence
+``links_gone``), not one per link: the device went away, and its 18 links would be 18 alerts.
+
 Saturation from NVML: a link the module does not serve (no module, or a module whose records
 leave that GPU's link out) gets the same bands from NVML's per-link data counters (fields
 138/139, the ``nvml`` source's two latest reads, ``Derived.gpu_rates``) over the capacity of
@@ -94,16 +98,6 @@ def _subjects(lr: LinkRates) -> dict[str, str]:
 
 def _link_findings(lr: LinkRates, seconds: float, t: NvlinkThresholds) -> Iterable[Finding]:
     where = f"device {lr.device} link {lr.link}"
-    if lr.device_gone:
-        yield Finding(
-            GONE,
-            Severity.CRITICAL,
-            _subjects(lr),
-            {"device_gone": 1.0},
-            f"{where}: counter registers read all-ones or the device was removed; "
-            "the module stopped reading them",
-        )
-        return
     stall = lr.stall_cycles_per_microsecond
     if stall is not None:
         evidence = {
@@ -161,7 +155,7 @@ def evaluate(
     """Findings for every link of ``cur`` from two snapshots of the same reader.
 
     The interval is the module's sample timestamps; snapshots without usable timestamps
-    (not increasing) give no rate findings, only device-gone ones.
+    (not increasing) give no rate findings, only device-gone ones (one per device).
     """
     return _findings(snapshot_rates(prev, cur, 0.0), thresholds)
 
@@ -171,12 +165,31 @@ def _dated(prev: NvlcSnapshot, cur: NvlcSnapshot) -> bool:
     return cur.header.timestamp_ns > prev.header.timestamp_ns > 0
 
 
+def _gone_finding(device: int, links: int) -> Finding:
+    """One finding for a module device whose registers stopped answering: the device went
+    away, not each of its links, so it is one alert however many links it carried (a GPU
+    that falls off the bus takes its 18 NVLinks with it)."""
+    return Finding(
+        GONE,
+        Severity.CRITICAL,
+        {"device": str(device)},
+        {"device_gone": 1.0, "links_gone": float(links)},
+        f"device {device}: counter registers of its {links} link{'s' if links != 1 else ''}"
+        " read all-ones or the device was removed; the module stopped reading them",
+    )
+
+
 def _findings(rates: NvlinkKmodRates, thresholds: NvlinkThresholds) -> list[Finding]:
     findings: list[Finding] = []
     seconds = rates.seconds
+    gone: Counter[int] = Counter()
     for lr in rates.links:
-        if lr.device_gone or (seconds > 0 and _notable(lr, thresholds)):
+        if lr.device_gone:
+            # A gone link's counters are frozen: no rate finding from them either.
+            gone[lr.device] += 1
+        elif seconds > 0 and _notable(lr, thresholds):
             findings.extend(_link_findings(lr, seconds, thresholds))
+    findings.extend(_gone_finding(device, n) for device, n in sorted(gone.items()))
     return findings
 
 
