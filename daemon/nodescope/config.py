@@ -358,6 +358,13 @@ class AlertsSettings:
         _alertmanager_url,
     )
     instance: str = option("", "the instance label of pushed alerts; empty: the host name")
+    external_url: str = option(
+        "",
+        "URL this daemon is reached at by whoever reads its alerts (`http://node01.example:9400`):"
+        " pushed alerts link to `<external_url>/api/v1/alerts`; empty: the host name and the"
+        " listen port, or the listen address when it is a specific non-loopback one",
+        _alertmanager_url,
+    )
     resend_seconds: float = option(
         60.0,
         "how often firing alerts are sent to Alertmanager again while they last",
@@ -913,7 +920,8 @@ _HOST_NAME = re.compile(
 )
 
 
-def _is_host(host: str) -> bool:
+def is_host(host: str) -> bool:
+    """Whether ``host`` is an IP address or a host name (letters, digits, dots, dashes)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -936,7 +944,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     port = int(port_text)
     if not 0 <= port <= 65535:
         raise ValueError(f"{shown!r}: port out of range")
-    if not _is_host(host):
+    if not is_host(host):
         raise ValueError(f"{shown!r}: {_display(host)!r} is neither an IP address nor a host name")
     return host, port
 

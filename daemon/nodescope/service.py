@@ -12,8 +12,10 @@ reason is logged. SIGTERM/SIGINT stop the loop; the daemon exits within two seco
 from __future__ import annotations
 
 import gc
+import ipaddress
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -44,20 +46,50 @@ ConfigLoader = Callable[[], Config]
 CollectorFactory = Callable[[Config], Collector]
 
 
+def _is_local(host: str) -> bool:
+    """Whether ``host`` names no address another machine can reach: a wildcard (0.0.0.0,
+    ``::``) or a loopback address or name."""
+    if host == "" or host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_unspecified or address.is_loopback
+
+
+def generator_url(config: Config, hostname: Callable[[], str] = socket.gethostname) -> str:
+    """Where a pushed alert links back to: ``<[alerts] external_url>/api/v1/alerts``; without
+    one, this daemon's ``/api/v1/alerts`` at the host name and the listen port. A listen address
+    of 127.0.0.1 or 0.0.0.0 means nothing to whoever reads the alert on another machine; a
+    specific non-loopback one is where the daemon is reached, so it is used as it is.
+
+    A host name that is no valid URL host (Alertmanager rejects a whole batch whose
+    ``generatorURL`` is not a URI) leaves the listen address instead."""
+    external = config.alerts.external_url
+    if external:
+        return external.rstrip("/") + "/api/v1/alerts"
+    host, port = config.listen_address
+    if _is_local(host):
+        name = hostname()
+        if name and config_mod.is_host(name):
+            host = name
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/api/v1/alerts"
+
+
 def alertmanager_pusher(config: Config) -> AlertmanagerPusher | None:
     """The Alertmanager push ``[alerts] alertmanager_url`` asks for; ``None`` without a URL.
-    Its alerts link back to this daemon's ``/api/v1/alerts``."""
+    Its alerts link back to this daemon's ``/api/v1/alerts`` (:func:`generator_url`)."""
     settings = config.alerts
     if not settings.alertmanager_url:
         return None
-    host, port = config.listen_address
-    shown = f"[{host}]" if ":" in host else host
     return AlertmanagerPusher(
         settings.alertmanager_url,
         instance=settings.instance,
         resend_seconds=settings.resend_seconds,
         timeout_seconds=settings.push_timeout_seconds,
-        generator_url=f"http://{shown}:{port}/api/v1/alerts",
+        generator_url=generator_url(config),
     )
 
 

@@ -74,8 +74,19 @@ PUSH_DROPPED = metric(
 
 
 def bounded_subject(subjects: Mapping[str, str]) -> str:
+    """The hardware part of a finding's subjects, ``role=name,...`` sorted by role: the
+    ``subject`` label of ``nodescope_alert_active`` and of the alerts pushed to Alertmanager,
+    so an inhibit rule can match the two paths' copies of one alert by it."""
     return ",".join(
         f"{role}={name}" for role, name in sorted(subjects.items()) if role not in WORKLOAD_ROLES
+    )
+
+
+def workload_subject(subjects: Mapping[str, str]) -> str:
+    """The workload part of a finding's subjects (``job=81780``), the complement of
+    :func:`bounded_subject`: empty for a finding about hardware alone."""
+    return ",".join(
+        f"{role}={name}" for role, name in sorted(subjects.items()) if role in WORKLOAD_ROLES
     )
 
 

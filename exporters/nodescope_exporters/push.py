@@ -8,9 +8,19 @@ its label set, expects a firing alert to be sent again while it lasts and forget
 firing alerts (a dead daemon's alerts expire by themselves) and the resolution time for
 resolved ones, which are sent again for a while (15 minutes) in case a send was lost.
 
-Labels: ``alertname`` (``Nodescope`` + the finding kind in CamelCase), ``severity``,
-``instance``, ``kind`` and ``subjects`` (the finding key's subject part). A severity change is
-a new label set: the old one is sent as resolved, the new one as firing.
+Labels, the same names the shipped Prometheus rules (exporters/prometheus/alerts.yml) give
+their copies of these alerts, so one Alertmanager inhibit rule can match both paths:
+
+* ``alertname`` (``Nodescope`` + the finding kind in CamelCase), ``severity``, ``instance``
+  (``[alerts] instance``, by default the host name), ``kind``;
+* ``subject``: the hardware roles of the finding's subjects (``bdf=0000:bb:00.0,gpu=5``), the
+  string the ``subject`` label of ``nodescope_alert_active`` carries;
+* ``workload``: its workload roles (``job=81780``), so two findings that differ only by job
+  stay two alerts; ``gpu``: the subject's GPU index, for inhibit rules keyed on a GPU;
+* ``origin="daemon"`` and ``scope="node"``: the rules path says ``origin="prometheus"``.
+
+A label whose value would be empty is left out, as Prometheus leaves out its empty labels. A
+severity change is a new label set: the old one is sent as resolved, the new one as firing.
 
 The collection loop never waits on the network: :meth:`AlertmanagerPusher.submit` hands the
 whole current batch to a background thread through a one-slot mailbox, where a newer batch
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodescope.model.alert import Alert, AlertState, Transition, TransitionKind
+from nodescope_exporters.alert_metrics import bounded_subject, workload_subject
 
 log = logging.getLogger("nodescope.push")
 
@@ -54,14 +65,26 @@ def _numbers(evidence: Mapping[str, float]) -> str:
     return " ".join(f"{name}={value:g}" for name, value in evidence.items())
 
 
+#: Constant labels of every pushed alert: which path raised it, and that it is about the node
+#: (a job-wide alert, from the job rules, says ``scope="job"``).
+ORIGIN = "daemon"
+SCOPE = "node"
+
+
 def labels_of(alert: Alert, instance: str) -> dict[str, str]:
-    return {
+    """The label set of ``alert`` pushed as ``instance`` (see the module's docstring)."""
+    labels = {
         "alertname": alertname(alert.kind),
         "severity": alert.severity.label,
         "instance": instance,
         "kind": alert.kind,
-        "subjects": alert.subject,
+        "subject": bounded_subject(alert.subjects),
+        "workload": workload_subject(alert.subjects),
+        "gpu": alert.subjects.get("gpu", ""),
+        "origin": ORIGIN,
+        "scope": SCOPE,
     }
+    return {name: value for name, value in labels.items() if value}
 
 
 def alert_document(
