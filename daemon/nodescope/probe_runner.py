@@ -40,6 +40,7 @@ from nodescope.model.probe import (
     parse_report,
     report_to_json,
 )
+from nodescope.probe.sweep import check_sizes, format_sizes
 from nodescope.roots import Roots
 from nodescope.sources.base import FunctionSource, read_optional
 
@@ -235,6 +236,16 @@ class ProbeHook:
         no_allreduce = request.get("no_allreduce", False)
         if not isinstance(quick, bool) or not isinstance(no_allreduce, bool):
             return {"ok": False, "error": "quick and no_allreduce must be true or false"}
+        sizes = request.get("sizes")
+        # The socket's peer is any local user the socket lets in: the list is checked with
+        # the bounds of --sizes before it reaches a command line.
+        if sizes is not None:
+            if not isinstance(sizes, list) or len(sizes) > 64:
+                return {"ok": False, "error": "sizes must be a list of byte counts"}
+            try:
+                sizes = check_sizes(sizes)
+            except ValueError as exc:
+                return {"ok": False, "error": f"sizes: {exc}"}
         with self._lock:
             if self.running:
                 return {"ok": True, "started": False, "running": True, "id": self.id}
@@ -245,6 +256,8 @@ class ProbeHook:
             self.id += 1
             self.outcome = None
             extra = ["--no-allreduce"] if no_allreduce else []
+            if sizes is not None:
+                extra.append(f"--sizes={format_sizes(sizes)}")
             self._thread = threading.Thread(
                 target=self._work,
                 args=(runner, quick, extra),

@@ -28,6 +28,7 @@ from nodescope.model.probe import (
     EXIT_NOT_MEASURED,
     EXIT_PASSED,
     REPORT_SCHEMA,
+    SCHEMA_VERSION,
     AllReducePoint,
     AllReduceResult,
     CopyPoint,
@@ -35,6 +36,7 @@ from nodescope.model.probe import (
     PeerCopy,
     ProbeDevice,
     ProbeReport,
+    SweepSizes,
     parse_report,
     report_to_json,
 )
@@ -165,7 +167,7 @@ def make_report(
         for s in (_series(i, "h2d", rate, capacity), _series(i, "d2h", 53e9, capacity))
     )
     return ProbeReport(
-        schema_version=1,
+        schema_version=SCHEMA_VERSION,
         hostname="gpu001",
         backend="cpu" if stand_in else "cuda",
         stand_in=stand_in,
@@ -181,6 +183,12 @@ def make_report(
         allreduce=allreduce,
         skipped=(),
         failures=(),
+        sizes=SweepSizes(
+            custom=False,
+            copy=(64 * KIB, 256 * MIB),
+            allreduce=() if allreduce is None else tuple(p.size_bytes for p in allreduce.points),
+            allreduce_latency=(),
+        ),
     )
 
 
@@ -318,7 +326,7 @@ def test_schema_rejects_what_the_parser_rejects() -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(schema_version=2), "schema_version: 2 is not 1"),
+        (lambda d: d.update(schema_version=3), "schema_version: 3 is not 1 or 2"),
         (lambda d: d.update(backend="rocm"), "backend: 'rocm'"),
         (lambda d: d["copies"][1].update(direction="d2d"), r"copies\[1\].direction"),
         (lambda d: d["peers"][0].update(src="0"), r"peers\[0\].src: expected an integer"),
@@ -386,7 +394,7 @@ def test_table_shows_figures_beside_the_link_and_the_verdict() -> None:
     text = table.render(_judged())
     assert "GPU0 0000:19:00.0  Gen5 x16     63.02  52.00  0.83  53.00  0.84" in text
     assert "GPU1 0000:1a:00.0  Gen5 x16     63.02  51.00  0.81  53.00  0.84" in text
-    assert "GPU0<->GPU1      0.500    0.333  GPU1->GPU0  FLAG" in text
+    assert "GPU0<->GPU1      0.500    0.333  GPU1->GPU0     -         -  FLAG" in text
     assert "Avg bus bandwidth: 80.00 GB/s" in text
     assert "FAILED: 2 threshold(s)" in text
     assert "NOTE" not in text

@@ -1,6 +1,15 @@
 """`nodescope probe`: PCIe copy bandwidth per GPU, the GPU pair matrix and a local
 all-reduce, judged against the [probe] thresholds (the Slurm prolog's health gate).
 
+--sizes 4K,64K,1M,256M replaces the sizes of the copy sweep and of the all-reduce (units K,
+M, G are powers of 1024); the report records the sizes used. Beside its bandwidth the
+all-reduce reports the latency of small messages (8 B to 4 KiB unless --sizes gives sizes
+that small): each all-reduce timed on its own, the median and the 99th percentile, where a
+hidden barrier of a few microseconds shows as a raised floor. A GPU pair whose two
+directions differ is named with the path of the slower one as `nvidia-smi topo -m` names it
+(NV#, PIX, PXB, PHB, NODE, SYS) and the NUMA nodes of both GPUs: a SYS path crosses the
+SMP interconnect between sockets, the usual cause of a bias of tens of per cent.
+
 The measuring runs in its own process, `python -m nodescope.probe`, so torch stays out of
 this one; its output and exit status are passed through: 0 passed, 1 a threshold failed
 (one line on stderr says which), 2 bad usage or configuration, 3 nothing measured. Without
@@ -22,6 +31,7 @@ from nodescope.cli.common import roots_from_args
 from nodescope.errors import ConfigError, ParseError
 from nodescope.hooks import HookUnavailable, call, socket_path
 from nodescope.model.probe import EXIT_FAILED, EXIT_NOT_MEASURED, EXIT_USAGE, report_to_json
+from nodescope.probe.sweep import SIZES_HELP, format_sizes, sizes_argument
 from nodescope.probe_runner import outcome_from_answer, state_path
 from nodescope.roots import ROOT_NAMES
 
@@ -38,6 +48,9 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--quick",
         action="store_true",
         help="fewer sizes (64K..256M by 16) and iterations: within 15 s on 8 GPUs",
+    )
+    parser.add_argument(
+        "--sizes", metavar="LIST", type=sizes_argument, default=None, help=SIZES_HELP
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--config", metavar="FILE", help="TOML configuration ([probe] thresholds)")
@@ -66,6 +79,8 @@ def command(args: argparse.Namespace, python: str = sys.executable) -> list[str]
     for flag in ("quick", "json", "no_allreduce", "cpu"):
         if getattr(args, flag):
             cmd.append("--" + flag.replace("_", "-"))
+    if args.sizes is not None:
+        cmd.append(f"--sizes={format_sizes(args.sizes)}")
     if args.config:
         cmd += ["--config", args.config]
     for name in ROOT_NAMES:
@@ -91,7 +106,13 @@ def via_daemon(
         print(f"nodescope probe: {exc}", file=sys.stderr)
         return EXIT_USAGE
     path = socket_path(roots_from_args(args, config.roots))
-    request = {"command": "probe", "quick": args.quick, "no_allreduce": args.no_allreduce}
+    request: dict[str, Any] = {
+        "command": "probe",
+        "quick": args.quick,
+        "no_allreduce": args.no_allreduce,
+    }
+    if args.sizes is not None:
+        request["sizes"] = list(args.sizes)
     deadline = time.monotonic() + config.probe.timeout_seconds + 30
     try:
         started = call(path, request)

@@ -7,6 +7,10 @@ bytes moved per second of wall time on the device (``algbw``), and an all-reduce
 is ``algbw × 2(n−1)/n``, the rate each link carries, comparable with the hardware's peak.
 Link capacities are those of :mod:`nodescope.model.topology` (per direction, after line
 encoding). Of nodescope it imports only the error type and the JSON helper.
+
+Version 2 added the sizes a run measured (``--sizes``), the all-reduce's small-message
+latency, each device's NUMA node and each pair's path (``NV#``, PIX … SYS). A version 1 report,
+written before an upgrade and still under the run root, reads with those fields empty.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from nodescope.errors import ParseError
 from nodescope.jsonout import plain
 from nodescope.model.source_key import SourceKey
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions :func:`parse_report` reads; what each later version added is absent from older ones.
+READABLE_VERSIONS = (1, 2)
 
 #: The two probe backends: real GPUs, or host memory copies and gloo standing in for them.
 BACKENDS = ("cuda", "cpu")
@@ -49,6 +55,8 @@ class ProbeDevice:
     link: str | None
     capacity_bytes_per_second: float | None
     current_capacity_bytes_per_second: float | None
+    #: the device's NUMA node from sysfs; ``None`` when unknown (no topology, -1, stand-in)
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +84,9 @@ class CopySeries:
 class PeerCopy:
     """A copy from device ``src`` to device ``dst``: bandwidth of large copies and the mean
     time of a small one (latency). ``peer_access`` says whether the driver allows direct
-    peer access (otherwise the copy is staged through host memory)."""
+    peer access (otherwise the copy is staged through host memory). ``path`` is the class
+    of the path between the two (:mod:`nodescope.model.paths`: ``NV#``, PIX, PXB, PHB, NODE,
+    SYS), ``None`` where the topology does not place both devices."""
 
     src: int
     dst: int
@@ -84,13 +94,16 @@ class PeerCopy:
     bytes_per_second: float
     latency_seconds: float
     peer_access: bool
+    path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PairAsymmetry:
     """How much the two directions between ``a`` and ``b`` (``a < b``) differ:
     ``|x − y| / mean(x, y)`` for bandwidth and latency; ``slower`` names the slower
-    direction as ``"src->dst"`` and ``flagged`` says whether a threshold was passed."""
+    direction as ``"src->dst"`` and ``flagged`` says whether a threshold was passed.
+    ``path`` is the path class the slower direction takes and ``numa_a``/``numa_b`` the NUMA
+    nodes of ``a`` and ``b`` (``None`` where unknown)."""
 
     a: int
     b: int
@@ -98,6 +111,9 @@ class PairAsymmetry:
     latency_asymmetry: float
     slower: str
     flagged: bool
+    path: str | None = None
+    numa_a: int | None = None
+    numa_b: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +125,23 @@ class AllReducePoint:
 
 
 @dataclass(frozen=True, slots=True)
+class AllReduceLatency:
+    """The time of one all-reduce of a small message, each of ``iterations`` all-reduces
+    timed on its own (the slowest rank's time for each): the latency floor, where a barrier
+    of a few microseconds hidden in every collective shows, and the tail above it."""
+
+    size_bytes: int
+    iterations: int
+    min_seconds: float
+    median_seconds: float
+    p99_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class AllReduceResult:
     """A local all-reduce over ``ranks`` processes with torch.distributed (``nccl`` on GPUs,
     ``gloo`` for the CPU stand-in); ``avg_busbw`` is the mean over sizes as nccl-tests'
-    "Avg bus bandwidth"."""
+    "Avg bus bandwidth"; ``latency`` the small-message figures, smallest size first."""
 
     backend: str
     ranks: int
@@ -120,6 +149,13 @@ class AllReduceResult:
     points: tuple[AllReducePoint, ...]
     peak_busbw_bytes_per_second: float
     avg_busbw_bytes_per_second: float
+    latency: tuple[AllReduceLatency, ...] = ()
+
+    @property
+    def latency_floor(self) -> AllReduceLatency | None:
+        """The figure of the smallest size measured: the floor below which no all-reduce
+        on this node goes."""
+        return self.latency[0] if self.latency else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +167,17 @@ class ThresholdFailure:
     value: float
     limit: float
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSizes:
+    """The sizes a run measured, in bytes, ascending: the copy sweep, the all-reduce's
+    bandwidth sweep and its small-message latency; ``custom`` when ``--sizes`` chose them."""
+
+    custom: bool
+    copy: tuple[int, ...]
+    allreduce: tuple[int, ...]
+    allreduce_latency: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +198,8 @@ class ProbeReport:
     allreduce: AllReduceResult | None
     skipped: tuple[str, ...]
     failures: tuple[ThresholdFailure, ...]
+    #: ``None`` only in a version 1 report, which did not record them
+    sizes: SweepSizes | None = None
 
     @property
     def passed(self) -> bool:
@@ -166,6 +215,8 @@ class ProbeReport:
 _NUM = {"type": "number"}
 _NUM_OR_NULL = {"type": ["number", "null"]}
 _INT = {"type": "integer"}
+_INT_OR_NULL = {"type": ["integer", "null"]}
+_SIZES_LIST = {"type": "array", "items": {"type": "integer", "minimum": 1}}
 _STR = {"type": "string"}
 
 
@@ -190,6 +241,7 @@ _DEVICE = _object(
         "link": {"type": ["string", "null"]},
         "capacity_bytes_per_second": _NUM_OR_NULL,
         "current_capacity_bytes_per_second": _NUM_OR_NULL,
+        "numa_node": _INT_OR_NULL,
     }
 )
 _COPY_POINT = _object({"size_bytes": _INT, "seconds": _NUM, "bytes_per_second": _NUM})
@@ -211,6 +263,7 @@ _PEER = _object(
         "bytes_per_second": _NUM,
         "latency_seconds": _NUM,
         "peer_access": {"type": "boolean"},
+        "path": {"type": ["string", "null"]},
     }
 )
 _ASYM = _object(
@@ -221,6 +274,9 @@ _ASYM = _object(
         "latency_asymmetry": _NUM,
         "slower": _STR,
         "flagged": {"type": "boolean"},
+        "path": {"type": ["string", "null"]},
+        "numa_a": _INT_OR_NULL,
+        "numa_b": _INT_OR_NULL,
     }
 )
 _AR_POINT = _object(
@@ -231,6 +287,15 @@ _AR_POINT = _object(
         "busbw_bytes_per_second": _NUM,
     }
 )
+_AR_LATENCY = _object(
+    {
+        "size_bytes": _INT,
+        "iterations": _INT,
+        "min_seconds": _NUM,
+        "median_seconds": _NUM,
+        "p99_seconds": _NUM,
+    }
+)
 _ALLREDUCE = _object(
     {
         "backend": _STR,
@@ -239,6 +304,15 @@ _ALLREDUCE = _object(
         "points": _array(_AR_POINT),
         "peak_busbw_bytes_per_second": _NUM,
         "avg_busbw_bytes_per_second": _NUM,
+        "latency": _array(_AR_LATENCY),
+    }
+)
+_SIZES = _object(
+    {
+        "custom": {"type": "boolean"},
+        "copy": _SIZES_LIST,
+        "allreduce": _SIZES_LIST,
+        "allreduce_latency": _SIZES_LIST,
     }
 )
 _FAILURE = _object({"check": _STR, "subject": _STR, "value": _NUM, "limit": _NUM, "message": _STR})
@@ -267,6 +341,7 @@ REPORT_SCHEMA: dict[str, Any] = {
             "allreduce": {"oneOf": [{"type": "null"}, _ALLREDUCE]},
             "skipped": _array(_STR),
             "failures": _array(_FAILURE),
+            "sizes": _SIZES,
         }
     ),
 }
@@ -283,6 +358,10 @@ def report_to_json(report: ProbeReport) -> dict[str, Any]:
 # --- parser -----------------------------------------------------------------------------------
 
 T = TypeVar("T")
+U = TypeVar("U")
+
+#: Keys version 2 added (in whichever object holds them): a version 1 report lacks them.
+_ADDED_IN_2 = frozenset({"numa_node", "path", "numa_a", "numa_b", "latency", "sizes"})
 
 
 class _Reader:
@@ -290,6 +369,7 @@ class _Reader:
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.version = SCHEMA_VERSION
 
     def fail(self, where: str, message: str) -> ParseError:
         return ParseError(self.source, f"{where}: {message}")
@@ -297,15 +377,35 @@ class _Reader:
     def obj(self, value: Any, where: str, keys: Mapping[str, Any]) -> Mapping[str, Any]:
         if not isinstance(value, dict):
             raise self.fail(where, "expected an object")
-        missing = sorted(set(keys["required"]) - set(value))
+        required = set(keys["required"])
+        if self.version < 2:
+            required -= _ADDED_IN_2
+        missing = sorted(required - set(value))
         if missing:
             raise self.fail(where, f"missing {', '.join(missing)}")
         return value
+
+    def added(
+        self, o: Mapping[str, Any], key: str, where: str, read: Callable[[Any, str], T], old: U
+    ) -> T | U:
+        """A key version 2 added: ``old`` when an older report lacks it, else read strictly."""
+        if self.version < 2 and key not in o:
+            return old
+        return read(o[key], f"{where}.{key}" if where else key)
 
     def integer(self, value: Any, where: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool):
             raise self.fail(where, "expected an integer")
         return value
+
+    def opt_integer(self, value: Any, where: str) -> int | None:
+        return None if value is None else self.integer(value, where)
+
+    def size(self, value: Any, where: str) -> int:
+        number = self.integer(value, where)
+        if number < 1:
+            raise self.fail(where, f"size {number} is not above 0")
+        return number
 
     def number(self, value: Any, where: str) -> float:
         if not isinstance(value, int | float) or isinstance(value, bool):
@@ -339,17 +439,21 @@ class _Reader:
 
 def parse_report(text: str, source: str = "probe report") -> ProbeReport:
     """A report from its JSON text; anything that does not match :data:`REPORT_SCHEMA` (in the
-    fields the daemon uses) raises :class:`ParseError` naming the field."""
+    fields the daemon uses) raises :class:`ParseError` naming the field. A version 1 report
+    (:data:`READABLE_VERSIONS`) reads with the fields version 2 added left empty."""
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         line = getattr(exc, "lineno", None)
         raise ParseError(source, f"not JSON: {getattr(exc, 'msg', exc)}", line) from None
     r = _Reader(source)
-    top = r.obj(data, "report", REPORT_SCHEMA)
+    top = r.obj(data, "report", {"required": ["schema_version"]})
     version = r.integer(top["schema_version"], "schema_version")
-    if version != SCHEMA_VERSION:
-        raise r.fail("schema_version", f"{version} is not {SCHEMA_VERSION}")
+    if version not in READABLE_VERSIONS:
+        readable = " or ".join(str(v) for v in READABLE_VERSIONS)
+        raise r.fail("schema_version", f"{version} is not {readable}")
+    r.version = version
+    top = r.obj(data, "report", REPORT_SCHEMA)
     backend = r.string(top["backend"], "backend")
     if backend not in BACKENDS:
         raise r.fail("backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
@@ -367,6 +471,7 @@ def parse_report(text: str, source: str = "probe report") -> ProbeReport:
             current_capacity_bytes_per_second=r.opt_number(
                 o["current_capacity_bytes_per_second"], f"{w}.current_capacity_bytes_per_second"
             ),
+            numa_node=r.added(o, "numa_node", w, r.opt_integer, None),
         )
 
     def copy_point(v: Any, w: str) -> CopyPoint:
@@ -402,6 +507,7 @@ def parse_report(text: str, source: str = "probe report") -> ProbeReport:
             bytes_per_second=r.number(o["bytes_per_second"], f"{w}.bytes_per_second"),
             latency_seconds=r.number(o["latency_seconds"], f"{w}.latency_seconds"),
             peer_access=r.boolean(o["peer_access"], f"{w}.peer_access"),
+            path=r.added(o, "path", w, r.opt_string, None),
         )
 
     def asym(v: Any, w: str) -> PairAsymmetry:
@@ -413,6 +519,9 @@ def parse_report(text: str, source: str = "probe report") -> ProbeReport:
             latency_asymmetry=r.number(o["latency_asymmetry"], f"{w}.latency_asymmetry"),
             slower=r.string(o["slower"], f"{w}.slower"),
             flagged=r.boolean(o["flagged"], f"{w}.flagged"),
+            path=r.added(o, "path", w, r.opt_string, None),
+            numa_a=r.added(o, "numa_a", w, r.opt_integer, None),
+            numa_b=r.added(o, "numa_b", w, r.opt_integer, None),
         )
 
     def ar_point(v: Any, w: str) -> AllReducePoint:
@@ -423,6 +532,23 @@ def parse_report(text: str, source: str = "probe report") -> ProbeReport:
             algbw_bytes_per_second=r.number(o["algbw_bytes_per_second"], f"{w}.algbw"),
             busbw_bytes_per_second=r.number(o["busbw_bytes_per_second"], f"{w}.busbw"),
         )
+
+    def ar_latency(v: Any, w: str) -> AllReduceLatency:
+        o = r.obj(v, w, _AR_LATENCY)
+        figure = AllReduceLatency(
+            size_bytes=r.size(o["size_bytes"], f"{w}.size_bytes"),
+            iterations=r.integer(o["iterations"], f"{w}.iterations"),
+            min_seconds=r.number(o["min_seconds"], f"{w}.min_seconds"),
+            median_seconds=r.number(o["median_seconds"], f"{w}.median_seconds"),
+            p99_seconds=r.number(o["p99_seconds"], f"{w}.p99_seconds"),
+        )
+        # The three are order statistics of one set of timings: a report where they are out
+        # of order (or a count below 1) was not written by the probe.
+        if figure.iterations < 1:
+            raise r.fail(f"{w}.iterations", f"{figure.iterations} is not above 0")
+        if not 0 <= figure.min_seconds <= figure.median_seconds <= figure.p99_seconds:
+            raise r.fail(w, "expected 0 <= min_seconds <= median_seconds <= p99_seconds")
+        return figure
 
     def allreduce(v: Any, w: str) -> AllReduceResult | None:
         if v is None:
@@ -435,6 +561,7 @@ def parse_report(text: str, source: str = "probe report") -> ProbeReport:
             points=r.items(o["points"], f"{w}.points", ar_point),
             peak_busbw_bytes_per_second=r.number(o["peak_busbw_bytes_per_second"], f"{w}.peak"),
             avg_busbw_bytes_per_second=r.number(o["avg_busbw_bytes_per_second"], f"{w}.avg"),
+            latency=r.added(o, "latency", w, lambda x, ww: r.items(x, ww, ar_latency), ()),
         )
 
     def failure(v: Any, w: str) -> ThresholdFailure:
@@ -445,6 +572,15 @@ def parse_report(text: str, source: str = "probe report") -> ProbeReport:
             value=r.number(o["value"], f"{w}.value"),
             limit=r.number(o["limit"], f"{w}.limit"),
             message=r.string(o["message"], f"{w}.message"),
+        )
+
+    def sizes(v: Any, w: str) -> SweepSizes:
+        o = r.obj(v, w, _SIZES)
+        return SweepSizes(
+            custom=r.boolean(o["custom"], f"{w}.custom"),
+            copy=r.items(o["copy"], f"{w}.copy", r.size),
+            allreduce=r.items(o["allreduce"], f"{w}.allreduce", r.size),
+            allreduce_latency=r.items(o["allreduce_latency"], f"{w}.allreduce_latency", r.size),
         )
 
     return ProbeReport(
@@ -464,6 +600,7 @@ def parse_report(text: str, source: str = "probe report") -> ProbeReport:
         allreduce=allreduce(top["allreduce"], "allreduce"),
         skipped=r.items(top["skipped"], "skipped", r.string),
         failures=r.items(top["failures"], "failures", failure),
+        sizes=r.added(top, "sizes", "", sizes, None),
     )
 
 

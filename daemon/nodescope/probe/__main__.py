@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from nodescope import config as config_mod
@@ -22,7 +22,7 @@ from nodescope.errors import ConfigError, ParseError
 from nodescope.model.probe import EXIT_NOT_MEASURED, EXIT_USAGE, report_to_json
 from nodescope.model.topology import Topology
 from nodescope.probe import table, verdict
-from nodescope.probe.sweep import FULL, QUICK
+from nodescope.probe.sweep import FULL, QUICK, SIZES_HELP, sizes_argument, with_sizes
 from nodescope.roots import ROOT_NAMES, Roots
 
 PROG = "nodescope probe"
@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick",
         action="store_true",
         help="fewer sizes (64K..256M by 16) and iterations: within 15 s on 8 GPUs",
+    )
+    parser.add_argument(
+        "--sizes", metavar="LIST", type=sizes_argument, default=None, help=SIZES_HELP
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--config", metavar="FILE", help="TOML configuration ([probe] thresholds)")
@@ -81,6 +84,29 @@ def _topology(roots: Roots) -> Topology | None:
         return None
 
 
+def _nvlink_counts(roots: Roots, topology: Topology | None) -> Mapping[frozenset[str], int]:
+    """NVLink counts of GPU pairs by PCI address from NVML, for the pairs' paths (``NV#``);
+    empty where NVML does not answer or the tree is not this host's (NVML describes the GPUs
+    of this host only)."""
+    if topology is None or roots.sysfs != Roots().sysfs:
+        return {}
+    try:
+        import pynvml
+
+        from nodescope.model.nvlink_graph import NvLinkGraph, attach
+        from nodescope.sources.nvml import NvmlSource
+    except ImportError:
+        return {}
+    source = NvmlSource(pynvml, watch_xids=False)
+    try:
+        graph = NvLinkGraph.from_gpus(source.collect(roots).gpus)
+    except Exception:  # no driver, an NVML error: the paths fall back to the PCIe classes
+        return {}
+    finally:
+        source.close()
+    return attach(graph, topology).counts_by_bdf()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -108,15 +134,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_NOT_MEASURED
     measure.configure_threads()
+    plan = QUICK if args.quick else FULL
+    if args.sizes is not None:
+        plan = with_sizes(plan, args.sizes)
+    topology = _topology(roots)
     try:
         report = measure.measure(
-            QUICK if args.quick else FULL,
+            plan,
             quick=args.quick,
-            topology=_topology(roots),
+            topology=topology,
             progress_stream=sys.stderr,
             with_allreduce=not args.no_allreduce,
             force_cpu=args.cpu,
             allreduce_timeout=min(120.0, config.probe.timeout_seconds),
+            custom_sizes=args.sizes is not None,
+            nvlinks=None if args.cpu else _nvlink_counts(roots, topology),
         )
     except (RuntimeError, OSError) as exc:
         print(f"{PROG}: could not measure: {exc}".splitlines()[0], file=sys.stderr)

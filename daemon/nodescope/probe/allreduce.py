@@ -4,6 +4,13 @@
 size, the time of the slowest rank; ``algbw = size / time`` and
 ``busbw = algbw × 2(n−1)/n``.
 
+Then the latency of small messages (8 B … 4 KiB by default): there a mean over a loop hides
+what matters, a floor of a few microseconds that every collective pays (a barrier, a
+handshake) and the tail above it, so each all-reduce is timed on its own (CUDA events around
+it on the stream that waits for it; ``time.perf_counter`` around gloo's blocking call), the
+slowest rank's time taken per iteration, and the figure is the median and the 99th
+percentile of those times (:func:`nodescope.probe.sweep.latency_figure`).
+
 The ranks rendezvous through a file store in a private temporary directory, so no TCP port
 is picked; rank 0 writes the figures to a JSON file there. NCCL ranks are spawned (a fresh
 interpreter: CUDA does not survive fork); gloo ranks are forked from the probe, which has
@@ -28,7 +35,7 @@ from torch.multiprocessing.spawn import (
 )
 
 from nodescope.model.probe import AllReducePoint, AllReduceResult
-from nodescope.probe.sweep import alg_bandwidth, bus_bandwidth
+from nodescope.probe.sweep import alg_bandwidth, bus_bandwidth, latency_figure
 
 
 class AllReduceError(RuntimeError):
@@ -45,6 +52,7 @@ def _worker(
     iters: int,
     out: str,
     timeout: float,
+    latency: tuple[tuple[int, ...], int, int] = ((), 0, 0),
 ) -> None:
     cuda = backend == "nccl"
     if cuda:
@@ -76,10 +84,48 @@ def _worker(
             elapsed = torch.tensor([(time.perf_counter() - begin) / iters], device=device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             points.append((size, max(float(elapsed.item()), 1e-9)))
+        latency_sizes, latency_warmup, latency_iters = latency
+        timings = [
+            (size, _timed_one_by_one(size, device, latency_warmup, latency_iters))
+            for size in latency_sizes
+        ]
         if rank == 0:
-            Path(out).write_text(json.dumps(points))
+            Path(out).write_text(json.dumps({"points": points, "latency": timings}))
     finally:
         dist.destroy_process_group()
+
+
+def _timed_one_by_one(size: int, device: torch.device, warmup: int, iters: int) -> list[float]:
+    """Seconds of each of ``iters`` all-reduces of ``size`` bytes, the slowest rank's each."""
+    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    if cuda:
+        torch.cuda.synchronize()
+    dist.barrier()
+    if cuda:
+        # Events on the current stream: NCCL's stream waits for the start event's work and
+        # the current stream for the collective, so each pair brackets one all-reduce.
+        marks = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
+            for _ in range(iters)
+        ]
+        for start, end in marks:
+            start.record()
+            dist.all_reduce(tensor)
+            end.record()
+        torch.cuda.synchronize()
+        seconds = [float(start.elapsed_time(end)) / 1e3 for start, end in marks]
+    else:
+        seconds = []
+        for _ in range(iters):
+            begin = time.perf_counter()
+            dist.all_reduce(tensor)
+            seconds.append(time.perf_counter() - begin)
+    slowest = torch.tensor(seconds, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return [float(t) for t in slowest.tolist()]
 
 
 def run(
@@ -89,6 +135,9 @@ def run(
     warmup: int,
     iters: int,
     timeout: float,
+    latency_sizes: tuple[int, ...] = (),
+    latency_warmup: int = 0,
+    latency_iters: int = 0,
 ) -> AllReduceResult:
     with tempfile.TemporaryDirectory(prefix="nodescope-allreduce-") as tmp:
         store = os.path.join(tmp, "store")
@@ -98,7 +147,17 @@ def run(
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         context = start_processes(  # type: ignore[no-untyped-call]
             _worker,
-            args=(ranks, backend, store, sizes, warmup, iters, out, timeout),
+            args=(
+                ranks,
+                backend,
+                store,
+                sizes,
+                warmup,
+                iters,
+                out,
+                timeout,
+                (latency_sizes, latency_warmup, latency_iters),
+            ),
             nprocs=ranks,
             join=False,
             start_method="spawn" if backend == "nccl" else "fork",
@@ -122,7 +181,7 @@ def run(
         except (OSError, ValueError) as exc:
             raise AllReduceError(f"no result from rank 0: {exc}") from None
     points = []
-    for size, seconds in raw:
+    for size, seconds in raw["points"]:
         algbw = alg_bandwidth(int(size), float(seconds))
         points.append(AllReducePoint(int(size), float(seconds), algbw, bus_bandwidth(algbw, ranks)))
     busbw = [p.busbw_bytes_per_second for p in points]
@@ -133,4 +192,5 @@ def run(
         points=tuple(points),
         peak_busbw_bytes_per_second=max(busbw),
         avg_busbw_bytes_per_second=sum(busbw) / len(busbw),
+        latency=tuple(latency_figure(int(size), times) for size, times in raw["latency"]),
     )

@@ -15,17 +15,20 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
+from nodescope.model.paths import pair_path
 from nodescope.model.probe import (
+    SCHEMA_VERSION,
     CopyPoint,
     CopySeries,
     PeerCopy,
     ProbeDevice,
     ProbeReport,
+    SweepSizes,
 )
 from nodescope.model.topology import Topology
 from nodescope.probe import allreduce
@@ -50,6 +53,12 @@ class Target:
     device: torch.device
     pci_address: str | None
     link: LinkInfo
+    numa_node: int | None = None
+
+
+def _numa_node(topology: Topology | None, bdf: str | None) -> int | None:
+    device = None if topology is None or bdf is None else topology.get(bdf)
+    return None if device is None else device.numa_node
 
 
 def _nvml_bdf(uuid: str) -> str | None:
@@ -91,6 +100,7 @@ def discover(topology: Topology | None, force_cpu: bool = False) -> tuple[str, l
                     torch.device("cuda", i),
                     bdf,
                     link_info(topology, bdf),
+                    _numa_node(topology, bdf),
                 )
             )
         return "cuda", targets
@@ -163,9 +173,16 @@ def copy_series(
     )
 
 
-def peer_copies(targets: list[Target], plan: Plan, progress: Progress) -> list[PeerCopy]:
+def peer_copies(
+    targets: list[Target],
+    plan: Plan,
+    progress: Progress,
+    topology: Topology | None = None,
+    nvlinks: Mapping[frozenset[str], int] | None = None,
+) -> list[PeerCopy]:
     """Every ordered pair: bandwidth of ``peer_size`` copies and the latency of small ones,
-    timed on the sending device (torch copies between GPUs on the source's stream)."""
+    timed on the sending device (torch copies between GPUs on the source's stream), and the
+    path between the two (``NV#`` from ``nvlinks``, else the PCIe class of ``topology``)."""
     buffers = {}
     for t in targets:
         buffers[t.index] = torch.empty(plan.peer_size, dtype=torch.uint8, device=t.device)
@@ -194,6 +211,7 @@ def peer_copies(targets: list[Target], plan: Plan, progress: Progress) -> list[P
                 if a.device.type == "cuda"
                 else False
             )
+            path = pair_path(topology, a.pci_address, b.pci_address, nvlinks)
             out.append(
                 PeerCopy(
                     a.index,
@@ -202,6 +220,7 @@ def peer_copies(targets: list[Target], plan: Plan, progress: Progress) -> list[P
                     alg_bandwidth(plan.peer_size, seconds),
                     latency,
                     access,
+                    None if path is None else path.path,
                 )
             )
             progress.step(f"pair {a.index}->{b.index}")
@@ -222,8 +241,12 @@ def measure(
     with_allreduce: bool = True,
     force_cpu: bool = False,
     allreduce_timeout: float = 120.0,
+    custom_sizes: bool = False,
+    nvlinks: Mapping[frozenset[str], int] | None = None,
 ) -> ProbeReport:
-    """One run of the whole probe; thresholds are applied afterwards (:mod:`.verdict`)."""
+    """One run of the whole probe; thresholds are applied afterwards (:mod:`.verdict`).
+    ``custom_sizes`` says the plan's sizes came from ``--sizes``; ``nvlinks`` are the NVLink
+    counts of GPU pairs by PCI address, for the pairs' paths."""
     started = time.time()
     backend, targets = discover(topology, force_cpu)
     stand_in = backend == "cpu"
@@ -246,7 +269,11 @@ def measure(
             for direction in ("h2d", "d2h")
         ]
         del host
-        peers = peer_copies(targets, plan, progress) if len(targets) > 1 else []
+        peers = (
+            peer_copies(targets, plan, progress, None if stand_in else topology, nvlinks)
+            if len(targets) > 1
+            else []
+        )
         result = None
         if run_allreduce:
             progress.show("all-reduce")
@@ -258,6 +285,9 @@ def measure(
                     warmup=plan.allreduce_warmup,
                     iters=plan.allreduce_iters,
                     timeout=allreduce_timeout,
+                    latency_sizes=plan.allreduce_latency_sizes,
+                    latency_warmup=plan.allreduce_latency_warmup,
+                    latency_iters=plan.allreduce_latency_iters,
                 )
             except allreduce.AllReduceError as exc:
                 skipped.append(f"all-reduce: {exc}")
@@ -265,7 +295,7 @@ def measure(
     finally:
         progress.close()
     return ProbeReport(
-        schema_version=1,
+        schema_version=SCHEMA_VERSION,
         hostname=socket.gethostname(),
         backend=backend,
         stand_in=stand_in,
@@ -282,6 +312,7 @@ def measure(
                 link=t.link.description,
                 capacity_bytes_per_second=t.link.capacity_bytes_per_second,
                 current_capacity_bytes_per_second=t.link.current_capacity_bytes_per_second,
+                numa_node=t.numa_node,
             )
             for t in targets
         ),
@@ -291,6 +322,12 @@ def measure(
         allreduce=result,
         skipped=tuple(skipped),
         failures=(),
+        sizes=SweepSizes(
+            custom=custom_sizes,
+            copy=plan.copy_sizes,
+            allreduce=plan.allreduce_sizes if result is not None else (),
+            allreduce_latency=plan.allreduce_latency_sizes if result is not None else (),
+        ),
     )
 
 

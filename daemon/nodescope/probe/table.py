@@ -1,14 +1,15 @@
 """The readable report of ``nodescope probe``: copy figures beside link capacity, the pair
 matrices (rows send, columns receive, as CUDA's p2pBandwidthLatencyTest prints them), pair
-asymmetry, and the all-reduce in nccl-tests' columns."""
+asymmetry with the path of the slower direction, and the all-reduce in nccl-tests' columns with
+its small-message latency."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from nodescope.model.probe import CopySeries, PeerCopy, ProbeReport
-from nodescope.probe.sweep import human_bytes
-from nodescope.probe.verdict import device_label
+from nodescope.probe.sweep import format_sizes, human_bytes
+from nodescope.probe.verdict import device_label, route
 
 
 def _gb(value: float | None) -> str:
@@ -25,6 +26,16 @@ def _peer_bandwidth(peer: PeerCopy) -> str:
 
 def _peer_latency(peer: PeerCopy) -> str:
     return f"{peer.latency_seconds * 1e6:.1f}"
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f}"
+
+
+def _numa(a: int | None, b: int | None) -> str:
+    return (
+        "-" if a is None and b is None else f"{'-' if a is None else a}/{'-' if b is None else b}"
+    )
 
 
 def _grid(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -49,6 +60,8 @@ def render(report: ProbeReport) -> str:
     ]
     if report.stand_in:
         out.append(f"NOTE: {report.note}")
+    if report.sizes is not None and report.sizes.custom:
+        out.append(f"sizes (--sizes): {format_sizes(report.sizes.copy)}")
     series: dict[tuple[int, str], CopySeries] = {(s.device, s.direction): s for s in report.copies}
 
     if report.copies:
@@ -111,12 +124,19 @@ def render(report: ProbeReport) -> str:
                 f"{a.bandwidth_asymmetry:.3f}",
                 f"{a.latency_asymmetry:.3f}",
                 a.slower,
+                a.path or "-",
+                _numa(a.numa_a, a.numa_b),
                 "FLAG" if a.flagged else "",
             ]
             for a in report.asymmetry
         ]
-        out += ["", "Pair asymmetry (|a->b - b->a| / mean)"]
-        out += _grid(["pair", "bandwidth", "latency", "slower", ""], rows)
+        out += ["", "Pair asymmetry (|a->b - b->a| / mean; path as nvidia-smi topo -m names it)"]
+        out += _grid(["pair", "bandwidth", "latency", "slower", "path", "NUMA a/b", ""], rows)
+        out += [
+            f"  {a.slower}: {how}"
+            for a in report.asymmetry
+            if a.flagged and (how := route(a, prefix))
+        ]
 
     ar = report.allreduce
     if ar is not None:
@@ -132,6 +152,25 @@ def render(report: ProbeReport) -> str:
         ]
         out += _grid(["size", "time(us)", "algbw(GB/s)", "busbw(GB/s)"], rows)
         out.append(f"Avg bus bandwidth: {_gb(ar.avg_busbw_bytes_per_second)} GB/s")
+        floor = ar.latency_floor
+        if floor is not None:
+            out.append(
+                f"Small-message latency: {_us(floor.median_seconds)} us median,"
+                f" {_us(floor.p99_seconds)} us p99 ({human_bytes(floor.size_bytes)},"
+                f" {floor.iterations} all-reduces)"
+            )
+            out += ["", "All-reduce latency, small messages (each timed alone, slowest rank; us)"]
+            rows = [
+                [
+                    human_bytes(f.size_bytes),
+                    str(f.iterations),
+                    _us(f.min_seconds),
+                    _us(f.median_seconds),
+                    _us(f.p99_seconds),
+                ]
+                for f in ar.latency
+            ]
+            out += _grid(["size", "iters", "min", "median", "p99"], rows)
 
     if report.skipped:
         out += ["", *[f"skipped: {s}" for s in report.skipped]]

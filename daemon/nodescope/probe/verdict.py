@@ -2,7 +2,9 @@
 
 Pure: a report and :class:`nodescope.config.ProbeSettings` in, failures out. A prolog's
 non-zero exit drains the node, so each failure carries one line that Slurm shows as the
-reason, naming the device, the figure and the limit.
+reason, naming the device, the figure and the limit. An asymmetric pair's line also names the
+path its slower direction takes (``NV#``, PIX … SYS, :mod:`nodescope.model.paths`) and the
+NUMA nodes at both ends, the usual explanation of a bias between the two directions.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from nodescope.config import ProbeSettings
+from nodescope.model.paths import describe
 from nodescope.model.probe import (
     EXIT_FAILED,
     EXIT_PASSED,
@@ -37,11 +40,16 @@ def device_label(device: ProbeDevice | None, index: int, stand_in: bool) -> str:
 
 
 def pair_asymmetries(
-    peers: Iterable[PeerCopy], settings: ProbeSettings, stand_in: bool = False
+    peers: Iterable[PeerCopy],
+    settings: ProbeSettings,
+    stand_in: bool = False,
+    devices: Iterable[ProbeDevice] = (),
 ) -> tuple[PairAsymmetry, ...]:
     """One record per unordered pair measured in both directions, flagged when either
-    asymmetry reaches its ``max_*`` threshold."""
+    asymmetry reaches its ``max_*`` threshold, with the path of the slower direction and the
+    NUMA nodes of ``devices``."""
     by_pair = {(p.src, p.dst): p for p in peers}
+    numa = {d.index: d.numa_node for d in devices}
     prefix = "cpu" if stand_in else "GPU"
     out: list[PairAsymmetry] = []
     for (src, dst), forward in sorted(by_pair.items()):
@@ -64,9 +72,28 @@ def pair_asymmetries(
                 slower=f"{prefix}{slow.src}->{prefix}{slow.dst}",
                 flagged=bw >= settings.max_bandwidth_asymmetry
                 or lat >= settings.max_latency_asymmetry,
+                # The two directions share one path; a report that recorded it for one
+                # direction only still names it.
+                path=slow.path or forward.path or backward.path,
+                numa_a=numa.get(src),
+                numa_b=numa.get(dst),
             )
         )
     return tuple(out)
+
+
+def route(pair: PairAsymmetry, prefix: str = "GPU") -> str:
+    """How the slower direction of ``pair`` goes: ``path SYS from NUMA node 1 to NUMA node 0,
+    across the SMP interconnect between sockets``; empty when the path is unknown."""
+    if pair.path is None:
+        return ""
+    backwards = pair.slower == f"{prefix}{pair.b}->{prefix}{pair.a}"
+    src, dst = (pair.numa_b, pair.numa_a) if backwards else (pair.numa_a, pair.numa_b)
+    where = ""
+    if src is not None and dst is not None:
+        where = f" within NUMA node {src}" if src == dst else f" from NUMA node {src} to {dst}"
+    crosses = describe(pair.path)
+    return f"path {pair.path}{where}" + (f", {crosses}" if crosses else "")
 
 
 def evaluate(report: ProbeReport, settings: ProbeSettings) -> tuple[ThresholdFailure, ...]:
@@ -121,6 +148,7 @@ def evaluate(report: ProbeReport, settings: ProbeSettings) -> tuple[ThresholdFai
             ("max_latency_asymmetry", "latency", pair.latency_asymmetry,
              settings.max_latency_asymmetry),
         )  # fmt: skip
+        how = route(pair, prefix)
         for check, what, value, limit in checks:
             if value >= limit:
                 failures.append(
@@ -130,7 +158,8 @@ def evaluate(report: ProbeReport, settings: ProbeSettings) -> tuple[ThresholdFai
                         value=value,
                         limit=limit,
                         message=f"pair {subject}: {what} asymmetry {value:.2f} (slower"
-                        f" {pair.slower}) reaches the maximum {limit:.2f}",
+                        f" {pair.slower}{', ' + how if how else ''}) reaches the maximum"
+                        f" {limit:.2f}",
                     )
                 )
     limit = settings.min_allreduce_busbw_bytes_per_second
@@ -170,7 +199,7 @@ def judge(report: ProbeReport, settings: ProbeSettings) -> ProbeReport:
         skipped = (*skipped, STAND_IN_ASYMMETRY)
     with_pairs = replace(
         report,
-        asymmetry=pair_asymmetries(report.peers, settings, report.stand_in),
+        asymmetry=pair_asymmetries(report.peers, settings, report.stand_in, report.devices),
         skipped=skipped,
     )
     return replace(with_pairs, failures=evaluate(with_pairs, settings))
