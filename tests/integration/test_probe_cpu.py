@@ -16,8 +16,16 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from nodescope.model.probe import EXIT_FAILED, EXIT_USAGE, REPORT_SCHEMA, parse_report
+from nodescope.model.probe import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    REPORT_SCHEMA,
+    AllReduceLatency,
+    SweepSizes,
+    parse_report,
+)
 from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.probe.sweep import QUICK
 from nodescope.probe_runner import ProbeRunner, make_source, state_path
 from nodescope.roots import Roots
 from nodescope_exporters import probe_metrics
@@ -80,11 +88,100 @@ def test_quick_probe_on_the_cpu_stand_in_reports_valid_json_and_passes(tmp_path:
         # Two ranks: busbw = algbw × 2(2−1)/2 = algbw.
         assert point.busbw_bytes_per_second == pytest.approx(point.algbw_bytes_per_second)
         assert point.algbw_bytes_per_second == pytest.approx(point.size_bytes / point.seconds)
+    # The small-message latency, beside the bandwidth: 8 B … 4 KiB by 8, each size timed
+    # QUICK.allreduce_latency_iters times, one all-reduce at a time.
+    assert report.sizes == SweepSizes(
+        custom=False,
+        copy=QUICK.copy_sizes,
+        allreduce=QUICK.allreduce_sizes,
+        allreduce_latency=(8, 64, 512, 4096),
+    )
+    _assert_latency(ar.latency, (8, 64, 512, 4096), QUICK.allreduce_latency_iters)
     # --record left the report where the daemon's probe source reads it.
     recorded = make_source().collect(Roots(run=tmp_path / "run"))
     assert recorded == report
     # The stderr carries no warnings (torch's NumPy one is filtered in every rank).
     assert "Warning" not in proc.stderr
+
+
+def _assert_latency(
+    latency: tuple[AllReduceLatency, ...], sizes: tuple[int, ...], iterations: int
+) -> None:
+    assert [f.size_bytes for f in latency] == list(sizes)
+    for figure in latency:
+        assert figure.iterations == iterations
+        assert 0 < figure.min_seconds <= figure.median_seconds <= figure.p99_seconds
+        # One all-reduce of a few bytes over loopback: microseconds to milliseconds.
+        assert 1e-6 < figure.median_seconds < 0.5
+
+
+def test_custom_sizes_replace_the_sweeps_and_the_small_ones_give_the_latency() -> None:
+    proc = _probe("--quick", "--json", "--cpu", "--sizes", "1M,8,64K,4K")
+    assert proc.returncode == 0, proc.stderr
+    jsonschema.validate(json.loads(proc.stdout), REPORT_SCHEMA)
+    report = parse_report(proc.stdout)
+    wanted = (8, 4096, 65536, 1 << 20)
+    assert report.sizes == SweepSizes(True, wanted, wanted, (8, 4096))
+    for series in report.copies:
+        assert tuple(p.size_bytes for p in series.points) == wanted
+    ar = report.allreduce
+    assert ar is not None, report.skipped
+    assert tuple(p.size_bytes for p in ar.points) == wanted
+    _assert_latency(ar.latency, (8, 4096), QUICK.allreduce_latency_iters)
+    assert ar.latency_floor == ar.latency[0]
+    # The table says it too.
+    text = _probe("--quick", "--cpu", "--sizes", "8,64K")
+    assert text.returncode == 0, text.stderr
+    assert "sizes (--sizes): 8,64K" in text.stdout
+    assert "Small-message latency: " in text.stdout and " us p99 (8B, " in text.stdout
+
+
+# torch warns at import that NumPy is absent; the probe does not use NumPy.
+@pytest.mark.filterwarnings("ignore:Failed to initialize NumPy")
+def test_the_latency_figure_shows_a_delay_hidden_in_every_all_reduce(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank that waits 3 ms before each all-reduce, as a hidden barrier would: the other
+    rank waits with it, and the median moves by the delay. The gloo ranks are forked from
+    this process, so they inherit the patched call."""
+    import torch.distributed as dist
+
+    from nodescope.probe import allreduce
+
+    def run() -> AllReduceLatency:
+        result = allreduce.run(
+            "gloo", 2, (8,), 1, 2, timeout=60.0, latency_sizes=(8,), latency_warmup=2,
+            latency_iters=30,
+        )  # fmt: skip
+        (figure,) = result.latency
+        assert figure.iterations == 30
+        return figure
+
+    plain = run()
+    real = dist.all_reduce
+    delay = 3e-3
+
+    def behind_a_barrier(tensor: object, *args: object, **kwargs: object) -> object:
+        if dist.get_rank() == 1:
+            time.sleep(delay)
+        return real(tensor, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dist, "all_reduce", behind_a_barrier)
+    slowed = run()
+    print(f"8 B all-reduce median: {plain.median_seconds * 1e6:.0f} us plain,"
+          f" {slowed.median_seconds * 1e6:.0f} us behind a {delay * 1e3:.0f} ms wait")  # fmt: skip
+    assert slowed.min_seconds >= delay * 0.9
+    assert slowed.median_seconds >= plain.median_seconds + delay * 0.9
+
+
+def test_a_bad_size_list_exits_2_naming_it() -> None:
+    proc = _probe("--sizes", "4K,1.5M", timeout=60)
+    assert proc.returncode == EXIT_USAGE
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines()[-1] == (
+        "nodescope probe: error: argument --sizes: '1.5M' is not a size"
+        " (a whole number with an optional K, M or G: 4K, 1M)"
+    )
 
 
 def test_impossible_threshold_fails_with_one_line_and_the_daemon_exports_it(
