@@ -40,7 +40,8 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "probe",
         parents=parents,
-        help="measure PCIe and GPU pair bandwidth (torch); exit status for the prolog",
+        help="measure PCIe and GPU pair bandwidth and all-reduce latency (torch); exit status"
+        " for the prolog",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
