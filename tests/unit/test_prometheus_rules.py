@@ -8,14 +8,19 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from nodescope_exporters.catalog import CATALOG
 from nodescope_exporters.prometheus import load_areas
 from tests.conftest import REPO
 
 RULES = REPO / "exporters" / "prometheus"
+#: The shipped rule files: the node's alerts, the records they and the dashboard read, and
+#: the job-level rules across nodes.
+RULE_FILES = ("alerts.yml", "records.yml", "jobs.yml")
 DASHBOARD = REPO / "exporters" / "grafana" / "nodescope.json"
 
 #: Metrics the attribution (issue 5, detectors) will export; the rules and the dashboard
@@ -63,7 +68,10 @@ def rule_exprs(path: Path) -> list[str]:
 
 
 def recorded_names() -> set[str]:
-    return set(re.findall(r"^\s*- record:\s*(\S+)", (RULES / "records.yml").read_text(), re.M))
+    names: set[str] = set()
+    for name in RULE_FILES:
+        names |= set(re.findall(r"^\s*- record:\s*(\S+)", (RULES / name).read_text(), re.M))
+    return names
 
 
 def known_names() -> set[str]:
@@ -73,17 +81,17 @@ def known_names() -> set[str]:
 
 def test_promtool_checks_the_rules() -> None:
     proc = subprocess.run(
-        [promtool(), "check", "rules", str(RULES / "alerts.yml"), str(RULES / "records.yml")],
+        [promtool(), "check", "rules", *(str(RULES / name) for name in RULE_FILES)],
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS" in proc.stdout
+    assert proc.stdout.count("SUCCESS") == len(RULE_FILES)
 
 
 def test_promtool_rule_unit_tests_pass() -> None:
     tests = sorted((RULES / "tests").glob("*.yml"))
-    assert len(tests) >= 2
+    assert {"alerts_test.yml", "records_test.yml", "jobs_test.yml"} <= {t.name for t in tests}
     proc = subprocess.run(
         [promtool(), "test", "rules", *map(str, tests)], capture_output=True, text=True
     )
@@ -113,18 +121,122 @@ def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
     assert "NodescopeSourceDown" in proc.stdout + proc.stderr
 
 
+# -- the job-level rules (jobs.yml) ------------------------------------------------------------
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text())
+    assert isinstance(document, dict)
+    return document
+
+
+def job_alert_rules() -> list[dict[str, Any]]:
+    groups = load_yaml(RULES / "jobs.yml")["groups"]
+    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+def test_job_rules_record_first_then_alert() -> None:
+    """The records are evaluated before the alerts that read them, in their own group."""
+    groups = load_yaml(RULES / "jobs.yml")["groups"]
+    kinds = [{"record" if "record" in rule else "alert" for rule in g["rules"]} for g in groups]
+    assert kinds == [{"record"}, {"alert"}]
+
+
+def test_job_alerts_are_labelled_for_routing() -> None:
+    """Alertmanager routes on scope and severity; origin tells the two alert paths apart."""
+    rules = job_alert_rules()
+    assert {rule["alert"] for rule in rules} == {
+        "NodescopeJobStragglerNode",
+        "NodescopeJobStalled",
+        "NodescopeJobNodeFaulty",
+        "NodescopeJobInfinibandAsymmetry",
+    }
+    for rule in rules:
+        labels = rule["labels"]
+        assert labels["scope"] == "job", rule["alert"]
+        assert labels["origin"] == "prometheus", rule["alert"]
+        assert labels["severity"] in {"warning", "critical"}, rule["alert"]
+        for text in rule["annotations"].values():
+            assert "$labels.job_id" in text, rule["alert"]
+
+
+def test_job_alert_annotations_name_the_job_and_node() -> None:
+    """Every expected job alert in jobs_test.yml (which promtool holds equal to what fires)
+    names its Slurm job, and its node wherever the alert has one."""
+    alerts = {rule["alert"] for rule in job_alert_rules()}
+    checked: set[str] = set()
+    for case in load_yaml(RULES / "tests" / "jobs_test.yml")["tests"]:
+        for check in case.get("alert_rule_test", []):
+            if check["alertname"] not in alerts:
+                continue
+            for expected in check["exp_alerts"]:
+                labels = expected["exp_labels"]
+                for text in expected["exp_annotations"].values():
+                    assert re.search(rf"\b{re.escape(labels['job_id'])}\b", text), text
+                    if "instance" in labels:
+                        assert re.search(rf"\b{re.escape(labels['instance'])}\b", text), text
+                checked.add(check["alertname"])
+    assert checked == alerts
+
+
+@pytest.mark.parametrize(
+    ("alert", "shipped", "loosened"),
+    [
+        # Half the median instead of 0.7 of it: job 500's straggler at 0.5 goes unnoticed.
+        (
+            "NodescopeJobStragglerNode",
+            "0.7 * quantile by (job_id) (0.5, nodescope:job_node_gpu_activity:avg1m)",
+            "0.5 * quantile by (job_id) (0.5, nodescope:job_node_gpu_activity:avg1m)",
+        ),
+        # The idle-job guard dropped: job 300's quiet node becomes a straggler.
+        ("NodescopeJobStragglerNode", "avg1m) >= 0.2", "avg1m) >= 0"),
+        # 1 MB/s instead of 10: job 600's trickle hides its stall.
+        ("NodescopeJobStalled", "< 10e6", "< 1e6"),
+        # Any past traffic instead of 1 GB/s: the idle job 700 reads as stalled.
+        ("NodescopeJobStalled", ") > 1e9", ") > 0"),
+        # Pending daemon alerts counted as firing.
+        ("NodescopeJobNodeFaulty", 'state="firing"}', 'state=~"pending|firing"}'),
+        # Idle nodes let into the median: n6's 0.2 is flagged.
+        (
+            "NodescopeJobInfinibandAsymmetry",
+            "> 100e6\n          )\n          <",
+            "> 1e6\n          )\n          <",
+        ),
+    ],
+)
+def test_job_rule_tests_catch_a_changed_threshold(
+    tmp_path: Path, alert: str, shipped: str, loosened: str
+) -> None:
+    """jobs_test.yml fails when a threshold of jobs.yml moves: the cases sit near them."""
+    text = (RULES / "jobs.yml").read_text()
+    assert text.count(shipped) == 1
+    (tmp_path / "tests").mkdir()
+    shutil.copyfile(RULES / "records.yml", tmp_path / "records.yml")
+    (tmp_path / "jobs.yml").write_text(text.replace(shipped, loosened))
+    shutil.copyfile(RULES / "tests" / "jobs_test.yml", tmp_path / "tests" / "jobs_test.yml")
+    proc = subprocess.run(
+        [promtool(), "test", "rules", str(tmp_path / "tests" / "jobs_test.yml")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"alertname: {alert}" in proc.stdout + proc.stderr
+
+
 def test_every_alert_has_a_unit_test() -> None:
-    alerts = set(re.findall(r"^\s*- alert:\s*(\S+)", (RULES / "alerts.yml").read_text(), re.M))
+    alerts: set[str] = set()
+    for name in RULE_FILES:
+        alerts |= set(re.findall(r"^\s*- alert:\s*(\S+)", (RULES / name).read_text(), re.M))
     tested: set[str] = set()
     for path in (RULES / "tests").glob("*.yml"):
         tested |= set(re.findall(r"^\s*alertname:\s*(\S+)", path.read_text(), re.M))
-    assert len(alerts) >= 15
+    assert len(alerts) >= 19
     assert alerts - tested == set()
 
 
 def test_rules_read_only_metrics_that_exist() -> None:
     known = known_names()
-    for path in (RULES / "alerts.yml", RULES / "records.yml"):
+    for path in (RULES / name for name in RULE_FILES):
         exprs = rule_exprs(path)
         assert exprs
         unknown = {name for expr in exprs for name in metric_names(expr)} - known
