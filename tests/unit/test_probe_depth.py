@@ -488,3 +488,57 @@ def test_probe_hook_passes_checked_sizes_and_refuses_others(tmp_path: Path) -> N
     hook.wait(10)
     assert done.is_set()
     assert commands[0][-1] == "--sizes=8,1M"
+
+
+# --- NV# from NVML: the probe's seam ----------------------------------------------------------
+
+
+def test_the_probe_reads_nvlink_counts_through_the_nvml_source(
+    hgx: Topology, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from nodescope.probe.__main__ import nvlink_counts
+    from nodescope.sim.fake_nvml import FakeNvml, hgx_h100
+
+    roots = Roots.under(cached_hgx_h100_tree(tmp_path_factory.getbasetemp() / "hgx-h100"))
+    counts = nvlink_counts(roots, hgx, FakeNvml(hgx_h100(links=12)))
+    gpus = sorted(GPU.values())
+    assert counts == {frozenset((a, b)): 12 for a in gpus for b in gpus if a < b}
+    # The same counts make every GPU pair's path NV12, whatever its PCIe class.
+    assert pair_path(hgx, GPU[0], GPU[7], counts).path == "NV12"  # type: ignore[union-attr]
+    # No topology, an NVML that is not one, another host's tree without NVML: no counts,
+    # and the pairs keep their PCIe classes.
+    assert nvlink_counts(roots, None, FakeNvml(hgx_h100())) == {}
+    assert nvlink_counts(roots, hgx, object()) == {}  # type: ignore[arg-type]
+    assert nvlink_counts(roots, hgx) == {}
+
+
+def test_via_daemon_carries_the_sizes_over_the_hook_socket(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nodescope.cli.main import build_parser
+    from nodescope.cli.probe import via_daemon
+    from nodescope.hooks import HookServer, socket_path
+
+    config = from_mapping({"roots": {"run": str(tmp_path / "run")}})
+    commands: list[list[str]] = []
+    report = verdict.judge(make_report(), ProbeSettings())
+
+    def fake(command: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        commands.append(list(command))
+        return 0, json.dumps(report_to_json(report)), ""
+
+    hook = ProbeHook(lambda: config, run=fake)
+    server = HookServer(socket_path(Roots(run=tmp_path / "run")), lambda peer: True)
+    server.register("probe", hook.start)
+    server.register("probe_result", hook.result)
+    server.start()
+    try:
+        args = build_parser().parse_args(
+            ["probe", "--via-daemon", "--sizes", "1M,4K", f"--run={tmp_path / 'run'}"]
+        )
+        status = via_daemon(args, poll_seconds=0.05)
+    finally:
+        server.stop()
+    assert status == 0, capsys.readouterr().err
+    (command,) = commands
+    assert command[-1] == "--sizes=4K,1M"

@@ -16,6 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodescope import config as config_mod
 from nodescope.errors import ConfigError, ParseError
@@ -24,6 +25,9 @@ from nodescope.model.topology import Topology
 from nodescope.probe import table, verdict
 from nodescope.probe.sweep import FULL, QUICK, SIZES_HELP, sizes_argument, with_sizes
 from nodescope.roots import ROOT_NAMES, Roots
+
+if TYPE_CHECKING:
+    from nodescope.sources.nvml import NvmlAdapter
 
 PROG = "nodescope probe"
 
@@ -84,20 +88,26 @@ def _topology(roots: Roots) -> Topology | None:
         return None
 
 
-def _nvlink_counts(roots: Roots, topology: Topology | None) -> Mapping[frozenset[str], int]:
-    """NVLink counts of GPU pairs by PCI address from NVML, for the pairs' paths (``NV#``);
-    empty where NVML does not answer or the tree is not this host's (NVML describes the GPUs
-    of this host only)."""
-    if topology is None or roots.sysfs != Roots().sysfs:
+def nvlink_counts(
+    roots: Roots, topology: Topology | None, nvml: NvmlAdapter | None = None
+) -> Mapping[frozenset[str], int]:
+    """NVLink counts of GPU pairs by PCI address, for the pairs' paths (``NV#``): from
+    ``nvml``, or from the host's NVML when the tree is this host's (NVML describes the GPUs of
+    this host only); empty where NVML does not answer."""
+    if topology is None:
         return {}
-    try:
-        import pynvml
+    if nvml is None:
+        if roots.sysfs != Roots().sysfs:
+            return {}
+        try:
+            import pynvml
+        except ImportError:
+            return {}
+        nvml = pynvml
+    from nodescope.model.nvlink_graph import NvLinkGraph, attach
+    from nodescope.sources.nvml import NvmlSource
 
-        from nodescope.model.nvlink_graph import NvLinkGraph, attach
-        from nodescope.sources.nvml import NvmlSource
-    except ImportError:
-        return {}
-    source = NvmlSource(pynvml, watch_xids=False)
+    source = NvmlSource(nvml, watch_xids=False)
     try:
         graph = NvLinkGraph.from_gpus(source.collect(roots).gpus)
     except Exception:  # no driver, an NVML error: the paths fall back to the PCIe classes
@@ -148,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             force_cpu=args.cpu,
             allreduce_timeout=min(120.0, config.probe.timeout_seconds),
             custom_sizes=args.sizes is not None,
-            nvlinks=None if args.cpu else _nvlink_counts(roots, topology),
+            nvlinks=None if args.cpu else nvlink_counts(roots, topology),
         )
     except (RuntimeError, OSError) as exc:
         print(f"{PROG}: could not measure: {exc}".splitlines()[0], file=sys.stderr)
