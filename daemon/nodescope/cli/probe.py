@@ -8,7 +8,7 @@ that small): each all-reduce timed on its own, the median and the 99th percentil
 hidden barrier of a few microseconds shows as a raised floor. A GPU pair whose two
 directions differ is named with the path of the slower one as `nvidia-smi topo -m` names it
 (NV#, PIX, PXB, PHB, NODE, SYS) and the NUMA nodes of both GPUs: a SYS path crosses the
-SMP interconnect between sockets, the usual cause of a bias of tens of per cent.
+SMP interconnect between sockets, a common cause of a bias of tens of per cent.
 
 The measuring runs in its own process, `python -m nodescope.probe`, so torch stays out of
 this one; its output and exit status are passed through: 0 passed, 1 a threshold failed
