@@ -324,10 +324,112 @@ def test_dashboard_expressions_parse(tmp_path: Path) -> None:
     """promtool parses each expression (as a recording rule, Grafana's variables filled)."""
     lines = ["groups:", "  - name: dashboard", "    rules:"]
     for i, expr in enumerate(dashboard_exprs(dashboard())):
-        filled = expr.replace("$instance", "n1").replace("$__rate_interval", "1m")
+        filled = (
+            expr.replace("$instance", "n1")
+            .replace("$slurm_job", "1")
+            .replace("$__rate_interval", "1m")
+        )
         lines.append(f"      - record: dashboard:expr_{i}")
         lines.append(f"        expr: {json.dumps(filled)}")
     path = tmp_path / "dashboard.yml"
     path.write_text("\n".join(lines) + "\n")
     proc = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the dashboard's job view ------------------------------------------------------------------
+
+JOB_ROW = "Job across nodes"
+
+
+def job_row_panels(document: dict[str, object]) -> list[dict[str, Any]]:
+    """The panels below the job row, up to the next row (rows are not collapsed)."""
+    panels: list[dict[str, Any]] = document["panels"]  # type: ignore[assignment]
+    titles = [p["title"] for p in panels]
+    assert titles.count(JOB_ROW) == 1
+    out: list[dict[str, Any]] = []
+    for panel in panels[titles.index(JOB_ROW) + 1 :]:
+        if panel["type"] == "row":
+            break
+        out.append(panel)
+    return out
+
+
+def test_dashboard_has_a_slurm_job_variable() -> None:
+    variables = dashboard()["templating"]["list"]  # type: ignore[index]
+    (job,) = [v for v in variables if v["name"] == "slurm_job"]
+    assert job["query"]["query"] == "label_values(nodescope_job_info, job_id)"
+    assert job["definition"] == job["query"]["query"]
+    assert job["multi"] is False and job["includeAll"] is False
+
+
+def test_dashboard_job_row_shape() -> None:
+    """The row's panels follow the selected Slurm job over all its nodes: every query
+    selects job_id="$slurm_job" and none is narrowed to the Node variable."""
+    panels = job_row_panels(dashboard())
+    assert {p["title"] for p in panels} == {
+        "GPU activity per node",
+        "InfiniBand tx/rx per node",
+        "NVLink and PCIe per node",
+        "Critical findings per node",
+        "The job's nodes side by side",
+    }
+    assert {p["type"] for p in panels} == {"timeseries", "table"}
+    jobs_records = set(re.findall(r"^\s*- record:\s*(\S+)", (RULES / "jobs.yml").read_text(), re.M))
+    for panel in panels:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            assert 'job_id="$slurm_job"' in expr, expr
+            assert "$instance" not in expr, expr
+            assert metric_names(expr) <= jobs_records, expr
+
+
+def test_dashboard_job_row_reads_what_the_job_rules_record(tmp_path: Path) -> None:
+    """Each query of the job row, evaluated by promtool on the shipped rules over one node
+    that has every source (GPM, NVLink, PCIe, InfiniBand, a critical finding), returns data
+    for that node's job: a misspelt record, label or label value returns nothing and fails."""
+    node = 'instance="n1",job="nodescope"'
+    port = 'device="mlx5_0",port="1"'
+    series = {
+        f'nodescope_job_info{{{node},job_id="7",user="u",partition="p",layout="v2",'
+        'registered="true",gpu_source="registration"}': "1x12",
+        f'nodescope_job_gpu_info{{{node},job_id="7",gpu="0"}}': "1x12",
+        f'nodescope_gpu_gpm_sm_activity_ratio{{{node},gpu="0"}}': "0.5x12",
+        f'nodescope_gpu_nvlink_data_tx_bytes_total{{{node},gpu="0",link="0"}}': "0+15x12",
+        f'nodescope_gpu_pcie_tx_bytes_total{{{node},gpu="0"}}': "0+15x12",
+        f'nodescope_alert_active{{{node},kind="gpu_fallen_off_bus",severity="critical",'
+        'state="firing",subject="gpu=0"}': "1x12",
+    }
+    for name in ("transmitted", "received"):
+        series[f"nodescope_infiniband_port_data_{name}_bytes_total{{{node},{port}}}"] = "0+15x12"
+    exprs = [
+        target["expr"].replace("$slurm_job", "7")
+        for panel in job_row_panels(dashboard())
+        for target in panel["targets"]
+    ]
+    assert len(exprs) >= 10
+    test = {
+        "rule_files": [str(RULES / "records.yml"), str(RULES / "jobs.yml")],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": f"group ({expr})",
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    }
+                    for expr in exprs
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "job_row_test.yml"
+    path.write_text(json.dumps(test))
+    proc = subprocess.run(
+        [promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
