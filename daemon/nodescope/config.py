@@ -360,7 +360,7 @@ class AlertsSettings:
     instance: str = option("", "the instance label of pushed alerts; empty: the host name")
     external_url: str = option(
         "",
-        "URL this daemon is reached at by whoever reads its alerts (`http://node01.example:9400`):"
+        "URL this daemon is reached at by whoever reads its alerts (`http://node01.example:9839`):"
         " pushed alerts link to `<external_url>/api/v1/alerts`; empty: the host name and the"
         " listen port, or the listen address when it is a specific non-loopback one",
         _alertmanager_url,

@@ -141,11 +141,11 @@ def promtool_check(directory: Path) -> subprocess.CompletedProcess[str]:
 
 def test_promtool_accepts_the_scrape_config_with_the_rules_beside_it(tmp_path: Path) -> None:
     # As the packages install them: scrape.yml and the rule files in one folder.
-    for name in ("scrape.yml", "alerts.yml", "records.yml"):
+    for name in ("scrape.yml", "alerts.yml", "records.yml", "jobs.yml"):
         shutil.copyfile(PROMETHEUS / name, tmp_path / name)
     done = promtool_check(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 2 rule files found" in done.stdout + done.stderr
+    assert "SUCCESS: 3 rule files found" in done.stdout + done.stderr
     # Without the rule files it names reads as broken: the check above is not vacuous.
     (tmp_path / "alerts.yml").unlink()
     assert promtool_check(tmp_path).returncode != 0
