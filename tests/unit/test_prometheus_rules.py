@@ -223,6 +223,44 @@ def test_job_rule_tests_catch_a_changed_threshold(
     assert f"alertname: {alert}" in proc.stdout + proc.stderr
 
 
+CLUSTER_DOC = REPO / "docs" / "cluster.md"
+
+
+def test_cluster_doc_names_every_job_rule_and_threshold() -> None:
+    """docs/cluster.md documents each job record and alert, and every constant the alerts
+    compare with (a quantile's 0.5 is the median, not a threshold)."""
+    doc = CLUSTER_DOC.read_text()
+    text = (RULES / "jobs.yml").read_text()
+    for name in re.findall(r"^\s*- (?:record|alert):\s*(\S+)", text, re.M):
+        assert re.search(rf"`{re.escape(name)}[`{{]", doc), name
+    constants: set[str] = set()
+    for rule in job_alert_rules():
+        expr = re.sub(r"quantile by \(job_id\) \(0\.5,", "", rule["expr"])
+        constants |= set(re.findall(r"\[\d+[smh]\]", expr))
+        expr = re.sub(r"\[[^\]]*\]", "", expr)
+        constants |= set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?:e\d+)?(?![\w.])", expr))
+    assert {"0.7", "0.2", "10e6", "1e9", "100e6", "[30m]"} <= constants
+    # "> 0" is "any", no threshold to tune.
+    for constant in constants - {"0"}:
+        assert f"`{constant}`" in doc, constant
+
+
+def test_cluster_doc_examples_pass_promtool(tmp_path: Path) -> None:
+    """The edge rules and the remote-write example of docs/cluster.md are valid as written."""
+    blocks = re.findall(r"```yaml\n(.*?)```", CLUSTER_DOC.read_text(), re.S)
+    (edge,) = [b for b in blocks if "nodescope-edge" in b]
+    (remote,) = [b for b in blocks if "remote_write:" in b]
+    (tmp_path / "edge.yml").write_text(edge)
+    (tmp_path / "prometheus.yml").write_text("rule_files: [edge.yml]\n" + remote)
+    proc = subprocess.run(
+        [promtool(), "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 3 rules found" in proc.stdout + proc.stderr
+
+
 def test_every_alert_has_a_unit_test() -> None:
     alerts: set[str] = set()
     for name in RULE_FILES:
