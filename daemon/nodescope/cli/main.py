@@ -25,6 +25,7 @@ COMMANDS = (
     "nodescope.cli.slurm",
     "nodescope.cli.report",
     "nodescope.cli.probe",
+    "nodescope.cli.analyze",
 )
 
 
