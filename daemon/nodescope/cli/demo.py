@@ -635,8 +635,11 @@ class FleetRunner:
         for child in self.children:
             with child.lock:
                 summary = child.view.summary()
+                url = child.view.url or "not serving"
             state = "" if child.proc.poll() is None else f"  EXITED ({child.proc.returncode})"
-            lines.append(f"{child.spec.name}  {summary}{state}")
+            # A redrawn screen replaces the table of URLs printed once: it repeats them.
+            where = f"  {url}" if self.tty else ""
+            lines.append(f"{child.spec.name}{where}  {summary}{state}")
         wall = time.monotonic() - started
         if self.tty:
             self.out.write(CLEAR + f"nodescope demo: {self.title}  wall {wall:.0f}s\n")
