@@ -68,6 +68,8 @@ def unpickle(data: bytes) -> object:
         raise BadRecord("a pickle nested too deep") from None
     except MemoryError:
         raise BadRecord("a pickle too large to build") from None
+    except pickle.UnpicklingError as exc:
+        raise BadRecord(f"not a readable pickle: {str(exc)[:120]}") from None
     # The unpickler raises whatever its opcodes' arguments provoke (UnpicklingError,
     # EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,
     # UnicodeDecodeError...); every one of them means the same: not a dump.
