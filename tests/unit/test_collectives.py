@@ -309,3 +309,14 @@ def test_records_without_a_second_rank_have_no_straggler() -> None:
     single = ParsedFile(FileReport("a", "kineto", 0, 1, 0, False), (alone,))
     report = analyze([single]).kind("all_reduce")
     assert report is not None and report.straggler is None and report.max_wait_ns == 0
+
+
+def test_the_worked_example_in_the_docs_is_the_fixtures() -> None:
+    text = " ".join((FIXTURES.parent.parent / "docs" / "collectives.md").read_text().split())
+    sends = [sum(row) for row in SPLITS]
+    busiest, mean = max(sends), statistics.mean(sends)
+    assert f"δ = {expected_skew():.2f} on {len(SPLITS)} ranks" in text
+    assert f"sends {busiest} rows against a mean of {mean:g}" in text
+    assert f"{busiest / mean:.2f} times the mean" in text
+    # Samuelson's bound, which the docs state: no value is further than std·√(n−1) above the mean.
+    assert busiest <= mean * (1 + expected_skew() * (len(sends) - 1) ** 0.5)
