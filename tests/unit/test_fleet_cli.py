@@ -1,6 +1,6 @@
 """``nodescope demo --nodes N [FLEET]``: the arguments it refuses, each node's configuration,
 and (with real child processes on the small test node) where the nodes serve, the file_sd
-targets, a node that dies, and SIGTERM stopping every node and removing every folder."""
+targets, a node that dies, and SIGTERM or Ctrl-C stopping every node and removing every folder."""
 
 from __future__ import annotations
 
@@ -226,8 +226,9 @@ def _metrics(url: str) -> str:
 
 
 @pytest.mark.integration
-def test_the_nodes_serve_on_consecutive_ports_and_sigterm_stops_every_one(
-    tmp_path: Path, orchestrators: list[Orchestrator]
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_nodes_serve_on_consecutive_ports_and_a_signal_stops_every_one(
+    tmp_path: Path, orchestrators: list[Orchestrator], stop: signal.Signals
 ) -> None:
     port = _free_port_pair()
     targets = tmp_path / "targets.json"
@@ -262,7 +263,9 @@ def test_the_nodes_serve_on_consecutive_ports_and_sigterm_stops_every_one(
     orchestrator.wait_for("] node02  t=")
     orchestrator.wait_for("GPU util  90%  findings: none")
 
-    orchestrator.proc.send_signal(signal.SIGTERM)
+    # SIGINT is a terminal's Ctrl-C, sent to the orchestrator alone: the nodes run in their own
+    # process group and are stopped by it.
+    orchestrator.proc.send_signal(stop)
     assert orchestrator.proc.wait(60) == 0
     assert not any(_alive(pid) for pid in children)
     for url in urls:
