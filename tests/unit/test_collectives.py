@@ -84,6 +84,9 @@ def test_kineto_analysis_gives_the_skew_the_hot_destination_and_the_delayed_rank
     assert reduce_.straggler == DELAY_RANK
     assert DELAY_NS <= reduce_.max_wait_ns <= DELAY_NS + DELAY_SLACK_NS
     assert reduce_.worst is not None and reduce_.worst.straggler == DELAY_RANK
+    assert reduce_.slowest[0] == reduce_.worst
+    waits = [i.max_wait_ns for i in reduce_.slowest]
+    assert waits == sorted(waits, reverse=True) and len(waits) <= reduce_.collectives
     others = [r for r in reduce_.ranks if r.rank != DELAY_RANK]
     assert all(DELAY_NS <= r.max_wait_ns <= DELAY_NS + DELAY_SLACK_NS for r in others)
     summary = analysis.summary()
@@ -160,6 +163,9 @@ def test_a_bad_event_is_skipped_and_counted() -> None:
     ops = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("c10d::")]
     ops[0]["ts"] = "soon"
     ops[1]["args"]["Input Dims"] = [[-4], [8]]
+    # Events that are no collective's are passed over, however odd: not counted as bad.
+    doc["traceEvents"].append({"ph": "X", "name": "f" * 5000, "ts": "x"})
+    doc["traceEvents"].append({"ph": "X", "name": ["c10d::allreduce_"]})
     bad = parse_bytes(json.dumps(doc).encode(), "rank1.json", Limits())
     assert bad.report.error is None
     assert bad.report.skipped == 2

@@ -21,6 +21,7 @@ from nodescope import fileio
 from nodescope.collectives import flight, kineto
 from nodescope.collectives.model import (
     SKEWED_KINDS,
+    SLOWEST,
     Analysis,
     CallRecord,
     Destination,
@@ -124,7 +125,8 @@ class _KindState:
     incomplete: int = 0
     destinations: dict[int, int] = field(default_factory=dict)
     instance_skews: list[float] = field(default_factory=list)
-    worst: Instance | None = None
+    #: Collectives that had a straggler, for the report's slowest few.
+    late: list[Instance] = field(default_factory=list)
 
 
 def analyze(
@@ -235,8 +237,8 @@ def _account(
         max_wait,
         instance_skew,
     )
-    if straggler is not None and (state.worst is None or max_wait > state.worst.max_wait_ns):
-        state.worst = instance
+    if straggler is not None:
+        state.late.append(instance)
     for rank, call in by_rank.items():
         totals = state.ranks.setdefault(rank, _RankTotals())
         totals.calls += 1
@@ -289,6 +291,7 @@ def _kind_report(kind: str, state: _KindState) -> KindReport:
             kind_skew = skew([t for t in totals if t is not None])
     destinations = tuple(Destination(r, b) for r, b in sorted(state.destinations.items()))
     hot = max(destinations, key=lambda d: (d.recv_bytes, -d.rank)).rank if destinations else None
+    slowest = tuple(sorted(state.late, key=lambda i: (-i.max_wait_ns, i.index))[:SLOWEST])
     caused = {t.rank: t.caused_ns for t in ranks}
     straggler = max(caused, key=lambda r: (caused[r], -r)) if caused else None
     if straggler is not None and caused[straggler] == 0:
@@ -305,5 +308,6 @@ def _kind_report(kind: str, state: _KindState) -> KindReport:
         hot_destination=hot,
         straggler=straggler,
         max_wait_ns=max((t.max_wait_ns for t in ranks), default=0),
-        worst=state.worst,
+        worst=slowest[0] if slowest else None,
+        slowest=slowest,
     )

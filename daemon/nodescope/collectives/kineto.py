@@ -171,16 +171,20 @@ def _event(raw: object, base_ns: int, tally: _Tally) -> _Event | None:
     as skipped."""
     if not isinstance(raw, dict) or raw.get("ph") != "X":
         return None
+    name = raw.get("name")
+    args = raw.get("args", {})
+    if not isinstance(name, str) or len(name) > 400:
+        return None  # collective events have short names; Python frames can be long
+    interesting = (
+        (isinstance(args, dict) and "Collective name" in args)
+        or name.startswith("c10d::")
+        or name.split(":")[0] in BACKENDS
+    )
+    if not interesting:
+        return None
     try:
-        name = text(raw.get("name"), limit=400)
-        args = raw.get("args", {})
         if not isinstance(args, dict):
             raise BadRecord("args is not an object")
-        interesting = (
-            "Collective name" in args or name.startswith("c10d::") or name.split(":")[0] in BACKENDS
-        )
-        if not interesting:
-            return None
         cat = raw.get("cat", "")
         ts_us = number(raw.get("ts"), high=MAX_NS / 1000)
         dur_us = number(raw.get("dur", 0), high=MAX_NS / 1000)

@@ -238,7 +238,8 @@ class KindReport:
     collective. ``destinations`` are the bytes each rank received, summed from the senders'
     splits, with their own δ and the rank that received most (``hot_destination``): the rank
     holding the experts the router favours. ``straggler`` is the rank that made the others
-    wait longest in total; ``worst`` the collective with the longest single wait."""
+    wait longest in total; ``worst`` the collective with the longest single wait, and
+    ``slowest`` the few with the longest waits."""
 
     kind: str
     collectives: int
@@ -252,6 +253,13 @@ class KindReport:
     straggler: int | None
     max_wait_ns: int
     worst: Instance | None
+    #: The collectives with the longest waits, longest first (at most :data:`SLOWEST`), each
+    #: with the rank that arrived last.
+    slowest: tuple[Instance, ...] = ()
+
+
+#: How many of a kind's collectives a report lists by their wait.
+SLOWEST = 10
 
 
 @dataclass(frozen=True)

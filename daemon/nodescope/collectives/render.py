@@ -47,7 +47,9 @@ def _skew(value: float | None) -> str:
 
 def render_text(analysis: Analysis) -> str:
     ranks = " ".join(str(r) for r in analysis.ranks) or "none"
-    lines = [f"{len(analysis.files)} files, {len(analysis.ranks)} ranks ({ranks})"]
+    lines = [
+        f"{_count(len(analysis.files), 'file')}, {_count(len(analysis.ranks), 'rank')} ({ranks})"
+    ]
     for report in analysis.files:
         state = f"error: {report.error}" if report.error else f"{report.records} collective calls"
         extra = []
@@ -69,7 +71,7 @@ def render_text(analysis: Analysis) -> str:
 
 
 def _kind_text(kind: KindReport) -> list[str]:
-    head = f"{kind.kind}: {kind.collectives} collectives"
+    head = f"{kind.kind}: {_count(kind.collectives, 'collective')}"
     if kind.incomplete:
         head += f" ({kind.incomplete} not seen on every rank)"
     lines = [head]
@@ -104,9 +106,17 @@ def _kind_text(kind: KindReport) -> list[str]:
             f" {kind.collectives}, the others waited {human_ns(figures.caused_ns)} for it"
             f" in all; longest wait {human_ns(kind.max_wait_ns)}{where}"
         )
+        listed = ", ".join(
+            f"#{i.index} rank {i.straggler} {human_ns(i.max_wait_ns)}" for i in kind.slowest[:5]
+        )
+        lines.append(f"  longest waits (collective, last rank, wait): {listed}")
     else:
         lines.append("  straggler: none (every collective began on all ranks at once)")
     return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 _SENT = "#4e79a7"
@@ -126,13 +136,13 @@ def render_svg(analysis: Analysis, width: int = 900) -> str:
         f' viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="10" y="22" font-size="15" font-weight="bold">collectives of'
-        f" {len(analysis.ranks)} ranks</text>",
+        f" {_count(len(analysis.ranks), 'rank')}</text>",
     ]
     if not analysis.kinds:
         out.append(f'<text x="10" y="{top + 20}">no collectives found</text>')
     y = top
     for kind in analysis.kinds:
-        title = f"{kind.kind}: {kind.collectives} collectives"
+        title = f"{kind.kind}: {_count(kind.collectives, 'collective')}"
         if kind.skew is not None:
             title += f", δ {kind.skew:.3f}"
         if kind.straggler is not None:
