@@ -163,13 +163,14 @@ def test_a_bad_event_is_skipped_and_counted() -> None:
     ops = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("c10d::")]
     ops[0]["ts"] = "soon"
     ops[1]["args"]["Input Dims"] = [[-4], [8]]
+    ops[2]["args"]["Input Dims"] = ops[2]["args"]["Input type"] = []
     # Events that are no collective's are passed over, however odd: not counted as bad.
     doc["traceEvents"].append({"ph": "X", "name": "f" * 5000, "ts": "x"})
     doc["traceEvents"].append({"ph": "X", "name": ["c10d::allreduce_"]})
     bad = parse_bytes(json.dumps(doc).encode(), "rank1.json", Limits())
     assert bad.report.error is None
-    assert bad.report.skipped == 2
-    assert len(bad.calls) == len(good.calls) - 2
+    assert bad.report.skipped == 3
+    assert len(bad.calls) == len(good.calls) - 3
 
 
 def test_the_event_cap_stops_reading_and_says_so() -> None:

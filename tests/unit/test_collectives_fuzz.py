@@ -233,3 +233,24 @@ def _duplicates(records: list[CallRecord], kind: str) -> int:
             dropped += 1
         seen.add(marker)
     return dropped
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    index=st.integers(0, 10_000),
+    dims=st.lists(json_values(max_text=10), max_size=8),
+    types=st.lists(st.sampled_from(["float", "c10::BFloat16", "TensorList", "", "x"]), max_size=8),
+    concrete=st.lists(st.text(max_size=20) | st.just("[1, 2, 3, 4]"), max_size=8),
+)
+def test_a_c10d_op_with_any_shapes_gives_a_report(
+    index: int, dims: list[Any], types: list[str], concrete: list[str]
+) -> None:
+    """The shapes, dtypes and concrete inputs of one op replaced together, of equal length
+    (the parser's first check) or not."""
+    doc = json.loads(KINETO[0].read_text())
+    ops = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("c10d::")]
+    args = ops[index % len(ops)]["args"]
+    args["Input Dims"] = dims
+    args["Input type"] = (types * 8)[: len(dims)] if types else ["float"] * len(dims)
+    args["Concrete Inputs"] = concrete
+    _check(parse_bytes(json.dumps(doc).encode(), KINETO[0].name, SMALL))

@@ -329,6 +329,8 @@ def _op_record(
     if not isinstance(dims, list) or not isinstance(types, list) or len(dims) != len(types):
         raise BadRecord("no shapes: the profiler ran without record_shapes")
     send_arg, recv_arg = C10D_ARGS[op]
+    if len(dims) <= max(send_arg or 0, recv_arg or 0):
+        raise BadRecord("fewer arguments than the op takes")
     names: list[object] = [t for t in types if t not in _NOT_DTYPES]
     if partner is not None:
         partner_types = partner.args.get("Input type")
