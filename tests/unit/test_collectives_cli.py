@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from nodescope.cli.analyze import DEFAULT_MAX_FILE_MIB
 from nodescope.cli.main import main
+from nodescope.collectives import Limits
+from tests.conftest import REPO
 from tests.unit.test_collectives import DELAY_RANK, KINETO, expected_skew
 
 
@@ -45,3 +50,21 @@ def test_nothing_readable_is_exit_status_1(
     captured = capsys.readouterr()
     assert "no collectives found" in captured.out
     assert "missing.json" in captured.err and "not JSON" in captured.err
+
+
+def test_the_default_file_cap_is_the_analysis_default() -> None:
+    assert Limits().max_file_bytes == DEFAULT_MAX_FILE_MIB << 20
+
+
+def test_registering_the_command_imports_no_analysis() -> None:
+    code = (
+        "import sys\n"
+        "from nodescope.cli.main import build_parser\n"
+        "build_parser()\n"
+        "print(','.join(m for m in sys.modules if m.startswith('nodescope.collectives')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""

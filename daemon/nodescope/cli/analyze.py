@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nodescope.collectives import Limits, analyze_files
-from nodescope.collectives.render import render_svg, render_text, to_document
-from nodescope_exporters.reports import atomic_write_bytes
+#: ``Limits().max_file_bytes`` in MiB. Written out so that registering the subcommand —
+#: which every ``nodescope`` process does, the daemon's included — imports none of the
+#: analysis (gzip, pickle) until ``analyze`` runs; a test holds the two equal.
+DEFAULT_MAX_FILE_MIB = 256
 
 
 def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -43,7 +44,7 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--max-file-mib",
         type=int,
-        default=Limits().max_file_bytes >> 20,
+        default=DEFAULT_MAX_FILE_MIB,
         metavar="MIB",
         help="refuse a file larger than this once decompressed (default %(default)s)",
     )
@@ -62,6 +63,10 @@ def _expand(names: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from nodescope.collectives import Limits, analyze_files
+    from nodescope.collectives.render import render_svg, render_text, to_document
+    from nodescope_exporters.reports import atomic_write_bytes
+
     if args.max_file_mib <= 0:
         print("nodescope: --max-file-mib must be positive", file=sys.stderr)
         return 2
