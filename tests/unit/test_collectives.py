@@ -327,3 +327,25 @@ def test_the_worked_example_in_the_docs_is_the_fixtures() -> None:
     assert f"{busiest / mean:.2f} times the mean" in text
     # Samuelson's bound, which the docs state: no value is further than std·√(n−1) above the mean.
     assert busiest <= mean * (1 + expected_skew() * (len(sends) - 1) ** 0.5)
+
+
+def test_a_rank_that_never_reached_a_collective_is_named(tmp_path: Path) -> None:
+    """A dump taken on a hang: rank 2 never enqueued the last all-reduce the others did."""
+    paths = []
+    for path in FR_JSON:
+        doc = json.loads(path.read_text())
+        if path.name == "fr_trace_rank_2.json":
+            last = max(
+                i
+                for i, e in enumerate(doc["entries"])
+                if e["profiling_name"].endswith("all_reduce")
+            )
+            doc["entries"] = doc["entries"][:last]
+        (tmp_path / path.name).write_text(json.dumps(doc))
+        paths.append(tmp_path / path.name)
+    reduce_ = analyze_files(paths).kind("all_reduce")
+    assert reduce_ is not None and reduce_.incomplete == 1
+    (partial,) = reduce_.partial
+    assert partial.missing == (2,) and partial.ranks == (0, 1, 3)
+    assert partial.index == reduce_.collectives - 1
+    assert "without rank 2" in render_text(analyze_files(paths))

@@ -122,11 +122,12 @@ class _RankTotals:
 class _KindState:
     ranks: dict[int, _RankTotals] = field(default_factory=dict)
     collectives: int = 0
-    incomplete: int = 0
     destinations: dict[int, int] = field(default_factory=dict)
     instance_skews: list[float] = field(default_factory=list)
     #: Collectives that had a straggler, for the report's slowest few.
     late: list[Instance] = field(default_factory=list)
+    #: Collectives some rank of the kind did not record.
+    partial: list[Instance] = field(default_factory=list)
 
 
 def analyze(
@@ -174,7 +175,7 @@ def analyze(
     states: dict[str, _KindState] = {}
     for (group, kind), by_rank in instances:
         state = states.setdefault(kind, _KindState())
-        _account(state, group, kind, by_rank, complete=len(by_rank) == len(width[kind]))
+        _account(state, group, kind, by_rank, width[kind])
     kinds = tuple(_kind_report(kind, states[kind]) for kind in sorted(states))
     return Analysis(tuple(reports), tuple(sorted(owners)), kinds, files_dropped)
 
@@ -211,11 +212,11 @@ def _instances(
 
 
 def _account(
-    state: _KindState, group: str, kind: str, by_rank: dict[int, CallRecord], *, complete: bool
+    state: _KindState, group: str, kind: str, by_rank: dict[int, CallRecord], members: set[int]
 ) -> None:
     state.collectives += 1
-    if not complete:
-        state.incomplete += 1
+    missing = tuple(sorted(members - by_rank.keys()))
+    complete = not missing
     last_rank, last = max(
         ((r, c.arrive_ns) for r, c in by_rank.items()), key=lambda x: (x[1], -x[0])
     )
@@ -236,9 +237,12 @@ def _account(
         straggler,
         max_wait,
         instance_skew,
+        missing,
     )
     if straggler is not None:
         state.late.append(instance)
+    if missing:
+        state.partial.append(instance)
     for rank, call in by_rank.items():
         totals = state.ranks.setdefault(rank, _RankTotals())
         totals.calls += 1
@@ -256,10 +260,10 @@ def _account(
             totals.unknown_send = True
         totals.complete_send = _add(totals.complete_send, call.send_bytes)
         if call.send_splits is not None:
-            members = call.group_ranks
-            known = members is not None and len(members) == len(call.send_splits)
+            order = call.group_ranks
+            known = order is not None and len(order) == len(call.send_splits)
             for index, size in enumerate(call.send_splits):
-                dest = members[index] if known and members else index
+                dest = order[index] if known and order else index
                 state.destinations[dest] = state.destinations.get(dest, 0) + size
 
 
@@ -299,7 +303,7 @@ def _kind_report(kind: str, state: _KindState) -> KindReport:
     return KindReport(
         kind=kind,
         collectives=state.collectives,
-        incomplete=state.incomplete,
+        incomplete=len(state.partial),
         ranks=ranks,
         skew=kind_skew,
         max_instance_skew=max(state.instance_skews) if state.instance_skews else None,
@@ -310,4 +314,5 @@ def _kind_report(kind: str, state: _KindState) -> KindReport:
         max_wait_ns=max((t.max_wait_ns for t in ranks), default=0),
         worst=slowest[0] if slowest else None,
         slowest=slowest,
+        partial=tuple(state.partial[-SLOWEST:]),
     )

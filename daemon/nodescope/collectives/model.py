@@ -217,8 +217,8 @@ class Destination:
 
 @dataclass(frozen=True)
 class Instance:
-    """One collective as every rank that recorded it saw it: the rank that arrived last and
-    the longest time another rank waited for it."""
+    """One collective as every rank that recorded it saw it: the rank that arrived last, the
+    longest time another rank waited for it, and the ranks that did not record it."""
 
     kind: str
     group: str
@@ -227,6 +227,9 @@ class Instance:
     straggler: int | None
     max_wait_ns: int
     skew: float | None
+    #: Ranks that recorded other collectives of this kind but not this one: in a flight
+    #: recorder dump taken on a hang, the ranks that never reached it.
+    missing: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,8 @@ class KindReport:
     #: The collectives with the longest waits, longest first (at most :data:`SLOWEST`), each
     #: with the rank that arrived last.
     slowest: tuple[Instance, ...] = ()
+    #: The last collectives (at most :data:`SLOWEST`) that some rank did not record.
+    partial: tuple[Instance, ...] = ()
 
 
 #: How many of a kind's collectives a report lists by their wait.

@@ -75,6 +75,13 @@ def _kind_text(kind: KindReport) -> list[str]:
     if kind.incomplete:
         head += f" ({kind.incomplete} not seen on every rank)"
     lines = [head]
+    if kind.partial:
+        listed = "; ".join(
+            f"#{i.index} without rank{'s' if len(i.missing) > 1 else ''}"
+            f" {', '.join(str(r) for r in i.missing)}"
+            for i in kind.partial[-5:]
+        )
+        lines.append(f"  not recorded by every rank (latest last): {listed}")
     if kind.skew is not None or kind.max_instance_skew is not None:
         lines.append(
             f"  skew δ = std/mean of the bytes each rank sends: {_skew(kind.skew)}"
