@@ -17,7 +17,14 @@ import pytest
 from nodescope.collectives import Limits, analyze, analyze_files, parse_bytes, read_file
 from nodescope.collectives.analysis import compress
 from nodescope.collectives.flight import rank_from_name
-from nodescope.collectives.model import CallRecord, dtype_bytes, kind_of, skew
+from nodescope.collectives.model import (
+    CallRecord,
+    FileReport,
+    ParsedFile,
+    dtype_bytes,
+    kind_of,
+    skew,
+)
 from nodescope.collectives.render import render_svg, render_text, to_document
 from tests.conftest import FIXTURES
 
@@ -311,8 +318,6 @@ def test_records_without_a_second_rank_have_no_straggler() -> None:
     alone = CallRecord(0, "g", "all_reduce", None, 10, None, 4, 4)
     analysis = analyze([])
     assert analysis.kinds == ()
-    from nodescope.collectives.model import FileReport, ParsedFile
-
     single = ParsedFile(FileReport("a", "kineto", 0, 1, 0, False), (alone,))
     report = analyze([single]).kind("all_reduce")
     assert report is not None and report.straggler is None and report.max_wait_ns == 0
@@ -349,3 +354,19 @@ def test_a_rank_that_never_reached_a_collective_is_named(tmp_path: Path) -> None
     assert partial.missing == (2,) and partial.ranks == (0, 1, 3)
     assert partial.index == reduce_.collectives - 1
     assert "without rank 2" in render_text(analyze_files(paths))
+
+
+def test_two_groups_of_one_kind_are_each_complete() -> None:
+    """Expert-parallel groups {0, 1} and {2, 3}: neither group misses the other's ranks."""
+
+    def record(rank: int, group: str, arrive: int) -> CallRecord:
+        return CallRecord(rank, group, "all_to_all", 7, arrive, None, 100 * (rank + 1), 0)
+
+    parsed = []
+    for rank, group in ((0, "ep0"), (1, "ep0"), (2, "ep1"), (3, "ep1")):
+        call = record(rank, group, 1000 * rank)
+        parsed.append(ParsedFile(FileReport(f"r{rank}", "kineto", rank, 1, 0, False), (call,)))
+    a2a = analyze(parsed).kind("all_to_all")
+    assert a2a is not None and a2a.collectives == 2 and a2a.incomplete == 0
+    assert a2a.skew == pytest.approx(skew([100, 200, 300, 400]))
+    assert {(i.group, i.straggler) for i in a2a.slowest} == {("ep0", 1), ("ep1", 3)}

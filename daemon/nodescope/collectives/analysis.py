@@ -166,16 +166,17 @@ def analyze(
             records.extend(item.calls)
         reports.append(report)
     instances = _instances(records)
-    # A collective recorded by fewer ranks than the kind's widest one (a rank's profiler
-    # window began later or ended sooner) still gives its waits, but its bytes would bias
-    # the ranks' totals that δ compares, so those count complete collectives only.
-    width: dict[str, set[int]] = {}
-    for (_, kind), by_rank in instances:
-        width.setdefault(kind, set()).update(by_rank)
+    # A group's members are the ranks that recorded any of its collectives of the kind. A
+    # collective recorded by fewer (a rank's profiler window began later or ended sooner, or
+    # a rank hung before it) still gives its waits, but its bytes would bias the ranks'
+    # totals that δ compares, so those count complete collectives only.
+    members: dict[tuple[str, str], set[int]] = {}
+    for key, by_rank in instances:
+        members.setdefault(key, set()).update(by_rank)
     states: dict[str, _KindState] = {}
     for (group, kind), by_rank in instances:
         state = states.setdefault(kind, _KindState())
-        _account(state, group, kind, by_rank, width[kind])
+        _account(state, group, kind, by_rank, members[(group, kind)])
     kinds = tuple(_kind_report(kind, states[kind]) for kind in sorted(states))
     return Analysis(tuple(reports), tuple(sorted(owners)), kinds, files_dropped)
 
