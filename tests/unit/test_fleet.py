@@ -19,6 +19,7 @@ from nodescope.model.gpu_health import clock_event_names
 from nodescope.sim.fleet import (
     FLEET_DIR,
     LOAD_KINDS,
+    FleetSchema,
     Load,
     bundled_fleets,
     check_nodes,
@@ -34,6 +35,7 @@ from tests.unit.json_strategy import json_values
 from tests.unit.test_scenario import small_document
 
 LOADER = ScenarioLoader()
+SCHEMA = FleetSchema()
 NICS = ("mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9")
 
 
@@ -70,7 +72,7 @@ def small_fleet() -> dict[str, Any]:
 
 
 def parsed(document: dict[str, Any], name: str = "/fleets/test.json") -> Any:
-    return parse_fleet(document, Path(name))
+    return parse_fleet(document, Path(name), SCHEMA)
 
 
 def scenario_of(fleet: Any, node: int) -> Scenario:

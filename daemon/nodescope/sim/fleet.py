@@ -173,30 +173,27 @@ def load_fleet(name_or_path: str | Path) -> Fleet:
     return parse_fleet(_read_json(path), path)
 
 
-_validator: Any = None
-_schema: dict[str, Any] = {}
+class FleetSchema:
+    """The fleet schema and its validator, built once per holder: a caller that parses many
+    documents (the fuzz tests parse thousands) keeps one and passes it in."""
 
-
-def _fleet_validator() -> tuple[Any, dict[str, Any]]:
-    """The schema's validator, built once: the fuzz tests parse thousands of documents."""
-    global _validator, _schema
-    if _validator is None:
+    def __init__(self) -> None:
         text = (resources.files("nodescope.sim") / "schema" / SCHEMA_NAME).read_text("utf-8")
-        _schema = json.loads(text)
-        _validator = _schema_validator(_schema)
-    return _validator, _schema
+        self.schema: dict[str, Any] = json.loads(text)
+        self.validator: Any = _schema_validator(self.schema)
 
 
-def parse_fleet(document: Any, path: Path) -> Fleet:
+def parse_fleet(document: Any, path: Path, schema: FleetSchema | None = None) -> Fleet:
     """A fleet from its parsed JSON; ``path`` names it in errors and anchors a relative
     hardware ``base``."""
     source = _Source(str(path), path.parent)
     _reject_non_finite(source, document)
-    validator, schema = _fleet_validator()
+    checker = schema or FleetSchema()
+    validator = checker.validator
     errors = list(validator.iter_errors(document))
     if errors:
         first = min(errors, key=lambda e: _reading_position(document, e.absolute_path))
-        pointer, message = _schema_failure(first, schema)
+        pointer, message = _schema_failure(first, checker.schema)
         raise source.fail(pointer, message)
     duration = float(document["duration_seconds"])
     job_spec = document["job"]
