@@ -47,6 +47,19 @@ RULES = (
     # The model is the bottom of the flow: nothing above it, not even the stage that derives.
     Rule(("nodescope.model",), "nodescope.derive"),
     Rule(("nodescope.model",), "nodescope.analysis"),
+    # The trace analysis is a pure library under a source and a command: no stage below it.
+    *(
+        Rule(("nodescope.collectives",), stage)
+        for stage in (
+            "nodescope.sources",
+            "nodescope.detectors",
+            "nodescope.analysis",
+            "nodescope.service",
+            "nodescope.cli",
+            "nodescope_exporters",
+            "torch",
+        )
+    ),
 )
 
 #: Imports against the flow the code may keep: none. A new backward import means a type to
