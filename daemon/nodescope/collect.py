@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from nodescope.config import DEFAULT_SOURCE_TIMEOUT, Config
+from nodescope.config import DEFAULT_SOURCE_TIMEOUT, Config, spool_settings
 from nodescope.model.skips import Skipped
 from nodescope.model.snapshot import Snapshot, SourceSample, SourceStatus
 from nodescope.roots import Roots
@@ -195,7 +195,7 @@ class Collector:
         ``config``."""
         scheduled: list[ScheduledSource] = []
         if sources is None:
-            inputs = SourceInputs() if inputs is None else inputs
+            inputs = SourceInputs(spool=spool_settings(config)) if inputs is None else inputs
             for name, wanted in config.sources.items():
                 if wanted.enabled:
                     scheduled.append(

@@ -39,6 +39,7 @@ from typing import Any
 
 from nodescope import fileio
 from nodescope.errors import ConfigError
+from nodescope.model.collectives import SpoolSettings
 from nodescope.roots import ROOT_NAMES, Roots
 from nodescope.sources.registry import SOURCE_TABLE, SOURCES
 
@@ -322,6 +323,74 @@ class SourceSettings:
         " until the stuck read returns",
         SECONDS_SOURCE_TIMEOUT,
     )
+    #: The keys a source has beyond the common ones (:data:`SOURCE_EXTRA_SETTINGS`), as its
+    #: settings object; None for a source without any.
+    extra: Any = None
+
+
+def _spool_dir(value: Any) -> str | None:
+    """Empty (the source does not run) or an absolute path without ``.``/``..`` parts: the
+    daemon trusts the spool directory itself, so it must be the one the operator named."""
+    if value == "":
+        return None
+    if not value.startswith("/") or any(p in (".", "..") for p in value.split("/")):
+        return "must be empty or an absolute path without . or .. components"
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracesSourceSettings:
+    """The keys ``[sources.traces]`` has beyond the common ones (docs/collectives.md,
+    "Daemon")."""
+
+    spool_dir: str = option(
+        "",
+        "directory where jobs drop PyTorch traces, one <job id>/ directory per job (mode 1733,"
+        " owned by root); empty: the source does not run",
+        _spool_dir,
+    )
+    max_file_bytes: int = option(
+        64 << 20,
+        "a trace file larger than this is skipped (reason too_large), gzip files also once"
+        " decompressed, bytes",
+        Range(1024, 1 << 30, integer=True),
+    )
+    max_files_per_job: int = option(
+        64,
+        "files of one job analysed together (one per rank); the rest are skipped",
+        Range(1, 4096, integer=True),
+    )
+    max_jobs: int = option(
+        16, "jobs whose directories one scan looks at", Range(1, 1024, integer=True)
+    )
+    queue_size: int = option(
+        8,
+        "jobs waiting for the analysis worker; a job that finds it full is offered again on"
+        " the next run",
+        Range(1, 1024, integer=True),
+    )
+
+    def spool(self) -> SpoolSettings | None:
+        if not self.spool_dir:
+            return None
+        return SpoolSettings(
+            spool_dir=self.spool_dir,
+            max_file_bytes=self.max_file_bytes,
+            max_files_per_job=self.max_files_per_job,
+            max_jobs=self.max_jobs,
+            queue_size=self.queue_size,
+        )
+
+
+#: Sources with keys of their own, and the class that declares them.
+SOURCE_EXTRA_SETTINGS: Mapping[str, type[Any]] = MappingProxyType({"traces": TracesSourceSettings})
+
+
+def spool_settings(config: Config) -> SpoolSettings | None:
+    """The ``traces`` source's settings, None when no spool directory is set."""
+    settings = config.sources.get("traces")
+    extra = settings.extra if settings is not None else None
+    return extra.spool() if isinstance(extra, TracesSourceSettings) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,6 +619,27 @@ class JobsSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectivesSettings:
+    enabled: bool = option(
+        True,
+        "report jobs whose traces in the spool (sources.traces) show an AllToAll send skew or a"
+        " rank the others waited for",
+    )
+    max_skew: float = option(
+        0.5,
+        "a collective kind's send skew δ (std/mean of the ranks' send bytes) above this is a"
+        " collective_skew finding",
+        Range(0, 100, low_open=True),
+    )
+    max_wait_seconds: float = option(
+        1.0,
+        "a straggler that kept another rank waiting longer than this in one collective is a"
+        " collective_straggler finding, seconds",
+        Range(0, HOUR, low_open=True),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class HangsSettings:
     enabled: bool = option(
         True,
@@ -672,6 +762,7 @@ class DetectorsSettings:
     hotplug: HotplugSettings = field(init=False, repr=False, compare=False)
     xids: XidsSettings = field(init=False, repr=False, compare=False)
     gpu_health: GpuHealthSettings = field(init=False, repr=False, compare=False)
+    collectives: CollectivesSettings = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tables: dict[str, Mapping[str, Any]] = {}
@@ -842,10 +933,23 @@ class RemediationSettings:
     rules: Mapping[str, RemediationRuleSettings] = field(default_factory=_no_remediation_rules)
 
 
-def _default_sources() -> Mapping[str, SourceSettings]:
-    return MappingProxyType(
-        {s.name: SourceSettings(interval_seconds=s.default_interval) for s in SOURCE_TABLE}
+def _source_settings(name: str, given: Mapping[str, Any]) -> SourceSettings:
+    """One source's settings from the keys a file set; a source with keys of its own gets
+    them as its ``extra`` object, and the ``traces`` source runs only with a spool."""
+    common = {k: v for k, v in given.items() if k in SOURCE_KEYS}
+    extra = None
+    section = SOURCE_EXTRA_SETTINGS.get(name)
+    if section is not None:
+        extra = section(**{k: v for k, v in given.items() if k not in SOURCE_KEYS})
+    if isinstance(extra, TracesSourceSettings) and not extra.spool_dir:
+        common["enabled"] = False
+    return SourceSettings(
+        **{"interval_seconds": SOURCES[name].default_interval, **common}, extra=extra
     )
+
+
+def _default_sources() -> Mapping[str, SourceSettings]:
+    return MappingProxyType({s.name: _source_settings(s.name, {}) for s in SOURCE_TABLE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -884,6 +988,11 @@ ROOT_OPTIONS: tuple[Option, ...] = tuple(
     for name in ROOT_NAMES
 )
 SOURCE_OPTIONS = options_of(SourceSettings)
+SOURCE_KEYS = frozenset(o.key for o in SOURCE_OPTIONS)
+#: The keys of each source that has keys of its own.
+SOURCE_EXTRA_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
+    {name: options_of(section) for name, section in SOURCE_EXTRA_SETTINGS.items()}
+)
 ALERT_OPTIONS = options_of(AlertsSettings)
 #: ``[alerts.rules.<kind>]``: every key optional; an unset key falls back to the built-in rule
 #: of the kind, then to the ``[alerts]`` defaults.
@@ -1027,8 +1136,9 @@ def _sources(path: str, table: Any) -> Mapping[str, SourceSettings]:
         raise ConfigError(path, "sources", "must be a table")
     sources: dict[str, SourceSettings] = {}
     for info in SOURCE_TABLE:
-        given = _section(path, f"sources.{info.name}", table.get(info.name, {}), SOURCE_OPTIONS)
-        sources[info.name] = SourceSettings(**{"interval_seconds": info.default_interval, **given})
+        options = SOURCE_OPTIONS + SOURCE_EXTRA_OPTIONS.get(info.name, ())
+        given = _section(path, f"sources.{info.name}", table.get(info.name, {}), options)
+        sources[info.name] = _source_settings(info.name, given)
     for name in table:
         if name not in SOURCES:
             raise ConfigError(path, f"sources.{_display(name)}", "unknown source")
@@ -1227,7 +1337,7 @@ def _source_options(name: str) -> tuple[Option, ...]:
         if o.key == "enabled"
         else o
         for o in SOURCE_OPTIONS
-    )
+    ) + SOURCE_EXTRA_OPTIONS.get(name, ())
 
 
 def _tables() -> Iterator[tuple[str, tuple[Option, ...]]]:

@@ -34,6 +34,7 @@ AREAS: tuple[str, ...] = (
     "nodescope_exporters.network_metrics",
     "nodescope_exporters.cgroup_metrics",
     "nodescope_exporters.job_metrics",
+    "nodescope_exporters.collective_metrics",
     "nodescope_exporters.gpu_metrics",
     "nodescope_exporters.fabric_metrics",
     "nodescope_exporters.nvlink_metrics",

@@ -568,6 +568,25 @@ def render_text(document: Document, width: int = 60) -> str:
             f"  limit {_bytes(limit) if limit is not None else 'none'}"
             f"  OOM kills {memory.get('oom_kills', 0)}"
         )
+    collectives = document.get("collectives")
+    if isinstance(collectives, Mapping):
+        lines.append("")
+        lines.append(
+            f"collectives (traces in the spool, {collectives.get('files', 0)} files,"
+            f" ranks {len(collectives.get('ranks') or [])}):"
+        )
+        lines.append("  kind            skew δ  straggler  max wait")
+        for k in collectives.get("kinds") or []:
+            if not isinstance(k, Mapping):
+                continue
+            skew = _number(k.get("skew"))
+            wait = _number(k.get("max_wait_seconds"))
+            straggler = k.get("straggler")
+            lines.append(
+                f"  {str(k.get('kind'))[:15]:<15} {'-' if skew is None else f'{skew:.2f}':>6}"
+                f"  {'-' if straggler is None else f'rank {straggler}':<9}"
+                f"  {'-' if wait is None else f'{wait:.3g} s'}"
+            )
     holders = document.get("gpu_holders", [])
     for holder in holders:
         lines.append(

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from nodescope.alerts import AlertRule
 from nodescope.config import Config
 from nodescope.detectors import (
+    collectives,
     contention,
     errors,
     gpu_health,
@@ -125,6 +126,18 @@ DETECTORS: tuple[DetectorInfo, ...] = (
     DetectorInfo("xids", xids.XidDetector(load_catalog()), xids.RULES),
     DetectorInfo("sxids", sxids.detect, sxids.RULES),
     DetectorInfo("gpu_health", gpu_health.detect, gpu_health.RULES),
+    # Trace figures are already a summary over the profiler's window: they fire at once and
+    # hold until the job's next files (or its end) change them.
+    DetectorInfo(
+        "collectives",
+        collectives.detect,
+        MappingProxyType(
+            {
+                collectives.SKEW: AlertRule(for_seconds=0.0, resolve_after_seconds=60.0),
+                collectives.STRAGGLER: AlertRule(for_seconds=0.0, resolve_after_seconds=60.0),
+            }
+        ),
+    ),
 )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from nodescope.hooks.request import JobRequest
 from nodescope.hooks.stops import GateStop
+from nodescope.model.collectives import JobCollectives
 from nodescope_exporters.reports import REPORT_FORMAT, counter_deltas
 
 #: The most samples a job's timeline keeps; a longer job's timeline is thinned.
@@ -103,8 +104,32 @@ def build_report(
         "gate": None if gate_stop is None else gate_stop.as_dict(),
         "actions": list(actions),
         "timeline": window.timeline() if window is not None else {"t": [], "series": {}},
+        # The job's collective figures from its traces in the spool, when it dropped any.
+        "collectives": window.collectives if window is not None else None,
         "verdict": {"ok": reason is None, "reason": reason},
         "issued_at": end_wall if issued_at is None else issued_at,
+    }
+
+
+def collective_figures(job: JobCollectives) -> dict[str, Any]:
+    """A job's collective figures as its report holds them."""
+    return {
+        "analysed_at": job.analysed_at,
+        "files": job.files,
+        "failed_files": job.failed,
+        "ranks": list(job.ranks),
+        "max_skew": job.max_skew,
+        "straggler": job.straggler,
+        "max_wait_seconds": job.max_wait_seconds,
+        "kinds": [
+            {
+                "kind": k.kind,
+                "skew": k.skew,
+                "straggler": k.straggler,
+                "max_wait_seconds": k.max_wait_seconds,
+            }
+            for k in job.kinds
+        ],
     }
 
 
@@ -122,6 +147,8 @@ class JobWindow:
     oom_kills: int = 0
     times: list[float] = field(default_factory=list)
     series: dict[str, list[float | None]] = field(default_factory=dict)
+    #: The latest analysis of the job's traces (:func:`collective_figures`), if any.
+    collectives: dict[str, Any] | None = None
 
     def add_sample(self, t: float, values: Mapping[str, float | None]) -> None:
         self.times.append(t)

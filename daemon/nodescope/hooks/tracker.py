@@ -41,11 +41,12 @@ from nodescope.hooks.health import (
     unfit_reason,
     write_gate_state,
 )
-from nodescope.hooks.reports import JobWindow, build_report
+from nodescope.hooks.reports import JobWindow, build_report, collective_figures
 from nodescope.hooks.request import JobRequest, holders_of
 from nodescope.hooks.stops import problem_json, read_gate_stop, remove_gate_stop
 from nodescope.hooks.transport import Request, Response, run_dir
 from nodescope.model.alert import AlertState
+from nodescope.model.collectives import TRACES
 from nodescope.model.disks import DISKS, DisksData
 from nodescope.model.infiniband import INFINIBAND, InfinibandData
 from nodescope.model.job_records import REGISTRATION_FORMAT, registrations_dir
@@ -293,6 +294,7 @@ class JobTracker:
                 tx, rx = gpu.pcie_tx_bytes_per_second, gpu.pcie_rx_bytes_per_second
                 if tx is not None or rx is not None:
                     pcie[gpu.index] = (tx or 0.0) + (rx or 0.0)
+        traces = snapshot.latest(TRACES)
         for job in snapshot.derived.jobs:
             window = self.windows.get(job.job_id)
             if window is None:
@@ -300,6 +302,9 @@ class JobTracker:
                 self.windows[job.job_id] = window
             window.last_seen = now
             window.gpus, window.gpu_source = job.gpus, job.gpu_source
+            figures = traces.job(job.job_id) if traces is not None else None
+            if figures is not None:
+                window.collectives = collective_figures(figures)
             if not job.running:
                 continue
             self._sample(window, job, pcie, now)

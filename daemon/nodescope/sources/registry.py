@@ -10,11 +10,15 @@ this table.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from nodescope.model.collectives import SpoolSettings
+from nodescope.model.job_records import JobsData
+from nodescope.roots import Roots
 from nodescope.sources.base import Source, TopologyGeneration
 
 if TYPE_CHECKING:
@@ -29,6 +33,23 @@ def _cycle_walk() -> CycleWalk:
     return CycleWalk()
 
 
+class LatestJobs:
+    """The ``jobs`` source's latest record, which the ``jobs`` source publishes after each
+    run and the ``traces`` source reads (the uid each job's spool directory must have)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: JobsData | None = None
+
+    def publish(self, data: JobsData) -> None:
+        with self._lock:
+            self._data = data
+
+    def get(self) -> JobsData | None:
+        with self._lock:
+            return self._data
+
+
 @dataclass(frozen=True)
 class SourceInputs:
     """What the sources of one collector share, made once where they are built and handed to
@@ -38,10 +59,14 @@ class SourceInputs:
       event and the ``pci`` source watches;
     * ``cgroup_walk``: one walk of the cgroup tree per cycle for the ``cgroups``, ``jobs``,
       ``procs`` and ``threads`` sources; the collector begins each cycle on it.
+    * ``jobs``: the ``jobs`` source's latest record, for the ``traces`` source;
+    * ``spool``: the ``traces`` source's settings (``[sources.traces]``), None when unset.
     """
 
     topology: TopologyGeneration = field(default_factory=TopologyGeneration)
     cgroup_walk: CycleWalk = field(default_factory=_cycle_walk)
+    jobs: LatestJobs = field(default_factory=LatestJobs)
+    spool: SpoolSettings | None = None
 
     def begin_cycle(self, due: Iterable[str]) -> None:
         """A collection cycle starts in which the sources named ``due`` run."""
@@ -64,6 +89,37 @@ def _with_topology(module: ModuleType, inputs: SourceInputs) -> Source:
 
 def _with_cgroup_walk(module: ModuleType, inputs: SourceInputs) -> Source:
     source: Source = module.make_source(walk=inputs.cgroup_walk)
+    return source
+
+
+@dataclass
+class _Publishing:
+    """A source whose every record is also published to ``board`` (the ``jobs`` source's,
+    which the ``traces`` source reads)."""
+
+    inner: Source
+    board: LatestJobs
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.inner.name
+
+    def collect(self, roots: Roots) -> Any:
+        data = self.inner.collect(roots)
+        if isinstance(data, JobsData):
+            self.board.publish(data)
+        return data
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _jobs_published(module: ModuleType, inputs: SourceInputs) -> Source:
+    return _Publishing(_with_cgroup_walk(module, inputs), inputs.jobs)
+
+
+def _with_spool(module: ModuleType, inputs: SourceInputs) -> Source:
+    source: Source = module.make_source(inputs.spool, inputs.jobs.get)
     return source
 
 
@@ -133,7 +189,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         15.0,
         "Slurm jobs: job cgroups (v2, SLUID, v1), their processes, threads and figures;"
         " prolog registrations",
-        _with_cgroup_walk,
+        _jobs_published,
     ),
     SourceInfo(
         "nvml",
@@ -198,6 +254,15 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.remediation",
         5.0,
         "drains, resumes and held drains nodescope recorded (<run>/nodescope/remediation.json)",
+    ),
+    # After ``jobs``: a cycle that runs both reads the jobs of this cycle.
+    SourceInfo(
+        "traces",
+        "nodescope.sources.traces",
+        15.0,
+        "PyTorch traces jobs drop in <spool_dir>/<job id>/, analysed off the cycle: per-job"
+        " collective skew, straggler rank and longest wait (runs only with spool_dir set)",
+        _with_spool,
     ),
 )
 
