@@ -350,9 +350,10 @@ class TracesSourceSettings:
         _spool_dir,
     )
     max_file_bytes: int = option(
-        64 << 20,
+        16 << 20,
         "a trace file larger than this is skipped (reason too_large), gzip files also once"
-        " decompressed, bytes",
+        " decompressed, bytes; the parser process needs about ten times this in memory,"
+        " within the unit's MemoryMax",
         Range(1024, 1 << 30, integer=True),
     )
     max_files_per_job: int = option(

@@ -5,7 +5,9 @@ makes the parser raise, a full queue, jobs that leave); the fixed kind set."""
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import shutil
 import threading
 from pathlib import Path
@@ -312,17 +314,60 @@ def test_a_file_that_makes_the_parser_raise_is_counted_and_the_others_still_coun
             raise RecursionError("a parser bug")
         return real(data, path, limits)
 
+    # In this process, so the patched parser is the one that runs.
     monkeypatch.setattr(traces, "parse_bytes", parse)
     source = TracesSource(_settings(tmp_path), lambda: _jobs(("7", JOB_UID)))
+    source.worker = TraceWorker(source.settings, parse=traces.parse_files)
     try:
         data = _collect_settled(source, Roots())
         figures = data.job("7")
         assert figures is not None and figures.ranks == (0, 1, 2, 3) and figures.failed == 1
         assert data.files_failed_total == 1 and data.files_analysed_total == 4
+        assert data.skipped.counts == {traces.ANALYSIS_ERROR: 1}
         # Recorded once: the file is not read again until it changes.
         assert _collect_settled(source, Roots()).files_failed_total == 1
     finally:
         source.close()
+
+
+@needs_root
+def test_a_parser_process_that_fails_fails_its_files_and_the_worker_goes_on(
+    tmp_path: Path,
+) -> None:
+    job = _job_dir(tmp_path, "6")
+    _copy_fixtures(job)
+    calls: list[int] = []
+
+    def parse(files: list[tuple[str, bytes]], limits: Limits) -> list[ParsedFile]:
+        calls.append(len(files))
+        if len(calls) == 1:
+            raise TimeoutError("parser overran")
+        return traces.parse_files(files, limits)
+
+    source = TracesSource(_settings(tmp_path), lambda: _jobs(("6", JOB_UID)))
+    source.worker = TraceWorker(source.settings, parse=parse)
+    try:
+        data = _collect_settled(source, Roots())
+        assert data.files_failed_total == 4 and data.skipped.counts == {traces.ANALYSIS_ERROR: 4}
+        figures = data.job("6")
+        assert figures is not None and figures.ranks == () and figures.failed == 4
+        os.utime(job / "rank1.json", ns=(5, 5))  # one file changed: only it is parsed again
+        data = _collect_settled(source, Roots())
+        assert calls == [4, 1] and data.files_analysed_total == 1
+    finally:
+        source.close()
+
+
+def test_the_parser_process_parses_the_fixtures_and_its_answer_names_no_other_code() -> None:
+    files = [(f"rank{r}.json", (FIXTURES / f"rank{r}.json").read_bytes()) for r in range(2)]
+    files.append(("bad.json", b"\x00not json"))
+    parsed = traces.parse_in_child(files, Limits())
+    assert parsed == traces.parse_files(files, Limits())
+    assert [p.report.rank for p in parsed] == [0, 1, None]
+    assert parsed[2].report.error is not None and parsed[0].calls
+    hostile = pickle.dumps(os.system)  # a global outside the records
+    with pytest.raises(pickle.UnpicklingError):
+        traces._AnswerUnpickler(io.BytesIO(hostile)).load()
 
 
 @needs_root

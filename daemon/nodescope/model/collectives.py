@@ -38,7 +38,7 @@ class SpoolSettings:
     directory and the bounds of one scan and of the analysis queue."""
 
     spool_dir: str
-    max_file_bytes: int = 64 << 20
+    max_file_bytes: int = 16 << 20
     max_files_per_job: int = 64
     max_jobs: int = 16
     queue_size: int = 8

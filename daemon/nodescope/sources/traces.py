@@ -22,29 +22,35 @@ Everything in the spool is hostile: any local user can write there. So
 
 The scan in the cycle only ``lstat``\\ s. Reading and analysing happen in one worker thread
 that the source object owns, fed through a bounded queue with the jobs whose files are new or
-changed (path, size, mtime, inode); each run hands the cycle the worker's latest results. A
-file that makes the analysis raise is counted as failed and skipped until it changes; a job
-that left the node loses its results and the worker's cache of its files.
-
-The worker is a thread: the daemon runs no torch and the analysis is pure Python, but a very
-large file's ``json.loads`` holds the interpreter lock while it runs (about 10 ms per MB), so
-``max_file_bytes`` also bounds how long the cycle can be held up by it.
+changed (path, size, mtime, inode); each run hands the cycle the worker's latest results. The
+worker reads the files and hands their bytes to a parser process of its own
+(``python -m nodescope.sources.traces``, :func:`parse_in_child`): ``json.loads`` of a large
+file holds the interpreter lock for its whole run (seconds for tens of MB), which in the
+daemon's process would hold up its cycle. A file that makes the parser raise, or a parser
+process that fails, is counted as failed and skipped until the file changes; a job that left
+the node loses its results and the worker's cache of its files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import io
 import logging
 import os
+import pickle
 import queue
 import re
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nodescope.collectives import Analysis, Limits, ParsedFile, analyze, parse_bytes
 from nodescope.collectives.model import FileReport
@@ -264,6 +270,76 @@ def job_figures(job_id: str, analysis: Analysis, failed: int, now: float) -> Job
     )
 
 
+#: How the error of a file whose parsing raised (or whose parser process failed) begins: told
+#: apart from a file the parser refused, it is counted as skip reason ``analysis_error``.
+RAISED = "parser raised: "
+
+#: Seconds one parser process may run (a batch of at most ``max_file_bytes``).
+PARSE_TIMEOUT = 300.0
+
+#: Parses ``(path, bytes)`` pairs into one :class:`ParsedFile` each, in order.
+Parse = Callable[[list[tuple[str, bytes]], Limits], list[ParsedFile]]
+
+
+def parse_files(files: list[tuple[str, bytes]], limits: Limits) -> list[ParsedFile]:
+    """Each file's records; a file whose parsing raises gives a report with the error, and
+    the other files still count."""
+    results: list[ParsedFile] = []
+    for path, data in files:
+        try:
+            results.append(parse_bytes(data, path, limits))
+        except Exception as exc:
+            error = f"{RAISED}{exc!r}"[:200]
+            results.append(ParsedFile(FileReport(path, None, None, 0, 0, False, error), ()))
+    return results
+
+
+#: The classes a parser process's answer may hold: the records of the collective layer.
+_ANSWER_CLASSES = frozenset({"ParsedFile", "FileReport", "CallRecord"})
+
+
+class _AnswerUnpickler(pickle.Unpickler):
+    """Reads a parser process's answer: built-in values and the three record classes, no
+    other global (the process read hostile files; its answer is not trusted to name code)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "nodescope.collectives.model" and name in _ANSWER_CLASSES:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not a record")
+
+
+def parse_in_child(
+    files: list[tuple[str, bytes]], limits: Limits, timeout: float = PARSE_TIMEOUT
+) -> list[ParsedFile]:
+    """:func:`parse_files` in a process of its own (``python -m nodescope.sources.traces``):
+    ``json.loads`` of a large file holds the interpreter lock for its whole run, which in a
+    thread would hold up the daemon's cycle; in a process it holds up nothing, and a parser
+    that runs away is killed at ``timeout``."""
+    request = pickle.dumps((dataclasses.astuple(limits), files), protocol=pickle.HIGHEST_PROTOCOL)
+    done = subprocess.run(
+        [sys.executable, "-m", "nodescope.sources.traces"],
+        input=request,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise RuntimeError(f"parser exit status {done.returncode}: {tail[0][:160]}")
+    answer = _AnswerUnpickler(io.BytesIO(done.stdout)).load()
+    if not isinstance(answer, list) or not all(isinstance(a, ParsedFile) for a in answer):
+        raise ValueError("parser answer is not a list of parsed files")
+    return answer
+
+
+def _child_main() -> int:
+    """The parser process: a request from the daemon on stdin, the parsed files on stdout."""
+    raw_limits, files = pickle.loads(sys.stdin.buffer.read())
+    results = parse_files(files, Limits(*raw_limits))
+    sys.stdout.buffer.write(pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL))
+    return 0
+
+
 #: What the worker's queue carries: a job's files to analyse, or None to stop.
 _Work = JobFiles | None
 
@@ -290,6 +366,7 @@ class TraceWorker:
         settings: SpoolSettings,
         clock: Callable[[], float] = time.time,
         analyse: Callable[[list[ParsedFile], Limits], Analysis] | None = None,
+        parse: Parse = parse_in_child,
     ) -> None:
         self.settings = settings
         self.limits = Limits(
@@ -297,6 +374,7 @@ class TraceWorker:
         )
         self._clock = clock
         self._analyse = analyse or (lambda parsed, limits: analyze(parsed, limits))
+        self._parse = parse
         self._queue: queue.Queue[_Work] = queue.Queue(maxsize=settings.queue_size)
         self._lock = threading.Lock()
         self._results: dict[str, JobCollectives] = {}
@@ -403,14 +481,27 @@ class TraceWorker:
                 tally.skip(CHANGED, work.directory)
                 self._merge(work.job_id, tally, counts, None, {})
                 return
+            batch: list[tuple[FileEntry, bytes]] = []
+            size = 0
             for entry in work.files:
                 before = cache.get(entry.name)
                 if before is not None and before[0] == entry:
                     parsed[entry.name] = before
                     continue
-                result = self._parse(dir_fd, work, entry, tally, counts)
-                if result is not None:
-                    parsed[entry.name] = (entry, result)
+                try:
+                    data = read_checked(dir_fd, entry, work.uid, self.settings.max_file_bytes)
+                except Unreadable as exc:
+                    tally.skip(exc.reason, f"{work.directory}/{exc}")
+                    continue
+                # Files go to the parser in batches of at most one file cap: what the worker
+                # holds in memory at once stays bounded by the cap, not by the job's files.
+                if batch and size + len(data) > self.settings.max_file_bytes:
+                    self._parse_batch(work, batch, parsed, tally, counts)
+                    batch, size = [], 0
+                batch.append((entry, data))
+                size += len(data)
+            if batch:
+                self._parse_batch(work, batch, parsed, tally, counts)
         finally:
             os.close(dir_fd)
         files = [p for _, p in parsed.values()]
@@ -426,29 +517,36 @@ class TraceWorker:
                 figures = job_figures(work.job_id, analysis, failed, self._clock())
         self._merge(work.job_id, tally, counts, figures, parsed)
 
-    def _parse(
-        self, dir_fd: int, work: JobFiles, entry: FileEntry, tally: SkipTally, counts: _Counts
-    ) -> ParsedFile | None:
-        where = f"{work.directory}/{entry.name}"
+    def _parse_batch(
+        self,
+        work: JobFiles,
+        batch: list[tuple[FileEntry, bytes]],
+        parsed: dict[str, _Parsed],
+        tally: SkipTally,
+        counts: _Counts,
+    ) -> None:
+        named = [(f"{work.directory}/{entry.name}", data) for entry, data in batch]
         try:
-            data = read_checked(dir_fd, entry, work.uid, self.settings.max_file_bytes)
-        except Unreadable as exc:
-            tally.skip(exc.reason, f"{work.directory}/{exc}")
-            return None
-        try:
-            result = parse_bytes(data, where, self.limits)
+            results = self._parse(named, self.limits)
+            if len(results) != len(named):
+                raise ValueError(f"{len(results)} results for {len(named)} files")
         except Exception as exc:
-            # The parsers turn bad input into a report; one that raises anyway is recorded,
-            # and the file is not tried again until it changes.
-            log.warning("event=trace_file_failed path=%r error=%r", where, exc)
-            tally.skip(ANALYSIS_ERROR, f"{where}: {exc!r}")
-            counts.failed += 1
-            return ParsedFile(FileReport(where, None, None, 0, 0, False, repr(exc)[:200]), ())
-        if result.report.error is not None:
-            counts.failed += 1
-        else:
-            counts.analysed += 1
-        return result
+            # The parser process died, overran or answered nonsense: every file of the batch
+            # is recorded as failed, and tried again only once it changes.
+            log.warning("event=trace_parser_failed job=%s error=%r", work.job_id, exc)
+            results = [
+                ParsedFile(FileReport(path, None, None, 0, 0, False, f"{RAISED}{exc!r}"[:200]), ())
+                for path, _ in named
+            ]
+        for (entry, _), result in zip(batch, results, strict=True):
+            error = result.report.error
+            if error is None:
+                counts.analysed += 1
+            else:
+                counts.failed += 1
+                if error.startswith(RAISED):
+                    tally.skip(ANALYSIS_ERROR, f"{result.report.path}: {error}")
+            parsed[entry.name] = (entry, result)
 
     def _merge(
         self,
@@ -528,3 +626,7 @@ def make_source(
     if settings is None or not settings.spool_dir:
         raise RuntimeError("no [sources.traces] spool_dir set")
     return TracesSource(settings, jobs)
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())
