@@ -16,7 +16,15 @@ On SIGTERM the service stops and ``--stats FILE`` receives, as JSON, each cycle'
 (CLOCK_MONOTONIC, comparable across processes) and main-thread CPU seconds, and the mirror's
 refresh CPU.
 
+``--record-files FILE`` makes this a recording run instead, for the benchmark's floor
+(``bench/floor.py``): an audit hook notes every file, directory and link the process reads
+under ROOT in ``--record-cycles`` cycles after ``--record-skip`` cycles of warm-up (the first
+cycle reads everything), the file list goes to FILE and the daemon stops. The hook stays for
+the life of the process and costs CPU on every audited call, so a recording run is never the
+one measured.
+
     python bench/daemon.py ROOT --listen 127.0.0.1:9841 --stats stats.json
+    python bench/daemon.py ROOT --listen 127.0.0.1:9842 --record-files files.json
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import floor  # bench/floor.py, beside this script
 
 from nodescope import logs
 from nodescope.collect import Collector
@@ -82,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("root", type=Path)
     parser.add_argument("--listen", default="127.0.0.1:9841")
     parser.add_argument("--stats", type=Path)
+    parser.add_argument("--record-files", type=Path, help="a recording run: the file list")
+    parser.add_argument("--record-skip", type=int, default=2)
+    # 30: the longest default interval (pci, probe), and three periods of slow_every (10), so
+    # the recorded cycles are one whole period of the daemon's schedule.
+    parser.add_argument("--record-cycles", type=int, default=30)
     args = parser.parse_args(argv)
 
     mirror = MirroredNvml(args.root / STATE_FILE)
@@ -97,17 +112,33 @@ def main(argv: list[str] | None = None) -> int:
     ends: list[float] = []
     cpu: list[float] = []
     run_cycle = service.run_cycle
+    recorder: floor.FileRecorder | None = None
+    if args.record_files is not None:
+        # The simulator's GPU state file is simulation plumbing, not something a node's agent
+        # reads: counted, not listed.
+        recorder = floor.FileRecorder(
+            args.root, args.record_skip, args.record_cycles, exclude=[STATE_FILE]
+        )
+        recorder.install()
 
     def timed_cycle() -> None:
+        if recorder is not None:
+            recorder.begin(len(ends))
         started = time.thread_time()
         run_cycle()
         cpu.append(time.thread_time() - started)
         ends.append(time.monotonic())
+        if recorder is not None:
+            recorder.end()
+            if recorder.done:
+                service.request_stop()
 
     service.run_cycle = timed_cycle  # type: ignore[method-assign]
     service.install_signal_handlers()
     service.start_server()
     status = service.run()
+    if recorder is not None:
+        recorder.file_list().write(args.record_files)
     if args.stats is not None:
         stats = {
             "cycle_end_monotonic": ends,

@@ -8,15 +8,20 @@ Phases (``--phases``, default all):
     (``python -m nodescope.sim.run_node``), the daemon (``bench/daemon.py``: the service of
     ``nodescope run`` at its default 1 s tick and source intervals, NVML mirrored from the
     simulator) and Debian's ``prometheus-node-exporter`` on the same tree with the collectors
-    that read what nodescope reads. A quiet window with one scrape of each per second gives
-    the daemon's process CPU per cycle (``/proc/<pid>/stat`` utime+stime, its serving
+    that read what nodescope reads. Two windows of ``--window`` seconds, one with one scrape
+    of each per second and one with one every 15 s (``--scrape-intervals``), give the
+    daemon's process CPU per cycle (``/proc/<pid>/stat`` utime+stime, its serving
     process's included) and RSS over time (the daemon's and the serving process's, and their
-    PSS), and node_exporter's CPU per scrape and RSS; then ``/metrics`` latency with 1 scraper
-    (gzip as Prometheus asks, and plain) and with 50 scrapers that fire together (gzip), for
-    both, from a load generator that is one thread and one ``selectors`` loop over keep-alive
-    connections. Prints the ratios. ``--baseline REV`` adds the daemon of git revision REV
-    (checked out into a temporary worktree) on the same node in the same window, and prints
-    this tree's figures as ratios to its.
+    PSS), node_exporter's CPU per scrape and RSS, and the floor's CPU per cycle: before
+    anything is measured, a recording run of the daemon (``bench/daemon.py --record-files``)
+    lists what it reads in ``--floor-cycles`` cycles, and ``bench/floor.py`` opens, reads and
+    closes exactly those files (and lists those directories) once per second through both
+    windows, the least any agent reading them could do in Python; then ``/metrics`` latency
+    with 1 scraper (gzip as Prometheus asks, and plain) and with 50 scrapers that fire
+    together (gzip), for both, from a load generator that is one thread and one
+    ``selectors`` loop over keep-alive connections. Prints the ratios. ``--baseline REV``
+    adds the daemon of git revision REV (checked out into a temporary worktree) on the same
+    node in the same window, and prints this tree's figures as ratios to its.
 ``profile``
     py-spy samples the same daemon (not scraped) for ``--profile-seconds`` and the collapsed
     stacks are summed by the daemon's parts (each source's collect, analyse, render) and by
@@ -90,6 +95,19 @@ def proc_cpu_seconds(pid: int) -> float:
     text = Path(f"/proc/{pid}/stat").read_text()
     fields = text[text.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_schedstat_seconds(pid: int) -> float:
+    """CPU seconds of every thread of a process from /proc/<pid>/task/*/schedstat
+    (nanoseconds: the floor's few milliseconds a second are below /proc/<pid>/stat's 10 ms
+    ticks)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
 
 
 def proc_rss_bytes(pid: int) -> int:
@@ -581,12 +599,18 @@ def phase_overhead(args: argparse.Namespace) -> dict[str, Any]:
         base = stack.enter_context(temp_root("nodescope-bench-"))
         root = base / "node"
         stats_path = base / "daemon-stats.json"
+        floor_stats = base / "floor-stats.json"
         print(f"== overhead: simulator for {args.scenario} under {root}", flush=True)
         sim = start_simulator(args.scenario, root)
         targets: list[Target] = []
+        floor: subprocess.Popen[str] | None = None
         if baseline_tree is not None:
             stack.enter_context(_hook_socket_taken(root))
         try:
+            if args.floor_cycles:
+                files = base / "files.json"
+                result["files"] = _record_files(args, root, files)
+                floor = _start_floor(files, root, floor_stats)
             port = free_port()
             daemon = subprocess.Popen(
                 [PYTHON, str(BENCH / "daemon.py"), str(root), "--listen", f"127.0.0.1:{port}",
@@ -614,17 +638,71 @@ def phase_overhead(args: argparse.Namespace) -> dict[str, Any]:
                 targets.append(Target("node_exporter", ne_port, ne))
             for target in targets:
                 wait_ready(target.port, 120, target.process)
-            result["overhead"] = _overhead_window(args, targets, stats_path)
+            windows = []
+            for number, every in enumerate(args.scrape_intervals):
+                windows.append(_overhead_window(args, targets, floor, every, warmup=number == 0))
+            if floor is not None:
+                # The floor stops before the latency runs: it is measured in the windows only.
+                stop(floor)
+            result["overhead"] = windows[0]
+            result["slower_scrapes"] = windows[1:]
             result["latency"] = _latency(args, targets)
         finally:
             for target in targets:
                 stop(target.process)
+            if floor is not None:
+                stop(floor)
             stop(sim)
-        for name, path in (("nodescope", stats_path), ("baseline", base / "baseline-stats.json")):
-            if name in result.get("overhead", {}):
-                stats = json.loads(path.read_text()) if path.exists() else {}
-                _add_cycle_stats(result, stats, name)
+        stats = {
+            name: json.loads(path.read_text()) if path.exists() else {}
+            for name, path in (
+                ("nodescope", stats_path),
+                ("baseline", base / "baseline-stats.json"),
+                ("floor", floor_stats),
+            )
+        }
+        for window in [result.get("overhead"), *result.get("slower_scrapes", [])]:
+            if not window:
+                continue
+            for name in ("nodescope", "baseline"):
+                if name in window:
+                    _add_cycle_stats(window, stats[name], name)
+            if "floor" in window:
+                _add_floor_stats(window, stats["floor"])
     return result
+
+
+def _record_files(args: argparse.Namespace, root: Path, path: Path) -> dict[str, Any]:
+    """A recording run of the daemon (``bench/daemon.py --record-files``) on the node, before
+    anything is measured: the files, directories and links it read in ``--floor-cycles``
+    cycles after two of warm-up, for the floor. Its audit hook never runs in a measured
+    process."""
+    sys.path.insert(0, str(BENCH))
+    import floor
+
+    print(f"   recording what the daemon reads: {args.floor_cycles} cycles", flush=True)
+    subprocess.run(
+        [PYTHON, str(BENCH / "daemon.py"), str(root), "--listen", f"127.0.0.1:{free_port()}",
+         "--record-files", str(path), "--record-skip", "2",
+         "--record-cycles", str(args.floor_cycles)],
+        env=_tree_environment(REPO), check=True, timeout=120 + 2 * args.floor_cycles,
+    )  # fmt: skip
+    summary: dict[str, Any] = floor.FileList.read(path).summary()
+    return summary
+
+
+def _start_floor(files: Path, root: Path, stats: Path) -> subprocess.Popen[str]:
+    """The floor reader (``bench/floor.py``) on the node, one recorded cycle per second."""
+    process = subprocess.Popen(
+        [PYTHON, str(BENCH / "floor.py"), str(files), str(root), "--stats", str(stats)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if line.strip() != "ready":
+        stop(process)
+        raise RuntimeError(f"the floor reader did not start: {line!r}")
+    return process
 
 
 @contextmanager
@@ -685,48 +763,70 @@ def _start_baseline(tree: Path, root: Path, stats_path: Path) -> Target:
 
 
 def _overhead_window(
-    args: argparse.Namespace, targets: list[Target], stats_path: Path
+    args: argparse.Namespace,
+    targets: list[Target],
+    floor: subprocess.Popen[str] | None,
+    every: int,
+    warmup: bool,
 ) -> dict[str, Any]:
+    """One measured window of ``args.window`` seconds with one scrape of each target every
+    ``every`` seconds (the first at the window's start); memory is sampled every second. The
+    floor reader, when there is one, reads through it."""
     scrapers = {t.name: Scraper(t.port) for t in targets}
-    print(f"   warm-up {args.warmup:.0f} s", flush=True)
-    deadline = time.monotonic() + args.warmup
-    while time.monotonic() < deadline:
-        for s in scrapers.values():
-            s.get()
-        time.sleep(max(0.0, 1.0 - (time.monotonic() % 1.0)))
-    print(f"   window {args.window:.0f} s: one scrape of each per second", flush=True)
+    if warmup:
+        print(f"   warm-up {args.warmup:.0f} s", flush=True)
+        deadline = time.monotonic() + args.warmup
+        while time.monotonic() < deadline:
+            for s in scrapers.values():
+                s.get()
+            time.sleep(max(0.0, 1.0 - (time.monotonic() % 1.0)))
+    print(f"   window {args.window:.0f} s: one scrape of each every {every} s", flush=True)
     start = time.monotonic()
     # nodescope's CPU is the daemon's and its serving process's together.
     serving0 = {t.name: _serving_cpu(t.process.pid) for t in targets}
     cpu0 = {t.name: tree_cpu_seconds(t.process.pid) for t in targets}
+    floor0 = proc_schedstat_seconds(floor.pid) if floor is not None else 0.0
     scrapes = dict.fromkeys(scrapers, 0)
     bodies: dict[str, bytes] = {}
     scrape_latency: dict[str, list[float]] = {name: [] for name in scrapers}
+    samples: dict[str, list[Memory]] = {t.name: [] for t in targets}
     next_tick = start
-    rounds = 0
+    ticks = rounds = 0
     while time.monotonic() - start < args.window:
-        # Scraped in turn, first one then the other ahead: neither daemon is always the one
-        # whose serving process wakes while the other's still holds a core.
-        rounds += 1
-        for target in targets if rounds % 2 else targets[::-1]:
-            latency, _, body = scrapers[target.name].get()
-            scrapes[target.name] += 1
-            scrape_latency[target.name].append(latency)
-            bodies[target.name] = body
-            target.memory.append(memory(target.process.pid))
+        if ticks % every == 0:
+            # Scraped in turn, first one then the other ahead: neither daemon is always the
+            # one whose serving process wakes while the other's still holds a core.
+            rounds += 1
+            for target in targets if rounds % 2 else targets[::-1]:
+                latency, _, body = scrapers[target.name].get()
+                scrapes[target.name] += 1
+                scrape_latency[target.name].append(latency)
+                bodies[target.name] = body
+        for target in targets:
+            samples[target.name].append(memory(target.process.pid))
+        ticks += 1
         next_tick += 1.0
         time.sleep(max(0.0, next_tick - time.monotonic()))
     end = time.monotonic()
     cpu1 = {t.name: tree_cpu_seconds(t.process.pid) for t in targets}
     serving1 = {t.name: _serving_cpu(t.process.pid) for t in targets}
+    floor1 = proc_schedstat_seconds(floor.pid) if floor is not None else 0.0
     for s in scrapers.values():
         s.close()
-    out: dict[str, Any] = {"window_seconds": round(end - start, 2), "start": start, "end": end}
+    out: dict[str, Any] = {
+        "window_seconds": round(end - start, 2),
+        "scrape_every_seconds": every,
+        "start": start,
+        "end": end,
+    }
+    if floor is not None:
+        out["floor"] = {"cpu_seconds": round(floor1 - floor0, 4)}
     for target in targets:
+        target.memory.extend(samples[target.name])
         cpu = cpu1[target.name] - cpu0[target.name]
         body = bodies.get(target.name, b"")
-        rss = [m.total_rss for m in target.memory]
-        last = target.memory[-1]
+        rss = [m.total_rss for m in samples[target.name]]
+        last = samples[target.name][-1]
         out[target.name] = {
             "cpu_seconds": round(cpu, 3),
             "serving_cpu_seconds": round(serving1[target.name] - serving0[target.name], 3),
@@ -790,17 +890,16 @@ def _serving_cpu(pid: int) -> float:
         return 0.0
 
 
-def _add_cycle_stats(result: dict[str, Any], stats: dict[str, Any], name: str) -> None:
-    overhead = result.get("overhead")
-    if not stats or not overhead:
+def _add_cycle_stats(window: dict[str, Any], stats: dict[str, Any], name: str) -> None:
+    """Cycles of the daemon ``name`` that ended inside ``window``, from its own log, and its
+    CPU per cycle."""
+    if not stats or not window:
         return
     ends = stats["cycle_end_monotonic"]
     cpu = stats["cycle_thread_cpu_seconds"]
-    inside = [
-        c for e, c in zip(ends, cpu, strict=True) if overhead["start"] <= e <= overhead["end"]
-    ]
+    inside = [c for e, c in zip(ends, cpu, strict=True) if window["start"] <= e <= window["end"]]
     refresh = stats["nvml_refresh_cpu_seconds"] / max(1, stats["nvml_refreshes"])
-    ns = overhead[name]
+    ns = window[name]
     ns["cycles"] = len(inside)
     ns["cpu_ms_per_cycle"] = round(ns["cpu_seconds"] / max(1, len(inside)) * 1000, 2)
     ns["serving_cpu_ms_per_cycle"] = round(
@@ -815,6 +914,25 @@ def _add_cycle_stats(result: dict[str, Any], stats: dict[str, Any], name: str) -
         "max": round(max(inside) * 1000, 2) if inside else None,
     }
     ns["sources"] = stats["sources"]
+
+
+def _add_floor_stats(window: dict[str, Any], stats: dict[str, Any]) -> None:
+    """The floor reader's cycles inside ``window``: its process CPU per cycle (the floor),
+    its loop's own CPU, and what a cycle read on average."""
+    floor = window["floor"]
+    if not stats:
+        return
+    ends = stats["cycle_end_monotonic"]
+    inside = [i for i, e in enumerate(ends) if window["start"] <= e <= window["end"]]
+    cycles = max(1, len(inside))
+    floor["cycles"] = len(inside)
+    floor["cpu_ms_per_cycle"] = round(floor["cpu_seconds"] / cycles * 1000, 3)
+    loop = [stats["cycle_thread_cpu_seconds"][i] for i in inside]
+    floor["loop_cpu_ms_mean"] = round(statistics.fmean(loop) * 1000, 3) if loop else None
+    floor["loop_cpu_ms_p50"] = round(percentile(loop, 50) * 1000, 3)
+    for key in ("files", "bytes", "dirs", "names", "links", "missing", "refused"):
+        floor[f"{key}_per_cycle"] = round(sum(stats[key][i] for i in inside) / cycles, 1)
+    floor["skipped_at_load"] = len(stats.get("skipped_at_load", []))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1258,6 +1376,67 @@ def _side_by_side(
     return [*lines, ""]
 
 
+def _intervals_and_floor(ov: dict[str, Any]) -> list[str]:
+    """CPU per cycle in each scrape-interval window: nodescope's, node_exporter's per scrape,
+    the floor's, and nodescope's ratio to each; then what the floor reads per cycle."""
+    windows = [ov["overhead"], *ov.get("slower_scrapes", [])]
+    if not any("floor" in w for w in windows) and len(windows) < 2:
+        return []
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}" if a is not None and b else "–"
+
+    def shown(x: float | None) -> str:
+        return "–" if x is None else str(x)
+
+    lines = [
+        "### CPU per cycle by scrape interval, against node_exporter and the floor",
+        "",
+        "| scrapes | window s | nodescope ms/cycle | node_exporter ms/scrape | floor ms/cycle "
+        "| nodescope ÷ node_exporter | nodescope ÷ floor |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for w in windows:
+        every = w.get("scrape_every_seconds", 1)
+        ns = w.get("nodescope", {}).get("cpu_ms_per_cycle_without_mirror")
+        ne = w.get("node_exporter", {}).get("cpu_ms_per_scrape")
+        fl = w.get("floor", {}).get("cpu_ms_per_cycle")
+        label = "one per second" if every == 1 else f"one every {every} s"
+        lines.append(
+            f"| {label} | {w['window_seconds']:.0f} | {shown(ns)} | {shown(ne)} | {shown(fl)} "
+            f"| {ratio(ns, ne)} | {ratio(ns, fl)} |"
+        )
+    lines.append("")
+    files = ov.get("files")
+    first = next((w["floor"] for w in windows if "cycles" in w.get("floor", {})), None)
+    if files and first:
+        lines += [
+            f"The floor (`bench/floor.py`) replays what the daemon read in {files['cycles']} "
+            f"cycles of a recording run after {files['skipped_cycles']} of warm-up, one cycle "
+            f"per second: per cycle {first['files_per_cycle']} files opened, read to EOF and "
+            f"closed ({first['bytes_per_cycle'] / 1024:.1f} KiB), {first['dirs_per_cycle']} "
+            f"directories listed ({first['names_per_cycle']} names), "
+            f"{first['links_per_cycle']} links read; {files['file_paths']} distinct files and "
+            f"{files['dir_paths']} directories, from the threads "
+            f"{', '.join(files['threads']) or '–'}. Its loop's own CPU per cycle: mean "
+            f"{first['loop_cpu_ms_mean']} ms, p50 {first['loop_cpu_ms_p50']} ms (the 10, 15 and "
+            f"30 s sources' files fall on few cycles); failed opens per cycle "
+            f"{first['missing_per_cycle']}, refused files {first['refused_per_cycle']}, "
+            f"left out when loaded (not regular files) {first['skipped_at_load']}.",
+            f"The daemon per cycle, recorded: {files.get('opens_per_cycle', '–')} opens, "
+            f"{files.get('dir_opens_per_cycle', '–')} of them directories, "
+            f"{files.get('listings_per_cycle', '–')} listings, "
+            f"{files.get('readlinks_per_cycle', '–')} link reads; "
+            f"{files.get('outside_per_cycle', '–')} of these outside the node's tree (its own "
+            "/proc entries) and not replayed; the process's read calls "
+            f"{files.get('read_calls_per_cycle', '–')} and bytes read "
+            f"{files.get('bytes_read_per_cycle', '–')} (all files and sockets, the "
+            "simulator's NVML state included).",
+            "",
+        ]
+    return lines
+
+
 def report(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
@@ -1337,6 +1516,7 @@ def report(results: dict[str, Any]) -> str:
             ),
             "",
         ]
+        lines += _intervals_and_floor(ov)
         if "baseline" in w:
             lines += _side_by_side(ov["baseline"], ns, w["baseline"], lat)
     pr = results.get("profile")
@@ -1418,6 +1598,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--no-node-exporter", action="store_true")
     parser.add_argument(
+        "--scrape-intervals",
+        type=int,
+        nargs="+",
+        default=[1, 15],
+        metavar="SECONDS",
+        help="overhead: one window of --window seconds per interval, one scrape of each "
+        "target every SECONDS (default: 1 and Prometheus's default of 15)",
+    )
+    parser.add_argument(
+        "--floor-cycles",
+        type=int,
+        default=30,
+        help="overhead: cycles whose reads the floor replays (30: one period of the longest "
+        "default interval); 0 measures no floor",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="REV",
         help="overhead: also run the daemon of git revision REV, side by side in the same "
@@ -1444,6 +1640,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser.add_argument("--report", type=Path, help="print the report of a results.json")
     args = parser.parse_args(argv)
+    if any(every < 1 for every in args.scrape_intervals) or args.floor_cycles < 0:
+        parser.error("scrape intervals must be whole seconds ≥ 1, --floor-cycles ≥ 0")
     if args.report is not None:
         print(report(json.loads(args.report.read_text())))
         return 0
