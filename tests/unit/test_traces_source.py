@@ -16,8 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nodescope.collect import Collector
 from nodescope.collectives import Analysis, Limits, ParsedFile, analyze
 from nodescope.collectives.model import KIND_NAMES
+from nodescope.config import Config, from_mapping, spool_settings
+from nodescope.errors import ConfigError
 from nodescope.model.collectives import KINDS, SpoolSettings
 from nodescope.model.job_records import JobsData, Registration
 from nodescope.model.skips import SkipTally
@@ -442,3 +445,40 @@ def test_the_source_does_not_run_without_a_spool() -> None:
         traces.make_source(None, lambda: None)
     with pytest.raises(RuntimeError):
         traces.make_source(SpoolSettings(""), lambda: None)
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ({"spool_dir": "spool"}, "spool_dir"),
+        ({"spool_dir": "/var/spool/../etc"}, "spool_dir"),
+        ({"spool_dir": "/var/./spool"}, "spool_dir"),
+        ({"spool_dir": "/s\nx"}, "spool_dir"),
+        ({"spool_dir": "/s", "max_file_bytes": 10}, "max_file_bytes"),
+        ({"spool_dir": "/s", "max_files_per_job": 0}, "max_files_per_job"),
+        ({"spool_dir": "/s", "max_jobs": 1.5}, "max_jobs"),
+        ({"spool_dir": "/s", "queue_size": True}, "queue_size"),
+        ({"spool_dir": "/s", "spool": "/t"}, "spool"),
+    ],
+)
+def test_bad_spool_options_are_refused_with_their_key(table: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_mapping({"sources": {"traces": table}})
+    assert f"sources.traces.{key}" in str(caught.value)
+
+
+def test_the_source_runs_only_with_a_spool_and_gets_its_settings() -> None:
+    assert not Config().sources["traces"].enabled
+    assert not from_mapping({"sources": {"traces": {"enabled": True}}}).sources["traces"].enabled
+    config = from_mapping({"sources": {"traces": {"spool_dir": "/s", "max_jobs": 3}}})
+    assert config.sources["traces"].enabled
+    assert spool_settings(config) == SpoolSettings("/s", max_jobs=3)
+    collector = Collector.from_config(config)
+    try:
+        (source,) = [s.source for s in collector.scheduled if s.source.name == "traces"]
+        assert isinstance(source, TracesSource) and source.settings.max_jobs == 3
+    finally:
+        collector.close()
+    # Another source's table does not take the spool's keys.
+    with pytest.raises(ConfigError):
+        from_mapping({"sources": {"jobs": {"spool_dir": "/s"}}})
