@@ -440,11 +440,18 @@ def test_too_many_jobs_are_bounded(tmp_path: Path) -> None:
         source.close()
 
 
-def test_the_source_does_not_run_without_a_spool() -> None:
-    with pytest.raises(RuntimeError):
-        traces.make_source(None, lambda: None)
-    with pytest.raises(RuntimeError):
-        traces.make_source(SpoolSettings(""), lambda: None)
+def test_without_a_spool_the_source_reads_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job directory where a relative spool would find it: it must not be read.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "1").write_bytes(b"")
+    for source in (traces.make_source(), traces.make_source(None, lambda: _jobs(("1", 0)))):
+        try:
+            data = source.collect(Roots())
+            assert data.jobs == () and not data.skipped and data.pending_jobs == 0
+        finally:
+            source.close()
 
 
 @pytest.mark.parametrize(

@@ -585,7 +585,8 @@ class TracesSource:
 
     def collect(self, roots: Roots) -> TracesData:
         tally = SkipTally()
-        owners = owners_of(self.jobs())
+        # No spool, nothing to read: a relative path would name a directory of the cwd.
+        owners = owners_of(self.jobs()) if self.settings.spool_dir else {}
         wanted = sorted(owners)
         if len(wanted) > self.settings.max_jobs:
             tally.skip(TOO_MANY_JOBS, f"{len(wanted)} jobs, {self.settings.max_jobs} scanned")
@@ -620,12 +621,12 @@ class TracesSource:
 
 
 def make_source(
-    settings: SpoolSettings | None, jobs: Callable[[], JobsData | None]
+    settings: SpoolSettings | None = None, jobs: Callable[[], JobsData | None] = lambda: None
 ) -> TracesSource:
-    """The source over ``settings``' spool; ``jobs``: the latest ``jobs`` record."""
-    if settings is None or not settings.spool_dir:
-        raise RuntimeError("no [sources.traces] spool_dir set")
-    return TracesSource(settings, jobs)
+    """The source over ``settings``' spool; ``jobs``: the latest ``jobs`` record. Without a
+    spool (the configuration leaves the source off then) it reads nothing and reports no
+    jobs."""
+    return TracesSource(settings or SpoolSettings(""), jobs)
 
 
 if __name__ == "__main__":
