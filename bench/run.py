@@ -688,6 +688,9 @@ def _record_files(args: argparse.Namespace, root: Path, path: Path) -> dict[str,
         env=_tree_environment(REPO), check=True, timeout=120 + 2 * args.floor_cycles,
     )  # fmt: skip
     summary: dict[str, Any] = floor.FileList.read(path).summary()
+    # Kept beside the results: which files a cycle read is worth reading when a figure moves.
+    args.out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, args.out / "files.json")
     return summary
 
 
