@@ -206,7 +206,7 @@ class FileRecorder:
     cycle cost the hook one attribute test. A relative path opened against a directory
     descriptor (``os.open(name, dir_fd=fd)``; the ``open`` audit event does not carry the
     descriptor) is resolved from the nearest calling frame with a ``dir_fd`` variable, and a
-    descriptor through ``/proc/self/fd``. Paths under ``exclude`` (relative to the root) are
+    descriptor through ``/proc/self/fd``. The paths in ``exclude`` (relative to the root) are
     counted, not listed.
     """
 
@@ -293,7 +293,10 @@ class FileRecorder:
         current = self._current
         key = {"file": "opens", "diropen": "dir_opens", "dir": "listings", "link": "readlinks"}
         current[key[kind]] += 1
-        relative = None if path is None else self._relative(path)
+        if path is None:
+            current["unresolved"] += 1
+            return
+        relative = self._relative(path)
         if relative is None:
             current["outside"] += 1
             return
