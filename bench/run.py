@@ -1426,12 +1426,12 @@ def _intervals_and_floor(ov: dict[str, Any]) -> list[str]:
             f"30 s sources' files fall on few cycles); failed opens per cycle "
             f"{first['missing_per_cycle']}, refused files {first['refused_per_cycle']}, "
             f"left out when loaded (not regular files) {first['skipped_at_load']}.",
-            f"The daemon per cycle, recorded: {files.get('opens_per_cycle', '–')} opens, "
-            f"{files.get('dir_opens_per_cycle', '–')} of them directories, "
+            f"The daemon per cycle, recorded: {files.get('opens_per_cycle', '–')} file opens, "
+            f"{files.get('dir_opens_per_cycle', '–')} directory opens, "
             f"{files.get('listings_per_cycle', '–')} listings, "
-            f"{files.get('readlinks_per_cycle', '–')} link reads; "
-            f"{files.get('outside_per_cycle', '–')} of these outside the node's tree (its own "
-            "/proc entries) and not replayed; the process's read calls "
+            f"{files.get('readlinks_per_cycle', '–')} link reads; of all these "
+            f"{files.get('outside_per_cycle', '–')} outside the node's tree (its own /proc "
+            "entries), not replayed; the process's read calls "
             f"{files.get('read_calls_per_cycle', '–')} and bytes read "
             f"{files.get('bytes_read_per_cycle', '–')} (all files and sockets, the "
             "simulator's NVML state included).",
