@@ -19,11 +19,8 @@ the Xid alert, the collective hang from both) the pager hears exactly one alert,
 from __future__ import annotations
 
 import copy
-import functools
 import json
-import os
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,22 +29,24 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO, nodescope_command
-from tests.integration.daemon_harness import free_port
-from tests.integration.test_prometheus_alertmanager import (
-    Process,
+from tests.conftest import REPO
+from tests.integration.alerting_harness import (
+    RULES,
+    Alerting,
     Webhook,
-    binary,
     get_json,
-    shipped_alerts,
+    query,
+    shipped_rules,
+    start_demo,
+    stopping,
     wait_until,
 )
+from tests.integration.daemon_harness import free_port
 
 pytestmark = pytest.mark.integration
 
 SHIPPED_AM = REPO / "exporters" / "alertmanager" / "alertmanager.yml"
 SHIPPED_SCRAPE = REPO / "exporters" / "prometheus" / "scrape.yml"
-RULES = REPO / "exporters" / "prometheus"
 
 #: The daemon's settings: push to the test's Alertmanager as the scrape's relabelled instance.
 #: The collective hang's 30 s ``for`` is shortened so that it fires within the test.
@@ -112,93 +111,46 @@ def prometheus_config(target_port: int, am_port: int) -> str:
 
 @pytest.fixture
 def storm(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    prometheus_bin = binary("prometheus")
-    alertmanager_bin = binary("prometheus-alertmanager")
-    started: list[Process] = []
-    pager, tickets = Webhook(), Webhook()
-    try:
-        am_port, prom_port, demo_port = free_port(), free_port(), free_port()
-        (tmp_path / "alertmanager.yml").write_text(alertmanager_config(pager, tickets))
-        (tmp_path / "am-data").mkdir()
-        alertmanager = Process(
-            [
-                alertmanager_bin,
-                f"--config.file={tmp_path / 'alertmanager.yml'}",
-                f"--storage.path={tmp_path / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{am_port}",
-                "--cluster.listen-address=",
-            ],
-            tmp_path / "alertmanager.log",
-        )
-        started.append(alertmanager)
-
+    with Webhook() as pager, Webhook() as tickets, stopping() as started:
+        alerting = Alerting(tmp_path, started)
+        am_port, demo_port = alerting.alertmanager_port, free_port()
+        alerting.start_alertmanager(alertmanager_config(pager, tickets))
         # The shipped rules as they are: the daemon's alerts are forwarded with for: 0s, and
         # the Xid rule fires at once.
-        (tmp_path / "alerts.yml").write_text(shipped_alerts({}))
-        (tmp_path / "records.yml").write_text((RULES / "records.yml").read_text())
-        (tmp_path / "prometheus.yml").write_text(prometheus_config(demo_port, am_port))
-        prometheus = Process(
-            [
-                prometheus_bin,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--rules.alert.resend-delay=1s",
-            ],
-            tmp_path / "prometheus.log",
+        alerting.start_prometheus(
+            prometheus_config(demo_port, am_port),
+            {
+                "alerts.yml": shipped_rules("alerts.yml", {}),
+                "records.yml": shipped_rules("records.yml", {}),
+            },
         )
-        started.append(prometheus)
-
-        # Alertmanager must be listening before the daemon's first push (the push retries,
-        # but every second lost delays the test).
-        am = f"http://127.0.0.1:{am_port}"
 
         def logs() -> str:
-            text = f"--- prometheus\n{prometheus.log()}\n--- alertmanager\n{alertmanager.log()}"
+            text = alerting.logs()
             if len(started) > 2:
                 text += f"\n--- nodescope demo\n{started[2].log()}"
             return text
 
-        def ready(base: str) -> bool:
-            with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
-                return bool(response.status == 200)
+        # Alertmanager must be listening before the daemon's first push (the push retries,
+        # but every second lost delays the test).
+        alerting.wait_ready(20, logs)
 
-        for base in (am, f"http://127.0.0.1:{prom_port}"):
-            wait_until(functools.partial(ready, base), 20, f"{base} ready", logs)
-
-        (tmp_path / "nodescope.toml").write_text(DEMO_CONFIG.format(am_port=am_port))
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("NOTIFY_SOCKET", None)
-        demo = Process(
-            [
-                *nodescope_command(),
-                "demo",
-                "xid79-fell-off-bus",
-                "--no-tty",
-                "--duration",
-                "150",
-                "--listen",
-                f"127.0.0.1:{demo_port}",
-                "--config",
-                str(tmp_path / "nodescope.toml"),
-            ],
-            tmp_path / "demo.log",
-            env=env,
+        demo = start_demo(
+            tmp_path,
+            ["xid79-fell-off-bus"],
+            f"127.0.0.1:{demo_port}",
+            DEMO_CONFIG.format(am_port=am_port),
+            150,
+            started,
         )
-        started.append(demo)
         yield {
-            "alertmanager": am,
-            "prometheus": f"http://127.0.0.1:{prom_port}",
+            "alertmanager": alerting.alertmanager,
+            "prometheus": alerting.prometheus,
             "pager": pager,
             "tickets": tickets,
             "demo": demo,
             "logs": logs,
         }
-    finally:
-        for process in reversed(started):
-            process.stop()
-        pager.close()
-        tickets.close()
 
 
 def am_alerts(base: str) -> list[dict[str, Any]]:
@@ -209,13 +161,6 @@ def am_alerts(base: str) -> list[dict[str, Any]]:
 
 def find(alerts: list[dict[str, Any]], **labels: str) -> list[dict[str, Any]]:
     return [a for a in alerts if all(a["labels"].get(k) == v for k, v in labels.items())]
-
-
-def query(base: str, promql: str) -> list[dict[str, Any]]:
-    result: list[dict[str, Any]] = get_json(
-        f"{base}/api/v1/query?query={urllib.parse.quote(promql)}"
-    )["data"]["result"]
-    return result
 
 
 def shipped_rule_labels(alert: str) -> dict[str, str]:

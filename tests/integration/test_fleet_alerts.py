@@ -24,31 +24,28 @@ into it). The stall alert resolves on the first scrape after t=200: about 4 minu
 from __future__ import annotations
 
 import json
-import os
-import re
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, nodescope_command
-from tests.integration.test_prometheus_alertmanager import (
-    Process,
+from tests.integration.alerting_harness import (
+    Alerting,
     Webhook,
     binary,
-    free_port,
-    get_json,
-    shipped_alerts,
-    with_for,
+    prometheus_alerts,
+    query,
+    shipped_rules,
+    start_demo,
+    stopping,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
 
-RULES = REPO / "exporters" / "prometheus"
 JOB = "90210"
 STRAGGLER = "NodescopeJobStragglerNode"
 ASYMMETRY = "NodescopeJobInfinibandAsymmetry"
@@ -70,20 +67,6 @@ resolve_after_seconds = 5.0
 #: t=200; the rest is start-up (four DGX-class nodes built on a shared machine) and slack.
 DEADLINE = 300.0
 
-_FOR_LINE = re.compile(r"^(\s+for: )\S+$", re.MULTILINE)
-
-
-def shipped_jobs(shortened: dict[str, str]) -> str:
-    """The shipped jobs.yml with the named alerts' ``for`` replaced, checked to differ from
-    the shipped file in ``for`` values only."""
-    shipped = (RULES / "jobs.yml").read_text()
-    copy = shipped
-    for alert, duration in shortened.items():
-        copy = with_for(copy, alert, duration)
-    assert _FOR_LINE.sub(r"\g<1>X", copy) == _FOR_LINE.sub(r"\g<1>X", shipped)
-    assert copy != shipped or not shortened
-    return copy
-
 
 @dataclass
 class Seen:
@@ -100,36 +83,19 @@ class Seen:
 
 @pytest.fixture
 def fleet_stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    prometheus_bin = binary("prometheus")
-    alertmanager_bin = binary("prometheus-alertmanager")
-    started: list[Process] = []
-    webhook = Webhook()
-    try:
-        (tmp_path / "nodescope.toml").write_text(NODE_CONFIG)
+    binary("prometheus")
+    binary("prometheus-alertmanager")
+    with Webhook() as webhook, stopping() as started:
         targets = tmp_path / "targets.json"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("NOTIFY_SOCKET", None)
-        fleet = Process(
-            [
-                *nodescope_command(),
-                "demo",
-                "--nodes",
-                "4",
-                "job-straggler",
-                "--targets",
-                str(targets),
-                "--listen",
-                "127.0.0.1:0",
-                "--no-tty",
-                "--config",
-                str(tmp_path / "nodescope.toml"),
-                "--duration",
-                str(DEADLINE + 60),
-            ],
-            tmp_path / "fleet.log",
-            env=env,
+        fleet = start_demo(
+            tmp_path,
+            ["--nodes", "4", "job-straggler", "--targets", str(targets)],
+            "127.0.0.1:0",
+            NODE_CONFIG,
+            DEADLINE + 60,
+            started,
+            log="fleet.log",
         )
-        started.append(fleet)
         fleet_started = time.monotonic()
 
         def wait_targets() -> None:
@@ -142,107 +108,36 @@ def fleet_stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
         wait_targets()
 
-        am_port = free_port()
-        (tmp_path / "alertmanager.yml").write_text(
-            f"""
-route:
-  receiver: webhook
-  group_by: ['...']
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: webhook
-    webhook_configs:
-      - url: http://127.0.0.1:{webhook.port}/hook
-        send_resolved: true
-"""
+        # Every label in the group key: each node's alert is a notification of its own.
+        alerting = Alerting.to_webhook(
+            tmp_path,
+            started,
+            webhook,
+            ["..."],
+            {
+                "alerts.yml": shipped_rules("alerts.yml", {}),
+                "records.yml": shipped_rules("records.yml", {}),
+                # Only the for durations, so that each alert fires within its phase of the
+                # fleet.
+                "jobs.yml": shipped_rules(
+                    "jobs.yml", {STRAGGLER: "5s", ASYMMETRY: "5s", STALLED: "2s"}
+                ),
+            },
+            {"file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]},
         )
-        (tmp_path / "am-data").mkdir()
-        alertmanager = Process(
-            [
-                alertmanager_bin,
-                f"--config.file={tmp_path / 'alertmanager.yml'}",
-                f"--storage.path={tmp_path / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{am_port}",
-                "--cluster.listen-address=",
-            ],
-            tmp_path / "alertmanager.log",
-        )
-        started.append(alertmanager)
-
-        (tmp_path / "records.yml").write_text((RULES / "records.yml").read_text())
-        (tmp_path / "alerts.yml").write_text(shipped_alerts({}))
-        # Only the for durations, so that each alert fires within its phase of the fleet.
-        (tmp_path / "jobs.yml").write_text(
-            shipped_jobs({STRAGGLER: "5s", ASYMMETRY: "5s", STALLED: "2s"})
-        )
-        prom_port = free_port()
-        (tmp_path / "prometheus.yml").write_text(
-            f"""
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-rule_files: [alerts.yml, records.yml, jobs.yml]
-alerting:
-  alertmanagers:
-    - static_configs:
-        - targets: ["127.0.0.1:{am_port}"]
-scrape_configs:
-  - job_name: nodescope
-    file_sd_configs:
-      - files: ["{targets}"]
-        refresh_interval: 1s
-"""
-        )
-        prometheus = Process(
-            [
-                prometheus_bin,
-                f"--config.file={tmp_path / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--rules.alert.resend-delay=1s",
-            ],
-            tmp_path / "prometheus.log",
-        )
-        started.append(prometheus)
 
         def logs() -> str:
-            return (
-                f"--- prometheus\n{prometheus.log()}\n--- alertmanager\n{alertmanager.log()}\n"
-                f"--- fleet\n{fleet.log()}"
-            )
+            return f"{alerting.logs()}\n--- fleet\n{fleet.log()}"
 
         yield {
             "fleet": fleet,
             "started": fleet_started,
             "targets": targets,
-            "prometheus": f"http://127.0.0.1:{prom_port}",
-            "alertmanager": f"http://127.0.0.1:{am_port}",
+            "alerting": alerting,
+            "prometheus": alerting.prometheus,
             "webhook": webhook,
             "logs": logs,
         }
-    finally:
-        for process in reversed(started):
-            process.stop()
-        webhook.close()
-
-
-def _ready(base: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
-def _wait(check: Callable[[], bool], timeout: float, what: str, logs: Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs()}")
 
 
 def _notified(webhook: Webhook, status: str, alertname: str) -> list[dict[str, str]]:
@@ -260,25 +155,24 @@ def test_job_alerts_name_the_job_and_node_and_resolve_with_their_phase(
     fleet_stack: dict[str, Any],
 ) -> None:
     prom, webhook, logs = fleet_stack["prometheus"], fleet_stack["webhook"], fleet_stack["logs"]
+    alerting: Alerting = fleet_stack["alerting"]
     started: float = fleet_stack["started"]
-    for base in (prom, fleet_stack["alertmanager"]):
-        _wait(lambda base=base: _ready(base), 30, f"{base} ready", logs)
+    alerting.wait_ready(30, logs)
 
     # Every node scraped as its own instance, though all four are 127.0.0.1.
     targets = json.loads(fleet_stack["targets"].read_text())
     assert [t["labels"]["instance"] for t in targets] == ["node01", "node02", "node03", "node04"]
 
     def scraped() -> bool:
-        result = get_json(f"{prom}/api/v1/query?query=nodescope_job_info")["data"]["result"]
+        result = query(prom, "nodescope_job_info")
         return {(r["metric"]["instance"], r["metric"]["job_id"]) for r in result} == {
             (f"node0{i}", JOB) for i in range(1, 5)
         }
 
-    _wait(scraped, 60, "job 90210 on every node in Prometheus", logs)
+    wait_until(scraped, 60, "job 90210 on every node in Prometheus", logs)
 
     # The loaded rules are the shipped ones, for durations aside.
-    groups = get_json(f"{prom}/api/v1/rules")["data"]["groups"]
-    loaded = {r["name"]: r for g in groups for r in g["rules"] if r["type"] == "alerting"}
+    loaded = alerting.alerting_rules()
     assert set(JOB_ALERTS) <= set(loaded)
     assert (loaded[STRAGGLER]["duration"], loaded[FAULTY]["duration"]) == (5, 0)
 
@@ -286,7 +180,7 @@ def test_job_alerts_name_the_job_and_node_and_resolve_with_their_phase(
     stall_done = False
     while time.monotonic() - started < DEADLINE and not stall_done:
         now = time.monotonic() - started
-        for alert in get_json(f"{prom}/api/v1/alerts")["data"]["alerts"]:
+        for alert in prometheus_alerts(prom):
             name = alert["labels"].get("alertname")
             if name not in seen:
                 continue
@@ -339,7 +233,7 @@ def test_job_alerts_name_the_job_and_node_and_resolve_with_their_phase(
             for status in ("firing", "resolved")
         )
 
-    _wait(notified_all, 30, "firing and resolved notifications of every job alert", logs)
+    wait_until(notified_all, 30, "firing and resolved notifications of every job alert", logs)
     for name, node in NODE_OF.items():
         for status in ("firing", "resolved"):
             assert {labels["instance"] for labels in _notified(webhook, status, name)} == {node}

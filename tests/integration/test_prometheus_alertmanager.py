@@ -11,72 +11,48 @@ webhook receiver in this test.
 
 Each is seen through Prometheus's HTTP API and as webhook notifications. The rule files are the
 shipped ones; a test's copy may shorten ``for`` durations and nothing else, which the test
-checks. Every process is started here, on 127.0.0.1 with its own data directories, and stopped
-by its PID even when the test fails.
+checks. Every process is started by the test (through alerting_harness.py), on 127.0.0.1 with
+its own data directories, and stopped by its PID even when the test fails.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodescope.sources.registry import SOURCE_TABLE
-from tests.conftest import REPO, nodescope_command
+from tests.conftest import nodescope_command
+from tests.integration.alerting_harness import (
+    RULES,
+    Alerting,
+    Process,
+    Webhook,
+    binary,
+    prometheus_alerts,
+    query,
+    shipped_rules,
+    start_demo,
+    stopping,
+    wait_until,
+)
 from tests.integration.daemon_harness import Daemon, free_port
 
 pytestmark = pytest.mark.integration
 
-RULES = REPO / "exporters" / "prometheus"
 ALERT = "NodescopeSourceDown"
 CONTENTION = "NodescopePcieContention"
 #: The root port of root-port-contention that GPU 0 and nvme0n1 share.
 ROOT_PORT = "0000:15:01.0"
-
-
-def binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed (scripts/test.sh installs it from Debian)")
-    return path
-
-
-def with_for(rules: str, alert: str, duration: str) -> str:
-    """The rule file with one alert's ``for`` replaced; nothing else changes."""
-    start = rules.index(f"- alert: {alert}\n")
-    following = rules.find("- alert:", start + 1)
-    end = len(rules) if following < 0 else following
-    block, count = re.subn(r"(\n\s+for: )\S+", rf"\g<1>{duration}", rules[start:end], count=1)
-    assert count == 1, f"{alert} has no for"
-    return rules[:start] + block + rules[end:]
-
-
-_FOR_LINE = re.compile(r"^(\s+for: )\S+$", re.MULTILINE)
-
-
-def shipped_alerts(shortened: dict[str, str]) -> str:
-    """The shipped alerts.yml with the ``for`` of the named alerts replaced, checked to differ
-    from the shipped file in ``for`` values only: every expression, label and annotation is
-    the shipped one."""
-    shipped = (RULES / "alerts.yml").read_text()
-    copy = shipped
-    for alert, duration in shortened.items():
-        copy = with_for(copy, alert, duration)
-    assert _FOR_LINE.sub(r"\g<1>X", copy) == _FOR_LINE.sub(r"\g<1>X", shipped)
-    return copy
 
 
 def shipped_expr(alert: str) -> str:
@@ -93,69 +69,6 @@ def same_expr(a: str, b: str) -> bool:
     return re.sub(r"\s+", "", a) == re.sub(r"\s+", "", b)
 
 
-class Webhook:
-    """Alertmanager's webhook receiver: records every notification."""
-
-    def __init__(self) -> None:
-        self.notifications: list[dict[str, Any]] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                hook.notifications.append(json.loads(body))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return None
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def received(self, status: str, alertname: str, **labels: str) -> bool:
-        for note in list(self.notifications):
-            for alert in note.get("alerts", []):
-                got = alert.get("labels", {})
-                if (
-                    alert.get("status") == status
-                    and got.get("alertname") == alertname
-                    and all(got.get(k) == v for k, v in labels.items())
-                ):
-                    return True
-        return False
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class Process:
-    """A server started by the test; stopped by its PID."""
-
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.log_path = log
-        self._log = log.open("wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
 def drain(daemon: Daemon) -> None:
     """Read the daemon's sd_notify datagrams, as systemd does, until the socket closes."""
     daemon.notify.settimeout(0.2)
@@ -168,130 +81,28 @@ def drain(daemon: Daemon) -> None:
             return
 
 
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
-
-
-def wait_until(
-    check: Callable[[], bool], timeout: float, what: str, logs: Callable[[], str]
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass  # not listening yet
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs()}")
-
-
-class Alerting:
+def start_alerting(
+    workdir: Path, target_port: int, alert_rules: str, webhook: Webhook, started: list[Process]
+) -> Alerting:
     """Alertmanager routing to the webhook, and Prometheus scraping one nodescope target every
     second with the given alert rules and the shipped recording rules."""
-
-    def __init__(
-        self,
-        workdir: Path,
-        target_port: int,
-        alert_rules: str,
-        webhook: Webhook,
-        started: list[Process],
-    ) -> None:
-        prometheus_bin = binary("prometheus")
-        alertmanager_bin = binary("prometheus-alertmanager")
-        # Alertmanager: one route to the webhook, groups flushed within a second.
-        am_port = free_port()
-        (workdir / "alertmanager.yml").write_text(
-            f"""
-route:
-  receiver: webhook
-  group_by: [alertname, source, subject]
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: webhook
-    webhook_configs:
-      - url: http://127.0.0.1:{webhook.port}/hook
-        send_resolved: true
-"""
-        )
-        (workdir / "am-data").mkdir()
-        self.alertmanager_process = Process(
-            [
-                alertmanager_bin,
-                f"--config.file={workdir / 'alertmanager.yml'}",
-                f"--storage.path={workdir / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{am_port}",
-                "--cluster.listen-address=",
-            ],
-            workdir / "alertmanager.log",
-        )
-        started.append(self.alertmanager_process)
-
-        shutil.copyfile(RULES / "records.yml", workdir / "records.yml")
-        (workdir / "alerts.yml").write_text(alert_rules)
-        prom_port = free_port()
-        (workdir / "prometheus.yml").write_text(
-            f"""
-global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-rule_files: [alerts.yml, records.yml]
-alerting:
-  alertmanagers:
-    - static_configs:
-        - targets: ["127.0.0.1:{am_port}"]
-scrape_configs:
-  - job_name: nodescope
-    static_configs:
-      - targets: ["127.0.0.1:{target_port}"]
-"""
-        )
-        self.prometheus_process = Process(
-            [
-                prometheus_bin,
-                f"--config.file={workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={workdir / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--rules.alert.resend-delay=1s",
-            ],
-            workdir / "prometheus.log",
-        )
-        started.append(self.prometheus_process)
-        self.prometheus = f"http://127.0.0.1:{prom_port}"
-        self.alertmanager = f"http://127.0.0.1:{am_port}"
-
-    def logs(self) -> str:
-        return (
-            f"--- prometheus\n{self.prometheus_process.log()}\n"
-            f"--- alertmanager\n{self.alertmanager_process.log()}"
-        )
-
-    def wait_ready(self, logs: Callable[[], str]) -> None:
-        def ready(base: str) -> bool:
-            with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
-                return bool(response.status == 200)
-
-        for base in (self.prometheus, self.alertmanager):
-            wait_until(functools.partial(ready, base), 15, f"{base} ready", logs)
-
-    def alerting_rules(self) -> dict[str, dict[str, Any]]:
-        """The alerting rules Prometheus loaded, by name."""
-        groups = get_json(f"{self.prometheus}/api/v1/rules")["data"]["groups"]
-        return {r["name"]: r for g in groups for r in g["rules"] if r["type"] == "alerting"}
+    return Alerting.to_webhook(
+        workdir,
+        started,
+        webhook,
+        ["alertname", "source", "subject"],
+        {"alerts.yml": alert_rules, "records.yml": shipped_rules("records.yml", {})},
+        {"static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]},
+    )
 
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     binary("prometheus")
     binary("prometheus-alertmanager")
-    started: list[Process] = []
-    webhook = Webhook()
-    daemon: Daemon | None = None
-    try:
+    # Undone last first: Prometheus and Alertmanager, then the daemon, then the webhook.
+    with contextlib.ExitStack() as cleanup:
+        webhook = cleanup.enter_context(Webhook())
         # nodescope: only the disks source, its /proc root under the test's control.
         procfs = tmp_path / "proc"
         procfs.mkdir()
@@ -312,15 +123,19 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             daemon_dir,
             ["--config", str(tmp_path / "nodescope.toml"), "--procfs", str(procfs)],
         )
+        cleanup.callback(daemon.stop)
         daemon.wait_message("READY=1", timeout=10)
         # The loop sends WATCHDOG=1 datagrams; a socket nobody reads would fill up.
         threading.Thread(target=drain, args=(daemon,), daemon=True).start()
 
         # The shipped rules, the source-down rule's for shortened.
-        alerting = Alerting(tmp_path, daemon.port, shipped_alerts({ALERT: "1s"}), webhook, started)
+        started = cleanup.enter_context(stopping())
+        alerting = start_alerting(
+            tmp_path, daemon.port, shipped_rules("alerts.yml", {ALERT: "1s"}), webhook, started
+        )
 
         def logs() -> str:
-            return f"{alerting.logs()}\n--- nodescope\n{daemon.stderr() if daemon else ''}"
+            return f"{alerting.logs()}\n--- nodescope\n{daemon.stderr()}"
 
         yield {
             "procfs": procfs,
@@ -331,17 +146,6 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             "webhook": webhook,
             "logs": logs,
         }
-    finally:
-        for process in reversed(started):
-            process.stop()
-        if daemon is not None:
-            daemon.stop()
-        webhook.close()
-
-
-def prometheus_alerts(base: str) -> list[dict[str, Any]]:
-    alerts: list[dict[str, Any]] = get_json(f"{base}/api/v1/alerts")["data"]["alerts"]
-    return alerts
 
 
 def source_down(base: str, state: str) -> bool:
@@ -359,7 +163,7 @@ def test_source_down_fires_and_resolves_through_prometheus_and_alertmanager(
     started = time.monotonic()
     prom, logs, webhook = stack["prometheus"], stack["logs"], stack["webhook"]
     procfs: Path = stack["procfs"]
-    stack["alerting"].wait_ready(logs)
+    stack["alerting"].wait_ready(15, logs)
 
     # The shipped rule file loaded, and the expression is the shipped one.
     rules = stack["alerting"].alerting_rules()
@@ -368,8 +172,7 @@ def test_source_down_fires_and_resolves_through_prometheus_and_alertmanager(
     assert rules[ALERT]["duration"] == 1
 
     def scraped() -> bool:
-        query = urllib.parse.quote('nodescope_source_up{source="disks"}')
-        result = get_json(f"{prom}/api/v1/query?query={query}")["data"]["result"]
+        result = query(prom, 'nodescope_source_up{source="disks"}')
         return bool(result) and result[0]["value"][1] == "1"
 
     wait_until(scraped, 20, "the first scrape of nodescope", logs)
@@ -433,35 +236,23 @@ resolve_after_seconds = 5.0
 def contention_stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     binary("prometheus")
     binary("prometheus-alertmanager")
-    started: list[Process] = []
-    webhook = Webhook()
-    try:
+    with Webhook() as webhook, stopping() as started:
         # The scenario's clock starts with the demo: it goes first, Prometheus catches up in
         # the ten quiet seconds before the contention.
-        (tmp_path / "nodescope.toml").write_text(DEMO_CONFIG)
         demo_port = free_port()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("NOTIFY_SOCKET", None)
-        demo = Process(
-            [
-                *nodescope_command(),
-                "demo",
-                "root-port-contention",
-                "--no-tty",
-                "--duration",
-                "150",
-                "--listen",
-                f"127.0.0.1:{demo_port}",
-                "--config",
-                str(tmp_path / "nodescope.toml"),
-            ],
-            tmp_path / "demo.log",
-            env=env,
+        demo = start_demo(
+            tmp_path,
+            ["root-port-contention"],
+            f"127.0.0.1:{demo_port}",
+            DEMO_CONFIG,
+            150,
+            started,
         )
-        started.append(demo)
         # The shipped rules as they are: the contention rule's for is already 0s (the daemon
         # applied its own).
-        alerting = Alerting(tmp_path, demo_port, shipped_alerts({}), webhook, started)
+        alerting = start_alerting(
+            tmp_path, demo_port, shipped_rules("alerts.yml", {}), webhook, started
+        )
 
         def logs() -> str:
             return f"{alerting.logs()}\n--- nodescope demo\n{demo.log()}"
@@ -473,10 +264,6 @@ def contention_stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             "webhook": webhook,
             "logs": logs,
         }
-    finally:
-        for process in reversed(started):
-            process.stop()
-        webhook.close()
 
 
 def daemon_alerts(url: str) -> list[dict[str, Any]]:
@@ -498,13 +285,6 @@ def contention_alerts(base: str) -> list[dict[str, Any]]:
     return [a for a in prometheus_alerts(base) if a["labels"].get("alertname") == CONTENTION]
 
 
-def query(base: str, promql: str) -> list[dict[str, Any]]:
-    result: list[dict[str, Any]] = get_json(
-        f"{base}/api/v1/query?query={urllib.parse.quote(promql)}"
-    )["data"]["result"]
-    return result
-
-
 def test_contention_scenario_alert_fires_and_resolves_through_prometheus_and_alertmanager(
     contention_stack: dict[str, Any],
 ) -> None:
@@ -516,7 +296,7 @@ def test_contention_scenario_alert_fires_and_resolves_through_prometheus_and_ale
     )
     alerting: Alerting = contention_stack["alerting"]
     prom = alerting.prometheus
-    alerting.wait_ready(logs)
+    alerting.wait_ready(15, logs)
 
     # The shipped contention rule, loaded with its shipped expression.
     rules = alerting.alerting_rules()
