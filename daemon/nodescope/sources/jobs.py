@@ -865,8 +865,16 @@ class JobsSource:
 
     name = NAME
 
-    def __init__(self, slow_every: int = SLOW_EVERY, walk: CycleWalk | None = None) -> None:
+    def __init__(
+        self,
+        slow_every: int = SLOW_EVERY,
+        walk: CycleWalk | None = None,
+        publish: Callable[[JobsData], None] | None = None,
+    ) -> None:
         self.walk = CycleWalk() if walk is None else walk
+        # Where each record also goes: the traces source checks spool directories against
+        # the jobs' owners, and is handed the latest record through this.
+        self._publish = publish
         self.walk.needed_by(self.name)
         self.slow_every = slow_every
         self._environ = EnvironMemo(parse_environ)
@@ -888,6 +896,8 @@ class JobsSource:
         self._runs += 1
         data = read_jobs(roots, self.walk.tree(roots), self._environ)
         self._environ.end_run()
+        if self._publish is not None:
+            self._publish(data)
         return data
 
     def close(self) -> None:
@@ -895,9 +905,12 @@ class JobsSource:
         self._runs = 0
 
 
-def make_source(walk: CycleWalk | None = None) -> JobsSource:
-    """The source; ``walk``: the cgroup walk it shares with the other cgroup sources."""
-    return JobsSource(walk=walk)
+def make_source(
+    walk: CycleWalk | None = None, publish: Callable[[JobsData], None] | None = None
+) -> JobsSource:
+    """The source; ``walk``: the cgroup walk it shares with the other cgroup sources;
+    ``publish``: called with every record it returns."""
+    return JobsSource(walk=walk, publish=publish)
 
 
 __all__ = [

@@ -14,11 +14,10 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nodescope.model.collectives import SpoolSettings
 from nodescope.model.job_records import JobsData
-from nodescope.roots import Roots
 from nodescope.sources.base import Source, TopologyGeneration
 
 if TYPE_CHECKING:
@@ -92,30 +91,9 @@ def _with_cgroup_walk(module: ModuleType, inputs: SourceInputs) -> Source:
     return source
 
 
-@dataclass
-class _Publishing:
-    """A source whose every record is also published to ``board`` (the ``jobs`` source's,
-    which the ``traces`` source reads)."""
-
-    inner: Source
-    board: LatestJobs
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        self.name = self.inner.name
-
-    def collect(self, roots: Roots) -> Any:
-        data = self.inner.collect(roots)
-        if isinstance(data, JobsData):
-            self.board.publish(data)
-        return data
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 def _jobs_published(module: ModuleType, inputs: SourceInputs) -> Source:
-    return _Publishing(_with_cgroup_walk(module, inputs), inputs.jobs)
+    source: Source = module.make_source(walk=inputs.cgroup_walk, publish=inputs.jobs.publish)
+    return source
 
 
 def _with_spool(module: ModuleType, inputs: SourceInputs) -> Source:
