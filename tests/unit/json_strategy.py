@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from hypothesis import strategies as st
@@ -18,3 +19,20 @@ def json_values(max_text: int, max_key: int = 10) -> st.SearchStrategy[Any]:
         ),
         max_leaves=20,
     )
+
+
+def json_paths(
+    value: Any, prefix: tuple[Any, ...] = (), skip: Collection[str] = ()
+) -> list[tuple[Any, ...]]:
+    """Every path into ``value`` (keys and indexes from the root; the root is ``()``), for
+    fuzz tests that replace or delete what one path names; objects under a key in ``skip``
+    are not entered."""
+    found = [prefix]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if key not in skip:
+                found.extend(json_paths(child, (*prefix, key), skip))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            found.extend(json_paths(child, (*prefix, index), skip))
+    return found

@@ -31,7 +31,7 @@ from nodescope.sim.fleet import (
     parse_fleet,
 )
 from nodescope.sim.scenario import SCENARIO_DIR, Scenario, ScenarioLoader
-from tests.unit.json_strategy import json_values
+from tests.unit.json_strategy import json_paths, json_values
 from tests.unit.test_scenario import small_document
 
 LOADER = ScenarioLoader()
@@ -314,19 +314,8 @@ def test_a_file_that_is_not_json_is_a_parse_error(tmp_path: Path) -> None:
 # Fuzz
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [prefix]
-    if isinstance(value, dict):
-        for key, child in value.items():
-            if key != "hardware":  # the scenario loader's, fuzzed with the scenarios
-                found.extend(_paths(child, (*prefix, key)))
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            found.extend(_paths(child, (*prefix, index)))
-    return found
-
-
-SMALL_PATHS = _paths(small_fleet())
+# The hardware section is the scenario loader's, fuzzed with the scenarios.
+SMALL_PATHS = json_paths(small_fleet(), skip=("hardware",))
 
 
 @settings(max_examples=300, deadline=None)

@@ -37,6 +37,7 @@ from nodescope.sim.scenario import (
     pointer_join,
 )
 from tests.conftest import FIXTURES
+from tests.unit.json_strategy import json_paths
 
 CAPTURE = FIXTURES / "captures" / "hgx-h100" / "lspci-vvv.hgx-h100"
 IB_CAPTURE = FIXTURES / "captures" / "h100-node-infiniband" / "sys" / "class" / "infiniband"
@@ -585,18 +586,7 @@ json_values = st.recursive(
 )  # fmt: skip
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [prefix]
-    if isinstance(value, dict):
-        for key, child in value.items():
-            found.extend(_paths(child, (*prefix, key)))
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            found.extend(_paths(child, (*prefix, index)))
-    return found
-
-
-SMALL_PATHS = _paths(small_document())
+SMALL_PATHS = json_paths(small_document())
 
 
 @settings(max_examples=200, deadline=None)
