@@ -35,6 +35,9 @@ from nodescope.errors import ParseError
 from nodescope.sim.fake_nvml import FakeGpu, FakeLink, FakeNvml, FakeProcess
 
 FORMAT = "nodescope-nvml-state/1"
+#: The file under the node's root that ``python -m nodescope.sim.run_node`` writes and a
+#: daemon in another process mirrors.
+STATE_FILE = "nvml-state.json"
 
 _GPU_SCALARS = tuple(f.name for f in fields(FakeGpu) if f.name not in ("links", "processes"))
 _LINK_SCALARS = tuple(f.name for f in fields(FakeLink) if f.name != "errors")

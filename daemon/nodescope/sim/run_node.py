@@ -47,10 +47,9 @@ from types import FrameType
 
 from nodescope.sim.churn import JobChurn
 from nodescope.sim.node import EPOCH, Part, SimulatedNode
-from nodescope.sim.nvml_mirror import XidRecorder, state_document, write_state
+from nodescope.sim.nvml_mirror import STATE_FILE, XidRecorder, state_document, write_state
 from nodescope.sim.scenario import load_scenario
 
-STATE_FILE = "nvml-state.json"
 #: How stale a counter read in real time may be: 10 % of one second between two reads.
 DEFAULT_REFRESH_SECONDS = 0.1
 #: What a refresh between two ticks writes: the counters the daemon reads every second.
