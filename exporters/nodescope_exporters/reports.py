@@ -27,7 +27,6 @@ import html
 import json
 import math
 import os
-import secrets
 import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -99,7 +98,9 @@ def open_private_directory(directory: Path, create: bool = True) -> int:
 
 
 def _write_temporary(dir_fd: int, name: str, data: bytes, mode: int) -> str:
-    temporary = f".{name}.{os.getpid()}.{secrets.token_hex(6)}{TEMPORARY_SUFFIX}"
+    # os.urandom, what secrets.token_hex reads, without the secrets module: it imports hmac and
+    # hashlib, which loads OpenSSL's libcrypto (3.6 MiB of the daemon's resident memory).
+    temporary = f".{name}.{os.getpid()}.{os.urandom(6).hex()}{TEMPORARY_SUFFIX}"
     # O_EXCL|O_NOFOLLOW: a name planted in advance (a symbolic link to a file of root's, say)
     # makes the open fail instead of being followed and truncated.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -392,6 +392,16 @@ def test_identity_is_kind_and_subjects_whatever_their_order_and_numbers() -> Non
     assert second.subject == "gpu=2,job=81734,link=L"
 
 
+def test_a_fingerprint_is_the_keys_64_bit_fnv_1a() -> None:
+    # The published FNV-1a test vectors: the id is the same in every process and release.
+    assert fingerprint("") == "cbf29ce484222325"
+    assert fingerprint("a") == "af63dc4c8601ec8c"
+    assert fingerprint("foobar") == "85944171f73967e8"
+    # Any subject, of any length, is 16 hex digits.
+    ids = {fingerprint(k) for k in ("\u00e9", "e", "\u00e9" * 10_000, "\x00")}
+    assert len(ids) == 4 and all(len(i) == 16 and int(i, 16) >= 0 for i in ids)
+
+
 def test_rules_per_kind_and_disabled_kinds() -> None:
     rules = AlertRules(
         AlertRule(for_seconds=100.0),
