@@ -24,9 +24,12 @@ serving process gives up root and every capability once it has its socket
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -61,26 +64,48 @@ MAX_ONE_OFFS = 8
 QUICK_EXIT_SECONDS = 10.0
 MAX_BACKOFF_SECONDS = 60.0
 STOP_SECONDS = 1.0
+#: With rendering on demand, documents are rendered as each cycle ends while the serving
+#: process's requests came within this many ticks.
+RENDER_EVERY_CYCLE_TICKS = 1.5
+#: How long the render thread waits in poll(2) before it looks at the serving process again
+#: (a new one after a restart); messages and a stop wake it at once.
+RENDER_LOOP_POLL_MS = 1000
 #: What the serving process must not inherit: only the daemon talks to systemd.
 _SYSTEMD_VARIABLES = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID")
 
 
 class JsonCache:
-    """A JSON document rendered once per cycle by the loop and served as bytes. Subscribers
-    (the server, to publish it) are called after each update."""
+    """A JSON document rendered once per cycle (or only when a request asks for it: see
+    :class:`MetricsHTTPServer`) and served as bytes. Subscribers (the server, to publish it)
+    are called after each update."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._body: bytes | None = None
+        self._offered: Callable[[], Any] | None = None
         self._subscribers: list[Callable[[], None]] = []
 
     def update(self, document: Any) -> None:
         body = (json.dumps(document, indent=2) + "\n").encode()
         with self._lock:
             self._body = body
+            self._offered = None
             subscribers = list(self._subscribers)
         for callback in subscribers:
             callback()
+
+    def offer(self, make: Callable[[], Any]) -> None:
+        """The newest cycle's document, made and rendered when :meth:`render_latest` is
+        called (as the cycle ends, or when a request asks for it)."""
+        with self._lock:
+            self._offered = make
+
+    def render_latest(self) -> None:
+        """Make and render the newest offered document unless that was done already."""
+        with self._lock:
+            make = self._offered
+        if make is not None:
+            self.update(make())
 
     def body(self) -> bytes | None:
         with self._lock:
@@ -112,11 +137,15 @@ def listen(address: tuple[str, int]) -> socket.socket:
 
 class Publisher:
     """The daemon's end of the control channel: writes documents into reused memfds and
-    passes them over."""
+    passes them over. ``on_demand`` is called with each :data:`~nodescope.serving.DEMAND`
+    the serving process sends (WANT or SERVED), on the thread that reads the channel."""
 
-    def __init__(self, control: socket.socket) -> None:
+    def __init__(
+        self, control: socket.socket, on_demand: Callable[[int], None] | None = None
+    ) -> None:
         control.setblocking(False)
         self.control = control
+        self.on_demand = on_demand
         #: The other end is gone (the serving process exited).
         self.closed = False
         self._memfds: dict[int, int] = {}
@@ -128,9 +157,22 @@ class Publisher:
     def memfds(self) -> int:
         return len(self._memfds)
 
-    def send(self, metrics: bytes | None, alerts: bytes | None) -> bool:
-        """Hand the documents over; False when the channel is full (the serving process is
-        not reading) or closed (it exited)."""
+    def announce(self, generation: int) -> bool:
+        """Tell the serving process that the documents of ``generation`` exist but are not
+        rendered; False when the channel is full or closed."""
+        self._collect_releases()
+        try:
+            self.control.send(serving.OUTDATED.pack(generation), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            self.closed = True
+            return False
+        return True
+
+    def send(self, metrics: bytes | None, alerts: bytes | None, generation: int = 0) -> bool:
+        """Hand the documents (of ``generation``) over; False when the channel is full (the
+        serving process is not reading) or closed (it exited)."""
         self._collect_releases()
         one_off = False
         if self._free:
@@ -146,7 +188,7 @@ class Publisher:
             return False
         fd = os.memfd_create("nodescope-documents") if one_off else self._memfds[slot]
         try:
-            sent = self._send(slot, fd, metrics, alerts)
+            sent = self._send(slot, fd, metrics, alerts, generation)
         finally:
             if one_off:
                 os.close(fd)  # the serving process has its own descriptor
@@ -158,7 +200,9 @@ class Publisher:
             self._one_offs.add(slot)
         return True
 
-    def _send(self, slot: int, fd: int, metrics: bytes | None, alerts: bytes | None) -> bool:
+    def _send(
+        self, slot: int, fd: int, metrics: bytes | None, alerts: bytes | None, generation: int
+    ) -> bool:
         offset = 0
         for data in (metrics, alerts):
             if data:
@@ -168,6 +212,7 @@ class Publisher:
             slot,
             serving.NOT_READY if metrics is None else len(metrics),
             serving.NOT_READY if alerts is None else len(alerts),
+            generation,
         )
         try:
             socket.send_fds(self.control, [header], [fd], socket.MSG_DONTWAIT)
@@ -185,6 +230,7 @@ class Publisher:
         return self.closed
 
     def _collect_releases(self) -> None:
+        """Read what the serving process sent: releases, and demands for ``on_demand``."""
         while True:
             try:
                 message = self.control.recv(serving.RELEASE.size, socket.MSG_DONTWAIT)
@@ -196,8 +242,12 @@ class Publisher:
             if not message:
                 self.closed = True
                 return
+            if len(message) == serving.DEMAND.size:
+                if self.on_demand is not None:
+                    self.on_demand(serving.DEMAND.unpack(message)[0])
+                continue
             if len(message) != serving.RELEASE.size:
-                return
+                continue
             (slot,) = serving.RELEASE.unpack(message)
             if slot in self._memfds and slot not in self._free:
                 self._free.append(slot)
@@ -219,6 +269,7 @@ class ServingProcess:
         listener: socket.socket,
         web: WebConfig | None = None,
         stale_after: float | None = None,
+        on_demand: Callable[[int], None] | None = None,
     ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_VARIABLES}
@@ -239,7 +290,7 @@ class ServingProcess:
         finally:
             theirs.close()
             os.close(settings)
-        self.publisher = Publisher(ours)
+        self.publisher = Publisher(ours, on_demand)
         self.started = time.monotonic()
 
     @property
@@ -249,8 +300,8 @@ class ServingProcess:
     def exit_status(self) -> int | None:
         return self.proc.poll()
 
-    def send(self, metrics: bytes | None, alerts: bytes | None) -> bool:
-        return self.publisher.send(metrics, alerts)
+    def send(self, metrics: bytes | None, alerts: bytes | None, generation: int = 0) -> bool:
+        return self.publisher.send(metrics, alerts, generation)
 
     def gone(self) -> bool:
         """Whether the process exited: its end of the channel closes then, so a publish need
@@ -308,8 +359,16 @@ class MetricsHTTPServer:
     """The listening socket, the serving process behind it, and the documents it serves:
     ``cache`` (the exposition) and ``alerts`` (published whenever it is updated).
 
-    ``stale_after``: seconds without a new publish after which ``/healthz`` answers 503 — the
-    daemon publishes after every completed cycle, so stale documents mean cycles stopped.
+    ``stale_after``: seconds without a completed cycle after which ``/healthz`` answers 503 —
+    the daemon publishes or announces after every completed cycle, so stale documents mean
+    cycles stopped.
+
+    ``render``, when given, renders the documents of the newest cycle the caches were offered
+    (:meth:`MetricsCache.offer`) into them: documents are then rendered when a request asks
+    for them (the serving process's WANT), on a thread of this server, and :meth:`publish`
+    announces a cycle it has no rendered documents for instead of publishing.
+    :meth:`rendering_wanted` says when rendering every cycle is worth it: while requests come
+    about every tick.
     """
 
     def __init__(
@@ -319,6 +378,7 @@ class MetricsHTTPServer:
         alerts: JsonCache | None = None,
         web: WebConfig | None = None,
         stale_after: float | None = None,
+        render: Callable[[], None] | None = None,
     ) -> None:
         self.cache = cache
         self.alerts = alerts
@@ -328,9 +388,18 @@ class MetricsHTTPServer:
         self.process: ServingProcess | None = None
         self._lock = threading.RLock()
         self._published: tuple[bytes | None, bytes | None] | None = None
+        self._announced = 0
         self._started = False
         self._quick_exits = 0
         self._start_after = 0.0
+        self._render = render
+        #: When the serving process last asked for documents or sent a new exposition
+        #: (monotonic); the render thread sets it.
+        self.demanded_at = -math.inf
+        self._render_wanted = False
+        self._stopping = False
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if render else -1
+        self._render_thread: threading.Thread | None = None
 
     @property
     def bound(self) -> str:
@@ -341,15 +410,36 @@ class MetricsHTTPServer:
     def start(self) -> None:
         with self._lock:
             self._started = True
-            self.process = ServingProcess(self.socket, self.web, self.stale_after)
+            self.process = self._new_process()
             log.debug("event=serving_started pid=%d", self.process.pid)
             if self.alerts is not None:
                 self.alerts.subscribe(self.publish)
             self.publish()
+        if self._render is not None:
+            self._render_thread = threading.Thread(
+                target=self._render_loop, name="nodescope-render", daemon=True
+            )
+            self._render_thread.start()
+
+    def _new_process(self) -> ServingProcess:
+        return ServingProcess(
+            self.socket, self.web, self.stale_after, self._on_demand if self._render else None
+        )
+
+    def rendering_wanted(self, tick_seconds: float) -> bool:
+        """Whether the documents of a cycle should be rendered as it ends: always without
+        on-demand rendering, and while nothing was published to the serving process yet
+        (it serves 503 until then) or requests came within the last one and a half ticks (a
+        scraper every second then never waits for a render; one every 15 s costs one render
+        per scrape and one after it)."""
+        if self._render is None or self._published is None or self._published[0] is None:
+            return True
+        return time.monotonic() - self.demanded_at <= RENDER_EVERY_CYCLE_TICKS * tick_seconds
 
     def publish(self) -> None:
-        """Hand the current documents to the serving process (unless it has them already);
-        start a new one first if it exited."""
+        """Hand the current documents to the serving process (unless it has them already),
+        or, when the newest cycle's are not rendered, announce that cycle; start a new
+        serving process first if it exited."""
         with self._lock:
             if not self._started:
                 return
@@ -362,13 +452,56 @@ class MetricsHTTPServer:
                 documents = (body if ready else None, self.alerts.body() if self.alerts else None)
                 last = self._published
                 if last is not None and last[0] is documents[0] and last[1] is documents[1]:
+                    offered = self.cache.offered_generation
+                    announce = self._render is not None and offered > self._announced
+                    if announce and process.publisher.announce(offered):
+                        self._announced = offered
                     return
-                if process.send(*documents):
+                if process.send(*documents, self.cache.generation):
                     self._published = documents
+                    self._announced = self.cache.generation
                     return
                 if not process.publisher.closed:
                     log.debug("event=publish_skipped reason=serving_process_not_reading")
                     return
+
+    # -- rendering on demand -------------------------------------------------------------
+    def _on_demand(self, kind: int) -> None:
+        """A demand from the serving process (read under the lock, on either thread)."""
+        self.demanded_at = time.monotonic()
+        if kind == serving.WANT:
+            self._render_wanted = True
+            os.eventfd_write(self._wake, 1)
+
+    def _render_loop(self) -> None:
+        """Reads the control channel while the loop sleeps or collects, and renders and
+        publishes when the serving process wants documents."""
+        while not self._stopping:
+            with self._lock:
+                process = self.process
+            poller = select.poll()
+            poller.register(self._wake, select.POLLIN)
+            control = -1
+            if process is not None and not process.publisher.closed:
+                control = process.publisher.control.fileno()
+                if control != -1:
+                    poller.register(control, select.POLLIN)
+            for fd, _events in poller.poll(RENDER_LOOP_POLL_MS):
+                if fd == self._wake:
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._wake)
+                elif fd == control:
+                    with self._lock:
+                        if self.process is process and process is not None:
+                            process.gone()  # takes releases and demands
+            if self._render_wanted and not self._stopping:
+                self._render_wanted = False
+                try:
+                    assert self._render is not None
+                    self._render()
+                except Exception as exc:
+                    log.error("event=render_failed error=%r", f"{type(exc).__name__}: {exc}")
+                self.publish()
 
     def _supervise(self) -> None:
         """Notice a serving process that exited and start another one when it is time."""
@@ -390,7 +523,7 @@ class MetricsHTTPServer:
         if now < self._start_after:
             return
         try:
-            self.process = ServingProcess(self.socket, self.web, self.stale_after)
+            self.process = self._new_process()
         except OSError as exc:
             self._quick_exits += 1
             self._start_after = now + _backoff(self._quick_exits)
@@ -401,9 +534,17 @@ class MetricsHTTPServer:
     def stop(self) -> None:
         if self.alerts is not None:
             self.alerts.unsubscribe(self.publish)
+        self._stopping = True
+        if self._render_thread is not None:
+            os.eventfd_write(self._wake, 1)
+            self._render_thread.join(STOP_SECONDS)
+            self._render_thread = None
         with self._lock:
             self._started = False
             if self.process is not None:
                 self.process.stop()
                 self.process = None
             self.socket.close()
+            if self._wake != -1:
+                os.close(self._wake)
+                self._wake = -1

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from types import FrameType
 
 from nodescope import config as config_mod
@@ -124,6 +125,8 @@ class Service:
         #: Drains the node on a finding the policy drains for while a job is on it.
         self.job_drain = JobDrain(lambda: self.config)
         self._wake = threading.Event()
+        #: Held by a cycle, and by a render a request asked for (see render_on_request).
+        self._cycle_lock = threading.Lock()
         self._stop = False
         self._reload = False
         self.cycle_errors: dict[str, int] = {}
@@ -162,6 +165,7 @@ class Service:
             self.alerts_cache,
             self.web_config,
             stale_after=self.stale_after(self.config),
+            render=self.render_on_request,
         )
         self.server.start()
         log.info("event=listening address=%s", self.server.bound)
@@ -206,6 +210,7 @@ class Service:
                         self.alerts_cache,
                         self.web_config,
                         stale_after=self.stale_after(new),
+                        render=self.render_on_request,
                     )
                 except OSError as exc:
                     raise OSError(exc.errno, f"listen on {new.listen}: {exc.strerror}") from exc
@@ -241,10 +246,28 @@ class Service:
             exc_info=self.cycle_errors[stage] == 1,
         )
 
+    def _render_documents(self) -> None:
+        self.cache.render_latest()
+        self.alerts_cache.render_latest()
+
+    def render_on_request(self) -> None:
+        """Render the newest cycle's documents for a request that waits for them (the
+        server's render thread). Between cycles only: what a snapshot refers to may change
+        while the next one is made."""
+        with self._cycle_lock:
+            try:
+                self._render_documents()
+            except Exception as exc:
+                self._survived("export", exc)
+
     def run_cycle(self) -> bool:
         """One cycle. Every stage is guarded: an exception in one (a bug, an input nothing
         foresaw) is logged and counted, the stages that can still run do, and the next cycle
         comes as planned. Returns whether the cycle completed: collected and published."""
+        with self._cycle_lock:
+            return self._run_cycle()
+
+    def _run_cycle(self) -> bool:
         try:
             snapshot = self.collector.run_cycle()
         except Exception as exc:
@@ -276,16 +299,19 @@ class Service:
             processes = ()
         snapshot = replace(snapshot, config_reloads=self.config_reloads, processes=processes)
         try:
-            self.cache.update(snapshot)
-            self.alerts_cache.update(alerts_document(snapshot))
+            self.cache.offer(snapshot)
+            self.alerts_cache.offer(partial(alerts_document, snapshot))
+            # Rendered now while scrapes come every cycle; otherwise when one asks.
+            if self.server is None or self.server.rendering_wanted(self.config.tick_seconds):
+                self._render_documents()
         except Exception as exc:
             self._survived("export", exc)
             return False
         if self.server is not None:
             try:
-                # Hands both documents to the serving process (the alerts update already
-                # did, so this is a check that the process is alive; a dead one is restarted
-                # here).
+                # Hands both documents to the serving process, or tells it that a newer
+                # cycle's exist (the alerts update may have published already, so this is
+                # also a check that the process is alive; a dead one is restarted here).
                 self.server.publish()
             except Exception as exc:
                 self._survived("publish", exc)

@@ -17,13 +17,24 @@ memfds it is handed.
 The control channel is an ``AF_UNIX``/``SOCK_SEQPACKET`` pair (one packet per message):
 
 - daemon → here, one packet per publish: :data:`PUBLISH` (slot, exposition length, alerts
-  length; :data:`NOT_READY` for a document that does not exist yet) with a memfd attached
-  (``SCM_RIGHTS``, unix(7)) that holds the exposition followed by the alerts JSON;
+  length — :data:`NOT_READY` for a document that does not exist yet — and the documents'
+  generation) with a memfd attached (``SCM_RIGHTS``, unix(7)) that holds the exposition
+  followed by the alerts JSON;
+- daemon → here, :data:`OUTDATED` (a generation): a cycle completed whose documents the daemon
+  has not rendered. The daemon renders every cycle only while requests come often; otherwise
+  rendering waits for a request that needs it (a Prometheus scraping every 15 s costs one
+  render per scrape, not fifteen);
 - here → daemon: :data:`RELEASE` (slot) once nothing here uses that memfd any more, so the
   daemon may write later documents into it. The exposition is not copied here: it is sent
   from the memfd with sendfile(2) (a response in flight keeps its memfd, so a slow client
   gets the cycle it asked for, whole) and read only to be compressed. A cycle nobody scrapes
-  costs this process one message.
+  costs this process one message;
+- here → daemon: :data:`DEMAND` — :data:`WANT` when a request for ``/metrics`` or
+  ``/api/v1/alerts`` arrives while the published documents are older than the newest
+  generation (the request waits for the rendered ones, at most :data:`RENDER_WAIT_SECONDS`,
+  then gets the older ones), :data:`SERVED` the first time a published exposition is sent.
+  The daemon keeps rendering every cycle while these come within about a tick of each other.
+  However many clients ask, the daemon renders a cycle at most once.
 
 End of file on the channel (the daemon closed it, exited or was killed) ends this process: it
 never outlives the daemon. SIGINT, SIGTERM and SIGHUP are ignored for the same reason: a stop
@@ -73,11 +84,26 @@ from collections.abc import Callable
 # after that.
 
 #: daemon → serving process: slot of the attached memfd, then the exposition's and the
-#: alerts document's lengths (the alerts follow the exposition in the memfd).
-PUBLISH = struct.Struct("<Iqq")
+#: alerts document's lengths (the alerts follow the exposition in the memfd), then their
+#: generation (it grows by one per cycle).
+PUBLISH = struct.Struct("<IqqQ")
+#: daemon → serving process, without a memfd: the generation of a cycle whose documents are
+#: not rendered yet.
+OUTDATED = struct.Struct("<Q")
 #: serving process → daemon: the slot whose memfd is no longer used here.
 RELEASE = struct.Struct("<I")
+#: serving process → daemon: what requests did with the documents (:data:`WANT`,
+#: :data:`SERVED`); one byte, so it is told apart from a RELEASE by its size.
+DEMAND = struct.Struct("<B")
+#: A request waits for the documents of the newest generation: render them now.
+WANT = 1
+#: A published exposition was sent for the first time.
+SERVED = 2
 NOT_READY = -1
+#: How long a request waits for documents it asked the daemon to render before it is answered
+#: with the older ones (a daemon busy beyond this is late anyway; /healthz says when it is
+#: stale).
+RENDER_WAIT_SECONDS = 2.0
 
 # The classic text format: every name nodescope exports is a legal legacy name, and every
 # Prometheus release (Debian 12 ships 2.42) parses it.
@@ -229,13 +255,21 @@ class Body:
 class Documents:
     """What the daemon published last: ``None`` for a document that does not exist yet."""
 
-    __slots__ = ("alerts", "metrics", "slot")
+    __slots__ = ("alerts", "generation", "metrics", "slot")
 
-    def __init__(self, metrics: Body | None, alerts: Body | None, slot: Slot | None = None) -> None:
+    def __init__(
+        self,
+        metrics: Body | None,
+        alerts: Body | None,
+        slot: Slot | None = None,
+        generation: int = 0,
+    ) -> None:
         self.metrics = metrics
         self.alerts = alerts
         #: The memfd the exposition is sent from.
         self.slot = slot
+        #: The daemon's count of the cycle they were rendered for.
+        self.generation = generation
 
     def retire(self) -> None:
         if self.slot is not None:
@@ -260,6 +294,8 @@ _STARTING = Body(b"starting\n", TEXT_TYPE)
 _STALE = Body(b"stale: no collection cycle completed recently\n", TEXT_TYPE)
 _INDEX = Body(INDEX, HTML_TYPE)
 _NOT_FOUND = Body(b"not found\n", TEXT_TYPE)
+#: The paths whose documents the daemon renders.
+_DOCUMENTS = ("/metrics", "/api/v1/alerts")
 
 
 def route(method: str, path: str, current: Documents, stale: bool = False) -> tuple[int, Body, str]:
@@ -763,6 +799,12 @@ class Server:
         self.job: Compression | None = None
         self.parked: list[Connection] = []
         self.gzip_requested_at = -EAGER_SECONDS
+        #: The newest generation the daemon announced (OUTDATED or PUBLISH).
+        self.latest_generation = 0
+        #: When WANT was sent for documents not published yet (None: nothing asked).
+        self.want_sent_at: float | None = None
+        #: The generation of the last exposition whose first sending the daemon was told of.
+        self.served_generation = -1
         self._parsed: dict[bytes, Request] = {}
         self.running = True
         self._date_second = -1
@@ -805,6 +847,9 @@ class Server:
         if self.job is not None:
             self._compress_step()
         now = self.clock()
+        if self.want_sent_at is not None and now - self.want_sent_at > RENDER_WAIT_SECONDS:
+            # The daemon did not render in time: the waiting requests get what is here.
+            self._resume_parked()
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_SECONDS
             self._sweep(now)
@@ -816,7 +861,7 @@ class Server:
 
     # -- documents -----------------------------------------------------------------------
     def _on_control(self) -> None:
-        received: list[tuple[int, int, int, int]] = []
+        received: list[tuple[int, int, int, int, int]] = []
         while True:
             try:
                 message, fds, _flags, _addr = socket.recv_fds(self.control, PUBLISH.size, 4)
@@ -829,15 +874,19 @@ class Server:
                     os.close(fd)
                 self.running = False  # the daemon is gone
                 break
+            if len(message) == OUTDATED.size and not fds:
+                (generation,) = OUTDATED.unpack(message)
+                self._outdated(generation)
+                continue
             if len(message) != PUBLISH.size or len(fds) != 1:
                 for fd in fds:
                     os.close(fd)
                 log(f"event=bad_control_message bytes={len(message)} fds={len(fds)}")
                 continue
-            slot, metrics_len, alerts_len = PUBLISH.unpack(message)
-            received.append((slot, fds[0], metrics_len, alerts_len))
+            slot, metrics_len, alerts_len, generation = PUBLISH.unpack(message)
+            received.append((slot, fds[0], metrics_len, alerts_len, generation))
         # Only the newest of several queued publishes is used; the others are handed back.
-        for index, (number, fd, metrics_len, alerts_len) in enumerate(received):
+        for index, (number, fd, metrics_len, alerts_len, generation) in enumerate(received):
             slot = Slot(fd, number, self._release)
             if index < len(received) - 1:
                 slot.retire()
@@ -854,17 +903,55 @@ class Server:
                 continue
             if metrics_len < 0:
                 slot.retire()
-                self.publish(Documents(None, alerts))
+                self.publish(Documents(None, alerts, generation=generation))
             else:
                 metrics = Body(None, METRICS_TYPE, slot=slot, size=metrics_len)
-                self.publish(Documents(metrics, alerts, slot))
+                self.publish(Documents(metrics, alerts, slot, generation))
 
     def _release(self, number: int) -> None:
         # Unsent, the daemon makes a new memfd when it has none released.
         with contextlib.suppress(OSError):
             self.control.send(RELEASE.pack(number))
 
+    def _demand(self, kind: int) -> None:
+        # Unsent (the channel is full: the daemon is not reading), the request is answered
+        # with what is here once RENDER_WAIT_SECONDS have passed.
+        with contextlib.suppress(OSError):
+            self.control.send(DEMAND.pack(kind))
+
+    def _outdated(self, generation: int) -> None:
+        """A cycle completed; its documents are rendered when a request asks."""
+        self.latest_generation = max(self.latest_generation, generation)
+        # Cycles complete: /healthz stays healthy though nothing is published.
+        self.published_at = self.clock()
+        if self.want_sent_at is not None and self.clock() - self.want_sent_at > RENDER_WAIT_SECONDS:
+            self.want_sent_at = None  # an unanswered WANT is asked again for the new cycle
+
+    def _newest(self) -> int:
+        """The generation of the documents here, current or waiting for their gzip form."""
+        pending = self.pending.generation if self.pending is not None else 0
+        return max(self.current.generation, pending)
+
+    def _wait_for_render(self, conn: Connection, request: Request) -> bool:
+        """Whether ``request`` was parked until the daemon renders the newest cycle's
+        documents (asked for once, however many requests wait)."""
+        if self.latest_generation <= self._newest() or self.current.metrics is None:
+            # Up to date, or nothing published yet (the first cycle is always published).
+            return False
+        now = self.clock()
+        if self.want_sent_at is None:
+            self._demand(WANT)
+            self.want_sent_at = now
+        elif now - self.want_sent_at > RENDER_WAIT_SECONDS:
+            return False
+        conn.waiting = request
+        self.parked.append(conn)
+        self._set_events(conn)
+        return True
+
     def publish(self, docs: Documents) -> None:
+        self.latest_generation = max(self.latest_generation, docs.generation)
+        self.want_sent_at = None
         if self.pending is not None:
             # Superseded before its compression finished: the newer documents become current
             # at once, so a publish rate above the compression rate cannot freeze them.
@@ -1074,8 +1161,14 @@ class Server:
                 keep_alive=request.keep_alive, http10=request.http10,
             )  # fmt: skip
             return
+        document = request.path in _DOCUMENTS and request.method in ("GET", "HEAD")
+        if document and self._wait_for_render(conn, request):
+            return
         stale = self.stale_after is not None and self.clock() - self.published_at > self.stale_after
         status, body, extra = route(request.method, request.path, self.current, stale)
+        if body is self.current.metrics and self.served_generation != self.current.generation:
+            self.served_generation = self.current.generation
+            self._demand(SERVED)
         gzip = request.gzip and body.negotiable
         if gzip:
             if body is self.current.metrics:

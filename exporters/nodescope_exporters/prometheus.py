@@ -142,24 +142,60 @@ class SnapshotCollector:
 
 
 class MetricsCache:
-    """The rendered exposition of the latest cycle, shared between the loop and the server."""
+    """The rendered exposition, shared between the loop, the server and its render thread.
+
+    The loop offers each cycle's snapshot (:meth:`offer`); :meth:`render_latest` renders the
+    newest one offered unless it was rendered already — as the cycle ends, or only when a
+    request asks for it (:class:`nodescope.httpserver.MetricsHTTPServer`). Generations count
+    the offered snapshots, so the server can tell a rendered exposition from a newer cycle's
+    that is not."""
 
     def __init__(self, collector: SnapshotCollector | None = None) -> None:
         self.collector = collector or SnapshotCollector()
         self._lock = threading.Lock()
+        # The renderer and the collector keep what the previous render made: one at a time.
+        self._render_lock = threading.Lock()
         self._body = b""
         self._ready = False
+        self._offered: Snapshot | None = None
+        #: Snapshots offered so far.
+        self.offered_generation = 0
+        #: The generation of the exposition in :meth:`body`.
+        self.generation = 0
         self._renderer = TextRenderer()
 
-    def update(self, snapshot: Snapshot) -> bytes:
-        """Render ``snapshot`` once; scrapes are then served from the cached bytes."""
-        self.collector.set_snapshot(snapshot)
-        # generate_latest's text, from a renderer that remembers the previous cycle's.
-        body = self._renderer.render(self.collector.collect())
+    def offer(self, snapshot: Snapshot) -> int:
+        """The newest snapshot, rendered when :meth:`render_latest` is called; its
+        generation."""
         with self._lock:
-            self._body = body
-            self._ready = True
-        return body
+            self._offered = snapshot
+            self.offered_generation += 1
+            return self.offered_generation
+
+    def render_latest(self) -> bool:
+        """Render the newest offered snapshot unless it was rendered already; whether this
+        rendered."""
+        with self._render_lock:
+            with self._lock:
+                snapshot, generation = self._offered, self.offered_generation
+            if snapshot is None:
+                return False
+            self.collector.set_snapshot(snapshot)
+            # generate_latest's text, from a renderer that remembers the previous render's.
+            body = self._renderer.render(self.collector.collect())
+            with self._lock:
+                self._body = body
+                self._ready = True
+                self.generation = generation
+                if self._offered is snapshot:
+                    self._offered = None  # rendered: not held beyond its cycle
+            return True
+
+    def update(self, snapshot: Snapshot) -> bytes:
+        """Render ``snapshot`` now; scrapes are then served from the cached bytes."""
+        self.offer(snapshot)
+        self.render_latest()
+        return self.body()[1]
 
     def body(self) -> tuple[bool, bytes]:
         with self._lock:

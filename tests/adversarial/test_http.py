@@ -163,6 +163,9 @@ def _nofile(limits: dict[str, str]) -> tuple[int, int]:
 class FixedCache:
     """A published exposition that does not change: what the daemon hands over each cycle."""
 
+    #: One rendered generation, always the newest offered.
+    generation = offered_generation = 1
+
     def __init__(self, body: bytes) -> None:
         self.fixed = body
 

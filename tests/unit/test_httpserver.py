@@ -306,3 +306,56 @@ def test_a_reload_that_moves_the_listen_address_serves_there_at_once(tmp_path: P
             urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=2)
     finally:
         service.shutdown()
+
+
+def test_a_cycle_is_rendered_when_a_scrape_asks_and_each_cycle_while_scrapes_come(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "run").mkdir()
+    config = Config(listen=f"127.0.0.1:{port}", roots=Roots.under(tmp_path), tick_seconds=0.5)
+    service = Service(
+        lambda: config,
+        notifier=Notifier(address=""),
+        make_collector=lambda cfg: Collector.from_config(cfg, []),
+    )
+    rendered: list[int] = []
+
+    def counting(snap: Snapshot) -> list[object]:
+        rendered.append(snap.cycle)
+        return list(families(snap))
+
+    service.cache = MetricsCache(SnapshotCollector([counting]))  # type: ignore[list-item]
+    service.start_server()
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        service.run_cycle()  # the first cycle is rendered: the serving process has a document
+        for _ in range(3):
+            service.run_cycle()
+        assert len(rendered) == 1  # nobody asked for cycles 2 to 4
+        code, _, body = get(url)
+        assert code == 200 and "nodescope_cycles_total 4.0" in body
+        assert len(rendered) == 2
+        # Scrapes every cycle: each cycle is rendered as it ends (no scrape waits for it).
+        for cycle in range(5, 9):
+            service.run_cycle()
+            assert f"nodescope_cycles_total {cycle}.0" in get(url)[2]
+        assert len(rendered) == 6
+        # Scrapes stopped for longer than one and a half ticks: rendering waits again.
+        time.sleep(0.8)
+        service.run_cycle()
+        service.run_cycle()
+        assert len(rendered) == 6
+        assert "nodescope_cycles_total 10.0" in get(url)[2]
+        assert "nodescope_cycles_total 10.0" in get(url)[2]
+        assert len(rendered) == 7
+        # The alerts document waits for a request the same way.
+        service.run_cycle()
+        time.sleep(0.8)
+        service.run_cycle()
+        code, _, alerts = get(f"http://127.0.0.1:{port}/api/v1/alerts")
+        assert code == 200 and '"cycle": 12' in alerts
+    finally:
+        service.shutdown()

@@ -578,3 +578,79 @@ def test_401_with_a_challenge_then_200(harness: Harness) -> None:
     assert harness.get("/metrics", client, extra="Authorization: Basic eDp5\r\n").status == 401
     good = harness.get("/metrics", client, extra=f"Authorization: {basic('prom', 'secret')}\r\n")
     assert (good.status, good.text) == (200, "x 1\n")
+
+
+# -- rendering on demand -----------------------------------------------------------------------
+
+
+def test_requests_for_an_unrendered_cycle_wait_for_it_and_ask_once(harness: Harness) -> None:
+    asked: list[int] = []
+    harness.publisher.on_demand = asked.append
+    assert harness.publisher.send(exposition(1), b'{"gen": 1}\n', 1)
+    harness.pump(1)
+    assert 'gen="1"' in harness.get("/metrics").text
+    assert 'gen="1"' in harness.get("/metrics").text
+    harness.publisher.check()
+    assert asked == [serving.SERVED]  # once per published exposition
+    # A cycle completed and its documents are not rendered: the requests for them wait, and
+    # the daemon is asked once, however many wait; /healthz and / do not wait.
+    assert harness.publisher.announce(2)
+    harness.pump(1)
+    waiting = [harness.connect() for _ in range(3)]
+    for client, path in zip(waiting, ("/metrics", "/metrics", "/api/v1/alerts"), strict=True):
+        client.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    harness.pump(5)
+    assert len(harness.server.parked) == 3
+    assert harness.get("/healthz").status == 200
+    harness.publisher.check()
+    assert asked == [serving.SERVED, serving.WANT]
+    assert harness.publisher.send(exposition(2), b'{"gen": 2}\n', 2)
+    assert 'gen="2"' in harness.read(waiting[0]).text
+    assert 'gen="2"' in harness.read(waiting[1]).text
+    assert harness.read(waiting[2]).text == '{"gen": 2}\n'
+    harness.publisher.check()
+    assert asked == [serving.SERVED, serving.WANT, serving.SERVED]
+
+
+def test_a_render_that_does_not_come_leaves_the_older_documents(harness: Harness) -> None:
+    asked: list[int] = []
+    harness.publisher.on_demand = asked.append
+    assert harness.publisher.send(exposition(1), None, 1)
+    harness.pump(1)
+    assert harness.publisher.announce(2)
+    harness.pump(1)
+    client = harness.connect()
+    client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    harness.pump(3)
+    assert harness.server.parked
+    harness.clock.now += serving.RENDER_WAIT_SECONDS + 0.1
+    response = harness.read(client)
+    assert (response.status, 'gen="1"' in response.text) == (200, True)
+    # Meanwhile requests are answered at once; the next cycle is asked for again.
+    assert 'gen="1"' in harness.get("/metrics").text
+    assert harness.publisher.announce(3)
+    harness.pump(1)
+    client.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    harness.pump(3)
+    harness.publisher.check()
+    assert asked.count(serving.WANT) == 2
+    # A publish older than the newest announced cycle does not end the wait.
+    assert harness.publisher.send(exposition(2), None, 2)
+    harness.pump(3)
+    assert harness.server.parked
+    assert harness.publisher.send(exposition(3), None, 3)
+    assert 'gen="3"' in harness.read(client).text
+
+
+def test_an_announced_cycle_keeps_healthz_healthy(harness: Harness) -> None:
+    harness.server.stale_after = 5.0
+    harness.publisher.send(b"x 1\n", None, 1)
+    harness.pump(1)
+    for generation in range(2, 5):
+        harness.clock.now += 4.0
+        assert harness.publisher.announce(generation)
+        harness.pump(1)
+        # Cycles complete, nothing is published: healthy.
+        assert harness.get("/healthz").status == 200
+    harness.clock.now += 6.0
+    assert harness.get("/healthz").text.startswith("stale")

@@ -723,14 +723,14 @@ CLEAR = "\x1b[H\x1b[2J"
 
 
 class ViewCache(MetricsCache):
-    """The exposition cache, keeping the analysed snapshot it last rendered for the view."""
+    """The exposition cache, keeping the analysed snapshot it was last offered for the view."""
 
     last: Snapshot | None = None
 
-    def update(self, snapshot: Snapshot) -> bytes:
-        body = super().update(snapshot)
+    def offer(self, snapshot: Snapshot) -> int:
+        generation = super().offer(snapshot)
         self.last = snapshot
-        return body
+        return generation
 
 
 def _live_collector(config: Config, live: WallClockNode) -> Collector:
