@@ -249,7 +249,7 @@ def test_lost_in_a_field_return_counts_as_lost() -> None:
 def test_no_driver_collect_raises_and_init_is_retried_slowly() -> None:
     fake = FakeNvml.no_driver()
     clock = Clock()
-    src = nv.NvmlSource(fake, retry_seconds=60, clock=clock)
+    src = nv.NvmlSource(fake, retry_seconds=60, clock=clock, event_wait_ms=50)
     with pytest.raises(nv.NvmlUnavailable, match="NVMLError_LibraryNotFound"):
         src.collect(NO_FILES)
     clock.now += 30
@@ -331,6 +331,32 @@ def test_xid_thread_counts_events_and_stops_on_close(node: FakeNvml) -> None:
     assert time.monotonic() - start < 1.0
     assert not threads[0].is_alive()
     assert node.registered_event_sets() == 0  # the event set was freed
+
+
+def test_idle_xid_thread_wakes_once_per_event_wait_and_events_do_not_wait(
+    node: FakeNvml,
+) -> None:
+    """The thread's wait is long (a timeout is a wake-up with nothing to do, and costs CPU);
+    an event ends it at once, whatever is left of it."""
+    src = nv.NvmlSource(node)
+    assert src.event_wait_ms == nv.EVENT_WAIT_MS
+    try:
+        src.collect(NO_FILES)
+        assert wait_for(lambda: node.registered_event_sets() == 1)
+        waits = node.calls["nvmlEventSetWait"]
+        time.sleep(0.9)
+        # At 200 ms this was 4 or 5 waits; the thread waits once and has not timed out yet.
+        assert node.calls["nvmlEventSetWait"] - waits <= 1
+        start = time.monotonic()
+        node.inject_xid(2, 79)
+        assert wait_for(lambda: len(src.collect(NO_FILES).xids) == 1, timeout=0.5)
+        assert time.monotonic() - start < 0.5
+    finally:
+        start = time.monotonic()
+        src.close()
+    # close waits for the wait under way: one event_wait_ms at most.
+    assert time.monotonic() - start < nv.EVENT_WAIT_MS / 1000 + 0.5
+    assert node.registered_event_sets() == 0
 
 
 def test_without_event_support_xids_come_from_the_kernel_log(tmp_path: Path) -> None:
