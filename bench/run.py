@@ -1334,10 +1334,14 @@ def _phase_soak(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
 
 
 def _side_by_side(
-    revision: str, ours: dict[str, Any], theirs: dict[str, Any], latency: dict[str, Any]
+    revision: str,
+    ours: dict[str, Any],
+    theirs: dict[str, Any],
+    latency: dict[str, Any],
+    slower: list[dict[str, Any]] | None = None,
 ) -> list[str]:
     """The rows of this tree against the baseline revision's daemon, both measured over the
-    same window on the same simulated node."""
+    same window on the same simulated node (and in each window of slower scrapes)."""
 
     def row(label: str, a: float | None, b: float | None) -> str:
         ratio = f"{a / b:.3f}" if a is not None and b else "–"
@@ -1370,6 +1374,21 @@ def _side_by_side(
         row("PSS MiB, end of window", ours.get("pss_mib_end"), theirs.get("pss_mib_end")),
         row("series", ours.get("series"), theirs.get("series")),
     ]
+    for window in slower or []:
+        if "baseline" in window:
+            every = window["scrape_every_seconds"]
+            lines += [
+                row(
+                    f"process CPU ms per cycle, one scrape every {every:g} s",
+                    window["nodescope"].get("cpu_ms_per_cycle_without_mirror"),
+                    window["baseline"].get("cpu_ms_per_cycle_without_mirror"),
+                ),
+                row(
+                    f"main-thread cycle CPU mean ms, one scrape every {every:g} s",
+                    p(window["nodescope"], "mean"),
+                    p(window["baseline"], "mean"),
+                ),
+            ]
     for mode, figures in sorted(latency.get("nodescope", {}).items()):
         other = latency.get("baseline", {}).get(mode)
         if other:
@@ -1521,7 +1540,7 @@ def report(results: dict[str, Any]) -> str:
         ]
         lines += _intervals_and_floor(ov)
         if "baseline" in w:
-            lines += _side_by_side(ov["baseline"], ns, w["baseline"], lat)
+            lines += _side_by_side(ov["baseline"], ns, w["baseline"], lat, ov.get("slower_scrapes"))
     pr = results.get("profile")
     if pr:
         lines += [
