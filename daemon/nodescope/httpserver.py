@@ -475,33 +475,42 @@ class MetricsHTTPServer:
 
     def _render_loop(self) -> None:
         """Reads the control channel while the loop sleeps or collects, and renders and
-        publishes when the serving process wants documents."""
+        publishes when the serving process wants documents. A failure is logged and the
+        thread goes on: without it, requests would wait out RENDER_WAIT_SECONDS for ever."""
         while not self._stopping:
-            with self._lock:
-                process = self.process
-            poller = select.poll()
-            poller.register(self._wake, select.POLLIN)
-            control = -1
-            if process is not None and not process.publisher.closed:
-                control = process.publisher.control.fileno()
-                if control != -1:
-                    poller.register(control, select.POLLIN)
-            for fd, _events in poller.poll(RENDER_LOOP_POLL_MS):
-                if fd == self._wake:
-                    with contextlib.suppress(BlockingIOError):
-                        os.eventfd_read(self._wake)
-                elif fd == control:
-                    with self._lock:
-                        if self.process is process and process is not None:
-                            process.gone()  # takes releases and demands
-            if self._render_wanted and not self._stopping:
-                self._render_wanted = False
-                try:
-                    assert self._render is not None
-                    self._render()
-                except Exception as exc:
-                    log.error("event=render_failed error=%r", f"{type(exc).__name__}: {exc}")
-                self.publish()
+            try:
+                self._render_turn()
+            except Exception as exc:
+                log.error("event=render_thread_error error=%r", f"{type(exc).__name__}: {exc}")
+                time.sleep(RENDER_LOOP_POLL_MS / 1000)
+
+    def _render_turn(self) -> None:
+        """One wait for messages or a wake-up, then a render if one was asked for."""
+        with self._lock:
+            process = self.process
+        poller = select.poll()
+        poller.register(self._wake, select.POLLIN)
+        control = -1
+        if process is not None and not process.publisher.closed:
+            control = process.publisher.control.fileno()
+            if control != -1:
+                poller.register(control, select.POLLIN)
+        for fd, _events in poller.poll(RENDER_LOOP_POLL_MS):
+            if fd == self._wake:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self._wake)
+            elif fd == control:
+                with self._lock:
+                    if self.process is process and process is not None:
+                        process.gone()  # takes releases and demands
+        if self._render_wanted and not self._stopping:
+            self._render_wanted = False
+            try:
+                assert self._render is not None
+                self._render()
+            except Exception as exc:
+                log.error("event=render_failed error=%r", f"{type(exc).__name__}: {exc}")
+            self.publish()
 
     def _supervise(self) -> None:
         """Notice a serving process that exited and start another one when it is time."""

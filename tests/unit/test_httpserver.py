@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from nodescope import serving
 from nodescope.collect import Collector
 from nodescope.config import Config
 from nodescope.httpserver import MAX_SLOTS, JsonCache, MetricsHTTPServer
@@ -357,5 +358,38 @@ def test_a_cycle_is_rendered_when_a_scrape_asks_and_each_cycle_while_scrapes_com
         service.run_cycle()
         code, _, alerts = get(f"http://127.0.0.1:{port}/api/v1/alerts")
         assert code == 200 and '"cycle": 12' in alerts
+    finally:
+        service.shutdown()
+
+
+def test_a_render_that_fails_leaves_the_last_documents_after_the_wait(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "run").mkdir()
+    config = Config(listen=f"127.0.0.1:{port}", roots=Roots.under(tmp_path), tick_seconds=0.2)
+    service = Service(
+        lambda: config,
+        notifier=Notifier(address=""),
+        make_collector=lambda cfg: Collector.from_config(cfg, []),
+    )
+    service.start_server()
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        service.run_cycle()
+        time.sleep(0.4)
+        service.run_cycle()  # not rendered: nobody asked within 1.5 ticks
+
+        def broken() -> bool:
+            raise RuntimeError("render failed")
+
+        service.cache.render_latest = broken  # type: ignore[method-assign]
+        started = time.monotonic()
+        code, _, body = get(url)
+        waited = time.monotonic() - started
+        # The first cycle's exposition, once the serving process gave up waiting.
+        assert code == 200 and "nodescope_cycles_total 1.0" in body
+        assert serving.RENDER_WAIT_SECONDS <= waited < serving.RENDER_WAIT_SECONDS + 2.5
+        assert service.cycle_errors == {"export": 1}
     finally:
         service.shutdown()
