@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import html
 import json
 import math
 import os
@@ -660,6 +659,10 @@ _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
 def render_svg(document: Document, width: int = 900) -> str:
     """The timeline as an SVG document: one panel per series (a polyline scaled to its own
     maximum) and one bar per finding or contention episode over the job's time axis."""
+    # Imported here: only ``nodescope report --svg`` renders, while the daemon imports this
+    # module to write reports; html loads its table of entities (0.5 MiB) on import.
+    import html
+
     start = float(document.get("start") or 0.0)
     end = float(document.get("end") or start)
     span = max(end - start, 1e-9)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -230,6 +229,10 @@ def latency_figure(size: int, timings: Sequence[float]) -> AllReduceLatency:
         raise ValueError(f"no timings for {size} bytes")
     if any(not math.isfinite(t) or t < 0 for t in timings):
         raise ValueError(f"a timing of {size} bytes is negative or not finite")
+    # Imported here: only the probe process measures; the daemon imports this module for the
+    # size list and would load statistics, fractions and decimal for nothing.
+    import statistics
+
     return AllReduceLatency(
         size_bytes=size,
         iterations=len(timings),
