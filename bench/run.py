@@ -964,7 +964,7 @@ def phase_profile(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(args.warmup / 2)
             subprocess.run(
                 [str(py_spy), "record", "--pid", str(daemon.pid), "--duration",
-                 str(int(args.profile_seconds)), "--rate", "200", "--format", "raw",
+                 str(int(args.profile_seconds)), "--rate", str(PROFILE_RATE), "--format", "raw",
                  "--output", str(raw), "--nonblocking"],
                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
@@ -974,13 +974,24 @@ def phase_profile(args: argparse.Namespace) -> dict[str, Any]:
     return summarise_profile(raw.read_text())
 
 
+#: py-spy's samples per second: a cycle costs milliseconds, so 200 Hz caught a few hundred
+#: samples in 30 s, too few to tell the sources apart.
+PROFILE_RATE = 1000
+
 #: The daemon's parts, by the frame that identifies them (first match from the root).
 _PARTS = (
-    ("render", "MetricsCache.update"),
+    ("render", "MetricsCache.render_latest"),
+    ("render", "JsonCache.render_latest"),
     ("analyse", "Analyzer.analyze"),
-    ("http", "process_request_thread"),
+    ("self-measurement", "ProcessMeter.measure"),
+    ("publish", "MetricsHTTPServer.publish"),
     ("nvml xid thread", "_XidWatcher"),
+    ("render thread (on-demand renders, serving process's messages)", "_render_loop"),
 )
+#: Leaf frames of a thread that py-spy sampled while it waited (a blocking call that holds
+#: no GIL but was caught entering or leaving it): counted apart, not as work.
+_WAITS = ("Condition.wait", "Event.wait", "EpollSelector.select", "PollSelector.select",
+          "Thread.join", "sleep (")  # fmt: skip
 
 
 def summarise_profile(text: str) -> dict[str, Any]:
@@ -997,17 +1008,23 @@ def summarise_profile(text: str) -> dict[str, Any]:
         leaf = frames[-1]
         own[leaf] = own.get(leaf, 0) + count
         part = "other"
-        for frame in frames:
-            if "Collector._run_one" in frame or "_run_one (" in frame:
-                source = next((f for f in frames if ".collect (" in f and "Collector" not in f), "")
-                part = "collect " + (source.split(" (")[0] or "?")
-                break
-            found = next((name for name, key in _PARTS if key in frame), None)
-            if found is not None:
-                part = found
-                break
+        if any(leaf.startswith(wait) for wait in _WAITS):
+            part = "waiting"
+        else:
+            for frame in frames:
+                # A source's run: the worker thread's _call (collect.py), then its collect.
+                if frame.startswith("_call (") and "collect.py" in frame:
+                    source = next(
+                        (f for f in frames if ".collect (" in f and "Collector" not in f), ""
+                    )
+                    part = "collect " + (source.split(" (")[0] or "?")
+                    break
+                found = next((name for name, key in _PARTS if key in frame), None)
+                if found is not None:
+                    part = found
+                    break
         parts[part] = parts.get(part, 0) + count
-    busy = {k: v for k, v in parts.items() if k != "other"}
+    busy = {k: v for k, v in parts.items() if k not in ("other", "waiting")}
     return {
         "samples": total,
         "parts_percent": {
@@ -1545,7 +1562,7 @@ def report(results: dict[str, Any]) -> str:
     if pr:
         lines += [
             f"### Where the daemon's CPU goes (py-spy, {pr['samples']} samples of busy threads "
-            "at 200 Hz)",
+            f"at {PROFILE_RATE} Hz; `waiting`: threads caught blocked, not work)",
             "",
             "| part | % of samples |",
             "|---|---:|",

@@ -131,3 +131,30 @@ def test_the_report_sets_this_tree_against_the_baseline_of_the_same_window() -> 
     # Without a baseline the section is absent.
     del results["overhead"]["baseline"], results["overhead"]["overhead"]["baseline"]
     assert "Side by side" not in bench.report(results)
+
+
+def test_the_profile_is_summed_by_part_with_blocked_threads_apart() -> None:
+    raw = "\n".join(
+        [
+            "_bootstrap (threading.py:1);_Runner._loop (nodescope/collect.py:140);"
+            "_call (nodescope/collect.py:159);NvmlSource.collect (nodescope/sources/nvml.py:1010);"
+            "NvmlSource._read_gpu (nodescope/sources/nvml.py:1204) 6",
+            "main (daemon.py:1);Service._run_cycle (nodescope/service.py:250);"
+            "Analyzer.analyze (nodescope/analysis.py:182);detect (contention.py:216) 3",
+            "main (daemon.py:1);Service._render_documents (nodescope/service.py:244);"
+            "MetricsCache.render_latest (nodescope_exporters/prometheus.py:170);"
+            "TextRenderer.render (nodescope_exporters/exposition.py:150) 2",
+            "_bootstrap (threading.py:1);_Runner._loop (nodescope/collect.py:135);"
+            "Condition.wait (threading.py:331) 9",
+            "main (daemon.py:1);Service.run (nodescope/service.py:330);something (x.py:1) 1",
+        ]
+    )
+    summary = bench.summarise_profile(raw)
+    assert summary["samples"] == 21
+    assert summary["busy_samples"] == 11
+    parts = summary["parts_percent"]
+    assert parts["collect NvmlSource.collect"] == round(6 / 21 * 100, 1)
+    assert parts["analyse"] == round(3 / 21 * 100, 1)
+    assert parts["render"] == round(2 / 21 * 100, 1)
+    assert parts["waiting"] == round(9 / 21 * 100, 1)
+    assert parts["other"] == round(1 / 21 * 100, 1)
