@@ -23,7 +23,7 @@ Phases (``--phases``, default all):
     adds the daemon of git revision REV (checked out into a temporary worktree) on the same
     node in the same window, and prints this tree's figures as ratios to its.
 ``profile``
-    py-spy samples the same daemon (not scraped) for ``--profile-seconds`` and the collapsed
+    py-spy samples the same daemon (scraped once a second) for ``--profile-seconds`` and the collapsed
     stacks are summed by the daemon's parts (each source's collect, analyse, render) and by
     function: where to look when a target is missed.
 ``scale``
@@ -943,7 +943,7 @@ def _add_floor_stats(window: dict[str, Any], stats: dict[str, Any]) -> None:
 
 
 def phase_profile(args: argparse.Namespace) -> dict[str, Any]:
-    """py-spy samples the daemon (as in the overhead phase, not scraped) for
+    """py-spy samples the daemon (as in the overhead phase, scraped once a second) for
     ``--profile-seconds``; the collapsed stacks are summed by the daemon's parts and by
     function (self time)."""
     py_spy = Path(PYTHON).with_name("py-spy")
@@ -961,13 +961,22 @@ def phase_profile(args: argparse.Namespace) -> dict[str, Any]:
         )
         try:
             wait_ready(port, 120, daemon)
+            scraper = Scraper(port)
             time.sleep(args.warmup / 2)
-            subprocess.run(
+            spy = subprocess.Popen(
                 [str(py_spy), "record", "--pid", str(daemon.pid), "--duration",
                  str(int(args.profile_seconds)), "--rate", str(PROFILE_RATE), "--format", "raw",
                  "--output", str(raw), "--nonblocking"],
-                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
+            # One scrape a second, as in the overhead phase's first window: the daemon then
+            # renders every cycle (unscraped, it would render nothing).
+            while spy.poll() is None:
+                scraper.get()
+                time.sleep(1.0)
+            scraper.close()
+            if spy.returncode != 0:
+                raise RuntimeError(f"py-spy exited with {spy.returncode}")
         finally:
             stop(daemon)
             stop(sim)
