@@ -23,9 +23,9 @@ Phases (``--phases``, default all):
     adds the daemon of git revision REV (checked out into a temporary worktree) on the same
     node in the same window, and prints this tree's figures as ratios to its.
 ``profile``
-    py-spy samples the same daemon (scraped once a second) for ``--profile-seconds`` and the collapsed
-    stacks are summed by the daemon's parts (each source's collect, analyse, render) and by
-    function: where to look when a target is missed.
+    py-spy samples the same daemon (scraped once a second) for ``--profile-seconds`` and the
+    collapsed stacks are summed by the daemon's parts (each source's collect, analyse, render)
+    and by function: where to look when a target is missed.
 ``scale``
     Variants of dgx-h100 (``bench/variants.py``: GPUs, processes, jobs, NVLinks per GPU) in
     simulated time, each in a fresh process: the daemon's cycle (collect, analyse, render)
@@ -140,11 +140,16 @@ def proc_children(pid: int) -> list[int]:
     return children
 
 
+#: The serving process's script on its command line: the source, or its compiled file
+#: (``nodescope.httpserver.serving_script``).
+_SERVING_SCRIPT = re.compile(rb"/serving(\.py|\.cpython-\d+\.pyc)\x00")
+
+
 def serving_process(pid: int) -> int | None:
     """The daemon's serving process (nodescope.serving), if it has one."""
     for child in proc_children(pid):
         try:
-            if b"serving.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if _SERVING_SCRIPT.search(Path(f"/proc/{child}/cmdline").read_bytes()):
                 return child
         except OSError:
             continue
@@ -734,6 +739,7 @@ def _checked_out(revision: str) -> Iterator[Path]:
         check=True,
     )  # fmt: skip
     try:
+        compile_tree(place)
         yield place
     finally:
         subprocess.run(
@@ -741,6 +747,18 @@ def _checked_out(revision: str) -> Iterator[Path]:
             check=False,
         )
         shutil.rmtree(place.parent, ignore_errors=True)
+
+
+def compile_tree(tree: Path) -> None:
+    """Byte-compile ``tree``'s packages, as installing them does (pip, the Debian and RPM
+    packages): a daemon started from sources it must compile first carries the compiler's
+    leftovers in its heap (about 1.7 MiB), and its serving process, run from the source,
+    compiles it on every start (``nodescope.httpserver.serving_script``)."""
+    subprocess.run(
+        [PYTHON, "-m", "compileall", "-q", "-j", "0",
+         str(tree / "daemon"), str(tree / "exporters"), str(tree / "bench")],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
 
 
 def _tree_environment(tree: Path) -> dict[str, str]:
@@ -1694,6 +1712,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report(json.loads(args.report.read_text())))
         return 0
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    compile_tree(REPO)
     results: dict[str, Any] = {"machine": machine(), "command": " ".join(["bench/run.py", *argv])}
     if "overhead" in phases:
         results["overhead"] = phase_overhead(args)

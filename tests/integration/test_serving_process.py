@@ -38,7 +38,8 @@ def serving_children(pid: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == pid and b"serving.py" in cmdline:
+        # The script is the source or its compiled file (httpserver.serving_script).
+        if ppid == pid and re.search(rb"/serving(\.py|\.cpython-\d+\.pyc)\x00", cmdline):
             found.append(int(entry))
     return found
 

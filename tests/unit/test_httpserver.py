@@ -393,3 +393,29 @@ def test_a_render_that_fails_leaves_the_last_documents_after_the_wait(tmp_path: 
         assert service.cycle_errors == {"export": 1}
     finally:
         service.shutdown()
+
+
+def test_the_serving_process_runs_its_compiled_file_only_while_it_matches_the_source(
+    tmp_path: Path,
+) -> None:
+    import py_compile
+
+    from nodescope.httpserver import serving_script
+
+    source = tmp_path / "serving.py"
+    source.write_text("x = 1\n")
+    cached = str(tmp_path / "serving.pyc")
+    assert serving_script(str(source), cached) == str(source)  # not compiled
+    py_compile.compile(str(source), cfile=cached)
+    assert serving_script(str(source), cached) == cached
+    # An edit (another size, another time) makes the compiled file stale.
+    source.write_text("x = 22\n")
+    os.utime(source, (1e9, 1e9))
+    assert serving_script(str(source), cached) == str(source)
+    # A hash-based compiled file is not checked here: the source is run.
+    py_compile.compile(
+        str(source), cfile=cached, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
+    )
+    assert serving_script(str(source), cached) == str(source)
+    # The daemon's own: whichever it picks, the serving process starts from it.
+    assert serving_script().endswith((".py", ".pyc"))
