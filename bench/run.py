@@ -1106,7 +1106,9 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
         service = Service(lambda: config, make_collector=make)
         parts = {"analyze": 0.0, "render": 0.0}
         _time_calls(service.analyzer, "analyze", parts, "analyze")
-        _time_calls(service.cache, "update", parts, "render")
+        # With no server the service renders as each cycle ends (both documents).
+        _time_calls(service.cache, "render_latest", parts, "render")
+        _time_calls(service.alerts_cache, "render_latest", parts, "render")
         totals: list[float] = []
         for i in range(cycles + 1):
             node.advance_to(float(i))
