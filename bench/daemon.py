@@ -98,6 +98,37 @@ def node_sources(mirror: MirroredNvml, inputs: SourceInputs) -> list[Source]:
     ]
 
 
+class PartClocks:
+    """CPU time per part of the daemon, on the clock of the thread that runs it (a source's
+    collect on the collector's worker, a render on the render thread): every source, the
+    analysis, each document's render, the self-measurement. ``log`` holds the running totals
+    at each cycle's end, so the benchmark can take them over any window of cycles."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.totals: dict[str, float] = {}
+        self.log: list[list[float]] = []
+
+    def wrap(self, owner: Any, method: str, part: str) -> None:
+        """Time ``owner.method`` as ``part`` (an attribute of that one object: the code under
+        test is unchanged)."""
+        inner = getattr(owner, method)
+        self.names.append(part)
+        self.totals[part] = 0.0
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.totals[part] += time.thread_time() - started
+
+        setattr(owner, method, timed)
+
+    def end_cycle(self) -> None:
+        self.log.append([self.totals[name] for name in self.names])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path)
@@ -120,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     service = Service(
         lambda: config, make_collector=lambda cfg: Collector.from_config(cfg, sources, inputs)
     )
+    clocks = PartClocks()
+    for source in sources:
+        clocks.wrap(source, "collect", f"source {source.name}")
+    clocks.wrap(service.analyzer, "analyze", "analysis")
+    clocks.wrap(service.cache, "render_latest", "render /metrics")
+    clocks.wrap(service.alerts_cache, "render_latest", "render alerts document")
+    clocks.wrap(service.process_meter, "measure", "self-measurement")
     ends: list[float] = []
     cpu: list[float] = []
     run_cycle = service.run_cycle
@@ -139,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         run_cycle()
         cpu.append(time.thread_time() - started)
         ends.append(time.monotonic())
+        clocks.end_cycle()
         if recorder is not None:
             recorder.end()
             if recorder.done:
@@ -157,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             "nvml_refresh_cpu_seconds": mirror.refresh_cpu_seconds,
             "nvml_refreshes": mirror.refreshes,
             "sources": [s.name for s in sources],
+            "parts": clocks.names,
+            "parts_cpu_cumulative": clocks.log,
         }
         args.stats.write_text(json.dumps(stats))
     return status

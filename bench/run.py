@@ -935,6 +935,25 @@ def _add_cycle_stats(window: dict[str, Any], stats: dict[str, Any], name: str) -
         "max": round(max(inside) * 1000, 2) if inside else None,
     }
     ns["sources"] = stats["sources"]
+    ns["parts_ms_per_cycle"] = _parts_in_window(window, stats)
+
+
+def _parts_in_window(window: dict[str, Any], stats: dict[str, Any]) -> dict[str, float]:
+    """CPU per cycle of each part the daemon timed (``bench/daemon.py`` ``PartClocks``) over
+    the cycles that ended inside ``window``: its running totals at the last of them less
+    those at the cycle before the first."""
+    names, log = stats.get("parts"), stats.get("parts_cpu_cumulative")
+    if not names or not log:
+        return {}
+    ends = stats["cycle_end_monotonic"]
+    inside = [i for i, e in enumerate(ends) if window["start"] <= e <= window["end"]]
+    if not inside:
+        return {}
+    last = log[inside[-1]]
+    before = log[inside[0] - 1] if inside[0] > 0 else [0.0] * len(names)
+    return {
+        name: round((last[k] - before[k]) / len(inside) * 1000, 3) for k, name in enumerate(names)
+    }
 
 
 def _add_floor_stats(window: dict[str, Any], stats: dict[str, Any]) -> None:
@@ -1444,6 +1463,42 @@ def _side_by_side(
     return [*lines, ""]
 
 
+def _parts_table(ov: dict[str, Any]) -> list[str]:
+    """nodescope's CPU per cycle by part, on its threads' clocks, in each scrape-interval
+    window: where the time goes, from the measured daemon itself."""
+    windows = [ov["overhead"], *ov.get("slower_scrapes", [])]
+    columns = [w for w in windows if w.get("nodescope", {}).get("parts_ms_per_cycle")]
+    if not columns:
+        return []
+    names = list(columns[0]["nodescope"]["parts_ms_per_cycle"])
+    heads = [f"one scrape every {w.get('scrape_every_seconds', 1):g} s" for w in columns]
+    lines = [
+        "### nodescope's CPU per cycle by part (thread CPU clocks, ms)",
+        "",
+        "| part | " + " | ".join(heads) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for name in names:
+        cells = [str(w["nodescope"]["parts_ms_per_cycle"].get(name, "–")) for w in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    totals = [
+        (w["nodescope"]["cpu_ms_per_cycle"], sum(w["nodescope"]["parts_ms_per_cycle"].values()))
+        for w in columns
+    ]
+    lines.append(
+        "| the rest (loop, publish, collector, threads' start-up, serving process) | "
+        + " | ".join(f"{round(total - parts, 2)}" for total, parts in totals)
+        + " |"
+    )
+    lines += [
+        "",
+        "`source nvml` includes the NVML mirror's refresh (simulation plumbing, taken out of "
+        "the CPU figures above).",
+        "",
+    ]
+    return lines
+
+
 def _intervals_and_floor(ov: dict[str, Any]) -> list[str]:
     """CPU per cycle in each scrape-interval window: nodescope's, node_exporter's per scrape,
     the floor's, and nodescope's ratio to each; then what the floor reads per cycle."""
@@ -1585,6 +1640,7 @@ def report(results: dict[str, Any]) -> str:
             "",
         ]
         lines += _intervals_and_floor(ov)
+        lines += _parts_table(ov)
         if "baseline" in w:
             lines += _side_by_side(ov["baseline"], ns, w["baseline"], lat, ov.get("slower_scrapes"))
     pr = results.get("profile")

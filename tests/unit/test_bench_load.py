@@ -158,3 +158,32 @@ def test_the_profile_is_summed_by_part_with_blocked_threads_apart() -> None:
     assert parts["render"] == round(2 / 21 * 100, 1)
     assert parts["waiting"] == round(9 / 21 * 100, 1)
     assert parts["other"] == round(1 / 21 * 100, 1)
+
+
+def test_cpu_by_part_is_taken_over_the_cycles_of_each_window() -> None:
+    stats = {
+        "cycle_end_monotonic": [1.0, 2.0, 3.0, 4.0, 5.0],
+        "parts": ["source nvml", "analysis"],
+        # running totals (seconds) at each cycle's end
+        "parts_cpu_cumulative": [
+            [0.001, 0.002],
+            [0.002, 0.004],
+            [0.004, 0.007],
+            [0.006, 0.010],
+            [0.008, 0.013],
+        ],
+    }
+    # Cycles 3 and 4 end inside: totals at cycle 4 less those at cycle 2, over 2 cycles.
+    parts = bench._parts_in_window({"start": 2.5, "end": 4.5}, stats)
+    assert parts == {"source nvml": 2.0, "analysis": 3.0}
+    # From the first cycle on, against zero.
+    assert bench._parts_in_window({"start": 0.0, "end": 1.5}, stats) == {
+        "source nvml": 1.0,
+        "analysis": 2.0,
+    }
+    assert bench._parts_in_window({"start": 9.0, "end": 10.0}, stats) == {}
+    window = {"scrape_every_seconds": 1, "nodescope": {"cpu_ms_per_cycle": 6.5}}
+    window["nodescope"]["parts_ms_per_cycle"] = parts
+    table = "\n".join(bench._parts_table({"overhead": window}))
+    assert "| source nvml | 2.0 |" in table and "| analysis | 3.0 |" in table
+    assert "| 1.5 |" in table  # the rest: 6.5 - 5.0
