@@ -161,14 +161,8 @@ class Publisher:
         """Tell the serving process that the documents of ``generation`` exist but are not
         rendered; False when the channel is full or closed."""
         self._collect_releases()
-        try:
-            self.control.send(serving.OUTDATED.pack(generation), socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            self.closed = True
-            return False
-        return True
+        message = serving.OUTDATED.pack(generation)
+        return self._deliver(lambda: self.control.send(message, socket.MSG_DONTWAIT))
 
     def send(self, metrics: bytes | None, alerts: bytes | None, generation: int = 0) -> bool:
         """Hand the documents (of ``generation``) over; False when the channel is full (the
@@ -214,8 +208,15 @@ class Publisher:
             serving.NOT_READY if alerts is None else len(alerts),
             generation,
         )
+        return self._deliver(
+            lambda: socket.send_fds(self.control, [header], [fd], socket.MSG_DONTWAIT)
+        )
+
+    def _deliver(self, send: Callable[[], object]) -> bool:
+        """One packet on the channel without waiting: False when it is full (the serving
+        process is not reading) or closed (it exited: noted)."""
         try:
-            socket.send_fds(self.control, [header], [fd], socket.MSG_DONTWAIT)
+            send()
         except BlockingIOError:
             return False
         except OSError:

@@ -309,19 +309,27 @@ def test_a_reload_that_moves_the_listen_address_serves_there_at_once(tmp_path: P
         service.shutdown()
 
 
-def test_a_cycle_is_rendered_when_a_scrape_asks_and_each_cycle_while_scrapes_come(
-    tmp_path: Path,
-) -> None:
+def service_without_sources(tmp_path: Path, tick_seconds: float) -> tuple[Service, int]:
+    """A service with no sources on a free loopback port, its tick ``tick_seconds``."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     (tmp_path / "run").mkdir()
-    config = Config(listen=f"127.0.0.1:{port}", roots=Roots.under(tmp_path), tick_seconds=0.5)
+    config = Config(
+        listen=f"127.0.0.1:{port}", roots=Roots.under(tmp_path), tick_seconds=tick_seconds
+    )
     service = Service(
         lambda: config,
         notifier=Notifier(address=""),
         make_collector=lambda cfg: Collector.from_config(cfg, []),
     )
+    return service, port
+
+
+def test_a_cycle_is_rendered_when_a_scrape_asks_and_each_cycle_while_scrapes_come(
+    tmp_path: Path,
+) -> None:
+    service, port = service_without_sources(tmp_path, 0.5)
     rendered: list[int] = []
 
     def counting(snap: Snapshot) -> list[object]:
@@ -363,16 +371,7 @@ def test_a_cycle_is_rendered_when_a_scrape_asks_and_each_cycle_while_scrapes_com
 
 
 def test_a_render_that_fails_leaves_the_last_documents_after_the_wait(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (tmp_path / "run").mkdir()
-    config = Config(listen=f"127.0.0.1:{port}", roots=Roots.under(tmp_path), tick_seconds=0.2)
-    service = Service(
-        lambda: config,
-        notifier=Notifier(address=""),
-        make_collector=lambda cfg: Collector.from_config(cfg, []),
-    )
+    service, port = service_without_sources(tmp_path, 0.2)
     service.start_server()
     url = f"http://127.0.0.1:{port}/metrics"
     try:
