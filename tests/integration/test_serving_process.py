@@ -13,6 +13,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,10 +61,12 @@ def the_serving_process(daemon: Daemon) -> int:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Daemon:
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
     cfg = tmp_path / "nodescope.toml"
     cfg.write_text(CONFIG)
-    return Daemon(tmp_path, ["--config", str(cfg)])
+    started = Daemon(tmp_path, ["--config", str(cfg)])
+    yield started
+    started.stop()  # again for a test that did; for one that failed, its only stop
 
 
 def test_a_killed_serving_process_is_replaced_within_a_cycle_or_two(daemon: Daemon) -> None:
