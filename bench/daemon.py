@@ -3,7 +3,8 @@ node that runs in another process (``python -m nodescope.sim.run_node``).
 
 Everything but NVML is the daemon a node runs: the configuration's defaults (1 s tick, every
 source at its default interval), the Collector, the analysis step, the exposition rendered
-once per cycle and the HTTP server (a serving process the daemon starts, which the
+as the daemon renders it (each cycle while scrapes come every cycle, else when one asks) and
+the HTTP server (a serving process the daemon starts, which the
 benchmark measures with it). The sources are the simulated node's, those of
 :meth:`nodescope.sim.node.SimulatedNode.sources` (the registry's tree sources reading
 ``ROOT/sys``, ``ROOT/proc``, ``ROOT/sys/fs/cgroup``, ``ROOT/dev``, ``ROOT/run``; no netlink
@@ -35,6 +36,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,22 @@ def node_sources(mirror: MirroredNvml, inputs: SourceInputs) -> list[Source]:
     ]
 
 
+def time_calls(owner: Any, method: str, totals: dict[str, float], key: str) -> None:
+    """Add the CPU time of each call of ``owner.method``, on the clock of the thread that
+    makes it, to ``totals[key]``: an attribute of that one object, so the code under test is
+    unchanged."""
+    inner: Callable[..., Any] = getattr(owner, method)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[key] += time.thread_time() - started
+
+    setattr(owner, method, timed)
+
+
 class PartClocks:
     """CPU time per part of the daemon, on the clock of the thread that runs it (a source's
     collect on the collector's worker, a render on the render thread): every source, the
@@ -110,20 +128,11 @@ class PartClocks:
         self.log: list[list[float]] = []
 
     def wrap(self, owner: Any, method: str, part: str) -> None:
-        """Time ``owner.method`` as ``part`` (an attribute of that one object: the code under
-        test is unchanged)."""
-        inner = getattr(owner, method)
-        self.names.append(part)
-        self.totals[part] = 0.0
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.thread_time()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.totals[part] += time.thread_time() - started
-
-        setattr(owner, method, timed)
+        """Time ``owner.method`` as ``part`` (several methods may share one part)."""
+        if part not in self.totals:
+            self.names.append(part)
+            self.totals[part] = 0.0
+        time_calls(owner, method, self.totals, part)
 
     def end_cycle(self) -> None:
         self.log.append([self.totals[name] for name in self.names])

@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1089,6 +1089,8 @@ def summarise_profile(text: str) -> dict[str, Any]:
 
 def scale_point(path: str, cycles: int) -> dict[str, Any]:
     """The daemon's cycle on one variant, in simulated time; run in a process of its own."""
+    from daemon import time_calls  # bench/daemon.py, beside this script: its timer
+
     from nodescope.config import Config
     from nodescope.service import Service
     from nodescope.sim.node import SimulatedNode, make_temp_root
@@ -1108,7 +1110,7 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
         sources = node.sources(slow_every=None, inputs=inputs)
         per_source: dict[str, float] = dict.fromkeys((s.name for s in sources), 0.0)
         for source in sources:
-            _time_calls(source, "collect", per_source, source.name)
+            time_calls(source, "collect", per_source, source.name)
 
         def make(cfg: Config) -> Any:
             from nodescope.collect import Collector
@@ -1124,10 +1126,10 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
 
         service = Service(lambda: config, make_collector=make)
         parts = {"analyze": 0.0, "render": 0.0}
-        _time_calls(service.analyzer, "analyze", parts, "analyze")
+        time_calls(service.analyzer, "analyze", parts, "analyze")
         # With no server the service renders as each cycle ends (both documents).
-        _time_calls(service.cache, "render_latest", parts, "render")
-        _time_calls(service.alerts_cache, "render_latest", parts, "render")
+        time_calls(service.cache, "render_latest", parts, "render")
+        time_calls(service.alerts_cache, "render_latest", parts, "render")
         totals: list[float] = []
         for i in range(cycles + 1):
             node.advance_to(float(i))
@@ -1177,19 +1179,6 @@ class _SimClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def _time_calls(obj: Any, method: str, totals: dict[str, float], key: str) -> None:
-    original: Callable[..., Any] = getattr(obj, method)
-
-    def timed(*a: Any, **kw: Any) -> Any:
-        started = time.thread_time()
-        try:
-            return original(*a, **kw)
-        finally:
-            totals[key] += time.thread_time() - started
-
-    setattr(obj, method, timed)
 
 
 def phase_scale(args: argparse.Namespace) -> dict[str, Any]:
