@@ -86,10 +86,17 @@ class JsonCache:
         self._subscribers: list[Callable[[], None]] = []
 
     def update(self, document: Any) -> None:
+        self._store(document, None)
+
+    def _store(self, document: Any, made_by: Callable[[], Any] | None) -> None:
+        """Render ``document``; an offer is dropped when the document replaces it (any, for
+        :meth:`update`; the one it was made by, for :meth:`render_latest`, so a newer offer
+        that came meanwhile is still rendered)."""
         body = (json.dumps(document, indent=2) + "\n").encode()
         with self._lock:
             self._body = body
-            self._offered = None
+            if made_by is None or self._offered is made_by:
+                self._offered = None
             subscribers = list(self._subscribers)
         for callback in subscribers:
             callback()
@@ -105,7 +112,7 @@ class JsonCache:
         with self._lock:
             make = self._offered
         if make is not None:
-            self.update(make())
+            self._store(make(), make)
 
     def body(self) -> bytes | None:
         with self._lock:

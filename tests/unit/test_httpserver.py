@@ -418,3 +418,25 @@ def test_the_serving_process_runs_its_compiled_file_only_while_it_matches_the_so
     assert serving_script(str(source), cached) == str(source)
     # The daemon's own: whichever it picks, the serving process starts from it.
     assert serving_script().endswith((".py", ".pyc"))
+
+
+def test_an_offer_made_while_the_last_one_renders_is_rendered_next() -> None:
+    cache = JsonCache()
+
+    def newer() -> object:
+        return {"cycle": 2}
+
+    def older() -> object:
+        cache.offer(newer)  # the next cycle's, offered while this one is made
+        return {"cycle": 1}
+
+    cache.offer(older)
+    cache.render_latest()
+    assert cache.body() == b'{\n  "cycle": 1\n}\n'
+    cache.render_latest()
+    assert cache.body() == b'{\n  "cycle": 2\n}\n'
+    cache.update({"cycle": 3})  # a document set outright replaces any offer
+    cache.offer(newer)
+    cache.update({"cycle": 3})
+    cache.render_latest()
+    assert cache.body() == b'{\n  "cycle": 3\n}\n'
