@@ -140,16 +140,13 @@ def proc_children(pid: int) -> list[int]:
     return children
 
 
-#: The serving process's script on its command line: the source, or its compiled file
-#: (``nodescope.httpserver.serving_script``).
-_SERVING_SCRIPT = re.compile(rb"/serving(\.py|\.cpython-\d+\.pyc)\x00")
-
-
 def serving_process(pid: int) -> int | None:
     """The daemon's serving process (nodescope.serving), if it has one."""
+    from nodescope.httpserver import SERVING_COMMAND_LINE
+
     for child in proc_children(pid):
         try:
-            if _SERVING_SCRIPT.search(Path(f"/proc/{child}/cmdline").read_bytes()):
+            if SERVING_COMMAND_LINE.search(Path(f"/proc/{child}/cmdline").read_bytes()):
                 return child
         except OSError:
             continue

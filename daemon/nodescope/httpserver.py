@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import select
 import signal
 import socket
@@ -324,6 +325,11 @@ class ServingProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+
+
+#: The serving process's script in a ``/proc/<pid>/cmdline`` (arguments end in NUL): the
+#: source or its compiled file, whichever :func:`serving_script` chose.
+SERVING_COMMAND_LINE = re.compile(rb"/serving(\.py|\.cpython-\d+\.pyc)\x00")
 
 
 def serving_script(source: str | None = None, cached: str | None = None) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from nodescope.httpserver import SERVING_COMMAND_LINE
 from tests.integration.daemon_harness import Daemon, sample_value, wait_for
 
 CONFIG = """
@@ -39,8 +40,7 @@ def serving_children(pid: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        # The script is the source or its compiled file (httpserver.serving_script).
-        if ppid == pid and re.search(rb"/serving(\.py|\.cpython-\d+\.pyc)\x00", cmdline):
+        if ppid == pid and SERVING_COMMAND_LINE.search(cmdline):
             found.append(int(entry))
     return found
 

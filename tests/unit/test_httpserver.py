@@ -399,7 +399,7 @@ def test_the_serving_process_runs_its_compiled_file_only_while_it_matches_the_so
 ) -> None:
     import py_compile
 
-    from nodescope.httpserver import serving_script
+    from nodescope.httpserver import SERVING_COMMAND_LINE, serving_script
 
     source = tmp_path / "serving.py"
     source.write_text("x = 1\n")
@@ -416,8 +416,13 @@ def test_the_serving_process_runs_its_compiled_file_only_while_it_matches_the_so
         str(source), cfile=cached, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
     )
     assert serving_script(str(source), cached) == str(source)
-    # The daemon's own: whichever it picks, the serving process starts from it.
+    # The daemon's own: whichever it picks, the serving process starts from it, and its
+    # command line is known by either form (the benchmark and the tests find it so).
     assert serving_script().endswith((".py", ".pyc"))
+    for script in (str(source), "/x/__pycache__/serving.cpython-311.pyc"):
+        cmdline = f"/usr/bin/python3\0-I\0-S\0{script}\0--listen-fd\0003\0".encode()
+        assert SERVING_COMMAND_LINE.search(cmdline)
+    assert not SERVING_COMMAND_LINE.search(b"python3\0/x/observing.py\0")
 
 
 def test_an_offer_made_while_the_last_one_renders_is_rendered_next() -> None:
