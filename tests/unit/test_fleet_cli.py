@@ -225,6 +225,19 @@ def _metrics(url: str) -> str:
         return str(response.read().decode())
 
 
+def _first_metrics(url: str, within: float = 30.0) -> str:
+    """A node's first exposition. It listens (and the fleet shows its URL) before its first
+    cycle completes; until then /metrics rightly answers 503, which a scraper retries."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return _metrics(url)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_the_nodes_serve_on_consecutive_ports_and_a_signal_stops_every_one(
@@ -251,7 +264,7 @@ def test_the_nodes_serve_on_consecutive_ports_and_a_signal_stops_every_one(
         {"targets": [f"127.0.0.1:{port + 1}"], "labels": {"instance": "node02"}},
     ]
     for url in urls:
-        assert "nodescope_source_up" in _metrics(url)
+        assert "nodescope_source_up" in _first_metrics(url)
     children = orchestrator.children()
     assert len(children) == 2
     for name, pid in zip(("node01", "node02"), children, strict=True):
