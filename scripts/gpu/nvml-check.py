@@ -13,10 +13,14 @@ once each per GPU (per link, the answers of all links are summed up in one row).
 says ``ok`` and the first answer, ``NOT_SUPPORTED`` (the source stops asking), another NVML
 error by its nvml.h name, or ``MISSING`` where the pynvml binding has no such function.
 GPM is sampled twice, ``--gpm-wait`` seconds apart, so its metrics cover a real window.
+``--cost N`` also times each call that answered: the median of N calls in microseconds (fewer
+when N of them would take over :data:`COST_SECONDS`), except calls that change NVML's state
+or wait (init, shutdown, event sets, GPM samples), which are asked once.
 
 ``--source`` runs the source instead: two collects a second apart, the Xid thread for two
 seconds, then each pynvml call's count, latency and first answer, the per-GPU record, rates
-and NV# link counts. Either way a watchdog stops the script after two minutes.
+and NV# link counts. Either way a watchdog stops the script after two minutes (eight with
+``--cost``).
 
 Exit status: 0 when NVML initialised (whatever the calls answered), 2 when it did not (no
 driver, no ``libnvidia-ml.so.1``).
@@ -29,6 +33,7 @@ import collections
 import ctypes
 import json
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -49,6 +54,22 @@ from nodescope.roots import Roots  # noqa: E402
 from nodescope.sources import nvml as nv  # noqa: E402
 
 WATCHDOG_SECONDS = 110
+#: ``--cost``: the most time the repeats of one call may take.
+COST_SECONDS = 0.5
+#: Calls asked once whatever ``--cost`` says: they change what NVML holds, or wait.
+ONCE = frozenset(
+    {
+        "nvmlInit",
+        "nvmlShutdown",
+        "nvmlEventSetCreate",
+        "nvmlEventSetFree",
+        "nvmlEventSetWait",
+        "nvmlDeviceRegisterEvents",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleFree",
+        "nvmlGpmSampleGet",
+    }
+)
 EXIT_OK = 0
 EXIT_NO_NVML = 2
 
@@ -81,6 +102,9 @@ class Outcome:
 
     status: str
     value: str | None = None
+    #: ``--cost``: the median time of one call, and how many calls it is the median of
+    micros: float | None = None
+    timed: int = 0
 
 
 @dataclass
@@ -136,20 +160,27 @@ class _Links:
     def __init__(self) -> None:
         self.by_status: dict[str, list[int]] = collections.defaultdict(list)
         self.first: dict[str, str | None] = {}
+        self.micros: list[float] = []
+        self.timed = 0
 
     def add(self, link: int, outcome: Outcome) -> None:
         self.by_status[outcome.status].append(link)
         self.first.setdefault(outcome.status, outcome.value)
+        if outcome.micros is not None:
+            self.micros.append(outcome.micros)
+            self.timed += outcome.timed
 
     def outcome(self) -> Outcome:
+        # The cost of one call on one link: the median of the links' medians.
+        micros = statistics.median(self.micros) if self.micros else None
         if len(self.by_status) == 1:
             ((status, links),) = self.by_status.items()
             first = self.first[status]
             value = f"{len(links)} links" + (f", link {links[0]}: {first}" if first else "")
-            return Outcome(status, value)
+            return Outcome(status, value, micros, self.timed)
         parts = [f"{status} on links {_ranges(links)}" for status, links in self.by_status.items()]
         worst = next(s for s in self.by_status if s != OK)
-        return Outcome(worst, "; ".join(parts))
+        return Outcome(worst, "; ".join(parts), micros, self.timed)
 
 
 def _ranges(numbers: Iterable[int]) -> str:
@@ -173,10 +204,14 @@ def _short(value: Any) -> str:
 class Checker:
     """Asks one NVML (pynvml, or an object with its surface) every call of the source."""
 
-    def __init__(self, nvml: Any, *, gpm_wait: float = 1.0, event_wait_ms: int = 100) -> None:
+    def __init__(
+        self, nvml: Any, *, gpm_wait: float = 1.0, event_wait_ms: int = 100, repeat: int = 1
+    ) -> None:
         self.nvml = nvml
         self.gpm_wait = gpm_wait
         self.event_wait_ms = event_wait_ms
+        #: ``--cost``: calls per timed call (1: each call asked once, untimed)
+        self.repeat = repeat
         self.errors = error_names()
 
     # ---- one call ----------------------------------------------------------------------
@@ -207,7 +242,9 @@ class Checker:
         if fn is None:
             return Outcome(MISSING), None
         try:
+            start = time.perf_counter_ns()
             answer = fn(*args)
+            took = time.perf_counter_ns() - start
         except pynvml.NVMLError as exc:
             return Outcome(self.status_of(exc)), None
         except Exception as exc:  # a check goes on and names what broke
@@ -216,7 +253,27 @@ class Checker:
             text = None if answer is None else show(answer)
         except Exception as exc:  # an answer of an unexpected shape
             text = f"unreadable answer ({type(exc).__name__}: {exc})"[:80]
-        return Outcome(OK, text), answer
+        outcome = Outcome(OK, text)
+        if self.repeat > 1 and function not in ONCE:
+            outcome.micros, outcome.timed = self.cost(fn, args, took)
+        return outcome, answer
+
+    def cost(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], first_ns: int
+    ) -> tuple[float, int]:
+        """The median time of ``fn(*args)`` in microseconds over up to :attr:`repeat` calls
+        (the first one's ``first_ns`` included), and how many calls that is: the repeats
+        stop after :data:`COST_SECONDS`, or at the first call that fails."""
+        samples = [first_ns]
+        budget = time.perf_counter_ns() + int(COST_SECONDS * 1e9)
+        while len(samples) < self.repeat and time.perf_counter_ns() < budget:
+            start = time.perf_counter_ns()
+            try:
+                fn(*args)
+            except Exception:  # it answered once; a later failure ends the timing only
+                break
+            samples.append(time.perf_counter_ns() - start)
+        return statistics.median(samples) / 1e3, len(samples)
 
     # ---- the whole node ------------------------------------------------------------------
 
@@ -670,10 +727,12 @@ def _fabric_text(info: Any, *, mask: bool) -> str:
     return text
 
 
-def check(nvml: Any = pynvml, *, gpm_wait: float = 1.0, event_wait_ms: int = 100) -> Report:
+def check(
+    nvml: Any = pynvml, *, gpm_wait: float = 1.0, event_wait_ms: int = 100, repeat: int = 1
+) -> Report:
     """Every call of the source on every GPU of ``nvml`` (pynvml, or a fake with its
-    surface); NVML is initialised and shut down again."""
-    return Checker(nvml, gpm_wait=gpm_wait, event_wait_ms=event_wait_ms).run()
+    surface); NVML is initialised and shut down again. ``repeat`` > 1 times each call."""
+    return Checker(nvml, gpm_wait=gpm_wait, event_wait_ms=event_wait_ms, repeat=repeat).run()
 
 
 # ---- output -------------------------------------------------------------------------------
@@ -703,9 +762,10 @@ def format_report(report: Report) -> str:
 
 
 def _cell(outcome: Outcome) -> str:
+    cost = "" if outcome.micros is None else f" {outcome.micros:.1f} µs"
     if outcome.status == OK:
-        return f"ok ({outcome.value})" if outcome.value else "ok"
-    return outcome.status + (f" ({outcome.value})" if outcome.value else "")
+        return (f"ok ({outcome.value})" if outcome.value else "ok") + cost
+    return outcome.status + (f" ({outcome.value})" if outcome.value else "") + cost
 
 
 def _row(key: str, gpus: Sequence[GpuReport]) -> str:
@@ -851,13 +911,13 @@ def fmt(rate: float | None) -> str:
     return "n/a" if rate is None else f"{rate / 1e9:.3f} GB/s"
 
 
-def watchdog() -> None:
+def watchdog(seconds: int = WATCHDOG_SECONDS) -> None:
     def expire(_signum: int, _frame: Any) -> None:
-        print(f"nvml-check: stopped after {WATCHDOG_SECONDS} s", file=sys.stderr)
+        print(f"nvml-check: stopped after {seconds} s", file=sys.stderr)
         sys.exit(EXIT_NO_NVML)
 
     signal.signal(signal.SIGALRM, expire)
-    signal.alarm(WATCHDOG_SECONDS)
+    signal.alarm(seconds)
 
 
 def main(argv: Sequence[str] | None = None, target: Any = pynvml) -> int:
@@ -872,12 +932,22 @@ def main(argv: Sequence[str] | None = None, target: Any = pynvml) -> int:
     parser.add_argument(
         "--source", action="store_true", help="run the nvml source instead, every call traced"
     )
+    parser.add_argument(
+        "--cost",
+        type=int,
+        default=1,
+        metavar="N",
+        help="time each call that answered: the median of N calls, in microseconds",
+    )
     args = parser.parse_args(argv)
-    watchdog()
+    if args.cost < 1:
+        parser.error("--cost takes a count of 1 or more")
+    # Timed calls take longer: each may repeat for COST_SECONDS (most take microseconds).
+    watchdog(WATCHDOG_SECONDS if args.cost == 1 else 4 * WATCHDOG_SECONDS)
     try:
         if args.source:
             return run_source(target)
-        report = check(target, gpm_wait=args.gpm_wait)
+        report = check(target, gpm_wait=args.gpm_wait, repeat=args.cost)
     finally:
         signal.alarm(0)  # a caller that goes on (a test) must not be stopped later
     if args.json:

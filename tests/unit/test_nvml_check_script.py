@@ -111,7 +111,36 @@ def test_the_table_is_per_gpu_model(script: ModuleType) -> None:
     assert document["gpus"][0]["calls"]["nvmlDeviceGetPowerUsage"] == {
         "status": "ok",
         "value": "72000 mW",
+        "micros": None,  # untimed without --cost
+        "timed": 0,
     }
+
+
+def test_cost_times_each_call_that_answered_and_leaves_nvml_as_found(
+    script: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = fake_node()
+    report = script.check(node, gpm_wait=0.01, event_wait_ms=20, repeat=7)
+    gpu0 = report.gpus[0]
+    util = gpu0.calls["nvmlDeviceGetUtilizationRates"]
+    assert util.status == "ok" and util.timed == 7 and 0 < util.micros < 1e5
+    # Asked of GPUs 0-2 seven times each (the lost GPU 3 gives no handle to ask with).
+    assert node.calls["nvmlDeviceGetUtilizationRates"] == 3 * 7
+    # A refused call is not timed; calls that change NVML's state are asked once.
+    assert gpu0.calls["nvmlDeviceGetRetiredPagesPendingStatus"].micros is None
+    assert report.library["nvmlInit"].micros is None
+    assert node.calls["nvmlInit"] == node.calls["nvmlShutdown"] == 1
+    assert node.calls["nvmlGpmSampleFree"] == node.calls["nvmlGpmSampleAlloc"]
+    assert node.registered_event_sets() == 0
+    # A per-link call: the median over the links, each link timed.
+    errors = gpu0.calls["nvmlDeviceGetNvLinkErrorCounter:replay"]
+    assert errors.micros is not None and errors.timed == 18 * 7
+    assert f"{util.micros:.1f} µs" in script.format_report(report)
+
+    # Repeats stop once a call has used its time: a slow NVML is timed on fewer calls.
+    monkeypatch.setattr(script, "COST_SECONDS", 0.0)
+    quick = script.check(fake_node(), gpm_wait=0.01, event_wait_ms=20, repeat=100)
+    assert quick.gpus[0].calls["nvmlDeviceGetUtilizationRates"].timed == 1
 
 
 def test_exit_status_says_whether_nvml_initialised(
