@@ -10,6 +10,7 @@
 # prints per GPU: link, capacity, H2D and D2H peak with their fraction of the capacity (a
 # healthy Gen4/Gen5 x16 link reaches about 0.8), the pair matrix with asymmetry, and the
 # all-reduce busbw. Exit status: the full run's (0 passed, 1 a [probe] threshold failed).
+# QUICK_JSON=FILE keeps the quick run's report there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
@@ -80,6 +81,7 @@ q1=$(date +%s%N)
 echo "   exit $rc after $(( (q1 - q0) / 1000000 )) ms (target: 15 s on 8 GPUs, torch import included)"
 cat "$tmp/quick.err" >&2
 [ -s "$tmp/quick.json" ] && show "$tmp/quick.json"
+if [ -n "${QUICK_JSON:-}" ] && [ -s "$tmp/quick.json" ]; then cp "$tmp/quick.json" "$QUICK_JSON"; fi
 
 left=$(( BUDGET - ($(date +%s) - start) ))
 if [ "$left" -lt 20 ]; then
