@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.unit.test_fake_nvml import real_nvml_missing
 
 SCRIPT = REPO / "scripts" / "gpu" / "device-check.sh"
 EXPECTED = {
@@ -27,17 +28,6 @@ EXPECTED = {
     "probe.json",
     "probe-check.txt",
 }
-
-
-def _nvml_present() -> bool:
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
 
 
 @pytest.mark.integration
@@ -64,7 +54,7 @@ def test_the_device_run_leaves_its_eight_files_with_what_each_step_found(tmp_pat
 
     log = (out / "log.txt").read_text()
     nvml = json.loads((out / "nvml-check.json").read_text())
-    if _nvml_present():
+    if not real_nvml_missing():
         assert nvml["initialised"] is True
         assert "== nvml-check: exit 0 " in log
     else:  # each NVML step ran and said NVML is not there; the run as a whole did not pass
