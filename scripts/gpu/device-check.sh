@@ -6,8 +6,8 @@
 #
 # Runs from the tree itself with that machine's Python (python3; PYTHON picks another), after
 # installing the wheels in .whl/ (WHEELS: another directory), if any, into a directory of its
-# own. Each step has its own
-# time limit and the next runs whatever it found; $OUT gets eight files:
+# own. Each step has its own time limit and the next runs whatever it found; $OUT gets eight
+# files:
 #
 #   log.txt          what every step printed: the machine (nvidia-smi, Python, packages), and
 #                    each step's exit status and wall time
@@ -44,21 +44,16 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
 fi
 export PYTHONPATH="$PWD/daemon:$PWD/exporters${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
-# step NAME LIMIT OUTFILE COMMAND...: run with a time limit, stdout to OUTFILE (or the log),
-# stderr to the log; say how it ended.
+# step NAME LIMIT OUTFILE COMMAND...: run with a time limit, stdout to OUTFILE, stderr to the
+# log; say how it ended.
 step() {
     local name=$1 limit=$2 target=$3
     shift 3
     say "== $name: $*"
     local start end rc
     start=$(date +%s%N)
-    if [ "$target" = - ]; then
-        timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
-        rc=${PIPESTATUS[0]}
-    else
-        timeout "$limit" "$@" >"$target" 2>>"$LOG"
-        rc=$?
-    fi
+    timeout "$limit" "$@" >"$target" 2>>"$LOG"
+    rc=$?
     end=$(date +%s%N)
     say "== $name: exit $rc after $(((end - start) / 1000000)) ms"
     [ "$rc" -eq 0 ] || failed=1
