@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
@@ -20,6 +20,10 @@ def plain(value: Any) -> Any:
         return value if math.isfinite(value) else None
     if isinstance(value, enum.Enum):
         return plain(value.value) if not isinstance(value.value, int) else value.name.lower()
+    if isinstance(value, Sequence) and not isinstance(value, tuple | list | bytes):
+        # A sequence of its own kind, e.g. records held as columns (one tuple per field),
+        # is written as the items it gives, even when it is a dataclass too.
+        return [plain(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple) and hasattr(value, "_fields"):

@@ -13,9 +13,10 @@ Parts:
 * :func:`parse_snapshot` — pure: the bytes of one snapshot (a ``read()`` of the device, a
   captured file, the simulated node's file) to typed records. Steps by the sizes in the header,
   so tails added by newer modules are skipped. Bad input raises :class:`ParseError` only.
-  Records are unpacked with a :class:`struct.Struct` whose format is derived from cffi's
-  layout of the structs (a daemon reads 144 of them every second; cffi field access per
-  value costs ten times as much).
+  The header is unpacked with a :class:`struct.Struct` whose format is derived from cffi's
+  layout of the structs; the records are taken as columns (:class:`NvlcRecords`), each a
+  strided slice of the bytes at the offsets cffi gives (a daemon reads 144 records every
+  second; cffi field access per value costs ten times as much).
 * :func:`encode_snapshot` / :func:`write_snapshot` — the same ABI written out (the simulated
   node's snapshot file; atomic rename).
 * :class:`Device` — the character device: ``GET_VERSION``, a fresh snapshot with ``pread`` at
@@ -29,15 +30,14 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import operator
 import os
 import stat
 import struct
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from nodescope._nvlink_counter_cffi import ffi
 from nodescope.errors import ParseError
@@ -53,6 +53,7 @@ from nodescope.model.nvlink_kmod import COUNTER_NAMES as COUNTER_NAMES
 from nodescope.model.nvlink_kmod import SOURCE_NAMES as SOURCE_NAMES
 from nodescope.model.nvlink_kmod import NvlcHeader as NvlcHeader
 from nodescope.model.nvlink_kmod import NvlcRecord as NvlcRecord
+from nodescope.model.nvlink_kmod import NvlcRecords as NvlcRecords
 from nodescope.model.nvlink_kmod import NvlcSnapshot as NvlcSnapshot
 
 _IOC_NRBITS, _IOC_TYPEBITS, _IOC_SIZEBITS = 8, 8, 14
@@ -145,9 +146,6 @@ def _check_record_values() -> None:
 _check_record_values()
 
 
-_set_class = object.__setattr__
-
-
 class _Codec:
     """One struct of the header as a :class:`struct.Struct` and the dataclass it becomes.
 
@@ -164,6 +162,8 @@ class _Codec:
         parts: list[str] = []
         #: (field name, number of values: 0 for a scalar), in C order, reserved ones left out.
         layout: list[tuple[str, int]] = []
+        #: (offset in the struct, size) of each unpacked value, in the format's order.
+        self.values: list[tuple[int, int]] = []
         position = 0
         for field_name, f in ffi.typeof(f"struct {name}").fields:
             if f.offset > position:
@@ -174,10 +174,12 @@ class _Codec:
                 parts.append(f"{size}x")
                 continue
             item = f.type.item if f.type.kind == "array" else f.type
-            code = {4: "I", 8: "Q"}[ffi.sizeof(item)]
+            item_size = ffi.sizeof(item)
+            code = {4: "I", 8: "Q"}[item_size]
             count = f.type.length if f.type.kind == "array" else 0
             parts.append(f"{count}{code}" if count else code)
             layout.append((field_name, count))
+            self.values += [(f.offset + k * item_size, item_size) for k in range(count or 1)]
         total = ffi.sizeof(f"struct {name}")
         if total > position:
             parts.append(f"{total - position}x")
@@ -190,39 +192,40 @@ class _Codec:
         if set(names) != c_names:
             differ = set(names) ^ c_names
             raise RuntimeError(f"{cls.__name__} fields differ from struct {name}: {differ}")
-        # Where each dataclass field sits in the flat tuple of unpacked values: an index, or a
-        # slice for an array, so one itemgetter call gives the constructor's arguments.
-        items: dict[str, int | slice] = {}
+        #: Where each dataclass field sits in the flat sequence of unpacked values: an index,
+        #: or a slice for an array.
+        self.items: dict[str, int | slice] = {}
         index = 0
         for field_name, count in layout:
-            items[field_name] = slice(index, index + count) if count else index
+            self.items[field_name] = slice(index, index + count) if count else index
             index += count or 1
         self.counts = dict(layout)
         self.order = [n for n, _ in layout]
-        self._args: Callable[[tuple[int, ...]], tuple[Any, ...]] = operator.itemgetter(
-            *(items[n] for n in names)
-        )
-        # A frozen dataclass's __init__ sets each field through object.__setattr__, which is
-        # two thirds of the cost of a parsed record. The records are built as instances of a
-        # plain slotted twin (same fields, same order, so the same memory layout) and then
-        # given their class; CPython refuses the assignment (TypeError) for any layout that
-        # differs, so a drift shows at import, and the result is an ordinary frozen record.
-        self._twin: type[Any] = dataclasses.make_dataclass(
-            f"_{cls.__name__}Builder",
-            [(n, Any) for n in names],
-            slots=True,
-            eq=False,
-            repr=False,
-        )
-        self.make(tuple(range(index)))  # the assignment's layout check, once at import
-
-    def make(self, values: tuple[int, ...]) -> Any:
-        record = self._twin(*self._args(values))
-        _set_class(record, "__class__", self.cls)
-        return record
 
     def unpack_from(self, data: bytes | memoryview, offset: int = 0) -> Any:
-        return self.make(self.struct.unpack_from(data, offset))
+        values = self.struct.unpack_from(data, offset)
+        return self.cls(**{n: values[i] for n, i in self.items.items()})
+
+    def columns(self, data: bytes, start: int, count: int, size: int) -> list[tuple[int, ...]]:
+        """Each value of ``count`` structs of ``size`` bytes from ``start`` (a larger size
+        steps over a newer minor version's tail), as one column per value in the format's
+        order: ``columns[v][i]`` is value ``v`` of struct ``i``.
+
+        Where every struct's values fall on whole 4- and 8-byte words (a size and a start
+        that are multiples of 8, as this ABI's are), a column is one strided slice of the
+        bytes viewed as words, taken in C; otherwise each struct is unpacked and transposed.
+        """
+        if count == 0:
+            return [() for _ in self.values]
+        if start % 8 == 0 and size % 8 == 0:
+            region = memoryview(data)[start : start + count * size]
+            words = {4: region.cast("I"), 8: region.cast("Q")}
+            return [
+                tuple(words[item][offset // item :: size // item].tolist())
+                for offset, item in self.values
+            ]
+        unpack = self.struct.unpack_from
+        return list(zip(*(unpack(data, start + i * size) for i in range(count)), strict=True))
 
     def pack(self, record: Any) -> bytes:
         values: list[int] = []
@@ -277,14 +280,32 @@ def parse_snapshot(data: bytes, source: str = "<snapshot>") -> NvlcSnapshot:
             f"{len(data)} bytes, header says {count} records of "
             f"{size} after {header.header_size}: {need}",
         )
-    make = _RECORD.make
-    records: tuple[NvlcRecord, ...]
-    if size == RECORD_SIZE:
-        view = memoryview(data)[start:need]
-        records = tuple([make(values) for values in _RECORD.struct.iter_unpack(view)])
-    else:  # a newer minor version: step over each record's tail
-        unpack = _RECORD.struct.unpack_from
-        records = tuple([make(unpack(data, start + i * size)) for i in range(count)])
+    columns = _RECORD.columns(data, start, count, size)
+
+    def one(name: str) -> tuple[int, ...]:
+        return columns[cast(int, _RECORD.items[name])]
+
+    def each(name: str) -> tuple[tuple[int, ...], ...]:
+        return tuple(columns[cast(slice, _RECORD.items[name])])
+
+    records = NvlcRecords(
+        device=one("device"),
+        link=one("link"),
+        flags=one("flags"),
+        capacity_bps=one("capacity_bps"),
+        counters=each("counters"),
+        samples=one("samples"),
+        window_samples=one("window_samples"),
+        window_max_delta=each("window_max_delta"),
+        window_max_util=one("window_max_util"),
+        window_max_stall=one("window_max_stall"),
+        window_over_stall=one("window_over_stall"),
+        window_over_util=one("window_over_util"),
+        window_util_hist=each("window_util_hist"),
+        window_stall_hist=each("window_stall_hist"),
+        util_hist=each("util_hist"),
+        stall_hist=each("stall_hist"),
+    )
     return NvlcSnapshot(header, records)
 
 

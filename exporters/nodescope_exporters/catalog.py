@@ -69,6 +69,14 @@ class Family:
                 self.timestamps = {}
             self.timestamps[len(self.values) - 1] = timestamp
 
+    def add_metrics(self, label_values: list[tuple[str, ...]], values: list[float]) -> None:
+        """Many series at once, without timestamps: ``label_values[i]`` (label values in the
+        order of the label names) and ``values[i]`` are one series."""
+        if len(label_values) != len(values):
+            raise ValueError(f"{len(label_values)} label sets for {len(values)} values")
+        self.label_values.extend(label_values)
+        self.values.extend(values)
+
     @property
     def sample_name(self) -> str:
         """The name each series is written under."""

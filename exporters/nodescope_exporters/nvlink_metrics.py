@@ -26,13 +26,17 @@ Only the buckets between 1.6 % and 200 % utilisation and 64 and 16384 cycles/µs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import operator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate
+from typing import TypeVar
 
-from nodescope.model.nvlink_kmod import COUNTER_NAMES, NVLINK_KMOD, UTIL_ONE, NvlcRecord
+from nodescope.model.nvlink_kmod import COUNTER_NAMES, NVLINK_KMOD, UTIL_ONE, NvlcRecords
 from nodescope.model.snapshot import Snapshot
 from nodescope_exporters.catalog import Metric, MetricSpec, metric
 
 AREA = NVLINK_KMOD.name
+T = TypeVar("T")
 _LINK = ("device", "link")
 _DEVICE = ("device",)
 # The bucket bound is "below", not "le": these are counters per bucket, and promtool keeps
@@ -188,55 +192,44 @@ def _le(value: float) -> str:
     return f"{value:.6g}"
 
 
-def _buckets(
-    hist: tuple[int, ...], exported: tuple[int, ...], scale: float
-) -> list[tuple[str, int]]:
-    """Cumulative counts at the exported bounds, then +Inf."""
-    out: list[tuple[str, int]] = []
-    running = 0
-    for b, count in enumerate(hist):
-        running += count
-        if b in exported:
-            out.append((_le((1 << b) / scale), running))
-    out.append(("+Inf", sum(hist)))
-    return out
+def _bounds(exported: tuple[int, ...], scale: float) -> tuple[str, ...]:
+    """The ``below`` label of each exported bucket (its bound, in the figure's unit), then
+    ``+Inf``."""
+    return (*(_le((1 << b) / scale) for b in exported), "+Inf")
+
+
+UTIL_BOUNDS = _bounds(UTIL_BUCKETS, UTIL_ONE)
+STALL_BOUNDS = _bounds(STALL_BUCKETS, 1)
+
+
+def _buckets(hist: Sequence[int], exported: tuple[int, ...]) -> list[int]:
+    """Cumulative counts at the exported buckets, then the count of every bucket (+Inf)."""
+    running = list(accumulate(hist))
+    return [*(running[b] for b in exported), running[-1]]
 
 
 def _per_link(
-    spec: MetricSpec, records: Iterable[NvlcRecord], value: Callable[[NvlcRecord], float | None]
+    spec: MetricSpec, labels: list[tuple[str, str]], values: Sequence[float | None]
 ) -> Iterator[Metric]:
+    """A family of the links whose value is not ``None``, if any."""
     family = spec.family()
-    filled = False
-    for r in records:
-        v = value(r)
-        if v is None:
-            continue
-        family.add_metric([str(r.device), str(r.link)], float(v))
-        filled = True
-    if filled:
+    family.add_metrics(
+        [label for label, v in zip(labels, values, strict=True) if v is not None],
+        [float(v) for v in values if v is not None],
+    )
+    if family.values:
         yield family
 
 
-def _counter_value(i: int) -> Callable[[NvlcRecord], float | None]:
-    def value(r: NvlcRecord) -> float | None:
-        # A counter the register map does not name is absent, not 0.
-        return r.counters[i] if r.has_counter(COUNTER_NAMES[i]) else None
-
-    return value
-
-
-def _by_device(records: Iterable[NvlcRecord]) -> dict[int, list[NvlcRecord]]:
-    groups: dict[int, list[NvlcRecord]] = {}
-    for r in records:
-        groups.setdefault(r.device, []).append(r)
-    return groups
+def _picker(indices: list[int]) -> Callable[[Sequence[T]], tuple[T, ...]]:
+    """A function that picks the items at ``indices`` of a column, in C."""
+    if len(indices) == 1:
+        only = indices[0]
+        return lambda column: (column[only],)
+    return operator.itemgetter(*indices)
 
 
-def _summed_hist(group: list[NvlcRecord], attr: str) -> tuple[int, ...]:
-    return tuple(sum(column) for column in zip(*(getattr(r, attr) for r in group), strict=True))
-
-
-def _device_families(records: Iterable[NvlcRecord]) -> Iterator[Metric]:
+def _device_families(records: NvlcRecords) -> Iterator[Metric]:
     """The per-device sums. A link whose device went away keeps its last counts in the sums
     (the module stops reading it), so a sum never goes down and rate() sees no reset."""
     capacity, links, gone, samples = (
@@ -245,28 +238,36 @@ def _device_families(records: Iterable[NvlcRecord]) -> Iterator[Metric]:
         GONE.family(),
         LINK_SAMPLES.family(),
     )
-    counters = [(i, spec.family()) for i, per_link, spec in COUNTERS if not per_link]
+    counters = [
+        (records.counters[i], records.has_counter(i), spec.family())
+        for i, per_link, spec in COUNTERS
+        if not per_link
+    ]
     hists = (
-        (UTIL_HIST.family(), "util_hist", UTIL_BUCKETS, float(UTIL_ONE)),
-        (STALL_HIST.family(), "stall_hist", STALL_BUCKETS, 1.0),
+        (UTIL_HIST.family(), records.util_hist, UTIL_BUCKETS, UTIL_BOUNDS),
+        (STALL_HIST.family(), records.stall_hist, STALL_BUCKETS, STALL_BOUNDS),
     )
-    for device, group in sorted(_by_device(records).items()):
+    gone_links = records.device_gone
+    groups: dict[int, list[int]] = {}
+    for i, device in enumerate(records.device):
+        groups.setdefault(device, []).append(i)
+    for device, indices in sorted(groups.items()):
         d = str(device)
-        capacity.add_metric([d], float(sum(r.capacity_bps for r in group)))
-        links.add_metric([d], float(len(group)))
-        gone.add_metric([d], 1.0 if any(r.device_gone for r in group) else 0.0)
-        samples.add_metric([d], float(sum(r.samples for r in group)))
-        for i, family in counters:
-            name = COUNTER_NAMES[i]
+        pick = _picker(indices)
+        capacity.add_metric([d], float(sum(pick(records.capacity_bps))))
+        links.add_metric([d], float(len(indices)))
+        gone.add_metric([d], 1.0 if any(pick(gone_links)) else 0.0)
+        samples.add_metric([d], float(sum(pick(records.samples))))
+        for column, has, family in counters:
             # Only the links whose register map names the counter; none: absent, not 0.
-            have = [r.counters[i] for r in group if r.has_counter(name)]
+            have = [v for v, h in zip(pick(column), pick(has), strict=True) if h]
             if have:
                 family.add_metric([d], float(sum(have)))
-        for family, attr, exported, scale in hists:
-            for below, count in _buckets(_summed_hist(group, attr), exported, scale):
-                family.add_metric([d, below], float(count))
+        for family, hist, exported, bounds in hists:
+            counts = _buckets([sum(pick(bucket)) for bucket in hist], exported)
+            family.add_metrics([(d, below) for below in bounds], list(map(float, counts)))
     yield from (capacity, links, gone, samples)
-    yield from (family for _, family in counters if family.samples)
+    yield from (family for _, _, family in counters if family.values)
     yield from (family for family, _, _, _ in hists)
 
 
@@ -296,14 +297,23 @@ def families(snapshot: Snapshot) -> Iterable[Metric]:
     if not records:
         return
     yield from _device_families(records)
+    labels = list(zip(map(str, records.device), map(str, records.link), strict=True))
     for i, per_link, spec in COUNTERS:
         if per_link:
-            yield from _per_link(spec, records, _counter_value(i))
+            values = records.counters[i]
+            # A counter the register map does not name is absent, not 0.
+            has = records.has_counter(i)
+            yield from _per_link(
+                spec, labels, [v if h else None for v, h in zip(values, has, strict=True)]
+            )
+    ws = records.window_samples
     yield from _per_link(
         WINDOW_MAX_UTIL,
-        records,
-        lambda r: r.window_max_util / UTIL_ONE if r.window_samples else None,
+        labels,
+        [u / UTIL_ONE if n else None for u, n in zip(records.window_max_util, ws, strict=True)],
     )
     yield from _per_link(
-        WINDOW_MAX_STALL, records, lambda r: r.window_max_stall if r.window_samples else None
+        WINDOW_MAX_STALL,
+        labels,
+        [s if n else None for s, n in zip(records.window_max_stall, ws, strict=True)],
     )

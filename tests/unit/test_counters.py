@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodescope.model.counters import counter_delta, counter_rate
+from nodescope.model.counters import column_rates, counter_delta, counter_rate
 
 
 def test_plain_increase() -> None:
@@ -56,3 +56,22 @@ def test_wrapped_counter_recovers_the_true_increase(bits: int, start: int, step:
 def test_delta_is_never_negative(prev: int, cur: int, bits: int | None) -> None:
     delta = counter_delta(prev, cur, bits)
     assert delta is None or delta >= 0
+
+
+@given(
+    pairs=st.lists(
+        st.tuples(st.integers(min_value=-5, max_value=2**64 + 5), st.integers(-5, 2**64 + 5)),
+        max_size=20,
+    ),
+    seconds=st.sampled_from([-1.0, 0.0, 0.25, 1.0, 3.0]),
+    bits=st.sampled_from([32, 64, None]),
+)
+def test_a_column_s_rates_are_each_pair_s_counter_rate(
+    pairs: list[tuple[int, int]], seconds: float, bits: int | None
+) -> None:
+    """Wraps, resets, negative readings and a bad interval included: one policy."""
+    before = [a for a, _ in pairs]
+    now = [b for _, b in pairs]
+    assert column_rates(before, now, seconds, bits) == tuple(
+        counter_rate(a, b, seconds, bits) for a, b in pairs
+    )

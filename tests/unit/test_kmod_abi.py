@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodescope import jsonout
 from nodescope import kmod_abi as abi
 from nodescope import kmod_abi_build as build
 from nodescope.collect import Collector
@@ -252,7 +253,8 @@ def test_round_trip(header: NvlcHeader, records: list[NvlcRecord]) -> None:
     assert len(data) == abi.HEADER_SIZE + len(records) * abi.RECORD_SIZE
     snap = abi.parse_snapshot(data, "x")
     assert snap.header == dataclasses.replace(header, record_count=len(records))
-    assert snap.records == tuple(records)
+    assert list(snap.records) == records
+    assert snap.records == abi.NvlcRecords.of(records)
 
 
 @settings(max_examples=50, deadline=None)
@@ -282,25 +284,46 @@ def _raw(header: NvlcHeader, records: list[NvlcRecord]) -> bytearray:
     return bytearray(abi.encode_snapshot(header, records))
 
 
-def test_newer_minor_tails_are_skipped() -> None:
-    """A newer module with 16 more header bytes and 24 more record bytes."""
-    recs = [NvlcRecord(device=1, link=i, counters=(i, 2, 3, 4, 5)) for i in range(3)]
+@pytest.mark.parametrize(
+    ("head_tail", "record_tail"),
+    [
+        # Whole words: every value is a strided slice of the bytes.
+        (16, 24),
+        # Sizes off the 8-byte grid: each record is unpacked on its own.
+        (12, 20),
+        (16, 20),
+    ],
+)
+def test_newer_minor_tails_are_skipped(head_tail: int, record_tail: int) -> None:
+    """A newer module with a longer header and longer records."""
+    recs = [
+        NvlcRecord(
+            device=1,
+            link=i,
+            flags=i * 3,
+            counters=(i, 2, 3, 4, 5),
+            util_hist=tuple(range(i, i + 20)),
+            stall_hist=(2**64 - 1,) * 20,
+        )
+        for i in range(3)
+    ]
     base = abi.encode_snapshot(NvlcHeader(sequence=9), recs)
-    head = bytearray(base[: abi.HEADER_SIZE]) + b"\xaa" * 16
+    head = bytearray(base[: abi.HEADER_SIZE]) + b"\xaa" * head_tail
     head[8:20] = (
-        (abi.HEADER_SIZE + 16).to_bytes(4, "little")
-        + (abi.RECORD_SIZE + 24).to_bytes(4, "little")
+        (abi.HEADER_SIZE + head_tail).to_bytes(4, "little")
+        + (abi.RECORD_SIZE + record_tail).to_bytes(4, "little")
         + (3).to_bytes(4, "little")
     )
     head[4:8] = (abi.ABI_VERSION + 1).to_bytes(4, "little")
     body = b"".join(
         base[abi.HEADER_SIZE + i * abi.RECORD_SIZE : abi.HEADER_SIZE + (i + 1) * abi.RECORD_SIZE]
-        + b"\xbb" * 24
+        + b"\xbb" * record_tail
         for i in range(3)
     )
     snap = abi.parse_snapshot(bytes(head) + body, "newer")
-    assert snap.records == tuple(recs)
-    assert snap.header.sequence == 9 and snap.header.header_size == abi.HEADER_SIZE + 16
+    assert list(snap.records) == recs
+    assert snap.records.util_hist[5] == (5, 6, 7)
+    assert snap.header.sequence == 9 and snap.header.header_size == abi.HEADER_SIZE + head_tail
 
 
 @pytest.mark.parametrize(
@@ -381,7 +404,7 @@ def _snap(ts: float, seq: int, records: list[NvlcRecord], **kw: int) -> NvlcSnap
         record_count=len(records), source=1, sequence=seq, timestamp_ns=int(ts * 1e9),
         period_ns=100_000, **kw,
     )  # fmt: skip
-    return NvlcSnapshot(header, tuple(records))
+    return NvlcSnapshot(header, abi.NvlcRecords.of(records))
 
 
 def test_source_reads_a_snapshot_file_and_reports_absence(tmp_path: Path) -> None:
@@ -426,6 +449,44 @@ def test_rates_use_the_module_timestamps() -> None:
     # A link that was not in the previous snapshot has no rates yet.
     new = src.snapshot_rates(prev, _snap(11.0, 2, [_record(0, 9, 1, 1)]), 1.0)
     assert new.links[0].utilisation is None
+
+
+def test_rates_follow_each_link_when_the_order_or_the_links_change() -> None:
+    """Links are matched by (device, link), not by position: a module reloaded with another
+    map may list them in another order, add some and drop others."""
+    before = [_record(d, n, (d * 10 + n) * GB, n) for d in (0, 1) for n in range(3)]
+    after = [
+        _record(d, n, (d * 10 + n) * GB + GB * (n + 1), n + 4) for d in (0, 1) for n in range(3)
+    ]
+    aligned = src.snapshot_rates(_snap(1.0, 1, before), _snap(2.0, 2, after), 1.0)
+    assert [lr.tx_bytes_per_second for lr in aligned.links] == [GB * (n + 1) for n in range(3)] * 2
+    shuffled = [*reversed(after[1:]), _record(7, 7, 1, 1)]
+    moved = src.snapshot_rates(_snap(1.0, 1, before), _snap(2.0, 2, shuffled), 1.0)
+    by_link = {(lr.device, lr.link): lr for lr in moved.links}
+    for lr in aligned.links[1:]:
+        assert by_link[(lr.device, lr.link)] == lr
+    assert by_link[(7, 7)].tx_bytes_per_second is None
+    assert (0, 0) not in by_link
+
+
+def test_records_as_columns_give_rows_and_refuse_ragged_columns() -> None:
+    recs = [_record(0, n, n * GB, n, window_samples=n) for n in range(4)]
+    recs[3] = dataclasses.replace(recs[3], flags=abi.records.LINK_DEVICE_GONE)
+    records = abi.NvlcRecords.of(recs)
+    assert len(records) == 4 and list(records) == recs
+    assert records[-1] == recs[-1] and records[1:3] == recs[1:3]
+    assert records.counters[0] == tuple(n * GB for n in range(4))
+    assert records.has_counter(0) == (True, True, True, False)
+    assert records.device_gone == (False, False, False, True)
+    assert abi.NvlcRecords.of([]) == abi.NvlcRecords() and len(abi.NvlcRecords()) == 0
+    with pytest.raises(ValueError, match="columns of"):
+        dataclasses.replace(records, link=(0, 1, 2))
+    with pytest.raises(ValueError, match="util_hist: 19 columns"):
+        dataclasses.replace(records, util_hist=records.util_hist[:19])
+    # Snapshot JSON writes the records as rows, as it writes every other record.
+    written = jsonout.plain(_snap(1.0, 1, recs))["records"]
+    assert written == [jsonout.plain(r) for r in recs]
+    assert written[2]["counters"] == [2 * GB, GB, 2, 7, 0]
 
 
 def _collect_twice(tmp_path: Path, first: NvlcSnapshot, second: NvlcSnapshot) -> Snapshot:

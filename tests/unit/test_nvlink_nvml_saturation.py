@@ -6,7 +6,13 @@ from __future__ import annotations
 from nodescope.config import Config, from_mapping
 from nodescope.detectors import nvlink as det
 from nodescope.model.finding import Finding, Severity
-from nodescope.model.nvlink_kmod import NvlcHeader, NvlcRecord, NvlcSnapshot, NvlinkKmodData
+from nodescope.model.nvlink_kmod import (
+    NvlcHeader,
+    NvlcRecord,
+    NvlcRecords,
+    NvlcSnapshot,
+    NvlinkKmodData,
+)
 from nodescope.model.nvml import CounterValue, GpuSample, NvLinkSample, NvmlData
 from nodescope.model.snapshot import Snapshot, SourceSample
 from tests.unit.gpu_helpers import H100, gen5_sample
@@ -68,7 +74,9 @@ def kmod(t: float, served: dict[tuple[int, int], float]) -> NvlinkKmodData:
         for (g, n), rate in sorted(served.items())
     )
     header = NvlcHeader(record_count=len(records), sequence=int(t), timestamp_ns=int(t * 1e9))
-    return NvlinkKmodData("/dev/nvlink_stats", "device", NvlcSnapshot(header, records))
+    return NvlinkKmodData(
+        "/dev/nvlink_stats", "device", NvlcSnapshot(header, NvlcRecords.of(records))
+    )
 
 
 def snapshot(

@@ -46,6 +46,7 @@ from nodescope.model.finding import Finding, Severity
 from nodescope.model.nvlink_kmod import (
     NVLINK_KMOD,
     LinkRates,
+    LinkRatesTable,
     NvlcSnapshot,
     NvlinkKmodRates,
     snapshot_rates,
@@ -182,31 +183,36 @@ def _gone_finding(device: int, links: int) -> Finding:
 def _findings(rates: NvlinkKmodRates, thresholds: NvlinkThresholds) -> list[Finding]:
     findings: list[Finding] = []
     seconds = rates.seconds
-    gone: Counter[int] = Counter()
-    for lr in rates.links:
-        if lr.device_gone:
-            # A gone link's counters are frozen: no rate finding from them either.
-            gone[lr.device] += 1
-        elif seconds > 0 and _notable(lr, thresholds):
-            findings.extend(_link_findings(lr, seconds, thresholds))
+    links = rates.links
+    # A gone link's counters are frozen: no rate finding from them either.
+    gone = Counter(d for d, g in zip(links.device, links.device_gone, strict=True) if g)
+    if seconds > 0:
+        for i in _notable(links, thresholds):
+            if not links.device_gone[i]:
+                findings.extend(_link_findings(links[i], seconds, thresholds))
     findings.extend(_gone_finding(device, n) for device, n in sorted(gone.items()))
     return findings
 
 
-def _notable(lr: LinkRates, t: NvlinkThresholds) -> bool:
-    """Whether :func:`_link_findings` finds anything on a link that is not gone: most links
-    are in no band, and this skips building their evidence."""
-    stall = lr.stall_cycles_per_microsecond
-    if stall is not None and (
-        stall >= t.stall_warning_cycles_per_us
-        or (
-            t.burst_findings
-            and float(lr.window_max_stall_cycles_per_microsecond) > t.stall_critical_cycles_per_us
+def _notable(links: LinkRatesTable, t: NvlinkThresholds) -> list[int]:
+    """The links on which :func:`_link_findings` may find something: most links are in no
+    band, and this skips making their rows and evidence (one pass over the columns)."""
+    stall_floor = t.stall_warning_cycles_per_us
+    peak_floor = t.stall_critical_cycles_per_us if t.burst_findings else math.inf
+    util_floor = t.utilisation_warning_ratio
+    return [
+        i
+        for i, (stall, peak, util) in enumerate(
+            zip(
+                links.stall_cycles_per_microsecond,
+                links.window_max_stall_cycles_per_microsecond,
+                links.utilisation,
+                strict=True,
+            )
         )
-    ):
-        return True
-    util = lr.utilisation
-    return util is not None and util >= t.utilisation_warning_ratio
+        if (stall is not None and (stall >= stall_floor or peak > peak_floor))
+        or (util is not None and util >= util_floor)
+    ]
 
 
 def thresholds(config: Config) -> NvlinkThresholds:
@@ -381,7 +387,8 @@ def module_links(snapshot: Snapshot) -> frozenset[tuple[int, int]]:
     kmod = snapshot.latest(NVLINK_KMOD)
     if kmod is None or kmod.snapshot is None:
         return frozenset()
-    return frozenset((r.device, r.link) for r in kmod.snapshot.records)
+    records = kmod.snapshot.records
+    return frozenset(zip(records.device, records.link, strict=True))
 
 
 def nvml_saturation(snapshot: Snapshot, bands: NvlinkThresholds) -> list[Finding]:

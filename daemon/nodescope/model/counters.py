@@ -13,6 +13,8 @@ Every rate nodescope exports goes through :func:`counter_delta`, so the policy i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def counter_delta(prev: int, cur: int, bits: int | None = 64) -> int | None:
     """The increase of a monotonic counter from ``prev`` to ``cur``, or ``None`` on a reset."""
@@ -38,3 +40,19 @@ def counter_rate(prev: int, cur: int, seconds: float, bits: int | None = 64) -> 
     if delta is None:
         return None
     return delta / seconds
+
+
+def column_rates(
+    prev: Sequence[int], cur: Sequence[int], seconds: float, bits: int | None = 64
+) -> tuple[float | None, ...]:
+    """:func:`counter_rate` of each pair of a column of counters read twice, the two reads in
+    the same order. The plain increase is computed in one pass; a wrap, a reset or a negative
+    reading goes through :func:`counter_rate`, so the policy is the same."""
+    if seconds <= 0:
+        return (None,) * len(cur)
+    return tuple(
+        [
+            (b - a) / seconds if b >= a >= 0 else counter_rate(a, b, seconds, bits)
+            for a, b in zip(prev, cur, strict=True)
+        ]
+    )

@@ -12,9 +12,11 @@ header when it is imported.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import overload
 
-from nodescope.model.counters import counter_rate
+from nodescope.model.counters import column_rates, counter_rate
 from nodescope.model.source_key import SourceKey
 
 # --------------------------------------------------------------------------------------------
@@ -130,10 +132,131 @@ class NvlcRecord:
         return bool(self.flags & (1 << bit))
 
 
+#: One field of every record of a snapshot, in record order.
+Column = tuple[int, ...]
+
+
+def _columns(n: int) -> tuple[Column, ...]:
+    return ((),) * n
+
+
+@dataclass(frozen=True, slots=True)
+class NvlcRecords(Sequence[NvlcRecord]):
+    """The records of one snapshot, held as columns: a tuple per field (per element for the
+    array fields) whose item ``i`` is record ``i``'s. A reader of every link reads a column
+    (the rates, the detector, the exporter's families); ``records[i]`` and iteration make
+    :class:`NvlcRecord` rows on demand, for readers of one link or of a few.
+
+    A daemon reads 144 links every second: as rows they were 144 new objects a cycle, each
+    with six tuples, walked again by every reader; as columns a snapshot is about a hundred
+    tuples that the parser takes in C from the bytes, and readers work over whole columns.
+    """
+
+    device: Column = ()
+    link: Column = ()
+    flags: Column = ()
+    capacity_bps: Column = ()
+    counters: tuple[Column, ...] = _columns(NUM_COUNTERS)
+    samples: Column = ()
+    window_samples: Column = ()
+    window_max_delta: tuple[Column, ...] = _columns(NUM_COUNTERS)
+    window_max_util: Column = ()
+    window_max_stall: Column = ()
+    window_over_stall: Column = ()
+    window_over_util: Column = ()
+    window_util_hist: tuple[Column, ...] = _columns(HIST_BUCKETS)
+    window_stall_hist: tuple[Column, ...] = _columns(HIST_BUCKETS)
+    util_hist: tuple[Column, ...] = _columns(HIST_BUCKETS)
+    stall_hist: tuple[Column, ...] = _columns(HIST_BUCKETS)
+
+    def __post_init__(self) -> None:
+        n = len(self.device)
+        lengths = {len(c) for f in fields(self) for c in _field_columns(self, f.name)}
+        if lengths - {n}:
+            raise ValueError(f"columns of {sorted(lengths)} records, not all {n}")
+        for name, width in _ARRAY_WIDTHS.items():
+            if len(getattr(self, name)) != width:
+                raise ValueError(f"{name}: {len(getattr(self, name))} columns, not {width}")
+
+    @classmethod
+    def of(cls, records: Iterable[NvlcRecord]) -> NvlcRecords:
+        """The columns of ``records`` (rows, e.g. the simulated module's or a test's)."""
+        rows = list(records)
+        values: dict[str, Column | tuple[Column, ...]] = {}
+        for f in fields(cls):
+            items = [getattr(r, f.name) for r in rows]
+            width = _ARRAY_WIDTHS.get(f.name)
+            if width is None:
+                values[f.name] = tuple(items)
+            elif rows:
+                values[f.name] = tuple(zip(*items, strict=True))
+            else:
+                values[f.name] = _columns(width)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.device)
+
+    @overload
+    def __getitem__(self, index: int) -> NvlcRecord: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[NvlcRecord]: ...
+    def __getitem__(self, index: int | slice) -> NvlcRecord | list[NvlcRecord]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return NvlcRecord(
+            device=self.device[index],
+            link=self.link[index],
+            flags=self.flags[index],
+            capacity_bps=self.capacity_bps[index],
+            counters=tuple(c[index] for c in self.counters),
+            samples=self.samples[index],
+            window_samples=self.window_samples[index],
+            window_max_delta=tuple(c[index] for c in self.window_max_delta),
+            window_max_util=self.window_max_util[index],
+            window_max_stall=self.window_max_stall[index],
+            window_over_stall=self.window_over_stall[index],
+            window_over_util=self.window_over_util[index],
+            window_util_hist=tuple(c[index] for c in self.window_util_hist),
+            window_stall_hist=tuple(c[index] for c in self.window_stall_hist),
+            util_hist=tuple(c[index] for c in self.util_hist),
+            stall_hist=tuple(c[index] for c in self.stall_hist),
+        )
+
+    def __iter__(self) -> Iterator[NvlcRecord]:
+        return (self[i] for i in range(len(self)))
+
+    def has_counter(self, index: int) -> tuple[bool, ...]:
+        """Per record, whether its source provides the counter ``COUNTER_NAMES[index]``."""
+        bit = 1 << (LINK_COUNTER_SHIFT + index)
+        return tuple([bool(f & bit) for f in self.flags])
+
+    @property
+    def device_gone(self) -> tuple[bool, ...]:
+        """Per record, whether the device holding the link's counters is gone."""
+        return tuple([bool(f & LINK_DEVICE_GONE) for f in self.flags])
+
+
+#: The array fields of a record and their number of elements (columns).
+_ARRAY_WIDTHS: dict[str, int] = {
+    "counters": NUM_COUNTERS,
+    "window_max_delta": NUM_COUNTERS,
+    "window_util_hist": HIST_BUCKETS,
+    "window_stall_hist": HIST_BUCKETS,
+    "util_hist": HIST_BUCKETS,
+    "stall_hist": HIST_BUCKETS,
+}
+
+
+def _field_columns(records: NvlcRecords, name: str) -> tuple[Column, ...]:
+    value = getattr(records, name)
+    return value if name in _ARRAY_WIDTHS else (value,)
+
+
 @dataclass(frozen=True, slots=True)
 class NvlcSnapshot:
     header: NvlcHeader
-    records: tuple[NvlcRecord, ...]
+    records: NvlcRecords
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +308,56 @@ class LinkRates:
     device_gone: bool
 
 
+Rate = tuple[float | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRatesTable(Sequence[LinkRates]):
+    """Every link's :class:`LinkRates`, held as columns in the order of the snapshot's
+    records (see :class:`NvlcRecords`); ``table[i]`` and iteration make rows on demand."""
+
+    device: Column = ()
+    link: Column = ()
+    tx_bytes_per_second: Rate = ()
+    rx_bytes_per_second: Rate = ()
+    stall_cycles_per_microsecond: Rate = ()
+    replay_errors_per_second: Rate = ()
+    crc_errors_per_second: Rate = ()
+    utilisation: Rate = ()
+    window_samples: Column = ()
+    window_max_utilisation: tuple[float, ...] = ()
+    window_max_stall_cycles_per_microsecond: Column = ()
+    window_stall_over_threshold_ratio: Rate = ()
+    window_utilisation_over_threshold_ratio: Rate = ()
+    device_gone: tuple[bool, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.device)
+        if any(len(getattr(self, f.name)) != n for f in fields(self)):
+            raise ValueError(f"columns of different lengths (links: {n})")
+
+    def __len__(self) -> int:
+        return len(self.device)
+
+    @overload
+    def __getitem__(self, index: int) -> LinkRates: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[LinkRates]: ...
+    def __getitem__(self, index: int | slice) -> LinkRates | list[LinkRates]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return LinkRates(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def __iter__(self) -> Iterator[LinkRates]:
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass(frozen=True, slots=True)
 class NvlinkKmodRates:
     seconds: float
     samples_per_second: float | None
     missed_ticks: int
-    links: tuple[LinkRates, ...]
+    links: LinkRatesTable
 
 
 def interval_seconds(prev: NvlcSnapshot, cur: NvlcSnapshot, seconds: float) -> float:
@@ -201,46 +368,63 @@ def interval_seconds(prev: NvlcSnapshot, cur: NvlcSnapshot, seconds: float) -> f
     return seconds
 
 
+def _counter_rates(before: NvlcRecords, now: NvlcRecords, seconds: float) -> list[Rate]:
+    """Per counter, each link's rate; ``None`` for a link ``before`` did not have."""
+    if before.device == now.device and before.link == now.link:
+        # The same links in the same order, as every read of one module gives them.
+        return [
+            column_rates(b, c, seconds) for b, c in zip(before.counters, now.counters, strict=True)
+        ]
+    at = {key: i for i, key in enumerate(zip(before.device, before.link, strict=True))}
+    where = [at.get(key) for key in zip(now.device, now.link, strict=True)]
+    return [
+        tuple(
+            [
+                None if i is None else counter_rate(b[i], value, seconds)
+                for i, value in zip(where, c, strict=True)
+            ]
+        )
+        for b, c in zip(before.counters, now.counters, strict=True)
+    ]
+
+
+def _ratio(counts: Column, samples: Column) -> Rate:
+    return tuple([n / s if s else None for n, s in zip(counts, samples, strict=True)])
+
+
 def snapshot_rates(prev: NvlcSnapshot, cur: NvlcSnapshot, seconds: float) -> NvlinkKmodRates:
     """Pure: per-link rates and window figures from two snapshots of one reader."""
     secs = interval_seconds(prev, cur, seconds)
-    before = {(r.device, r.link): r for r in prev.records}
-    links: list[LinkRates] = []
-    for r in cur.records:
-        p = before.get((r.device, r.link))
-        if p is None:
-            tx = rx = stall = replay = crc = None
-        else:
-            tx, rx, stall, replay, crc = (
-                counter_rate(a, b, secs) for a, b in zip(p.counters, r.counters, strict=True)
-            )
-        util = None
-        if tx is not None and rx is not None and r.capacity_bps > 0:
-            util = max(tx, rx) / r.capacity_bps
-        ws = r.window_samples
-        links.append(
-            LinkRates(
-                device=r.device,
-                link=r.link,
-                tx_bytes_per_second=tx,
-                rx_bytes_per_second=rx,
-                stall_cycles_per_microsecond=None if stall is None else stall / 1e6,
-                replay_errors_per_second=replay,
-                crc_errors_per_second=crc,
-                utilisation=util,
-                window_samples=ws,
-                window_max_utilisation=r.window_max_util / UTIL_ONE,
-                window_max_stall_cycles_per_microsecond=r.window_max_stall,
-                window_stall_over_threshold_ratio=r.window_over_stall / ws if ws else None,
-                window_utilisation_over_threshold_ratio=r.window_over_util / ws if ws else None,
-                device_gone=r.device_gone,
-            )
-        )
+    now = cur.records
+    tx, rx, stall, replay, crc = _counter_rates(prev.records, now, secs)
+    util = tuple(
+        [
+            max(t, r) / capacity if t is not None and r is not None and capacity > 0 else None
+            for t, r, capacity in zip(tx, rx, now.capacity_bps, strict=True)
+        ]
+    )
+    ws = now.window_samples
+    links = LinkRatesTable(
+        device=now.device,
+        link=now.link,
+        tx_bytes_per_second=tx,
+        rx_bytes_per_second=rx,
+        stall_cycles_per_microsecond=tuple([None if s is None else s / 1e6 for s in stall]),
+        replay_errors_per_second=replay,
+        crc_errors_per_second=crc,
+        utilisation=util,
+        window_samples=ws,
+        window_max_utilisation=tuple([u / UTIL_ONE for u in now.window_max_util]),
+        window_max_stall_cycles_per_microsecond=now.window_max_stall,
+        window_stall_over_threshold_ratio=_ratio(now.window_over_stall, ws),
+        window_utilisation_over_threshold_ratio=_ratio(now.window_over_util, ws),
+        device_gone=now.device_gone,
+    )
     samples = None
     if cur.header.sequence >= prev.header.sequence and secs > 0:
         samples = (cur.header.sequence - prev.header.sequence) / secs
     missed = max(0, cur.header.window_ticks - cur.header.window_samples)
-    return NvlinkKmodRates(secs, samples, missed, tuple(links))
+    return NvlinkKmodRates(secs, samples, missed, links)
 
 
 def link_rates(prev: NvlinkKmodData, cur: NvlinkKmodData, seconds: float) -> NvlinkKmodRates | None:
