@@ -18,7 +18,7 @@ clears reads 0 rather than vanishing, which ``for:`` clauses and dashboards need
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 from nodescope.model.gpu_health import (
     CLOCK_EVENT_REASONS,
@@ -28,7 +28,7 @@ from nodescope.model.gpu_health import (
 )
 from nodescope.model.nvlink_graph import NvLinkGraph
 from nodescope.model.nvlink_kmod import NVLINK_KMOD
-from nodescope.model.nvml import NVML, XID_MEANINGS, CounterValue, NvmlData
+from nodescope.model.nvml import NVML, XID_MEANINGS, CounterColumn, NvLinks, NvmlData
 from nodescope.model.snapshot import Snapshot
 from nodescope_exporters.catalog import Metric, metric
 
@@ -436,20 +436,53 @@ def _bonded(data: NvmlData) -> Metric:
     return family
 
 
-def _summed(counters: Iterable[CounterValue | None]) -> int | None:
+def _summed(counters: CounterColumn) -> int | None:
     """The sum of the counters present (none: ``None``). Parts that wrap at one known width
     give their sum modulo that width: the total then wraps as one part would, where a plain
     sum would fall by one part's wrap and rate() would count the whole rest as new bytes."""
-    present = [c for c in counters if c is not None]
+    present = [
+        (value, bits) for value, bits in zip(counters.values, counters.bits, strict=True)
+        if value is not None
+    ]  # fmt: skip
     if not present:
         return None
-    total = sum(c.value for c in present)
-    widths = {c.bits for c in present}
+    total = sum(value for value, _ in present)
+    widths = {bits for _, bits in present}
     if len(widths) == 1:
         (bits,) = widths
         if bits is not None:
             total %= 1 << bits
     return total
+
+
+def _link_families(
+    g: str,
+    links: NvLinks,
+    up: Metric,
+    info: Metric,
+    data_tx: Metric,
+    data_rx: Metric,
+    errors: Metric,
+) -> None:
+    """The series of each link of GPU ``g``, from the links' columns."""
+    numbers = [str(n) for n in links.link]
+    labels = [(g, n) for n in numbers]
+    up.add_metrics(
+        [label for label, a in zip(labels, links.active, strict=True) if a is not None],
+        [1.0 if a else 0.0 for a in links.active if a is not None],
+    )
+    for n, kind, address in zip(numbers, links.remote_type, links.remote_pci_address, strict=True):
+        if kind is not None or address is not None:
+            info.add_metric([g, n, kind or "", address or ""], 1)
+    for family, column in ((data_tx, links.data_tx), (data_rx, links.data_rx)):
+        values = column.values
+        family.add_metrics(
+            [label for label, v in zip(labels, values, strict=True) if v is not None],
+            [float(v) for v in values if v is not None],
+        )
+    for n, counters in zip(numbers, links.errors, strict=True):
+        for name, value in counters:
+            errors.add_metric([g, n, name], value)
 
 
 def nvlink_data_source(snapshot: Snapshot) -> str | None:
@@ -525,24 +558,11 @@ def _nvml_families(data: NvmlData) -> Iterator[Metric]:
         used = [p.used_memory_bytes for p in gpu.processes if p.used_memory_bytes is not None]
         if used or not gpu.processes:
             proc_mem.add_metric([g], sum(used))
-        for link in gpu.nvlinks:
-            n = str(link.link)
-            if link.active is not None:
-                link_up.add_metric([g, n], 1 if link.active else 0)
-            if link.remote_type is not None or link.remote_pci_address is not None:
-                link_info.add_metric(
-                    [g, n, link.remote_type or "", link.remote_pci_address or ""], 1
-                )
-            for family, counter in ((data_tx, link.data_tx), (data_rx, link.data_rx)):
-                if counter is not None:
-                    family.add_metric([g, n], counter.value)
-            for name, value in link.errors:
-                link_errors.add_metric([g, n, name], value)
+        links = gpu.nvlinks
+        if links:
+            _link_families(g, links, link_up, link_info, data_tx, data_rx, link_errors)
         # Protocol overhead per GPU is enough: the payload counters above name the link.
-        for family, total in (
-            (raw_tx, _summed(link.raw_tx for link in gpu.nvlinks)),
-            (raw_rx, _summed(link.raw_rx for link in gpu.nvlinks)),
-        ):
+        for family, total in ((raw_tx, _summed(links.raw_tx)), (raw_rx, _summed(links.raw_rx))):
             if total is not None:
                 family.add_metric([g], total)
     for gone in data.lost:

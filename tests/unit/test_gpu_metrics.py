@@ -185,11 +185,14 @@ def test_summed_nvlink_counters_wrap_as_one_part_would() -> None:
     def cv(value: int, bits: int | None = width) -> nv.CounterValue:
         return nv.CounterValue(value, None, bits)
 
-    before = gpu_metrics._summed([cv(wrap - 10), cv(5), None])
-    after = gpu_metrics._summed([cv(6), cv(5)])  # the first part wrapped after 16 bytes
+    def summed(counters: list[nv.CounterValue | None]) -> int | None:
+        return gpu_metrics._summed(nv.CounterColumn.of(counters))
+
+    before = summed([cv(wrap - 10), cv(5), None])
+    after = summed([cv(6), cv(5)])  # the first part wrapped after 16 bytes
     assert before == wrap - 5 and after == 11
     # rate() over a counter of that width sees 16 bytes, not a reset of the whole sum.
     assert before is not None and after is not None and (after - before) % wrap == 16
-    assert gpu_metrics._summed([cv(wrap - 1, 74), cv(5, 42)]) == wrap + 4  # widths differ
-    assert gpu_metrics._summed([cv(3, None), cv(4, None)]) == 7
-    assert gpu_metrics._summed([None, None]) is None
+    assert summed([cv(wrap - 1, 74), cv(5, 42)]) == wrap + 4  # widths differ
+    assert summed([cv(3, None), cv(4, None)]) == 7
+    assert summed([None, None]) is None

@@ -20,8 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodescope import jsonout
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.errors import ParseError
+from nodescope.model import nvml as model
 from nodescope.model.nvlink_graph import BondedPair
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
@@ -631,10 +633,10 @@ def test_production_cadence_reads_fault_counters_every_slow_every_runs() -> None
         assert sample.nvlinks[2].data_tx == nv.CounterValue(11 * 1024, 1_750_000_000_000_000, 74)
         assert dict(sample.nvlinks[2].errors)["crc_flit"] == 0, run
         assert (sample.pcie_replays, sample.pcie_gen_current) == (0, 5)
-        assert sample.nvlinks == tuple(
+        assert list(sample.nvlinks) == [
             dataclasses.replace(old, data_tx=new.data_tx)
             for old, new in zip(first.gpus[1].nvlinks, sample.nvlinks, strict=True)
-        )
+        ]
     assert fake.calls["nvmlDeviceGetNvLinkErrorCounter"] == asked
     # Discovery probes one link past the last; the first run reads each link's state.
     assert fake.calls["nvmlDeviceGetNvLinkState"] == 2 * 4 + 2 * 3
@@ -745,6 +747,71 @@ def test_rates_use_field_timestamps_and_handle_a_32_bit_wrap() -> None:
     third = src.collect(NO_FILES)
     (after_reset,) = nv.gpu_rates(second, third, 1.0).gpus
     assert after_reset.pcie_tx_bytes_per_second is None
+
+
+_counter = st.none() | st.builds(
+    nv.CounterValue,
+    st.integers(-2, 2**64 + 2),
+    st.none() | st.integers(0, 10**7),
+    st.sampled_from([None, 42, 64, 74]),
+)
+_link_row = st.builds(
+    nv.NvLinkSample,
+    st.integers(0, 5),
+    st.none() | st.booleans(),
+    st.sampled_from([None, "gpu", "switch"]),
+    st.sampled_from([None, "0000:05:00.0"]),
+    _counter,
+    _counter,
+    _counter,
+    _counter,
+    st.just((("replay", 1),)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    before=st.lists(_link_row, max_size=6, unique_by=lambda x: x.link),
+    after=st.lists(_link_row, max_size=6, unique_by=lambda x: x.link),
+    seconds=st.sampled_from([0.0, 0.5, 1.0]),
+)
+def test_link_rates_over_columns_are_each_link_s_rate(
+    before: list[nv.NvLinkSample], after: list[nv.NvLinkSample], seconds: float
+) -> None:
+    """Links held as columns give the rates each link's pair of readings gives, whatever
+    the links before and after (matched by number: reordered, added, dropped), wraps,
+    resets, missing readings and timestamps included."""
+    old, new = model.NvLinks.of(before), model.NvLinks.of(after)
+    assert list(old) == before and len(new) == len(after)
+    table = model._link_rates(old, new, seconds)
+    rows = {x.link: x for x in before}
+    expected = [
+        nv.NvLinkRates(
+            x.link,
+            *(
+                model._rate(getattr(rows[x.link], name), getattr(x, name), seconds)
+                for name in ("data_tx", "data_rx", "raw_tx", "raw_rx")
+            ),
+        )
+        for x in after
+        if x.link in rows
+    ]
+    assert list(table) == expected
+
+
+def test_links_as_columns_refuse_ragged_columns_and_are_written_as_rows() -> None:
+    rows = [
+        nv.NvLinkSample(n, True, "switch", "0000:05:00.0", nv.CounterValue(n, 5, 74), None,
+                        None, None, (("replay", n),))
+        for n in range(3)
+    ]  # fmt: skip
+    links = model.NvLinks.of(rows)
+    assert links[2] == rows[2] and links[0:2] == rows[0:2]
+    assert jsonout.plain(links) == [jsonout.plain(r) for r in rows]
+    with pytest.raises(ValueError, match="link columns"):
+        dataclasses.replace(links, active=(True,))
+    with pytest.raises(ValueError, match="differ in length"):
+        model.CounterColumn((1, 2), (None,), (64, 64))
 
 
 def test_a_snapshot_carries_the_gpu_rates(node: FakeNvml) -> None:

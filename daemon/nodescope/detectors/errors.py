@@ -139,14 +139,17 @@ def nvml_findings(
                         f" {replays_per_second:g}/s){tcp_text(extra)}",
                     )
                 )
-        old_links = {link.link: link for link in old.nvlinks}
-        for link in gpu.nvlinks:
-            before_link = old_links.get(link.link)
-            if before_link is None or before_link.errors == link.errors:
+        links, links_before = gpu.nvlinks, old.nvlinks
+        if links.link == links_before.link and links.errors == links_before.errors:
+            continue  # no counter of any link moved: the usual case
+        errors_before = dict(zip(links_before.link, links_before.errors, strict=True))
+        for i, (number, errors) in enumerate(zip(links.link, links.errors, strict=True)):
+            counted = errors_before.get(number)
+            if counted is None or counted == errors:
                 continue  # unknown before, or no counter moved: the usual case
-            prior = dict(before_link.errors)
+            prior = dict(counted)
             moved: dict[str, int] = {}
-            for name, value in link.errors:
+            for name, value in errors:
                 if name in prior:
                     delta = counter_delta(prior[name], value, 64)
                     if delta:
@@ -165,10 +168,10 @@ def nvml_findings(
                 Finding(
                     NVLINK,
                     Severity.WARNING,
-                    {"gpu": str(gpu.index), "nvlink": str(link.link)},
+                    {"gpu": str(gpu.index), "nvlink": str(number)},
                     evidence,
-                    f"GPU {gpu.index} ({gpu.pci_address}) NVLink {link.link}"
-                    + (f" to {link.remote_pci_address}" if link.remote_pci_address else "")
+                    f"GPU {gpu.index} ({gpu.pci_address}) NVLink {number}"
+                    + (f" to {remote}" if (remote := links.remote_pci_address[i]) else "")
                     + ": "
                     + ", ".join(f"{n} +{d} ({d / seconds:.2f}/s)" for n, d in sorted(bad.items()))
                     + f" in {seconds:.0f} s",

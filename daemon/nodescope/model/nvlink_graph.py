@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
+from typing import Protocol, cast
 
 from nodescope.model.topology import DeviceClass, PciDevice, Topology
 
@@ -41,6 +41,37 @@ class LinkLike(Protocol):
     def remote_type(self) -> str | None: ...
     @property
     def remote_pci_address(self) -> str | None: ...
+
+
+class LinkColumns(Protocol):
+    """A GPU's links held as columns (``model.nvml.NvLinks`` is one): the ``i``-th item of
+    each is link ``i``'s."""
+
+    @property
+    def link(self) -> Sequence[int]: ...
+    @property
+    def active(self) -> Sequence[bool | None]: ...
+    @property
+    def remote_type(self) -> Sequence[str | None]: ...
+    @property
+    def remote_pci_address(self) -> Sequence[str | None]: ...
+
+
+def _link_states(
+    links: Sequence[LinkLike],
+) -> Iterable[tuple[int, str | None, str | None, bool | None]]:
+    """(link, remote type, remote address, active) of each link: from the columns of links
+    held as columns (no row is made), from each row of a tuple or list of rows."""
+    if isinstance(links, tuple | list):
+        return ((x.link, x.remote_type, x.remote_pci_address, x.active) for x in links)
+    columns = cast(LinkColumns, links)
+    return zip(
+        columns.link,
+        columns.remote_type,
+        columns.remote_pci_address,
+        columns.active,
+        strict=True,
+    )
 
 
 class GpuLike(Protocol):
@@ -126,12 +157,10 @@ class NvLinkGraph:
         switches: set[str] = set()
         for gpu in gpus:
             nodes[gpu.index] = GpuNode(gpu.index, _address(gpu.pci_address))
-            for link in gpu.nvlinks:
-                remote = link.remote_pci_address
+            for number, remote_type, remote, active in _link_states(gpu.nvlinks):
                 remote = None if remote is None else _address(remote)
-                edge = NvLinkEdge(gpu.index, link.link, link.remote_type, remote, link.active)
-                edges.append(edge)
-                if link.remote_type == REMOTE_SWITCH and remote is not None:
+                edges.append(NvLinkEdge(gpu.index, number, remote_type, remote, active))
+                if remote_type == REMOTE_SWITCH and remote is not None:
                     switches.add(remote)
         return cls(
             gpus=tuple(nodes[i] for i in sorted(nodes)),

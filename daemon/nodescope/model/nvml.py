@@ -12,8 +12,9 @@ read GPU records without loading pynvml.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast, overload
 
 from nodescope.model.counters import counter_rate
 from nodescope.model.gpu_health import GpuHealth
@@ -101,6 +102,109 @@ class NvLinkSample:
 
 
 @dataclass(frozen=True, slots=True)
+class CounterColumn:
+    """One counter of each link of a GPU: the ``i``-th item of each tuple is link ``i``'s
+    :class:`CounterValue` (``values[i]`` ``None``: not read)."""
+
+    values: tuple[int | None, ...] = ()
+    stamps: tuple[int | None, ...] = ()
+    bits: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not len(self.values) == len(self.stamps) == len(self.bits):
+            raise ValueError("a counter column's values, stamps and widths differ in length")
+
+    @classmethod
+    def of(cls, counters: Sequence[CounterValue | None]) -> CounterColumn:
+        return cls(
+            tuple(None if c is None else c.value for c in counters),
+            tuple(None if c is None else c.timestamp_us for c in counters),
+            tuple(None if c is None else c.bits for c in counters),
+        )
+
+    def __getitem__(self, index: int) -> CounterValue | None:
+        value = self.values[index]
+        return None if value is None else CounterValue(value, self.stamps[index], self.bits[index])
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinks(Sequence[NvLinkSample]):
+    """A GPU's NVLinks held as columns: the ``i``-th item of each field is link ``i``'s.
+
+    A node's GPUs report 144 links every second, and every reader of all of them (the rates,
+    the exporter, the NVLink graph, the error check) reads a field of each: as rows they were
+    144 records and 576 counter objects a cycle. ``links[i]`` and iteration make
+    :class:`NvLinkSample` rows on demand, for readers of one link or of a few.
+    """
+
+    link: tuple[int, ...] = ()
+    active: tuple[bool | None, ...] = ()
+    remote_type: tuple[str | None, ...] = ()
+    remote_pci_address: tuple[str | None, ...] = ()
+    data_tx: CounterColumn = CounterColumn()
+    data_rx: CounterColumn = CounterColumn()
+    raw_tx: CounterColumn = CounterColumn()
+    raw_rx: CounterColumn = CounterColumn()
+    #: per link, its DL error counters (name, value): only the counters the GPU answers
+    errors: tuple[tuple[tuple[str, int], ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.link)
+        lengths = {
+            len(self.active),
+            len(self.remote_type),
+            len(self.remote_pci_address),
+            len(self.errors),
+            *(len(c.values) for c in (self.data_tx, self.data_rx, self.raw_tx, self.raw_rx)),
+        }
+        if lengths - {n}:
+            raise ValueError(f"link columns of {sorted(lengths)} links, not all {n}")
+
+    @classmethod
+    def of(cls, links: Sequence[NvLinkSample]) -> NvLinks:
+        """The columns of ``links`` (rows: a test's, a replay's)."""
+        return cls(
+            link=tuple(x.link for x in links),
+            active=tuple(x.active for x in links),
+            remote_type=tuple(x.remote_type for x in links),
+            remote_pci_address=tuple(x.remote_pci_address for x in links),
+            data_tx=CounterColumn.of([x.data_tx for x in links]),
+            data_rx=CounterColumn.of([x.data_rx for x in links]),
+            raw_tx=CounterColumn.of([x.raw_tx for x in links]),
+            raw_rx=CounterColumn.of([x.raw_rx for x in links]),
+            errors=tuple(x.errors for x in links),
+        )
+
+    def __len__(self) -> int:
+        return len(self.link)
+
+    @overload
+    def __getitem__(self, index: int) -> NvLinkSample: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[NvLinkSample]: ...
+    def __getitem__(self, index: int | slice) -> NvLinkSample | list[NvLinkSample]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return NvLinkSample(
+            self.link[index],
+            self.active[index],
+            self.remote_type[index],
+            self.remote_pci_address[index],
+            self.data_tx[index],
+            self.data_rx[index],
+            self.raw_tx[index],
+            self.raw_rx[index],
+            self.errors[index],
+        )
+
+    def __iter__(self) -> Iterator[NvLinkSample]:
+        return (self[i] for i in range(len(self)))
+
+
+NO_NVLINKS = NvLinks()
+
+
+@dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int
     used_memory_bytes: int | None
@@ -128,9 +232,16 @@ class GpuSample:
     encoder_util_percent: int | None
     jpeg_util_percent: int | None
     processes: tuple[GpuProcess, ...]
-    nvlinks: tuple[NvLinkSample, ...]
+    #: held as columns; rows given (a test's) are made columns
+    nvlinks: NvLinks
     #: calls and fields this GPU answered NOT_SUPPORTED to (not asked again)
     unsupported: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        links: object = self.nvlinks
+        if not isinstance(links, NvLinks):
+            rows = cast(Sequence[NvLinkSample], links)
+            object.__setattr__(self, "nvlinks", NvLinks.of(rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +332,42 @@ class NvLinkRates:
     raw_rx_bytes_per_second: float | None
 
 
+Rates = tuple[float | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkRatesTable(Sequence[NvLinkRates]):
+    """The rates of a GPU's links held as columns, in the order of its links;
+    ``table[i]`` and iteration make :class:`NvLinkRates` rows on demand."""
+
+    link: tuple[int, ...] = ()
+    data_tx_bytes_per_second: Rates = ()
+    data_rx_bytes_per_second: Rates = ()
+    raw_tx_bytes_per_second: Rates = ()
+    raw_rx_bytes_per_second: Rates = ()
+
+    def __len__(self) -> int:
+        return len(self.link)
+
+    @overload
+    def __getitem__(self, index: int) -> NvLinkRates: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[NvLinkRates]: ...
+    def __getitem__(self, index: int | slice) -> NvLinkRates | list[NvLinkRates]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return NvLinkRates(
+            self.link[index],
+            self.data_tx_bytes_per_second[index],
+            self.data_rx_bytes_per_second[index],
+            self.raw_tx_bytes_per_second[index],
+            self.raw_rx_bytes_per_second[index],
+        )
+
+    def __iter__(self) -> Iterator[NvLinkRates]:
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass(frozen=True, slots=True)
 class GpuRates:
     index: int
@@ -229,7 +376,8 @@ class GpuRates:
     pcie_rx_bytes_per_second: float | None
     #: "counter" (fields 197/198 over the interval) or "throughput-20ms" (a snapshot)
     pcie_rate_basis: str | None
-    nvlinks: tuple[NvLinkRates, ...]
+    #: the links of the GPU read in both records, in its current order
+    nvlinks: NvLinkRatesTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +396,57 @@ def _rate(prev: CounterValue | None, cur: CounterValue | None, seconds: float) -
         seconds = (cur.timestamp_us - prev.timestamp_us) / 1e6
     bits = cur.bits if cur.bits == prev.bits else None
     return counter_rate(prev.value, cur.value, seconds, bits)
+
+
+def _column_rates(
+    before: CounterColumn, now: CounterColumn, at: Sequence[int], seconds: float
+) -> Rates:
+    """:func:`_rate` of each link: ``at[i]`` is the position in ``before`` of the link at
+    position ``i`` in ``now``."""
+    values, stamps, bits = before.values, before.stamps, before.bits
+    out: list[float | None] = []
+    for i, value, stamp, width in zip(at, now.values, now.stamps, now.bits, strict=True):
+        old = values[i]
+        if old is None or value is None:
+            out.append(None)
+            continue
+        old_stamp, span = stamps[i], seconds
+        if old_stamp is not None and stamp is not None:
+            if stamp <= old_stamp:
+                out.append(None)
+                continue
+            span = (stamp - old_stamp) / 1e6
+        if value >= old >= 0 and span > 0:
+            out.append((value - old) / span)  # the plain increase, as counter_rate has it
+        else:
+            out.append(counter_rate(old, value, span, width if width == bits[i] else None))
+    return tuple(out)
+
+
+def _link_rates(before: NvLinks, now: NvLinks, seconds: float) -> NvLinkRatesTable:
+    """The rates of the links of ``now`` that ``before`` has too (matched by link number)."""
+    if before.link == now.link:
+        at: Sequence[int] = range(len(now))
+        kept = now.link
+    else:
+        position = {n: i for i, n in enumerate(before.link)}
+        pairs = [(position[n], n) for n in now.link if n in position]
+        at = [i for i, _ in pairs]
+        kept = tuple(n for _, n in pairs)
+        now = now if len(kept) == len(now) else _only(now, kept)
+    return NvLinkRatesTable(
+        kept,
+        _column_rates(before.data_tx, now.data_tx, at, seconds),
+        _column_rates(before.data_rx, now.data_rx, at, seconds),
+        _column_rates(before.raw_tx, now.raw_tx, at, seconds),
+        _column_rates(before.raw_rx, now.raw_rx, at, seconds),
+    )
+
+
+def _only(links: NvLinks, numbers: tuple[int, ...]) -> NvLinks:
+    """The links of ``links`` numbered ``numbers``, in that order."""
+    rows = {x.link: x for x in links}
+    return NvLinks.of([rows[n] for n in numbers])
 
 
 def gpu_rates(previous: NvmlData, current: NvmlData, seconds: float) -> NvmlRates:
@@ -271,20 +470,6 @@ def gpu_rates(previous: NvmlData, current: NvmlData, seconds: float) -> NvmlRate
             tx = None if snap.tx_bytes_per_second is None else float(snap.tx_bytes_per_second)
             rx = None if snap.rx_bytes_per_second is None else float(snap.rx_bytes_per_second)
             basis = "throughput-20ms"
-        old_links = {link.link: link for link in old.nvlinks}
-        links = []
-        for link in gpu.nvlinks:
-            prev_link = old_links.get(link.link)
-            if prev_link is None:
-                continue
-            links.append(
-                NvLinkRates(
-                    link.link,
-                    _rate(prev_link.data_tx, link.data_tx, seconds),
-                    _rate(prev_link.data_rx, link.data_rx, seconds),
-                    _rate(prev_link.raw_tx, link.raw_tx, seconds),
-                    _rate(prev_link.raw_rx, link.raw_rx, seconds),
-                )
-            )
-        result.append(GpuRates(gpu.index, gpu.uuid, tx, rx, basis, tuple(links)))
+        links = _link_rates(old.nvlinks, gpu.nvlinks, seconds)
+        result.append(GpuRates(gpu.index, gpu.uuid, tx, rx, basis, links))
     return NvmlRates(tuple(result))

@@ -97,6 +97,7 @@ from collections import Counter as _Counter
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
@@ -123,12 +124,14 @@ from nodescope.model.nvml import (
     XID_MEANINGS,
     XID_SOURCE_EVENTS,
     XID_SOURCE_KMSG,
+    CounterColumn,
     CounterValue,
     GpuProcess,
     GpuRates,
     GpuSample,
     LostGpu,
     NvLinkRates,
+    NvLinks,
     NvLinkSample,
     NvmlData,
     NvmlEvent,
@@ -649,6 +652,38 @@ class _Link:
         )
 
 
+class _Fields:
+    """The answers to one GPU's field-value call as columns, by position in the plan:
+    value (bytes), timestamp (µs, ``None``: none given) and width (``None``: unknown);
+    ``values[i]`` ``None`` where the field gave nothing."""
+
+    __slots__ = ("bits", "stamps", "values")
+
+    def __init__(
+        self, values: list[int | None], stamps: list[int | None], bits: list[int | None]
+    ) -> None:
+        self.values, self.stamps, self.bits = values, stamps, bits
+
+    @classmethod
+    def none(cls, count: int) -> _Fields:
+        empty: list[int | None] = [None] * count
+        return cls(empty, empty, empty)
+
+    def counter(self, at: int | None) -> CounterValue | None:
+        value = None if at is None else self.values[at]
+        if value is None or at is None:
+            return None
+        return CounterValue(value, self.stamps[at], self.bits[at])
+
+    def column(self, positions: Sequence[int | None]) -> CounterColumn:
+        values, stamps, bits = self.values, self.stamps, self.bits
+        return CounterColumn(
+            tuple([None if i is None else values[i] for i in positions]),
+            tuple([None if i is None else stamps[i] for i in positions]),
+            tuple([None if i is None else bits[i] for i in positions]),
+        )
+
+
 @dataclass(frozen=True)
 class _FieldPlan:
     """The fields asked of one GPU every run and where each lands in the answer: the
@@ -660,6 +695,18 @@ class _FieldPlan:
     kib: list[bool]
     pcie: tuple[int | None, int | None]
     links: list[tuple[int | None, ...]]
+
+    @cached_property
+    def widths(self) -> list[int]:
+        """Per position, the width an ``unsigned long long`` answer wraps at: 64 bits, and 74
+        for a field counted in KiB (stored multiplied out)."""
+        return [74 if kib else 64 for kib in self.kib]
+
+    @cached_property
+    def link_columns(self) -> tuple[tuple[int | None, ...], ...]:
+        """Per throughput field of a link (in ``NVLINK_FIELDS`` order), each link's
+        position."""
+        return tuple(zip(*self.links, strict=True)) if self.links else ((),) * len(NVLINK_FIELDS)
 
     @classmethod
     def make(cls, links: Sequence[_Link], unsupported: set[tuple[int, int]]) -> _FieldPlan:
@@ -1120,15 +1167,14 @@ class NvmlSource:
             log.debug("source=nvml gpu=%d call=%s error=%r", gpu.index, key, _error_name(exc))
             return None
 
-    def _read_fields(self, gpu: _Gpu) -> tuple[_FieldPlan, list[CounterValue | None]]:
+    def _read_fields(self, gpu: _Gpu) -> tuple[_FieldPlan, _Fields]:
         """The counters of ``gpu``'s fields, in the order of the plan they were asked by."""
         plan = gpu.plan
         if plan is None:
             plan = gpu.plan = _FieldPlan.make(gpu.links, gpu.unsupported_fields)
         wanted = plan.wanted
-        result: list[CounterValue | None] = [None] * len(wanted)
         if not wanted:
-            return plan, result
+            return plan, _Fields.none(0)
         values = self._call(
             gpu, "nvmlDeviceGetFieldValues", self.nvml.nvmlDeviceGetFieldValues, gpu.handle, wanted
         )
@@ -1136,28 +1182,31 @@ class NvmlSource:
             if "nvmlDeviceGetFieldValues" in gpu.unsupported_calls:
                 gpu.unsupported_fields.update(wanted)
                 gpu.plan = None
-            return plan, result
+            return plan, _Fields.none(len(wanted))
         _fids, _scopes, stamps, _latency, vtypes, rets, unions = field_columns(values)
         success, ull, count = pynvml.NVML_SUCCESS, _VALUE_TYPE_ULL, len(wanted)
         if len(rets) == count and rets.count(success) == count and vtypes.count(ull) == count:
             # Every field an unsigned long long, as on current drivers: 74 per H100 a run.
-            return plan, [
-                CounterValue(union << 10, stamp if stamp > 0 else None, 74)
-                if kib
-                else CounterValue(union, stamp if stamp > 0 else None, 64)
-                for kib, stamp, union in zip(plan.kib, stamps, unions, strict=True)
-            ]
+            return plan, _Fields(
+                [u << 10 if kib else u for kib, u in zip(plan.kib, unions, strict=True)],
+                [t if t > 0 else None for t in stamps],
+                list(plan.widths),
+            )
+        fields = _Fields([None] * count, [None] * count, [None] * count)
         for i, (kib, stamp, vtype, ret, union) in enumerate(
             zip(plan.kib, stamps, vtypes, rets, unions, strict=False)
         ):
             if ret == success and vtype == ull:
-                if kib:
-                    result[i] = CounterValue(union << 10, stamp if stamp > 0 else None, 74)
-                else:
-                    result[i] = CounterValue(union, stamp if stamp > 0 else None, 64)
+                counter: CounterValue | None = CounterValue(
+                    union << 10 if kib else union, stamp if stamp > 0 else None, 74 if kib else 64
+                )
             else:
-                result[i] = self._odd_field(gpu, wanted[i], kib, stamp, vtype, ret, union)
-        return plan, result
+                counter = self._odd_field(gpu, wanted[i], kib, stamp, vtype, ret, union)
+            if counter is not None:
+                fields.values[i] = counter.value
+                fields.stamps[i] = counter.timestamp_us
+                fields.bits[i] = counter.bits
+        return plan, fields
 
     def _odd_field(
         self,
@@ -1214,8 +1263,8 @@ class NvmlSource:
         h = gpu.handle
         plan, fields = self._read_fields(gpu)
         tx_at, rx_at = plan.pcie
-        pcie_tx = None if tx_at is None else fields[tx_at]
-        pcie_rx = None if rx_at is None else fields[rx_at]
+        pcie_tx = fields.counter(tx_at)
+        pcie_rx = fields.counter(rx_at)
         snapshot: PcieSnapshot | None = None
         pcie_source: str | None = "fields" if pcie_tx is not None and pcie_rx is not None else None
         if not _PCIE_FIELDS.isdisjoint(gpu.unsupported_fields):
@@ -1262,20 +1311,19 @@ class NvmlSource:
         carried = gpu.slow
         if slow or carried is None:
             carried = gpu.slow = self._read_slow(gpu)
-        nvlinks = [
-            NvLinkSample(
-                link.index,
-                link.active,
-                link.remote_type,
-                link.remote_pci_address,
-                None if data_tx is None else fields[data_tx],
-                None if data_rx is None else fields[data_rx],
-                None if raw_tx is None else fields[raw_tx],
-                None if raw_rx is None else fields[raw_rx],
-                link.errors,
-            )
-            for link, (data_tx, data_rx, raw_tx, raw_rx) in zip(gpu.links, plan.links, strict=True)
-        ]
+        links = gpu.links
+        data_tx, data_rx, raw_tx, raw_rx = plan.link_columns
+        nvlinks = NvLinks(
+            link=tuple([link.index for link in links]),
+            active=tuple([link.active for link in links]),
+            remote_type=tuple([link.remote_type for link in links]),
+            remote_pci_address=tuple([link.remote_pci_address for link in links]),
+            data_tx=fields.column(data_tx),
+            data_rx=fields.column(data_rx),
+            raw_tx=fields.column(raw_tx),
+            raw_rx=fields.column(raw_rx),
+            errors=tuple([link.errors for link in links]),
+        )
         return GpuSample(
             index=gpu.index,
             uuid=gpu.uuid,
@@ -1296,7 +1344,7 @@ class NvmlSource:
             encoder_util_percent=media["encoder"],
             jpeg_util_percent=media["jpeg"],
             processes=processes,
-            nvlinks=tuple(nvlinks),
+            nvlinks=nvlinks,
             unsupported=gpu.unsupported_names(),
         )
 
