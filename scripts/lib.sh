@@ -24,20 +24,39 @@ ensure_apt_packages() {
         --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# ensure_venv DIR SPEC: create DIR if needed and (re)install SPEC into it when pyproject.toml
-# changed since the last install, so a second run starts in seconds.
+# ensure_venv DIR SPEC: create DIR if needed and (re)install SPEC into it unless what is
+# installed serves SPEC (see venv_serves), so a second run starts in seconds.
 ensure_venv() {
     local dir=$1 spec=$2 python=${PYTHON:-python3}
     # Debian's python3 needs python3-venv for `python3 -m venv`.
     "$python" -c 'import ensurepip, venv' 2>/dev/null || ensure_apt_packages python3-venv
     [ -x "$dir/bin/python" ] || "$python" -m venv "$dir"
     local stamp="$dir/.nodescope-installed"
-    local want
-    want=$(sha256sum pyproject.toml | cut -d' ' -f1)-$spec
-    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    local want have
+    # The project file, the checkout the editable install points into, and the spec.
+    want="$(sha256sum pyproject.toml | cut -d' ' -f1) $(pwd -P) $spec"
+    have=$(cat "$stamp" 2>/dev/null || true)
+    if ! venv_serves "$have" "$want"; then
         echo "== installing $spec into $dir"
         "$dir/bin/python" -m pip install -q --upgrade pip >/dev/null
         "$dir/bin/python" -m pip install -q -e "$spec"
         echo "$want" > "$stamp"
     fi
+}
+
+# venv_serves HAVE WANT: whether the install stamped HAVE ("hash checkout spec") serves WANT:
+# the same pyproject.toml, installed from this checkout (an environment shared by two
+# checkouts would otherwise run the other one's code), and every extra WANT names installed
+# (the test suite's environment serves the benchmark's, which asks for fewer).
+venv_serves() {
+    local have=$1 want=$2
+    [ -n "$have" ] && [ "${have% *}" = "${want% *}" ] || return 1
+    local have_spec=${have##* } want_spec=${want##* }
+    [ "${have_spec%%[*}" = "${want_spec%%[*}" ] || return 1
+    local have_extras="" want_extras="" extra
+    [[ $have_spec == *"["*"]" ]] && { have_extras=${have_spec#*[}; have_extras=${have_extras%]}; }
+    [[ $want_spec == *"["*"]" ]] && { want_extras=${want_spec#*[}; want_extras=${want_extras%]}; }
+    for extra in ${want_extras//,/ }; do
+        case ",$have_extras," in *",$extra,"*) ;; *) return 1 ;; esac
+    done
 }
