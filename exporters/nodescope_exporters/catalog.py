@@ -13,9 +13,11 @@ a third of the exposition's cost. Its attributes mirror prometheus_client's
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, overload
+from typing import Literal, NamedTuple
+
+from nodescope.model.rows import Rows
 
 Kind = Literal["gauge", "counter", "info"]
 
@@ -91,7 +93,7 @@ class Family:
         return f"Family({self.name!r}, {self.type!r}, {len(self.values)} series)"
 
 
-class Samples(Sequence[Sample]):
+class Samples(Rows[Sample]):
     """A family's series as :class:`Sample` tuples; only its length is free to ask."""
 
     __slots__ = ("_family",)
@@ -102,22 +104,13 @@ class Samples(Sequence[Sample]):
     def __len__(self) -> int:
         return len(self._family.values)
 
-    @overload
-    def __getitem__(self, index: int) -> Sample: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Sample]: ...
-    def __getitem__(self, index: int | slice) -> Sample | list[Sample]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def row(self, index: int) -> Sample:
         f = self._family
         value = f.values[index]
         index %= len(f.values)
         timestamp = None if f.timestamps is None else f.timestamps.get(index)
         labels = dict(zip(f.label_names, f.label_values[index], strict=False))
         return Sample(f.sample_name, labels, value, timestamp)
-
-    def __iter__(self) -> Iterator[Sample]:
-        return (self[i] for i in range(len(self)))
 
 
 #: What an area module yields (the name areas annotate with).

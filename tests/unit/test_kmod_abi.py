@@ -665,3 +665,16 @@ def test_detect_takes_the_source_pair_from_the_snapshot() -> None:
     # With the default minimum duration a stall seen in one snapshot is not yet a finding.
     assert det.detect(None, snap, Config()) == []
     assert det.detect(None, Snapshot(0, 0.0, 0.0), at_once) == []
+
+
+def test_rows_of_columns_index_like_a_tuple() -> None:
+    """Rows made on demand behave as the tuple of rows would: negative indices, slices with
+    steps, IndexError past the end (which ends an iteration that indexes)."""
+    recs = [_record(0, n, n, n) for n in range(5)]
+    records = abi.NvlcRecords.of(recs)
+    assert records[-2] == recs[-2]
+    assert records[::2] == recs[::2] and records[4:1:-1] == recs[4:1:-1]
+    with pytest.raises(IndexError):
+        records[5]
+    assert list(reversed(records)) == recs[::-1]
+    assert records.index(recs[3]) == 3 and recs[1] in records

@@ -12,11 +12,11 @@ header when it is imported.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import overload
 
 from nodescope.model.counters import column_rates, counter_rate
+from nodescope.model.rows import Rows
 from nodescope.model.source_key import SourceKey
 
 # --------------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def _columns(n: int) -> tuple[Column, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class NvlcRecords(Sequence[NvlcRecord]):
+class NvlcRecords(Rows[NvlcRecord]):
     """The records of one snapshot, held as columns: a tuple per field (per element for the
     array fields) whose item ``i`` is record ``i``'s. A reader of every link reads a column
     (the rates, the detector, the exporter's families); ``records[i]`` and iteration make
@@ -197,13 +197,7 @@ class NvlcRecords(Sequence[NvlcRecord]):
     def __len__(self) -> int:
         return len(self.device)
 
-    @overload
-    def __getitem__(self, index: int) -> NvlcRecord: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[NvlcRecord]: ...
-    def __getitem__(self, index: int | slice) -> NvlcRecord | list[NvlcRecord]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def row(self, index: int) -> NvlcRecord:
         return NvlcRecord(
             device=self.device[index],
             link=self.link[index],
@@ -222,9 +216,6 @@ class NvlcRecords(Sequence[NvlcRecord]):
             util_hist=tuple(c[index] for c in self.util_hist),
             stall_hist=tuple(c[index] for c in self.stall_hist),
         )
-
-    def __iter__(self) -> Iterator[NvlcRecord]:
-        return (self[i] for i in range(len(self)))
 
     def has_counter(self, index: int) -> tuple[bool, ...]:
         """Per record, whether its source provides the counter ``COUNTER_NAMES[index]``."""
@@ -312,7 +303,7 @@ Rate = tuple[float | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class LinkRatesTable(Sequence[LinkRates]):
+class LinkRatesTable(Rows[LinkRates]):
     """Every link's :class:`LinkRates`, held as columns in the order of the snapshot's
     records (see :class:`NvlcRecords`); ``table[i]`` and iteration make rows on demand."""
 
@@ -339,17 +330,8 @@ class LinkRatesTable(Sequence[LinkRates]):
     def __len__(self) -> int:
         return len(self.device)
 
-    @overload
-    def __getitem__(self, index: int) -> LinkRates: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[LinkRates]: ...
-    def __getitem__(self, index: int | slice) -> LinkRates | list[LinkRates]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def row(self, index: int) -> LinkRates:
         return LinkRates(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
-
-    def __iter__(self) -> Iterator[LinkRates]:
-        return (self[i] for i in range(len(self)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,14 @@ read GPU records without loading pynvml.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast, overload
+from typing import cast
 
 from nodescope.model.counters import counter_rate
 from nodescope.model.gpu_health import GpuHealth
 from nodescope.model.nvlink_graph import BondedPair, NvLinkGraph
+from nodescope.model.rows import Rows
 from nodescope.model.skips import NOTHING_SKIPPED, Skipped
 from nodescope.model.slow import SlowRead
 from nodescope.model.slow import slow_pair as _slow_pair
@@ -128,7 +129,7 @@ class CounterColumn:
 
 
 @dataclass(frozen=True, slots=True)
-class NvLinks(Sequence[NvLinkSample]):
+class NvLinks(Rows[NvLinkSample]):
     """A GPU's NVLinks held as columns: the ``i``-th item of each field is link ``i``'s.
 
     A node's GPUs report 144 links every second, and every reader of all of them (the rates,
@@ -178,13 +179,7 @@ class NvLinks(Sequence[NvLinkSample]):
     def __len__(self) -> int:
         return len(self.link)
 
-    @overload
-    def __getitem__(self, index: int) -> NvLinkSample: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[NvLinkSample]: ...
-    def __getitem__(self, index: int | slice) -> NvLinkSample | list[NvLinkSample]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def row(self, index: int) -> NvLinkSample:
         return NvLinkSample(
             self.link[index],
             self.active[index],
@@ -196,12 +191,6 @@ class NvLinks(Sequence[NvLinkSample]):
             self.raw_rx[index],
             self.errors[index],
         )
-
-    def __iter__(self) -> Iterator[NvLinkSample]:
-        return (self[i] for i in range(len(self)))
-
-
-NO_NVLINKS = NvLinks()
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +325,7 @@ Rates = tuple[float | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class NvLinkRatesTable(Sequence[NvLinkRates]):
+class NvLinkRatesTable(Rows[NvLinkRates]):
     """The rates of a GPU's links held as columns, in the order of its links;
     ``table[i]`` and iteration make :class:`NvLinkRates` rows on demand."""
 
@@ -349,13 +338,7 @@ class NvLinkRatesTable(Sequence[NvLinkRates]):
     def __len__(self) -> int:
         return len(self.link)
 
-    @overload
-    def __getitem__(self, index: int) -> NvLinkRates: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[NvLinkRates]: ...
-    def __getitem__(self, index: int | slice) -> NvLinkRates | list[NvLinkRates]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def row(self, index: int) -> NvLinkRates:
         return NvLinkRates(
             self.link[index],
             self.data_tx_bytes_per_second[index],
@@ -363,9 +346,6 @@ class NvLinkRatesTable(Sequence[NvLinkRates]):
             self.raw_tx_bytes_per_second[index],
             self.raw_rx_bytes_per_second[index],
         )
-
-    def __iter__(self) -> Iterator[NvLinkRates]:
-        return (self[i] for i in range(len(self)))
 
 
 @dataclass(frozen=True, slots=True)
