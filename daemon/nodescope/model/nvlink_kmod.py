@@ -171,28 +171,59 @@ class NvlcRecords(Rows[NvlcRecord]):
 
     def __post_init__(self) -> None:
         n = len(self.device)
-        lengths = {len(c) for f in fields(self) for c in _field_columns(self, f.name)}
+        arrays = (
+            ("counters", self.counters, NUM_COUNTERS),
+            ("window_max_delta", self.window_max_delta, NUM_COUNTERS),
+            ("window_util_hist", self.window_util_hist, HIST_BUCKETS),
+            ("window_stall_hist", self.window_stall_hist, HIST_BUCKETS),
+            ("util_hist", self.util_hist, HIST_BUCKETS),
+            ("stall_hist", self.stall_hist, HIST_BUCKETS),
+        )
+        scalars = (
+            self.device,
+            self.link,
+            self.flags,
+            self.capacity_bps,
+            self.samples,
+            self.window_samples,
+            self.window_max_util,
+            self.window_max_stall,
+            self.window_over_stall,
+            self.window_over_util,
+        )
+        lengths = {len(c) for c in scalars} | {len(c) for _, each, _ in arrays for c in each}
         if lengths - {n}:
             raise ValueError(f"columns of {sorted(lengths)} records, not all {n}")
-        for name, width in _ARRAY_WIDTHS.items():
-            if len(getattr(self, name)) != width:
-                raise ValueError(f"{name}: {len(getattr(self, name))} columns, not {width}")
+        for name, columns, width in arrays:
+            if len(columns) != width:
+                raise ValueError(f"{name}: {len(columns)} columns, not {width}")
 
     @classmethod
     def of(cls, records: Iterable[NvlcRecord]) -> NvlcRecords:
         """The columns of ``records`` (rows, e.g. the simulated module's or a test's)."""
         rows = list(records)
-        values: dict[str, Column | tuple[Column, ...]] = {}
-        for f in fields(cls):
-            items = [getattr(r, f.name) for r in rows]
-            width = _ARRAY_WIDTHS.get(f.name)
-            if width is None:
-                values[f.name] = tuple(items)
-            elif rows:
-                values[f.name] = tuple(zip(*items, strict=True))
-            else:
-                values[f.name] = _columns(width)
-        return cls(**values)  # type: ignore[arg-type]
+
+        def each(arrays: list[tuple[int, ...]], width: int) -> tuple[Column, ...]:
+            return tuple(zip(*arrays, strict=True)) if rows else _columns(width)
+
+        return cls(
+            device=tuple(r.device for r in rows),
+            link=tuple(r.link for r in rows),
+            flags=tuple(r.flags for r in rows),
+            capacity_bps=tuple(r.capacity_bps for r in rows),
+            counters=each([r.counters for r in rows], NUM_COUNTERS),
+            samples=tuple(r.samples for r in rows),
+            window_samples=tuple(r.window_samples for r in rows),
+            window_max_delta=each([r.window_max_delta for r in rows], NUM_COUNTERS),
+            window_max_util=tuple(r.window_max_util for r in rows),
+            window_max_stall=tuple(r.window_max_stall for r in rows),
+            window_over_stall=tuple(r.window_over_stall for r in rows),
+            window_over_util=tuple(r.window_over_util for r in rows),
+            window_util_hist=each([r.window_util_hist for r in rows], HIST_BUCKETS),
+            window_stall_hist=each([r.window_stall_hist for r in rows], HIST_BUCKETS),
+            util_hist=each([r.util_hist for r in rows], HIST_BUCKETS),
+            stall_hist=each([r.stall_hist for r in rows], HIST_BUCKETS),
+        )
 
     def __len__(self) -> int:
         return len(self.device)
@@ -226,22 +257,6 @@ class NvlcRecords(Rows[NvlcRecord]):
     def device_gone(self) -> tuple[bool, ...]:
         """Per record, whether the device holding the link's counters is gone."""
         return tuple([bool(f & LINK_DEVICE_GONE) for f in self.flags])
-
-
-#: The array fields of a record and their number of elements (columns).
-_ARRAY_WIDTHS: dict[str, int] = {
-    "counters": NUM_COUNTERS,
-    "window_max_delta": NUM_COUNTERS,
-    "window_util_hist": HIST_BUCKETS,
-    "window_stall_hist": HIST_BUCKETS,
-    "util_hist": HIST_BUCKETS,
-    "stall_hist": HIST_BUCKETS,
-}
-
-
-def _field_columns(records: NvlcRecords, name: str) -> tuple[Column, ...]:
-    value = getattr(records, name)
-    return value if name in _ARRAY_WIDTHS else (value,)
 
 
 @dataclass(frozen=True, slots=True)
