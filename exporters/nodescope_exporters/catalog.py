@@ -71,13 +71,18 @@ class Family:
                 self.timestamps = {}
             self.timestamps[len(self.values) - 1] = timestamp
 
-    def add_metrics(self, label_values: list[tuple[str, ...]], values: list[float]) -> None:
+    def add_metrics(
+        self, label_values: Sequence[tuple[str, ...]], values: Sequence[float | None]
+    ) -> None:
         """Many series at once, without timestamps: ``label_values[i]`` (label values in the
-        order of the label names) and ``values[i]`` are one series."""
+        order of the label names) and ``values[i]`` are one series; a value ``None`` (not
+        known, not read) adds none."""
         if len(label_values) != len(values):
             raise ValueError(f"{len(label_values)} label sets for {len(values)} values")
-        self.label_values.extend(label_values)
-        self.values.extend(values)
+        self.label_values.extend(
+            [labels for labels, v in zip(label_values, values, strict=True) if v is not None]
+        )
+        self.values.extend([float(v) for v in values if v is not None])
 
     @property
     def sample_name(self) -> str:

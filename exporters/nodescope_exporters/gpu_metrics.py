@@ -467,19 +467,12 @@ def _link_families(
     """The series of each link of GPU ``g``, from the links' columns."""
     numbers = [str(n) for n in links.link]
     labels = [(g, n) for n in numbers]
-    up.add_metrics(
-        [label for label, a in zip(labels, links.active, strict=True) if a is not None],
-        [1.0 if a else 0.0 for a in links.active if a is not None],
-    )
+    up.add_metrics(labels, [None if a is None else 1.0 if a else 0.0 for a in links.active])
     for n, kind, address in zip(numbers, links.remote_type, links.remote_pci_address, strict=True):
         if kind is not None or address is not None:
             info.add_metric([g, n, kind or "", address or ""], 1)
-    for family, column in ((data_tx, links.data_tx), (data_rx, links.data_rx)):
-        values = column.values
-        family.add_metrics(
-            [label for label, v in zip(labels, values, strict=True) if v is not None],
-            [float(v) for v in values if v is not None],
-        )
+    data_tx.add_metrics(labels, links.data_tx.values)
+    data_rx.add_metrics(labels, links.data_rx.values)
     for n, counters in zip(numbers, links.errors, strict=True):
         for name, value in counters:
             errors.add_metric([g, n, name], value)

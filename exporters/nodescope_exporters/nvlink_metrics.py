@@ -213,10 +213,7 @@ def _per_link(
 ) -> Iterator[Metric]:
     """A family of the links whose value is not ``None``, if any."""
     family = spec.family()
-    family.add_metrics(
-        [label for label, v in zip(labels, values, strict=True) if v is not None],
-        [float(v) for v in values if v is not None],
-    )
+    family.add_metrics(labels, values)
     if family.values:
         yield family
 
@@ -265,7 +262,7 @@ def _device_families(records: NvlcRecords) -> Iterator[Metric]:
                 family.add_metric([d], float(sum(have)))
         for family, hist, exported, bounds in hists:
             counts = _buckets([sum(pick(bucket)) for bucket in hist], exported)
-            family.add_metrics([(d, below) for below in bounds], list(map(float, counts)))
+            family.add_metrics([(d, below) for below in bounds], counts)
     yield from (capacity, links, gone, samples)
     yield from (family for _, _, family in counters if family.values)
     yield from (family for family, _, _, _ in hists)

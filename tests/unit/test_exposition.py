@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
@@ -83,3 +84,13 @@ print(",".join(sorted(m for m in sys.modules if m.split(".")[0] == "prometheus_c
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ""
+
+
+def test_add_metrics_adds_a_series_for_each_known_value() -> None:
+    family = Family("nodescope_x", "gauge", "x", ("gpu", "link"))
+    family.add_metrics([("0", "0"), ("0", "1"), ("0", "2")], [3, None, 0.5])
+    assert family.label_values == [("0", "0"), ("0", "2")]
+    assert family.values == [3.0, 0.5] and all(type(v) is float for v in family.values)
+    with pytest.raises(ValueError, match="2 label sets for 1 values"):
+        family.add_metrics([("1", "0"), ("1", "1")], [1.0])
+    assert len(family.values) == 2
