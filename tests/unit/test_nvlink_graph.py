@@ -226,22 +226,22 @@ def test_upper_case_addresses_are_matched_to_sysfs_form() -> None:
     edge_b = NvLinkEdge(1, 0, "gpu", "0000:07:00.0", True)
 
     @dataclasses.dataclass(frozen=True)
-    class Link:
-        link: int
-        active: bool | None
-        remote_type: str | None
-        remote_pci_address: str | None
+    class Links:
+        link: tuple[int, ...]
+        active: tuple[bool | None, ...]
+        remote_type: tuple[str | None, ...]
+        remote_pci_address: tuple[str | None, ...]
 
     @dataclasses.dataclass(frozen=True)
     class Gpu:
         index: int
         pci_address: str
-        nvlinks: tuple[Link, ...]
+        nvlinks: Links
 
     graph = NvLinkGraph.from_gpus(
         [
-            Gpu(0, "0000:07:00.0", (Link(0, True, "gpu", edge_a.remote_pci_address),)),
-            Gpu(1, "0000:0F:00.0", (Link(0, True, "gpu", edge_b.remote_pci_address),)),
+            Gpu(0, "0000:07:00.0", Links((0,), (True,), ("gpu",), (edge_a.remote_pci_address,))),
+            Gpu(1, "0000:0F:00.0", Links((0,), (True,), ("gpu",), (edge_b.remote_pci_address,))),
         ]
     )
     assert graph.gpu_at("0000:0f:00.0") == graph.gpu(1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol, cast
+from typing import Protocol
 
 from nodescope.model.topology import DeviceClass, PciDevice, Topology
 
@@ -30,22 +30,9 @@ VIA_DIRECT = "direct"
 VIA_NVSWITCH = "nvswitch"
 
 
-class LinkLike(Protocol):
-    """One NVLink as a GPU reports it (``sources.nvml.NvLinkSample`` is one)."""
-
-    @property
-    def link(self) -> int: ...
-    @property
-    def active(self) -> bool | None: ...
-    @property
-    def remote_type(self) -> str | None: ...
-    @property
-    def remote_pci_address(self) -> str | None: ...
-
-
 class LinkColumns(Protocol):
-    """A GPU's links held as columns (``model.nvml.NvLinks`` is one): the ``i``-th item of
-    each is link ``i``'s."""
+    """A GPU's NVLinks as it reports them, held as columns (``model.nvml.NvLinks`` is one):
+    the ``i``-th item of each is link ``i``'s."""
 
     @property
     def link(self) -> Sequence[int]: ...
@@ -57,23 +44,6 @@ class LinkColumns(Protocol):
     def remote_pci_address(self) -> Sequence[str | None]: ...
 
 
-def _link_states(
-    links: Sequence[LinkLike],
-) -> Iterable[tuple[int, str | None, str | None, bool | None]]:
-    """(link, remote type, remote address, active) of each link: from the columns of links
-    held as columns (no row is made), from each row of a tuple or list of rows."""
-    if isinstance(links, tuple | list):
-        return ((x.link, x.remote_type, x.remote_pci_address, x.active) for x in links)
-    columns = cast(LinkColumns, links)
-    return zip(
-        columns.link,
-        columns.remote_type,
-        columns.remote_pci_address,
-        columns.active,
-        strict=True,
-    )
-
-
 class GpuLike(Protocol):
     """A GPU and its NVLinks (``sources.nvml.GpuSample`` is one)."""
 
@@ -82,7 +52,7 @@ class GpuLike(Protocol):
     @property
     def pci_address(self) -> str: ...
     @property
-    def nvlinks(self) -> Sequence[LinkLike]: ...
+    def nvlinks(self) -> LinkColumns: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +127,10 @@ class NvLinkGraph:
         switches: set[str] = set()
         for gpu in gpus:
             nodes[gpu.index] = GpuNode(gpu.index, _address(gpu.pci_address))
-            for number, remote_type, remote, active in _link_states(gpu.nvlinks):
+            links = gpu.nvlinks
+            for number, remote_type, remote, active in zip(
+                links.link, links.remote_type, links.remote_pci_address, links.active, strict=True
+            ):
                 remote = None if remote is None else _address(remote)
                 edges.append(NvLinkEdge(gpu.index, number, remote_type, remote, active))
                 if remote_type == REMOTE_SWITCH and remote is not None:
