@@ -10,16 +10,17 @@ kernel lists per mount, SXid keys are (switch, code, link) under the source's ow
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from nodescope.model.link_events import LINK_EVENTS
 from nodescope.model.locks import LOCKS as LOCKS_SOURCE
-from nodescope.model.mountstats import MOUNTSTATS
+from nodescope.model.mountstats import MOUNTSTATS, MountstatsData
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.sxid import SXID
 from nodescope.model.threads import THREADS
 from nodescope.model.udev import ACTIONS, UDEV
 from nodescope_exporters.catalog import Metric, metric
+from nodescope_exporters.kept import KeptFamilies, kept_or_built
 
 AREA = "events"
 
@@ -225,10 +226,16 @@ def _hangs(snapshot: Snapshot) -> Iterator[Metric]:
             yield host
 
 
-def _nfs(snapshot: Snapshot) -> Iterator[Metric]:
+def _nfs(snapshot: Snapshot, kept: KeptFamilies | None) -> Iterator[Metric]:
     data = snapshot.latest(MOUNTSTATS)
     if data is None:
         return
+    # Read every 10 s: the families are kept while the record is the same.
+    yield from kept_or_built(kept, "nfs", _nfs_families, [(data,)])
+
+
+def _nfs_families(parts: Sequence[tuple[MountstatsData]]) -> Iterator[Metric]:
+    [(data,)] = parts
     ops, trans, rtt, execute, errors = (
         NFS_OPS.family(),
         NFS_TRANSMISSIONS.family(),
@@ -248,9 +255,13 @@ def _nfs(snapshot: Snapshot) -> Iterator[Metric]:
     yield from (ops, trans, rtt, execute, errors)
 
 
-def families(snapshot: Snapshot) -> Iterator[Metric]:
+#: The NFS families are kept while the mountstats record is the same.
+KEEPS_FAMILIES = True
+
+
+def families(snapshot: Snapshot, kept: KeptFamilies | None = None) -> Iterator[Metric]:
     yield from _links(snapshot)
     yield from _udev(snapshot)
     yield from _sxids(snapshot)
     yield from _hangs(snapshot)
-    yield from _nfs(snapshot)
+    yield from _nfs(snapshot, kept)

@@ -18,7 +18,9 @@ clears reads 0 rather than vanishing, which ``for:`` clauses and dashboards need
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from nodescope.model.gpu_health import (
     CLOCK_EVENT_REASONS,
@@ -31,6 +33,7 @@ from nodescope.model.nvlink_kmod import NVLINK_KMOD
 from nodescope.model.nvml import NVML, XID_MEANINGS, CounterColumn, NvLinks, NvmlData
 from nodescope.model.snapshot import Snapshot
 from nodescope_exporters.catalog import Metric, metric
+from nodescope_exporters.kept import KeptFamilies, kept_or_built
 
 AREA = "gpu"
 
@@ -424,16 +427,71 @@ _REASONS: tuple[tuple[int, str], ...] = tuple(CLOCK_EVENT_REASONS.items())
 _FABRIC_STATES: tuple[tuple[int, str], ...] = tuple(FABRIC_STATES.items())
 
 
-def _bonded(data: NvmlData) -> Metric:
+class _LinkStates(NamedTuple):
+    """What a GPU's slow read says of its links, as the columns of ``NvLinks`` (they
+    satisfy the NVLink graph's ``LinkColumns``)."""
+
+    gpu: int
+    pci_address: str
+    link: tuple[int, ...]
+    active: tuple[bool | None, ...]
+    remote_type: tuple[str | None, ...]
+    remote_pci_address: tuple[str | None, ...]
+    errors: tuple[tuple[tuple[str, int], ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _GraphGpu:
+    """A GPU as the NVLink graph reads one (``GpuLike``)."""
+
+    index: int
+    pci_address: str
+    nvlinks: _LinkStates
+
+
+def _link_states(data: NvmlData) -> list[_LinkStates]:
+    return [
+        _LinkStates(
+            gpu.index,
+            gpu.pci_address,
+            links.link,
+            links.active,
+            links.remote_type,
+            links.remote_pci_address,
+            links.errors,
+        )
+        for gpu in data.gpus
+        if (links := gpu.nvlinks)
+    ]
+
+
+def _link_state_families(gpus: Sequence[_LinkStates]) -> tuple[Metric, Metric, Metric, Metric]:
+    """Per link of each GPU: whether it is up, its peer, its error counters; per GPU pair:
+    the bonded links (``NV#``). All of them change only on a slow read."""
+    up, info, errors = NVLINK_UP.family(), NVLINK_INFO.family(), NVLINK_ERRORS.family()
+    for gpu in gpus:
+        g = str(gpu.gpu)
+        numbers = [str(n) for n in gpu.link]
+        up.add_metrics([(g, n) for n in numbers], [_up(a) for a in gpu.active])
+        for n, kind, address in zip(numbers, gpu.remote_type, gpu.remote_pci_address, strict=True):
+            if kind is not None or address is not None:
+                info.add_metric([g, n, kind or "", address or ""], 1)
+        for n, counters in zip(numbers, gpu.errors, strict=True):
+            for name, value in counters:
+                errors.add_metric([g, n, name], value)
     # At most (GPUs with NVLinks)^2 - that many series: 56 on an 8-GPU node.
-    family = NVLINK_BONDED.family()
-    graph = NvLinkGraph.from_gpus(g for g in data.gpus if g.nvlinks)
+    bonded = NVLINK_BONDED.family()
+    graph = NvLinkGraph.from_gpus(_GraphGpu(gpu.gpu, gpu.pci_address, gpu) for gpu in gpus)
     for a in graph.gpus:
         for b in graph.gpus:
             if a.index != b.index:
                 pair = graph.bonded(a.index, b.index)
-                family.add_metric([str(a.index), str(b.index)], 0 if pair is None else pair.links)
-    return family
+                bonded.add_metric([str(a.index), str(b.index)], 0 if pair is None else pair.links)
+    return up, info, errors, bonded
+
+
+def _up(active: bool | None) -> float | None:
+    return None if active is None else 1.0 if active else 0.0
 
 
 def _summed(counters: CounterColumn) -> int | None:
@@ -455,27 +513,11 @@ def _summed(counters: CounterColumn) -> int | None:
     return total
 
 
-def _link_families(
-    g: str,
-    links: NvLinks,
-    up: Metric,
-    info: Metric,
-    data_tx: Metric,
-    data_rx: Metric,
-    errors: Metric,
-) -> None:
-    """The series of each link of GPU ``g``, from the links' columns."""
-    numbers = [str(n) for n in links.link]
-    labels = [(g, n) for n in numbers]
-    up.add_metrics(labels, [None if a is None else 1.0 if a else 0.0 for a in links.active])
-    for n, kind, address in zip(numbers, links.remote_type, links.remote_pci_address, strict=True):
-        if kind is not None or address is not None:
-            info.add_metric([g, n, kind or "", address or ""], 1)
+def _link_data_families(g: str, links: NvLinks, data_tx: Metric, data_rx: Metric) -> None:
+    """The payload byte counters of each link of GPU ``g``, from the links' columns."""
+    labels = [(g, str(n)) for n in links.link]
     data_tx.add_metrics(labels, links.data_tx.values)
     data_rx.add_metrics(labels, links.data_rx.values)
-    for n, counters in zip(numbers, links.errors, strict=True):
-        for name, value in counters:
-            errors.add_metric([g, n, name], value)
 
 
 def nvlink_data_source(snapshot: Snapshot) -> str | None:
@@ -491,11 +533,16 @@ def nvlink_data_source(snapshot: Snapshot) -> str | None:
     return None
 
 
-def families(snapshot: Snapshot) -> Iterator[Metric]:
+#: The link states, peers, error counters and NV# are kept from one slow read to the next,
+#: the health figures from one health read to the next.
+KEEPS_FAMILIES = True
+
+
+def families(snapshot: Snapshot, kept: KeptFamilies | None = None) -> Iterator[Metric]:
     data = snapshot.latest(NVML)
     if data is not None:
-        yield from _nvml_families(data)
-        yield from _health_families(data)
+        yield from _nvml_families(data, kept)
+        yield from _health_families(data, kept)
     source = nvlink_data_source(snapshot)
     if source is not None:
         family = NVLINK_SOURCE.family()
@@ -503,17 +550,18 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
         yield family
 
 
-def _nvml_families(data: NvmlData) -> Iterator[Metric]:
+def _nvml_families(data: NvmlData, kept: KeptFamilies | None) -> Iterator[Metric]:
     info, lost = GPU_INFO.family(), GPU_LOST.family()
     tx, rx, snap = PCIE_TX.family(), PCIE_RX.family(), PCIE_SNAPSHOT.family()
     gen, gen_max = PCIE_GEN.family(), PCIE_GEN_MAX.family()
     width, width_max = PCIE_WIDTH.family(), PCIE_WIDTH_MAX.family()
     replays, util = PCIE_REPLAYS.family(), UTILIZATION.family()
     procs, proc_mem = PROCESSES.family(), PROCESS_MEMORY.family()
-    link_info, link_up = NVLINK_INFO.family(), NVLINK_UP.family()
     data_tx, data_rx = NVLINK_DATA_TX.family(), NVLINK_DATA_RX.family()
     raw_tx, raw_rx = NVLINK_RAW_TX.family(), NVLINK_RAW_RX.family()
-    link_errors = NVLINK_ERRORS.family()
+    link_up, link_info, link_errors, bonded = kept_or_built(
+        kept, "link_states", _link_state_families, _link_states(data)
+    )
 
     for gpu in data.gpus:
         g = str(gpu.index)
@@ -553,7 +601,7 @@ def _nvml_families(data: NvmlData) -> Iterator[Metric]:
             proc_mem.add_metric([g], sum(used))
         links = gpu.nvlinks
         if links:
-            _link_families(g, links, link_up, link_info, data_tx, data_rx, link_errors)
+            _link_data_families(g, links, data_tx, data_rx)
         # Protocol overhead per GPU is enough: the payload counters above name the link.
         for family, total in ((raw_tx, _summed(links.raw_tx)), (raw_rx, _summed(links.raw_rx))):
             if total is not None:
@@ -563,7 +611,7 @@ def _nvml_families(data: NvmlData) -> Iterator[Metric]:
     yield from (info, lost, tx, rx, snap, gen, gen_max, width, width_max, replays, util)
     yield from (procs, proc_mem, link_info, link_up, data_tx, data_rx, raw_tx, raw_rx)
     yield link_errors
-    yield _bonded(data)
+    yield bonded
 
     xids, meanings = XID_ERRORS.family(), XID_INFO.family()
     seen: set[int] = set()
@@ -583,14 +631,18 @@ def _nvml_families(data: NvmlData) -> Iterator[Metric]:
     yield source
 
 
-def _health_families(data: NvmlData) -> Iterator[Metric]:
+def _health_families(data: NvmlData, kept: KeptFamilies | None) -> tuple[Metric, ...]:
     """The health figures of the GPUs the record lists (a GPU lost since the last health read
-    keeps no series, like the rest of its figures)."""
-    series = _HealthSeries()
+    keeps no series, like the rest of its figures), kept from one health read to the next."""
     listed = {gpu.index for gpu in data.gpus}
-    for health in data.health:
-        if health.index in listed:
-            series.add(health)
+    reads = [(health,) for health in data.health if health.index in listed]
+    return kept_or_built(kept, "health", _health_series, reads)
+
+
+def _health_series(reads: Sequence[tuple[GpuHealth]]) -> Iterator[Metric]:
+    series = _HealthSeries()
+    for (health,) in reads:
+        series.add(health)
     return series.families()
 
 

@@ -22,6 +22,7 @@ from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.model.source_key import SourceKey
 from nodescope_exporters.catalog import Metric
 from nodescope_exporters.exposition import TextRenderer
+from nodescope_exporters.kept import KeptFamilies
 
 log = logging.getLogger("nodescope.exporter")
 
@@ -85,11 +86,29 @@ def inputs_only(snapshot: Snapshot, names: tuple[str, ...]) -> Snapshot:
     )
 
 
+def keeps_families(build: FamilyBuilder) -> bool:
+    """Whether an area module declares ``KEEPS_FAMILIES = True``: its ``families`` then takes
+    a :class:`~nodescope_exporters.kept.KeptFamilies` of its own as a second argument."""
+    module = sys.modules.get(getattr(build, "__module__", ""))
+    return (
+        getattr(module, "families", None) is build
+        and getattr(module, "KEEPS_FAMILIES", False) is True
+    )
+
+
 _InputsKey = tuple[SourceSample | None, ...]
 
 
-def _build_all(build: FamilyBuilder, snapshot: Snapshot, names: tuple[str, ...]) -> list[Metric]:
-    return list(build(inputs_only(snapshot, names)))
+def _build(build: FamilyBuilder, snapshot: Snapshot, kept: KeptFamilies | None) -> list[Metric]:
+    if kept is None:
+        return list(build(snapshot))
+    return list(build(snapshot, kept))  # type: ignore[call-arg]
+
+
+def _build_all(
+    build: FamilyBuilder, snapshot: Snapshot, names: tuple[str, ...], kept: KeptFamilies | None
+) -> list[Metric]:
+    return _build(build, inputs_only(snapshot, names), kept)
 
 
 class SnapshotCollector:
@@ -98,6 +117,8 @@ class SnapshotCollector:
     def __init__(self, builders: list[FamilyBuilder] | None = None) -> None:
         self._builders = builders if builders is not None else load_areas()
         self._inputs = [declared_inputs(build) for build in self._builders]
+        # An area that keeps families gets its own KeptFamilies, owned here.
+        self._kept = [KeptFamilies() if keeps_families(b) else None for b in self._builders]
         # Per area that declares its inputs: what it built from the samples it last saw.
         self._reuse: dict[int, Memo[list[Metric]]] = {
             index: Memo() for index, inputs in enumerate(self._inputs) if inputs is not None
@@ -117,8 +138,9 @@ class SnapshotCollector:
             # An area that fails on odd data loses its own families for this cycle; the
             # others are still exported. Built whole first, so no half area is yielded.
             try:
+                kept = self._kept[index]
                 if inputs is None:
-                    built = list(build(snapshot))
+                    built = _build(build, snapshot, kept)
                 else:
                     key: _InputsKey = tuple(
                         sample
@@ -127,7 +149,7 @@ class SnapshotCollector:
                     )
                     # Its sources did not run since: the very same families (and text).
                     built = self._reuse[index].get(
-                        key, None, partial(_build_all, build, snapshot, inputs)
+                        key, None, partial(_build_all, build, snapshot, inputs, kept)
                     )
             except Exception as exc:
                 area = getattr(build, "__module__", repr(build))

@@ -725,13 +725,21 @@ class _FieldPlan:
 
 @dataclass
 class _SlowGpu:
-    """What a slow read gives a GPU, carried in its records until the next one."""
+    """What a slow read gives a GPU, carried in its records until the next one: the same
+    objects, so that what is made of them downstream (the exporter's link families, the
+    NVLink graph) is made once per slow read."""
 
     pcie_gen_current: int | None
     pcie_width_current: int | None
     pcie_gen_max: int | None
     pcie_width_max: int | None
     pcie_replays: int | None
+    #: the links' numbers, states, peers and error counters as the columns of NvLinks
+    link: tuple[int, ...] = ()
+    active: tuple[bool | None, ...] = ()
+    remote_type: tuple[str | None, ...] = ()
+    remote_pci_address: tuple[str | None, ...] = ()
+    errors: tuple[tuple[tuple[str, int], ...], ...] = ()
 
 
 @dataclass
@@ -1255,8 +1263,14 @@ class NvmlSource:
             pcie_width_max=simple(nvml.nvmlDeviceGetMaxPcieLinkWidth),
             pcie_replays=simple(nvml.nvmlDeviceGetPcieReplayCounter),
         )
-        for link in gpu.links:
+        links = gpu.links
+        for link in links:
             self._read_link(gpu, link)
+        slow.link = tuple([link.index for link in links])
+        slow.active = tuple([link.active for link in links])
+        slow.remote_type = tuple([link.remote_type for link in links])
+        slow.remote_pci_address = tuple([link.remote_pci_address for link in links])
+        slow.errors = tuple([link.errors for link in links])
         return slow
 
     def _read_gpu(self, gpu: _Gpu, slow: bool) -> GpuSample:
@@ -1311,18 +1325,17 @@ class NvmlSource:
         carried = gpu.slow
         if slow or carried is None:
             carried = gpu.slow = self._read_slow(gpu)
-        links = gpu.links
         data_tx, data_rx, raw_tx, raw_rx = plan.link_columns
         nvlinks = NvLinks(
-            link=tuple([link.index for link in links]),
-            active=tuple([link.active for link in links]),
-            remote_type=tuple([link.remote_type for link in links]),
-            remote_pci_address=tuple([link.remote_pci_address for link in links]),
+            link=carried.link,
+            active=carried.active,
+            remote_type=carried.remote_type,
+            remote_pci_address=carried.remote_pci_address,
             data_tx=fields.column(data_tx),
             data_rx=fields.column(data_rx),
             raw_tx=fields.column(raw_tx),
             raw_rx=fields.column(raw_rx),
-            errors=tuple([link.errors for link in links]),
+            errors=carried.errors,
         )
         return GpuSample(
             index=gpu.index,

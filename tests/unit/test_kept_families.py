@@ -1,0 +1,140 @@
+"""Families built once per slow read: kept while what they are made of is the same objects,
+built again when any of it is a new object."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.roots import Roots
+from nodescope.sim.fake_nvml import FakeNvml, hgx_h100
+from nodescope.sources import nvml as nv
+from nodescope_exporters import event_metrics, gpu_metrics
+from nodescope_exporters.catalog import Family, Metric
+from nodescope_exporters.exposition import TextRenderer
+from nodescope_exporters.kept import KeptFamilies, kept_or_built
+from nodescope_exporters.prometheus import SnapshotCollector, keeps_families
+
+NO_FILES = Roots.under("/nonexistent-nodescope-root")
+
+
+def _family(name: str, *values: float) -> Family:
+    family = Family(name, "gauge", "A test family.", ("n",))
+    for i, v in enumerate(values):
+        family.add_metric([str(i)], v)
+    return family
+
+
+def test_kept_while_every_field_is_the_same_object() -> None:
+    built: list[Sequence[tuple[object, ...]]] = []
+
+    def build(parts: Sequence[tuple[str, list[int]]]) -> list[Metric]:
+        built.append(parts)
+        return [_family("x_total", *(len(p[1]) for p in parts))]
+
+    kept = KeptFamilies()
+    name, states = "eth0", [1, 2]
+    first = kept.get("a", build, [(name, states)])
+    assert kept.get("a", build, [(name, states)]) is first and len(built) == 1
+    # Equal but not the same object: built again (identity decides whether, never what).
+    again = kept.get("a", build, [(name, list(states))])
+    assert again is not first and len(built) == 2
+    assert again[0].values == first[0].values
+    # One part more is a different key, even with every field of the others the same.
+    kept.get("a", build, [(name, states), (name, states)])
+    assert len(built) == 3
+    # Names keep apart; without a KeptFamilies every call builds.
+    kept.get("b", build, [(name, states)])
+    assert len(built) == 4
+    assert kept_or_built(None, "a", build, [(name, states)]) is not first and len(built) == 5
+
+
+def test_areas_that_keep_families_say_so() -> None:
+    assert keeps_families(gpu_metrics.families) and keeps_families(event_metrics.families)
+    assert not keeps_families(lambda snapshot: [])
+
+
+def _snapshot(cycle: int, data: nv.NvmlData) -> Snapshot:
+    return Snapshot(
+        cycle=cycle,
+        monotonic=float(cycle),
+        wall_time=0.0,
+        current={"nvml": SourceSample("nvml", float(cycle), 0.0, data)},
+    )
+
+
+def _by_name(families: list[Metric]) -> dict[str, Metric]:
+    return {f.name: f for f in families}
+
+
+def test_gpu_link_families_are_built_once_per_slow_read() -> None:
+    """Between two slow reads of the NVML source its records carry the same link states, and
+    the GPU area hands out the same families for them; a slow read that finds a link down
+    builds them again and says so, in the same text a fresh render writes."""
+    node = FakeNvml(hgx_h100())
+    source = nv.NvmlSource(node, watch_xids=False, slow_every=3)
+    collector = SnapshotCollector([gpu_metrics.families])
+    renderer = TextRenderer()
+    rounds: list[dict[str, Metric]] = []
+    try:
+        for cycle in range(1, 7):  # slow reads on the 1st and the 4th
+            if cycle == 4:
+                node.gpus[1].links[2].active = False
+                node.gpus[1].links[2].errors[0] = 5
+            snapshot = _snapshot(cycle, source.collect(NO_FILES))
+            collector.set_snapshot(snapshot)
+            families = list(collector.collect())
+            rounds.append(_by_name(families))
+            text = renderer.render(families)
+            assert text == TextRenderer().render(gpu_metrics.families(snapshot))
+    finally:
+        source.close()
+    kept = (
+        "nodescope_gpu_nvlink_up",
+        "nodescope_gpu_nvlink_info",
+        "nodescope_gpu_nvlink_errors",
+        "nodescope_gpu_nvlink_bonded_links",
+    )
+    for name in kept:
+        assert rounds[0][name] is rounds[1][name] is rounds[2][name], name
+        assert rounds[3][name] is not rounds[2][name], name
+        assert rounds[3][name] is rounds[4][name] is rounds[5][name], name
+    # The payload counters are read every run: never kept.
+    data_tx = "nodescope_gpu_nvlink_data_tx_bytes"
+    assert rounds[0][data_tx] is not rounds[1][data_tx]
+    up = rounds[2]["nodescope_gpu_nvlink_up"]
+    assert up.values[up.label_values.index(("1", "2"))] == 1.0
+    up = rounds[3]["nodescope_gpu_nvlink_up"]
+    assert up.values[up.label_values.index(("1", "2"))] == 0.0
+    errors = rounds[3]["nodescope_gpu_nvlink_errors"]
+    pairs = zip(errors.label_values, errors.values, strict=True)
+    assert 5 in [v for lv, v in pairs if lv[:2] == ("1", "2")]
+    bonded = rounds[3]["nodescope_gpu_nvlink_bonded_links"]
+    assert bonded.values != rounds[2]["nodescope_gpu_nvlink_bonded_links"].values
+
+
+def test_gpu_health_families_are_built_once_per_health_read() -> None:
+    """The health figures are carried between health reads: their families are kept, and a
+    health read that finds a GPU hotter builds them again."""
+    node = FakeNvml(hgx_h100())
+    source = nv.NvmlSource(node, watch_xids=False, slow_every=1, health_every=3)
+    collector = SnapshotCollector([gpu_metrics.families])
+    temperature = "nodescope_gpu_temperature_celsius"
+    rounds: list[Metric] = []
+    healths: list[object] = []
+    try:
+        for cycle in range(1, 8):
+            if cycle == 4:
+                node.gpus[3].temperature_gpu = 91
+            data = source.collect(NO_FILES)
+            healths.append(data.health)
+            collector.set_snapshot(_snapshot(cycle, data))
+            rounds.append(_by_name(list(collector.collect()))[temperature])
+    finally:
+        source.close()
+    reads = [i for i in range(1, len(healths)) if healths[i] is not healths[i - 1]]
+    assert reads, "no second health read in seven runs"
+    for i in range(1, len(rounds)):
+        assert (rounds[i] is rounds[i - 1]) == (i not in reads), i
+    hot = rounds[-1]
+    assert hot.values[hot.label_values.index(("3", "gpu"))] == 91
