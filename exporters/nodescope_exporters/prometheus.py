@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from types import ModuleType
+from typing import cast
 
 from nodescope.memo import Memo
 from nodescope.model.snapshot import Snapshot, SourceSample
@@ -57,6 +58,13 @@ def load_areas(names: Iterable[str] = AREAS) -> list[FamilyBuilder]:
     return builders
 
 
+def _area_declaration(build: FamilyBuilder, name: str) -> object:
+    """What the area module whose ``families`` is ``build`` declares as ``name`` (``None``:
+    nothing, or ``build`` is not an area's ``families``)."""
+    module = sys.modules.get(getattr(build, "__module__", ""))
+    return getattr(module, name, None) if getattr(module, "families", None) is build else None
+
+
 def declared_inputs(build: FamilyBuilder) -> tuple[str, ...] | None:
     """The names of the sources an area module declares its families are made of
     (``INPUTS``, a tuple of :class:`~nodescope.model.source_key.SourceKey`), if any.
@@ -66,11 +74,10 @@ def declared_inputs(build: FamilyBuilder) -> tuple[str, ...] | None:
     function of those samples by construction; they are then reused while those samples are
     the same objects.
     """
-    module = sys.modules.get(getattr(build, "__module__", ""))
-    inputs = getattr(module, "INPUTS", None) if getattr(module, "families", None) is build else None
+    inputs = _area_declaration(build, "INPUTS")
     if inputs is None:
         return None
-    keys: tuple[SourceKey[object], ...] = tuple(inputs)
+    keys: tuple[SourceKey[object], ...] = tuple(cast(Iterable[SourceKey[object]], inputs))
     return tuple(key.name for key in keys)
 
 
@@ -89,11 +96,7 @@ def inputs_only(snapshot: Snapshot, names: tuple[str, ...]) -> Snapshot:
 def keeps_families(build: FamilyBuilder) -> bool:
     """Whether an area module declares ``KEEPS_FAMILIES = True``: its ``families`` then takes
     a :class:`~nodescope_exporters.kept.KeptFamilies` of its own as a second argument."""
-    module = sys.modules.get(getattr(build, "__module__", ""))
-    return (
-        getattr(module, "families", None) is build
-        and getattr(module, "KEEPS_FAMILIES", False) is True
-    )
+    return _area_declaration(build, "KEEPS_FAMILIES") is True
 
 
 _InputsKey = tuple[SourceSample | None, ...]
