@@ -20,7 +20,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -75,6 +75,21 @@ def sim(device: int, link: int, tx: int, rx: int = 0, stall_per_us: int = 0, **k
     return SimLink(device, link, 25 * GB, (tx, rx, stall_per_us * 1_000_000, 0, 0), **kw)
 
 
+def snapshot_when(
+    d: Device, ready: Callable[[abi.NvlcSnapshot], bool], seconds: float = 10.0
+) -> abi.NvlcSnapshot:
+    """The first snapshot that is ``ready``, or the last one taken in ``seconds``. What the
+    sampler does shows at its next tick, and the guest is emulated on a loaded host, where
+    the vCPU that runs the sampler can be held off for tens of milliseconds: a test waits for
+    the tick with a deadline rather than for a fixed time."""
+    deadline = time.monotonic() + seconds
+    snap = d.snapshot()
+    while not ready(snap) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        snap = d.snapshot()
+    return snap
+
+
 def raw_ioctl(fd: int, name_or_cmd: str | int, payload: bytes) -> int:
     cmd = abi.IOCTLS[name_or_cmd] if isinstance(name_or_cmd, str) else name_or_cmd
     try:
@@ -116,16 +131,10 @@ def test_read_pread_and_partial_reads() -> None:
         assert len(first) + len(rest) == len(whole)
         assert os.read(d.fd, 100) == b""
         assert abi.parse_snapshot(first + rest, DEV).header.magic == abi.MAGIC
-        # pread at 0 is always a fresh snapshot: a later one shows the samples taken since.
-        # The guest is emulated on a loaded host, where the vCPU that runs the sampler can be
-        # held off for tens of milliseconds, so wait for a new sample rather than a fixed time
+        # pread at 0 is always a fresh snapshot: a later one shows the samples taken since
         # (a snapshot cached at open or at the first read would never change).
         a = d.snapshot()
-        deadline = time.monotonic() + 10.0
-        b = d.snapshot()
-        while b.header.sequence == a.header.sequence and time.monotonic() < deadline:
-            time.sleep(0.02)
-            b = d.snapshot()
+        b = snapshot_when(d, lambda s: s.header.sequence != a.header.sequence)
         assert b.header.sequence > a.header.sequence
         assert b.header.timestamp_ns > a.header.timestamp_ns
 
@@ -694,13 +703,8 @@ def test_pci_remove_while_mapped() -> None:
         time.sleep(0.05)
         d.snapshot()
         (dev / "remove").write_text("1")
-        # The links are marked at the sampler's next tick after the notifier saw the removal;
-        # on an emulated guest that tick can be held off, so wait for it with a deadline.
-        deadline = time.monotonic() + 10.0
-        s = d.snapshot()
-        while not s.header.device_gone and time.monotonic() < deadline:
-            time.sleep(0.02)
-            s = d.snapshot()
+        # The links are marked at the sampler's next tick after the notifier saw the removal.
+        s = snapshot_when(d, lambda s: s.header.device_gone)
         assert s.header.device_gone and all(r.device_gone for r in s.records)
         with pytest.raises(OSError) as e:
             d.set_mmio(links, regs)
