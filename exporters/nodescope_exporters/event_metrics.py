@@ -231,7 +231,7 @@ def _nfs(snapshot: Snapshot, kept: KeptFamilies | None) -> Iterator[Metric]:
     if data is None:
         return
     # Read every 10 s: the families are kept while the record is the same.
-    yield from kept_or_built(kept, "nfs", _nfs_families, [(data,)])
+    yield from kept_or_built(kept, _nfs_families, [(data,)])
 
 
 def _nfs_families(parts: Sequence[tuple[MountstatsData]]) -> Iterator[Metric]:

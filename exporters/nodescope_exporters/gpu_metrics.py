@@ -560,7 +560,7 @@ def _nvml_families(data: NvmlData, kept: KeptFamilies | None) -> Iterator[Metric
     data_tx, data_rx = NVLINK_DATA_TX.family(), NVLINK_DATA_RX.family()
     raw_tx, raw_rx = NVLINK_RAW_TX.family(), NVLINK_RAW_RX.family()
     link_up, link_info, link_errors, bonded = kept_or_built(
-        kept, "link_states", _link_state_families, _link_states(data)
+        kept, _link_state_families, _link_states(data)
     )
 
     for gpu in data.gpus:
@@ -636,7 +636,7 @@ def _health_families(data: NvmlData, kept: KeptFamilies | None) -> tuple[Metric,
     keeps no series, like the rest of its figures), kept from one health read to the next."""
     listed = {gpu.index for gpu in data.gpus}
     reads = [(health,) for health in data.health if health.index in listed]
-    return kept_or_built(kept, "health", _health_series, reads)
+    return kept_or_built(kept, _health_series, reads)
 
 
 def _health_series(reads: Sequence[tuple[GpuHealth]]) -> Iterator[Metric]:

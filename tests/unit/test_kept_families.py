@@ -32,21 +32,25 @@ def test_kept_while_every_field_is_the_same_object() -> None:
         built.append(parts)
         return [_family("x_total", *(len(p[1]) for p in parts))]
 
+    def other(parts: Sequence[tuple[str, list[int]]]) -> list[Metric]:
+        return build(parts)
+
     kept = KeptFamilies()
     name, states = "eth0", [1, 2]
-    first = kept.get("a", build, [(name, states)])
-    assert kept.get("a", build, [(name, states)]) is first and len(built) == 1
+    first = kept.get(build, [(name, states)])
+    assert kept.get(build, [(name, states)]) is first and len(built) == 1
     # Equal but not the same object: built again (identity decides whether, never what).
-    again = kept.get("a", build, [(name, list(states))])
+    again = kept.get(build, [(name, list(states))])
     assert again is not first and len(built) == 2
     assert again[0].values == first[0].values
     # One part more is a different key, even with every field of the others the same.
-    kept.get("a", build, [(name, states), (name, states)])
+    more = kept.get(build, [(name, states), (name, states)])
     assert len(built) == 3
-    # Names keep apart; without a KeptFamilies every call builds.
-    kept.get("b", build, [(name, states)])
+    # Each building function keeps its own; without a KeptFamilies every call builds.
+    kept.get(other, [(name, states)])
     assert len(built) == 4
-    assert kept_or_built(None, "a", build, [(name, states)]) is not first and len(built) == 5
+    assert kept.get(build, [(name, states), (name, states)]) is more and len(built) == 4
+    assert kept_or_built(None, build, [(name, states)]) is not first and len(built) == 5
 
 
 def test_areas_that_keep_families_say_so() -> None:
