@@ -62,7 +62,7 @@ step() {
 
 say "== machine: $(uname -srm); $("$PY" --version 2>&1); $(date -u +%FT%TZ)"
 { nvidia-smi || echo "nvidia-smi: not found or failed"; } 2>&1 | head -30 >>"$LOG"
-"$PY" -m pip list 2>/dev/null | grep -Ei '^(nvidia-ml-py|torch|psutil|cffi|pyudev|pyroute2|pyyaml) ' \
+"$PY" -m pip list 2>/dev/null | grep -Ei '^(nvidia-ml-py|torch|psutil|cffi|pyudev|pyyaml) ' \
     >>"$LOG"
 
 step nvml-check 480 "$OUT/nvml-check.json" \

@@ -5,7 +5,7 @@
 #     bash scripts/gpu/wheels.sh          # here, where PyPI answers; then carry .whl
 #
 # That machine's image has Python 3.12 with torch, nvidia-ml-py, psutil and PyYAML; the daemon
-# also needs cffi (with pycparser: the nvlink_counter ABI's layout), pyudev and pyroute2. The
+# also needs cffi (with pycparser: the nvlink_counter ABI's layout) and pyudev. The
 # versions are the ones this tree's virtual environment holds (TARGET_PYTHON picks another
 # Python version for the binary wheels).
 set -euo pipefail
@@ -14,7 +14,7 @@ PY=${PYTHON:-.venv/bin/python}
 TARGET=${TARGET_PYTHON:-3.12}
 mkdir -p .whl
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
-for pkg in cffi pycparser pyudev pyroute2; do
+for pkg in cffi pycparser pyudev; do
     version=$("$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$pkg")
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$TARGET" \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \

@@ -71,8 +71,7 @@ def test_packages_build_install_run_and_purge(capsys: pytest.CaptureFixture[str]
     snapshot = json.loads((OUT / "snapshot.json").read_text())
     assert snapshot["nodescope_version"] == version
     sources = snapshot["sources"]
-    # Read by the installed tree from the host's /sys and /proc; netdev also proves the
-    # vendored pyroute2 (Debian 12's 0.7.2 leaves it down).
+    # Read by the installed tree from the host's /sys, /proc and rtnetlink.
     for name in ("pci", "netdev", "disks", "procs"):
         assert sources[name]["ok"], (name, sources[name]["error"])
 

@@ -2,9 +2,10 @@
 
 Two inputs:
 
-* an rtnetlink monitor on its own thread (pyroute2 ``IPRoute.bind()``: the ``RTNLGRP_LINK``
-  multicast group, ``include/uapi/linux/rtnetlink.h``): every ``RTM_NEWLINK`` message the
-  kernel sends when a link changes, parsed like the ``netdev`` source's dump
+* an rtnetlink monitor on its own thread (an ``AF_NETLINK`` socket bound to the
+  ``RTNLGRP_LINK`` multicast group, ``include/uapi/linux/rtnetlink.h``): every
+  ``RTM_NEWLINK`` message the kernel sends when a link changes, decoded by
+  :mod:`nodescope.sources.rtnetlink` and parsed like the ``netdev`` source's dump
   (:func:`nodescope.sources.netlink.parse_link`). A link is *up* when its RFC 2863
   operational state is ``up`` (or ``unknown`` with carrier on an administratively up link,
   as loopback-like drivers report), *down* otherwise; ``RTM_DELLINK`` forgets it. A dump at
@@ -22,7 +23,6 @@ source hands on are declared in :mod:`nodescope.model.link_events`.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import select
@@ -39,8 +39,17 @@ from nodescope.fileio import SYSFS_ATTRIBUTE, FileTooLarge, NotARegularFile, rea
 from nodescope.model.link_events import LINK_EVENTS, LinkEventsData, LinkTransitions
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
+from nodescope.sources import rtnetlink as rtnl
 from nodescope.sources.infiniband import parse_state
-from nodescope.sources.netlink import LinkMessage, NetLink, parse_link
+from nodescope.sources.netlink import (
+    DUMP_TIMEOUT,
+    LinkMessage,
+    NetLink,
+    dump_links,
+    kernel_datagram,
+    open_link_socket,
+    parse_link,
+)
 
 NAME = LINK_EVENTS.name
 WINDOW_SECONDS = 300.0
@@ -151,58 +160,6 @@ class FlapCounter:
         return LinkEventsData(tuple(links), self.window_seconds, monitor, self.untracked)
 
 
-_CLONE_NEWNET = 0x40000000
-#: ``RTMGRP_LINK`` (``include/uapi/linux/rtnetlink.h``): link changes.
-_RTMGRP_LINK = 1
-
-
-def _setns(fd: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, _CLONE_NEWNET) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
-
-
-def open_link_socket(netns: str | None, netns_dir: str = "/run/netns") -> socket.socket:
-    """An rtnetlink socket joined to the link multicast group, in the network namespace
-    ``netns`` (a name under ``netns_dir``, as ``ip netns`` makes them) or the daemon's own.
-
-    A socket belongs to the namespace it was created in; the switch happens on a helper
-    thread (``setns`` changes only the calling thread) that ends right after."""
-
-    def make() -> socket.socket:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        try:
-            sock.bind((0, _RTMGRP_LINK))
-        except OSError:
-            sock.close()
-            raise
-        return sock
-
-    if netns is None:
-        return make()
-    result: list[socket.socket | BaseException] = []
-
-    def in_namespace() -> None:
-        try:
-            fd = os.open(os.path.join(netns_dir, netns), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                _setns(fd)
-            finally:
-                os.close(fd)
-            result.append(make())
-        except BaseException as exc:
-            result.append(exc)
-
-    helper = threading.Thread(target=in_namespace, name="nodescope-setns")
-    helper.start()
-    helper.join()
-    outcome = result[0]
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
-
-
 class NetlinkMonitor:
     """``RTM_NEWLINK``/``RTM_DELLINK`` messages of a network namespace (``netns``: an ``ip
     netns`` name, or ``None`` for the daemon's own) on a daemon thread. :meth:`start` opens
@@ -225,37 +182,58 @@ class NetlinkMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
-        self._marshal: Any = None
 
-    def _deliver(self, messages: Any) -> None:
+    def _bad(self, fault: str) -> None:
+        if self.on_bad_message is not None:
+            self.on_bad_message(fault)
+
+    def _decode(self, data: bytes) -> list[dict[str, Any]]:
+        """The link messages of one multicast datagram; each one that does not decode is
+        reported and left out, and a frame that does not fit ends the datagram."""
+        messages: list[dict[str, Any]] = []
+        try:
+            for kind, _flags, _seq, payload in rtnl.frames(data):
+                if kind not in rtnl.EVENTS:
+                    continue
+                try:
+                    messages.append(rtnl.decode_link(kind, payload))
+                except ParseError as exc:
+                    self._bad(str(exc))
+        except ParseError as exc:
+            self._bad(str(exc))
+        return messages
+
+    def _deliver(self, messages: list[dict[str, Any]]) -> None:
         for message in messages:
-            if message.get("event") not in ("RTM_NEWLINK", "RTM_DELLINK"):
-                continue
             try:
                 event = parse_link_event(message, self.clock(), self.include_virtual)
             except ParseError as exc:
-                if self.on_bad_message is not None:
-                    self.on_bad_message(str(exc))
+                self._bad(str(exc))
                 continue
             if event is not None:
                 self.on_event(event)
 
     def start(self) -> None:
-        from pyroute2 import IPRoute
-        from pyroute2.netlink.rtnl.marshal import MarshalRtnl
-
-        # The multicast socket is a plain one read with select()/recv(): pyroute2's own
-        # socket reads through an event loop that drains the file descriptor, so select()
-        # on it misses datagrams. Bound before the dump, so no change falls between.
+        # The multicast socket is bound before the dump (on a socket of its own), so no change
+        # falls between the starting states and the first event.
         sock = open_link_socket(self.netns)
         try:
-            with IPRoute(netns=self.netns) if self.netns else IPRoute() as ipr:
-                self._deliver(ipr.get_links())
+            dumper = open_link_socket(self.netns, groups=0)
+            try:
+                dumper.settimeout(DUMP_TIMEOUT)
+                tally = SkipTally()
+                messages = dump_links(dumper, 1, "rtnetlink", tally)
+            finally:
+                dumper.close()
         except Exception:
             sock.close()
             raise
+        skipped = tally.freeze()
+        for reason, count in skipped.counts.items():
+            for _ in range(count):
+                self._bad(skipped.examples[reason])
+        self._deliver(messages)
         self._sock = sock
-        self._marshal = MarshalRtnl()
         self._thread = threading.Thread(target=self._run, name="nodescope-netlink", daemon=True)
         self._thread.start()
 
@@ -267,7 +245,9 @@ class NetlinkMonitor:
             while not self._stop.is_set():
                 readable, _, _ = select.select([sock], [], [], 0.25)
                 if readable and not self._stop.is_set():
-                    self._deliver(self._marshal.parse(sock.recv(1 << 20)))
+                    data = kernel_datagram(sock)
+                    if data is not None:
+                        self._deliver(self._decode(data))
         except Exception as exc:  # a broken socket ends the monitor; the source says so
             if not self._stop.is_set():
                 log.warning("netns=%s state=stopped error=%r", self.netns, str(exc))

@@ -1,6 +1,7 @@
-"""Network interfaces: state and counters over rtnetlink, with pyroute2.
+"""Network interfaces: state and counters over rtnetlink.
 
-Reads ``RTM_GETLINK`` dumps (``IPRoute().get_links()``): per interface the ifindex and flags
+Reads ``RTM_GETLINK`` dumps on an ``AF_NETLINK`` socket kept open between runs (the messages
+decoded by :mod:`nodescope.sources.rtnetlink`): per interface the ifindex and flags
 of ``struct ifinfomsg`` and the attributes ``IFLA_IFNAME``, ``IFLA_OPERSTATE``,
 ``IFLA_CARRIER``, ``IFLA_MTU``, ``IFLA_LINKINFO``/``IFLA_INFO_KIND`` and ``IFLA_STATS64``
 (``struct rtnl_link_stats64``; ``IFLA_STATS``, 32-bit, when the 64-bit block is missing).
@@ -18,7 +19,11 @@ rates are declared in :mod:`nodescope.model.netdev`.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import socket
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, Protocol
@@ -38,6 +43,7 @@ from nodescope.model.netdev import (
 )
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
+from nodescope.sources import rtnetlink as rtnl
 from nodescope.sources.base import Source
 from nodescope.sources.infiniband import pci_address_from_path
 
@@ -46,8 +52,9 @@ IFF_UP = 0x1
 
 
 class LinkMessage(Protocol):
-    """What :func:`parse_links` needs of a message: pyroute2's ``nlmsg.get``, which answers
-    both header fields (``index``, ``flags``) and attributes (``IFLA_*``)."""
+    """What :func:`parse_links` needs of a message: a ``get`` that answers both header fields
+    (``index``, ``flags``, ``event``) and attributes (``IFLA_*``), as the dicts of
+    :func:`nodescope.sources.rtnetlink.decode_link` and pyroute2's ``nlmsg`` do."""
 
     def get(self, key: Any, default: Any = None) -> Any: ...
 
@@ -172,6 +179,120 @@ def interface_pci_address(roots: Roots, name: str) -> str | None:
     return pci_address_from_path(os.path.realpath(link))
 
 
+_CLONE_NEWNET = 0x40000000
+#: ``RTMGRP_LINK`` (``include/uapi/linux/rtnetlink.h``): the multicast group of link changes.
+RTMGRP_LINK = 1
+#: One datagram of a dump; the kernel fills its dump datagrams to at most 32 KiB.
+RECEIVE_BYTES = 1 << 16
+#: Times a dump the kernel marks as interrupted (links changed while it was sent) is asked again.
+DUMP_ATTEMPTS = 3
+#: Seconds a dump may wait for the kernel's next datagram.
+DUMP_TIMEOUT = 2.0
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+def open_link_socket(
+    netns: str | None, groups: int = RTMGRP_LINK, netns_dir: str = "/run/netns"
+) -> socket.socket:
+    """An rtnetlink socket bound to the multicast ``groups`` (0: none, for dumps), in the
+    network namespace ``netns`` (a name under ``netns_dir``, as ``ip netns`` makes them) or the
+    daemon's own.
+
+    A socket belongs to the namespace it was created in; the switch happens on a helper
+    thread (``setns`` changes only the calling thread) that ends right after."""
+
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        try:
+            sock.bind((0, groups))
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    if netns is None:
+        return make()
+    result: list[socket.socket | BaseException] = []
+
+    def in_namespace() -> None:
+        try:
+            fd = os.open(os.path.join(netns_dir, netns), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _setns(fd)
+            finally:
+                os.close(fd)
+            result.append(make())
+        except BaseException as exc:
+            result.append(exc)
+
+    helper = threading.Thread(target=in_namespace, name="nodescope-setns")
+    helper.start()
+    helper.join()
+    outcome = result[0]
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def kernel_datagram(sock: socket.socket) -> bytes | None:
+    """The next datagram on ``sock``; ``None`` for one that did not come from the kernel (port
+    id 0): another process may address our socket's port, and only the kernel speaks for links."""
+    data, _ancillary, flags, address = sock.recvmsg(RECEIVE_BYTES)
+    if flags & socket.MSG_TRUNC:
+        raise OSError(f"rtnetlink datagram longer than {RECEIVE_BYTES} bytes")
+    return data if address[0] == 0 else None
+
+
+def dump_links(
+    sock: socket.socket, sequence: int, source: str, tally: SkipTally
+) -> list[dict[str, Any]]:
+    """Every ``RTM_NEWLINK`` message of one ``RTM_GETLINK`` dump on ``sock``, decoded; one that
+    does not decode is left out and counted in ``tally``. Raises :class:`OSError` for an error
+    the kernel answers, a datagram that does not frame, or a dump that takes longer than
+    ``DUMP_TIMEOUT`` (the socket's own timeout bounds each wait)."""
+    deadline = time.monotonic() + DUMP_TIMEOUT
+    for _attempt in range(DUMP_ATTEMPTS):
+        sock.send(rtnl.dump_request(sequence))
+        messages: list[dict[str, Any]] = []
+        interrupted = False
+        done = False
+        while not done:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"RTM_GETLINK dump unfinished after {DUMP_TIMEOUT} s")
+            data = kernel_datagram(sock)
+            if data is None:
+                continue
+            try:
+                for kind, flags, seq, payload in rtnl.frames(data, source):
+                    if seq != sequence:
+                        continue  # an answer to an earlier, abandoned dump
+                    interrupted |= bool(flags & rtnl.NLM_F_DUMP_INTR)
+                    if kind == rtnl.NLMSG_DONE:
+                        done = True
+                        break
+                    if kind == rtnl.NLMSG_ERROR:
+                        errno = rtnl.error_code(payload, source)
+                        raise OSError(errno, f"RTM_GETLINK: {os.strerror(errno)}")
+                    if kind != rtnl.RTM_NEWLINK:
+                        continue
+                    try:
+                        messages.append(rtnl.decode_link(kind, payload, source))
+                    except ParseError as exc:
+                        tally.skip(SKIP_LINK_UNPARSABLE, str(exc))
+            except ParseError as exc:
+                raise OSError(str(exc)) from exc
+        if not interrupted:
+            return messages
+        sequence += 1
+    return messages
+
+
 class NetdevSource:
     """Keeps one rtnetlink socket open between runs; a failed dump closes it so the next
     run opens a fresh one."""
@@ -180,24 +301,27 @@ class NetdevSource:
 
     def __init__(self, netns: str | None = None) -> None:
         self.netns = netns
-        self._ipr: Any = None
+        self._sock: socket.socket | None = None
+        self._sequence = 0
 
-    def _open(self) -> Any:
-        if self._ipr is None:
-            from pyroute2 import IPRoute
-
-            self._ipr = IPRoute(netns=self.netns) if self.netns else IPRoute()
-        return self._ipr
+    def _open(self) -> socket.socket:
+        if self._sock is None:
+            sock = open_link_socket(self.netns, groups=0)
+            sock.settimeout(DUMP_TIMEOUT)
+            self._sock = sock
+        return self._sock
 
     def collect(self, roots: Roots) -> NetdevData:
-        ipr = self._open()
+        sock = self._open()
         source = f"rtnetlink (netns {self.netns})" if self.netns else "rtnetlink"
+        tally = SkipTally()
+        # Sequence numbers tell this dump's answers from a late one of a dump given up on.
+        self._sequence = (self._sequence + DUMP_ATTEMPTS) & 0xFFFFFFFF
         try:
-            messages = ipr.get_links()
+            messages = dump_links(sock, self._sequence, source, tally)
         except Exception:
             self.close()
             raise
-        tally = SkipTally()
         links = parse_links(messages, source, tally)
         if self.netns is None:
             links = tuple(
@@ -206,9 +330,9 @@ class NetdevSource:
         return NetdevData(links, tally.freeze())
 
     def close(self) -> None:
-        ipr, self._ipr = self._ipr, None
-        if ipr is not None:
-            ipr.close()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
 
 
 def make_source(netns: str | None = None) -> Source:
@@ -229,9 +353,12 @@ __all__ = [
     "NetdevData",
     "NetdevRates",
     "NetdevSource",
+    "dump_links",
     "interface_pci_address",
+    "kernel_datagram",
     "link_rates",
     "make_source",
+    "open_link_socket",
     "parse_link",
     "parse_links",
 ]

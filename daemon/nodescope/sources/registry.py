@@ -145,7 +145,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "netdev",
         "nodescope.sources.netlink",
         1.0,
-        "network interface state and counters over rtnetlink (pyroute2)",
+        "network interface state and counters over rtnetlink",
     ),
     SourceInfo(
         "cgroups",
