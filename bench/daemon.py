@@ -7,10 +7,12 @@ as the daemon renders it (each cycle while scrapes come every cycle, else when o
 the HTTP server (a serving process the daemon starts, which the
 benchmark measures with it). The sources are the simulated node's, those of
 :meth:`nodescope.sim.node.SimulatedNode.sources` (the registry's tree sources reading
-``ROOT/sys``, ``ROOT/proc``, ``ROOT/sys/fs/cgroup``, ``ROOT/dev``, ``ROOT/run``; no netlink
-or udev monitor), built here without importing the simulator, which a node's daemon never
+``ROOT/sys``, ``ROOT/proc``, ``ROOT/sys/fs/cgroup``, ``ROOT/dev``, ``ROOT/run``; no udev
+monitor), built here without importing the simulator, which a node's daemon never
 loads (its modules alone are 5 MiB of the measured RSS); a unit test holds the two lists
-equal. NVML is the one difference: the NVML source (with its production settings) runs over a
+equal but for the rtnetlink sources: the simulated node has no network namespace, so the
+``netdev`` source and ``link_events``' monitor read this machine's, as they would a node's.
+NVML is the other difference: the NVML source (with its production settings) runs over a
 :class:`~nodescope.sim.nvml_mirror.MirroredNvml`, a fake NVML that takes the simulator's GPU
 state from ``ROOT/nvml-state.json`` before each read. That refresh is simulation plumbing; its
 CPU time is measured on its own and reported in the stats file, so it can be taken out.
@@ -85,14 +87,18 @@ def node_sources(mirror: MirroredNvml, inputs: SourceInputs) -> list[Source]:
         if isinstance(source, InfinibandSource):
             # Its slow counters' span is timed on the node's clock, as NVML's is.
             source.clock = mirror.wall_clock
-    # No device or netlink monitor: the node's devices change only in its trees, and the
-    # node steps in another process, so no device event reaches this daemon.
+    # No device monitor: the node's devices change only in its trees, and the node steps in
+    # another process, so no device event reaches this daemon. The simulated node has no
+    # network namespace of its own; the sources a real node runs on rtnetlink (the interface
+    # dump every second, the link monitor's thread) read this machine's, so their cost is in
+    # the figures too.
     events: list[Source] = [
         UdevSource(monitor=None, topology=inputs.topology),
-        LinkEventsSource(netlink=False),
+        LinkEventsSource(netlink=True),
     ]
     return [
         *tree,
+        SOURCES["netdev"].make(inputs),
         *events,
         SOURCES["sxid"].make(inputs),
         MirroredNvmlSource(mirror),

@@ -1,6 +1,7 @@
 """The benchmark's daemon (bench/daemon.py) runs the simulated node's sources without loading
 the simulator: its list must stay the one :meth:`SimulatedNode.sources` builds (same sources,
-same order, same settings), NVML aside, and importing it must not load the simulator."""
+same order, same settings), NVML aside and with the rtnetlink sources a real node runs on
+this machine's network namespace, and importing it must not load the simulator."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from nodescope.sim.node import SimulatedNode, make_temp_root
 from nodescope.sim.nvml_mirror import STATE_FILE, MirroredNvml, state_document, write_state
 from nodescope.sim.scenario import load_scenario
 from nodescope.sources.infiniband import InfinibandSource
+from nodescope.sources.link_events import LinkEventsSource
+from nodescope.sources.netlink import NetdevSource
 from nodescope.sources.nvml import NvmlSource
 from nodescope.sources.registry import SourceInputs
 
@@ -52,8 +55,13 @@ def test_the_benchmark_runs_the_simulated_nodes_sources(
     ours = daemon.node_sources(mirror, SourceInputs())
     theirs = SimulatedNode.sources(node, slow_every=None, inputs=SourceInputs())
     try:
-        assert [s.name for s in ours] == [s.name for s in theirs]
-        for mine, sim in zip(ours, theirs, strict=True):
+        # The one source more: the interface dump, which the simulated node has no namespace
+        # for; link_events' monitor reads this machine's links where the node's cannot.
+        netdev = [s for s in ours if s.name == "netdev"]
+        assert len(netdev) == 1 and isinstance(netdev[0], NetdevSource)
+        assert netdev[0].netns is None
+        assert [s.name for s in ours if s.name != "netdev"] == [s.name for s in theirs]
+        for mine, sim in zip((s for s in ours if s.name != "netdev"), theirs, strict=True):
             if sim.name == "nvml":
                 assert isinstance(sim, NvmlSource)
                 assert isinstance(mine, daemon.MirroredNvmlSource)
@@ -62,6 +70,9 @@ def test_the_benchmark_runs_the_simulated_nodes_sources(
             assert type(mine) is type(sim), sim.name
             # Production cadence in both: no source told to read its slow files every run.
             assert getattr(mine, "slow_every", None) == getattr(sim, "slow_every", None)
+            if isinstance(sim, LinkEventsSource):
+                assert isinstance(mine, LinkEventsSource)
+                assert (mine.netlink, sim.netlink) == (True, False)
             if isinstance(sim, InfinibandSource):
                 assert isinstance(mine, InfinibandSource)
                 assert mine.clock == mirror.wall_clock
