@@ -266,3 +266,49 @@ def test_request_is_what_pyroute2_would_send() -> None:
     assert msg["header"]["sequence_number"] == 77
     assert msg["header"]["flags"] == 0x301  # NLM_F_REQUEST | NLM_F_DUMP
     assert msg["header"]["length"] == len(request) == 32
+
+
+def test_pci_function_resolved_once_per_interface(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PCI function behind an interface is resolved when the interface is first seen, again
+    under a new name or a new ifindex (renamed, re-created), and not on the runs between; only
+    the interfaces of the last dump are remembered."""
+    from nodescope.roots import Roots
+
+    links: list[tuple[int, str]] = [(1, "lo"), (4, "eth0")]
+
+    def answer(seq: int, _n: int) -> list[tuple[bytes, int]]:
+        frames = b"".join(_link_frame(i, seq, name) for i, name in links)
+        return [(frames + _frame(rtnl.NLMSG_DONE, b"\0" * 4, seq), 0)]
+
+    resolved: list[str] = []
+
+    def lookup(roots: Roots, name: str) -> str | None:
+        resolved.append(name)
+        return None if name == "lo" else f"0000:00:0{len(resolved)}.0"
+
+    monkeypatch.setattr(nl, "interface_pci_address", lookup)
+    source = nl.NetdevSource()
+    source._sock = ScriptedSocket(answer)  # type: ignore[assignment]
+    roots = Roots.under(tmp_path)
+
+    def addresses() -> dict[str, str | None]:
+        return {x.name: x.pci_address for x in source.collect(roots).links}
+
+    first = addresses()
+    assert first == {"lo": None, "eth0": "0000:00:02.0"}
+    for _ in range(3):
+        assert addresses() == first
+    assert resolved == ["lo", "eth0"]
+
+    links[1] = (4, "ens3")  # renamed: the same ifindex under another name
+    assert addresses()["ens3"] == "0000:00:03.0"
+    links[1] = (9, "ens3")  # deleted and made again: a new ifindex
+    assert addresses()["ens3"] == "0000:00:04.0"
+    assert resolved == ["lo", "eth0", "ens3", "ens3"]
+    assert set(source._pci) == {("lo", 1), ("ens3", 9)}
+
+    other = Roots.under(tmp_path / "elsewhere")  # another sysfs: everything resolved again
+    source.collect(other)
+    assert resolved[-2:] == ["lo", "ens3"]

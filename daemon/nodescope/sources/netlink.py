@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from nodescope.errors import ParseError
@@ -295,7 +296,13 @@ def dump_links(
 
 class NetdevSource:
     """Keeps one rtnetlink socket open between runs; a failed dump closes it so the next
-    run opens a fresh one."""
+    run opens a fresh one.
+
+    An interface's PCI function is resolved once per interface, by name and ifindex: the
+    device under a network interface does not change while the interface exists (a renamed
+    one is looked up again under its new name, a re-created one has a new ifindex), and
+    resolving it costs a ``stat`` per path component. Only the interfaces of the last dump
+    are kept."""
 
     name = NAME
 
@@ -303,6 +310,8 @@ class NetdevSource:
         self.netns = netns
         self._sock: socket.socket | None = None
         self._sequence = 0
+        self._pci: dict[tuple[str, int], str | None] = {}
+        self._sysfs: Path | None = None
 
     def _open(self) -> socket.socket:
         if self._sock is None:
@@ -324,13 +333,24 @@ class NetdevSource:
             raise
         links = parse_links(messages, source, tally)
         if self.netns is None:
+            known, self._pci = (self._pci if roots.sysfs == self._sysfs else {}), {}
+            self._sysfs = roots.sysfs
+            for link in links:
+                key = (link.name, link.ifindex)
+                self._pci[key] = (
+                    known[key] if key in known else interface_pci_address(roots, link.name)
+                )
             links = tuple(
-                replace(x, pci_address=interface_pci_address(roots, x.name)) for x in links
+                x
+                if (pci := self._pci[(x.name, x.ifindex)]) is None
+                else replace(x, pci_address=pci)
+                for x in links
             )
         return NetdevData(links, tally.freeze())
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
+        self._pci = {}
         if sock is not None:
             sock.close()
 

@@ -159,27 +159,49 @@ def _linkinfo(value: bytes, source: str) -> dict[str, Any]:
     return info
 
 
+#: The attributes :func:`decode_link` reads; a kernel sends about forty per link, and the
+#: others are stepped over without being copied out.
+_WANTED = frozenset(
+    (IFLA_IFNAME, IFLA_MTU, IFLA_OPERSTATE, IFLA_CARRIER, IFLA_STATS64, IFLA_STATS, IFLA_LINKINFO)
+)
+
+
 def decode_link(kind: int, payload: bytes, source: str = "rtnetlink") -> dict[str, Any]:
     """One ``RTM_NEWLINK``/``RTM_DELLINK`` message (``kind``) from its payload."""
     if len(payload) < IFINFOMSG.size:
         raise ParseError(source, f"ifinfomsg of {len(payload)} bytes")
     _family, _type, index, flags, _change = IFINFOMSG.unpack_from(payload)
     message: dict[str, Any] = {"event": EVENTS.get(kind), "index": index, "flags": flags}
-    for attribute, value in _attributes(payload, IFINFOMSG.size, source):
-        if attribute == IFLA_IFNAME:
-            message["IFLA_IFNAME"] = _string(value, "IFLA_IFNAME", source)
-        elif attribute == IFLA_MTU:
-            message["IFLA_MTU"] = _u32(value, "IFLA_MTU", source)
-        elif attribute == IFLA_OPERSTATE:
-            message["IFLA_OPERSTATE"] = _u8(value, "IFLA_OPERSTATE", source)
-        elif attribute == IFLA_CARRIER:
-            message["IFLA_CARRIER"] = _u8(value, "IFLA_CARRIER", source)
-        elif attribute == IFLA_STATS64:
-            message["IFLA_STATS64"] = _stats(value, 8, "IFLA_STATS64", source)
-        elif attribute == IFLA_STATS:
-            message["IFLA_STATS"] = _stats(value, 4, "IFLA_STATS", source)
-        elif attribute == IFLA_LINKINFO:
-            message["IFLA_LINKINFO"] = _linkinfo(value, source)
+    stats32: bytes | None = None
+    # One loop over the attributes, written out: it runs for every link every second.
+    offset = IFINFOMSG.size
+    end = len(payload)
+    unpack = RTATTR.unpack_from
+    while end - offset >= 4:
+        length, attribute = unpack(payload, offset)
+        if length < 4 or length > end - offset:
+            raise ParseError(source, f"attribute {attribute} of length {length} at byte {offset}")
+        attribute &= NLA_TYPE_MASK
+        if attribute in _WANTED:
+            value = payload[offset + 4 : offset + length]
+            if attribute == IFLA_STATS64:
+                message["IFLA_STATS64"] = _stats(value, 8, "IFLA_STATS64", source)
+            elif attribute == IFLA_IFNAME:
+                message["IFLA_IFNAME"] = _string(value, "IFLA_IFNAME", source)
+            elif attribute == IFLA_MTU:
+                message["IFLA_MTU"] = _u32(value, "IFLA_MTU", source)
+            elif attribute == IFLA_OPERSTATE:
+                message["IFLA_OPERSTATE"] = _u8(value, "IFLA_OPERSTATE", source)
+            elif attribute == IFLA_CARRIER:
+                message["IFLA_CARRIER"] = _u8(value, "IFLA_CARRIER", source)
+            elif attribute == IFLA_STATS:
+                stats32 = value
+            else:
+                message["IFLA_LINKINFO"] = _linkinfo(value, source)
+        offset += (length + 3) & ~3
+    # The kernel sends both blocks; the 32-bit one is read only where the 64-bit one is missing.
+    if stats32 is not None and "IFLA_STATS64" not in message:
+        message["IFLA_STATS"] = _stats(stats32, 4, "IFLA_STATS", source)
     return message
 
 
