@@ -90,8 +90,8 @@ def _stats(data: nl.NetdevData, name: str) -> nl.LinkStats:
 
 def test_veth_counters_and_link_down(veth_pair: Pair) -> None:
     roots = Roots()
-    side_a = nl.make_source(netns=veth_pair.ns_a)
-    side_b = nl.make_source(netns=veth_pair.ns_b)
+    side_a = nl.make_source(netns=veth_pair.ns_a, include_virtual=True)
+    side_b = nl.make_source(netns=veth_pair.ns_b, include_virtual=True)
     try:
         a0 = side_a.collect(roots)
         b0 = side_b.collect(roots)
@@ -139,7 +139,7 @@ def test_veth_counters_and_link_down(veth_pair: Pair) -> None:
 
 
 def test_socket_kept_between_runs_and_closed(veth_pair: Pair) -> None:
-    source = nl.NetdevSource(netns=veth_pair.ns_a)
+    source = nl.NetdevSource(netns=veth_pair.ns_a, include_virtual=True)
     try:
         source.collect(Roots())
         socket = source._sock
@@ -252,3 +252,16 @@ def test_daemon_does_not_import_pyroute2() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_per_container_links_left_out_unless_asked(veth_pair: Pair) -> None:
+    """A veth (what a container runtime makes for each container) is not exported by default,
+    so the interface label stays bounded whatever users start; asked for, it is."""
+    plain = nl.make_source(netns=veth_pair.ns_a)
+    everything = nl.make_source(netns=veth_pair.ns_a, include_virtual=True)
+    try:
+        assert {x.name for x in plain.collect(Roots()).links} == {"lo"}
+        assert {x.name for x in everything.collect(Roots()).links} == {"lo", veth_pair.if_a}
+    finally:
+        plain.close()
+        everything.close()

@@ -312,3 +312,22 @@ def test_pci_function_resolved_once_per_interface(
     other = Roots.under(tmp_path / "elsewhere")  # another sysfs: everything resolved again
     source.collect(other)
     assert resolved[-2:] == ["lo", "ens3"]
+
+
+def test_links_past_the_limit_left_out_and_counted(tmp_path: Any) -> None:
+    from nodescope.roots import Roots
+
+    def answer(seq: int, _n: int) -> list[tuple[bytes, int]]:
+        # Ten interfaces, in no particular order, in two datagrams.
+        frames = [_link_frame(i, seq, f"e{i:03d}") for i in (7, 3, 9, 1, 5, 2, 8, 4, 10, 6)]
+        return [
+            (b"".join(frames[:5]), 0),
+            (b"".join(frames[5:]) + _frame(rtnl.NLMSG_DONE, b"\0" * 4, seq), 0),
+        ]
+
+    source = nl.NetdevSource(netns="test", max_links=4)  # a netns: no sysfs lookups
+    source._sock = ScriptedSocket(answer)  # type: ignore[assignment]
+    data = source.collect(Roots.under(tmp_path))
+    assert [x.ifindex for x in data.links] == [1, 2, 3, 4]
+    assert data.skipped.counts == {nl.SKIP_LINK_OVER_LIMIT: 6}
+    assert data.skipped.examples[nl.SKIP_LINK_OVER_LIMIT] == "e005 (ifindex 5)"

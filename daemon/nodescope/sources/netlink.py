@@ -63,6 +63,19 @@ class LinkMessage(Protocol):
 #: Reason a link message was skipped (nodescope_source_records_skipped_total{reason}): one
 #: without a usable name, index, state or statistics.
 SKIP_LINK_UNPARSABLE = "link_unparsable"
+#: Reason a link was left out: past :data:`MAX_LINKS`.
+SKIP_LINK_OVER_LIMIT = "link_over_limit"
+
+#: Interfaces exported at most, the lowest ifindexes first (the machine's own interfaces are
+#: made at boot, before any container's), so that the ``interface`` label stays bounded
+#: whatever is started on the node.
+MAX_LINKS = 256
+#: ``IFLA_INFO_KIND`` of interfaces made one per container or virtual machine (container
+#: runtimes and CNI plugins: veth, macvlan, ipvlan; hypervisors: tap): as many as the node's
+#: users start, and each one's traffic is counted again on the physical interface it leaves
+#: by. Left out unless the source is told to include them. Bonds, VLANs, bridges and tunnels,
+#: which an administrator makes, are kept.
+PER_CONTAINER_KINDS = frozenset({"veth", "macvlan", "macvtap", "ipvlan", "ipvtap", "tun", "tap"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,8 +319,13 @@ class NetdevSource:
 
     name = NAME
 
-    def __init__(self, netns: str | None = None) -> None:
+    def __init__(
+        self, netns: str | None = None, include_virtual: bool = False, max_links: int = MAX_LINKS
+    ) -> None:
         self.netns = netns
+        #: keep the interfaces of :data:`PER_CONTAINER_KINDS` too
+        self.include_virtual = include_virtual
+        self.max_links = max_links
         self._sock: socket.socket | None = None
         self._sequence = 0
         self._pci: dict[tuple[str, int], str | None] = {}
@@ -332,6 +350,12 @@ class NetdevSource:
             self.close()
             raise
         links = parse_links(messages, source, tally)
+        if not self.include_virtual:
+            links = tuple(x for x in links if x.kind not in PER_CONTAINER_KINDS)
+        if len(links) > self.max_links:
+            for dropped in links[self.max_links :]:
+                tally.skip(SKIP_LINK_OVER_LIMIT, f"{dropped.name} (ifindex {dropped.ifindex})")
+            links = links[: self.max_links]
         if self.netns is None:
             known, self._pci = (self._pci if roots.sysfs == self._sysfs else {}), {}
             self._sysfs = roots.sysfs
@@ -355,16 +379,19 @@ class NetdevSource:
             sock.close()
 
 
-def make_source(netns: str | None = None) -> Source:
-    return NetdevSource(netns)
+def make_source(netns: str | None = None, include_virtual: bool = False) -> Source:
+    return NetdevSource(netns, include_virtual)
 
 
 __all__ = [
     "IFF_UP",
+    "MAX_LINKS",
     "NAME",
     "OPERSTATES",
     "OPTIONAL_STATS",
+    "PER_CONTAINER_KINDS",
     "REQUIRED_STATS",
+    "SKIP_LINK_OVER_LIMIT",
     "SKIP_LINK_UNPARSABLE",
     "LinkMessage",
     "LinkRates",
