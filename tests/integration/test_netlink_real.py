@@ -90,8 +90,8 @@ def _stats(data: nl.NetdevData, name: str) -> nl.LinkStats:
 
 def test_veth_counters_and_link_down(veth_pair: Pair) -> None:
     roots = Roots()
-    side_a = nl.make_source(netns=veth_pair.ns_a, include_virtual=True)
-    side_b = nl.make_source(netns=veth_pair.ns_b, include_virtual=True)
+    side_a = nl.make_source(netns=veth_pair.ns_a)
+    side_b = nl.make_source(netns=veth_pair.ns_b)
     try:
         a0 = side_a.collect(roots)
         b0 = side_b.collect(roots)
@@ -139,7 +139,7 @@ def test_veth_counters_and_link_down(veth_pair: Pair) -> None:
 
 
 def test_socket_kept_between_runs_and_closed(veth_pair: Pair) -> None:
-    source = nl.NetdevSource(netns=veth_pair.ns_a, include_virtual=True)
+    source = nl.NetdevSource(netns=veth_pair.ns_a)
     try:
         source.collect(Roots())
         socket = source._sock
@@ -254,14 +254,14 @@ def test_daemon_does_not_import_pyroute2() -> None:
     assert out.strip() == "[]"
 
 
-def test_per_container_links_left_out_unless_asked(veth_pair: Pair) -> None:
-    """A veth (what a container runtime makes for each container) is not exported by default,
-    so the interface label stays bounded whatever users start; asked for, it is."""
-    plain = nl.make_source(netns=veth_pair.ns_a)
-    everything = nl.make_source(netns=veth_pair.ns_a, include_virtual=True)
+def test_links_past_the_limit_left_out_and_counted(veth_pair: Pair) -> None:
+    """The kernel's dump of a namespace with its loopback and one veth end, under a limit of
+    one interface: the lower ifindex (loopback) is kept, the other counted."""
+    source = nl.NetdevSource(netns=veth_pair.ns_a, max_links=1)
     try:
-        assert {x.name for x in plain.collect(Roots()).links} == {"lo"}
-        assert {x.name for x in everything.collect(Roots()).links} == {"lo", veth_pair.if_a}
+        data = source.collect(Roots())
     finally:
-        plain.close()
-        everything.close()
+        source.close()
+    assert [x.name for x in data.links] == ["lo"]
+    assert data.skipped.counts == {nl.SKIP_LINK_OVER_LIMIT: 1}
+    assert veth_pair.if_a in data.skipped.examples[nl.SKIP_LINK_OVER_LIMIT]

@@ -67,15 +67,9 @@ SKIP_LINK_UNPARSABLE = "link_unparsable"
 SKIP_LINK_OVER_LIMIT = "link_over_limit"
 
 #: Interfaces exported at most, the lowest ifindexes first (the machine's own interfaces are
-#: made at boot, before any container's), so that the ``interface`` label stays bounded
-#: whatever is started on the node.
+#: made at boot, before the veth or tap of any container or VM started since), so that the
+#: ``interface`` label stays bounded whatever is started on the node.
 MAX_LINKS = 256
-#: ``IFLA_INFO_KIND`` of interfaces made one per container or virtual machine (container
-#: runtimes and CNI plugins: veth, macvlan, ipvlan; hypervisors: tap): as many as the node's
-#: users start, and each one's traffic is counted again on the physical interface it leaves
-#: by. Left out unless the source is told to include them. Bonds, VLANs, bridges and tunnels,
-#: which an administrator makes, are kept.
-PER_CONTAINER_KINDS = frozenset({"veth", "macvlan", "macvtap", "ipvlan", "ipvtap", "tun", "tap"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,12 +313,8 @@ class NetdevSource:
 
     name = NAME
 
-    def __init__(
-        self, netns: str | None = None, include_virtual: bool = False, max_links: int = MAX_LINKS
-    ) -> None:
+    def __init__(self, netns: str | None = None, max_links: int = MAX_LINKS) -> None:
         self.netns = netns
-        #: keep the interfaces of :data:`PER_CONTAINER_KINDS` too
-        self.include_virtual = include_virtual
         self.max_links = max_links
         self._sock: socket.socket | None = None
         self._sequence = 0
@@ -350,8 +340,6 @@ class NetdevSource:
             self.close()
             raise
         links = parse_links(messages, source, tally)
-        if not self.include_virtual:
-            links = tuple(x for x in links if x.kind not in PER_CONTAINER_KINDS)
         if len(links) > self.max_links:
             for dropped in links[self.max_links :]:
                 tally.skip(SKIP_LINK_OVER_LIMIT, f"{dropped.name} (ifindex {dropped.ifindex})")
@@ -379,8 +367,8 @@ class NetdevSource:
             sock.close()
 
 
-def make_source(netns: str | None = None, include_virtual: bool = False) -> Source:
-    return NetdevSource(netns, include_virtual)
+def make_source(netns: str | None = None) -> Source:
+    return NetdevSource(netns)
 
 
 __all__ = [
@@ -389,7 +377,6 @@ __all__ = [
     "NAME",
     "OPERSTATES",
     "OPTIONAL_STATS",
-    "PER_CONTAINER_KINDS",
     "REQUIRED_STATS",
     "SKIP_LINK_OVER_LIMIT",
     "SKIP_LINK_UNPARSABLE",
