@@ -347,17 +347,13 @@ class NetdevSource:
         if self.netns is None:
             known, self._pci = (self._pci if roots.sysfs == self._sysfs else {}), {}
             self._sysfs = roots.sysfs
+            resolved: list[NetLink] = []
             for link in links:
                 key = (link.name, link.ifindex)
-                self._pci[key] = (
-                    known[key] if key in known else interface_pci_address(roots, link.name)
-                )
-            links = tuple(
-                x
-                if (pci := self._pci[(x.name, x.ifindex)]) is None
-                else replace(x, pci_address=pci)
-                for x in links
-            )
+                pci = known[key] if key in known else interface_pci_address(roots, link.name)
+                self._pci[key] = pci
+                resolved.append(link if pci is None else replace(link, pci_address=pci))
+            links = tuple(resolved)
         return NetdevData(links, tally.freeze())
 
     def close(self) -> None:

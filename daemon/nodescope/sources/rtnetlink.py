@@ -113,13 +113,17 @@ def error_code(payload: bytes, source: str = "rtnetlink") -> int:
     return -int(NLMSGERR_ERRNO.unpack_from(payload)[0])
 
 
-def _attributes(payload: bytes, offset: int, source: str) -> Iterator[tuple[int, bytes]]:
+def _attribute_spans(payload: bytes, offset: int, source: str) -> Iterator[tuple[int, int, int]]:
+    """``(type, start, end)`` of each attribute from ``offset`` on: where its value lies in
+    ``payload``, so a caller copies out only the values it reads (a kernel sends about forty
+    attributes per link)."""
     end = len(payload)
+    unpack = RTATTR.unpack_from
     while end - offset >= RTATTR.size:
-        length, kind = RTATTR.unpack_from(payload, offset)
+        length, kind = unpack(payload, offset)
         if length < RTATTR.size or length > end - offset:
             raise ParseError(source, f"attribute {kind} of length {length} at byte {offset}")
-        yield kind & NLA_TYPE_MASK, payload[offset + RTATTR.size : offset + length]
+        yield kind & NLA_TYPE_MASK, offset + RTATTR.size, offset + length
         offset += _align(length)
 
 
@@ -153,14 +157,13 @@ def _stats(value: bytes, width: int, what: str, source: str) -> dict[str, int]:
 
 def _linkinfo(value: bytes, source: str) -> dict[str, Any]:
     info: dict[str, Any] = {}
-    for kind, nested in _attributes(value, 0, source):
+    for kind, start, end in _attribute_spans(value, 0, source):
         if kind == IFLA_INFO_KIND:
-            info["IFLA_INFO_KIND"] = _string(nested, "IFLA_INFO_KIND", source)
+            info["IFLA_INFO_KIND"] = _string(value[start:end], "IFLA_INFO_KIND", source)
     return info
 
 
-#: The attributes :func:`decode_link` reads; a kernel sends about forty per link, and the
-#: others are stepped over without being copied out.
+#: The attributes :func:`decode_link` reads; the others are stepped over without being copied.
 _WANTED = frozenset(
     (IFLA_IFNAME, IFLA_MTU, IFLA_OPERSTATE, IFLA_CARRIER, IFLA_STATS64, IFLA_STATS, IFLA_LINKINFO)
 )
@@ -173,32 +176,24 @@ def decode_link(kind: int, payload: bytes, source: str = "rtnetlink") -> dict[st
     _family, _type, index, flags, _change = IFINFOMSG.unpack_from(payload)
     message: dict[str, Any] = {"event": EVENTS.get(kind), "index": index, "flags": flags}
     stats32: bytes | None = None
-    # One loop over the attributes, written out: it runs for every link every second.
-    offset = IFINFOMSG.size
-    end = len(payload)
-    unpack = RTATTR.unpack_from
-    while end - offset >= 4:
-        length, attribute = unpack(payload, offset)
-        if length < 4 or length > end - offset:
-            raise ParseError(source, f"attribute {attribute} of length {length} at byte {offset}")
-        attribute &= NLA_TYPE_MASK
-        if attribute in _WANTED:
-            value = payload[offset + 4 : offset + length]
-            if attribute == IFLA_STATS64:
-                message["IFLA_STATS64"] = _stats(value, 8, "IFLA_STATS64", source)
-            elif attribute == IFLA_IFNAME:
-                message["IFLA_IFNAME"] = _string(value, "IFLA_IFNAME", source)
-            elif attribute == IFLA_MTU:
-                message["IFLA_MTU"] = _u32(value, "IFLA_MTU", source)
-            elif attribute == IFLA_OPERSTATE:
-                message["IFLA_OPERSTATE"] = _u8(value, "IFLA_OPERSTATE", source)
-            elif attribute == IFLA_CARRIER:
-                message["IFLA_CARRIER"] = _u8(value, "IFLA_CARRIER", source)
-            elif attribute == IFLA_STATS:
-                stats32 = value
-            else:
-                message["IFLA_LINKINFO"] = _linkinfo(value, source)
-        offset += (length + 3) & ~3
+    for attribute, start, end in _attribute_spans(payload, IFINFOMSG.size, source):
+        if attribute not in _WANTED:
+            continue
+        value = payload[start:end]
+        if attribute == IFLA_STATS64:
+            message["IFLA_STATS64"] = _stats(value, 8, "IFLA_STATS64", source)
+        elif attribute == IFLA_IFNAME:
+            message["IFLA_IFNAME"] = _string(value, "IFLA_IFNAME", source)
+        elif attribute == IFLA_MTU:
+            message["IFLA_MTU"] = _u32(value, "IFLA_MTU", source)
+        elif attribute == IFLA_OPERSTATE:
+            message["IFLA_OPERSTATE"] = _u8(value, "IFLA_OPERSTATE", source)
+        elif attribute == IFLA_CARRIER:
+            message["IFLA_CARRIER"] = _u8(value, "IFLA_CARRIER", source)
+        elif attribute == IFLA_STATS:
+            stats32 = value
+        else:
+            message["IFLA_LINKINFO"] = _linkinfo(value, source)
     # The kernel sends both blocks; the 32-bit one is read only where the 64-bit one is missing.
     if stats32 is not None and "IFLA_STATS64" not in message:
         message["IFLA_STATS"] = _stats(stats32, 4, "IFLA_STATS", source)
