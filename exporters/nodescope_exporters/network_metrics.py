@@ -12,19 +12,25 @@ table.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import cast
 
 from nodescope.model.infiniband import (
     ERROR_COUNTERS,
     INFINIBAND,
     PORT_STATES,
+    TRAFFIC_COUNTERS,
     Counter,
+    IbDevice,
     IbPort,
     InfinibandData,
+    LinkRate,
+    PortState,
     hw_counter_is_gauge,
 )
 from nodescope.model.netdev import NETDEV, NetdevData
 from nodescope.model.snapshot import Snapshot
 from nodescope_exporters.catalog import Metric, MetricSpec, metric
+from nodescope_exporters.kept import KeptFamilies, kept_or_built
 
 AREA = "network"
 _DEV = ("device",)
@@ -239,6 +245,9 @@ class _Families:
     def non_empty(self) -> Iterator[Metric]:
         return (family for family in self._families.values() if family.values)
 
+    def all(self) -> tuple[Metric, ...]:
+        return tuple(self._families.values())
+
 
 def _hw(
     counters: Iterable[Counter],
@@ -252,42 +261,29 @@ def _hw(
         families.add(target, [*labels, counter.name], counter.value)
 
 
-def _port(port: IbPort, families: _Families) -> None:
-    labels = [port.device, str(port.port)]
-    if port.link_layer is not None or port.rate is not None:
-        speed = port.rate.speed if port.rate is not None and port.rate.speed else ""
-        families.add(IB_PORT_INFO, [*labels, port.link_layer or "", speed], 1)
-    if port.state is not None:
-        families.add(IB_STATE, labels, port.state.code)
-    if port.phys_state is not None:
-        families.add(IB_PHYS_STATE, labels, port.phys_state.code)
-    if port.rate is not None:
-        families.add(IB_RATE, labels, port.rate.bytes_per_second)
-        families.add(IB_LANES, labels, port.rate.lanes)
-    if port.rcv_bytes is not None:
-        families.add(IB_RX_BYTES, labels, port.rcv_bytes)
-    if port.xmit_bytes is not None:
-        families.add(IB_TX_BYTES, labels, port.xmit_bytes)
-    for counter_name, spec in _PACKET_COUNTERS:
-        counter = port.counter(counter_name)
-        if counter is not None:
-            families.add(spec, labels, counter.value)
-    wait = port.counter("port_xmit_wait")
-    if wait is not None:
-        families.add(IB_XMIT_WAIT, labels, wait.value)
-    for name in ERROR_COUNTERS:
-        counter = port.counter(name)
-        if counter is not None:
-            families.add(IB_ERRORS, [*labels, name], counter.value)
-    _hw(
-        port.hw_counters,
-        (port.device, str(port.port)),
-        families,
-        IB_PORT_HW,
-        IB_PORT_HW_GAUGE,
-    )
+# The infiniband source reads the traffic counters on every run and everything else on full
+# reads, carrying the very same objects in between (nodescope.model.slow): the families of
+# those are kept from one render to the next while the objects are the same, and only the
+# traffic families are built for every render.
 
-
+_IB_TRAFFIC_SPECS: tuple[MetricSpec, ...] = (
+    IB_RX_BYTES,
+    IB_TX_BYTES,
+    *(spec for counter, spec in _PACKET_COUNTERS if counter in TRAFFIC_COUNTERS),
+    IB_XMIT_WAIT,
+)
+_IB_DEVICE_SPECS: tuple[MetricSpec, ...] = (IB_INFO, IB_NETDEV_INFO, IB_DEV_HW, IB_DEV_HW_GAUGE)
+_IB_PORT_SPECS: tuple[MetricSpec, ...] = (
+    IB_PORT_INFO,
+    IB_STATE,
+    IB_PHYS_STATE,
+    IB_RATE,
+    IB_LANES,
+    *(spec for counter, spec in _PACKET_COUNTERS if counter not in TRAFFIC_COUNTERS),
+    IB_ERRORS,
+    IB_PORT_HW,
+    IB_PORT_HW_GAUGE,
+)
 _IB_SPECS: tuple[MetricSpec, ...] = (
     IB_INFO,
     IB_NETDEV_INFO,
@@ -306,6 +302,131 @@ _IB_SPECS: tuple[MetricSpec, ...] = (
     IB_DEV_HW,
     IB_DEV_HW_GAUGE,
 )
+#: Family names in the order they are written.
+_IB_ORDER: tuple[str, ...] = tuple(spec.family().name for spec in _IB_SPECS)
+
+#: One device's values read on full reads: name, board id, firmware, HCA type, node GUID,
+#: PCI function, netdevs, hw_counters.
+_DevicePart = tuple[
+    str,
+    str | None,
+    str | None,
+    str | None,
+    str | None,
+    str | None,
+    tuple[str, ...],
+    tuple[Counter, ...],
+]
+#: One port's values read on full reads: device, port, state, physical state, rate, link
+#: layer, hw_counters, then its counters other than the traffic ones.
+_PortPart = tuple[object, ...]
+
+
+def _device_part(device: IbDevice) -> _DevicePart:
+    return (
+        device.name,
+        device.board_id,
+        device.fw_ver,
+        device.hca_type,
+        device.node_guid,
+        device.pci_address,
+        device.netdevs,
+        device.hw_counters,
+    )
+
+
+def _port_part(port: IbPort) -> _PortPart:
+    return (
+        port.device,
+        port.port,
+        port.state,
+        port.phys_state,
+        port.rate,
+        port.link_layer,
+        port.hw_counters,
+        *(c for c in port.counters if c.name not in TRAFFIC_COUNTERS),
+    )
+
+
+def _device_families(parts: Sequence[_DevicePart]) -> tuple[Metric, ...]:
+    families = _Families(_IB_DEVICE_SPECS)
+    for name, board_id, fw_ver, hca_type, node_guid, pci_address, netdevs, hw in parts:
+        families.add(
+            IB_INFO,
+            [
+                name,
+                board_id or "",
+                fw_ver or "",
+                hca_type or "",
+                node_guid or "",
+                pci_address or "",
+            ],
+            1,
+        )
+        for netdev in netdevs:
+            families.add(IB_NETDEV_INFO, [name, netdev], 1)
+        _hw(hw, (name,), families, IB_DEV_HW, IB_DEV_HW_GAUGE)
+    return families.all()
+
+
+def _port_families(parts: Sequence[_PortPart]) -> tuple[Metric, ...]:
+    families = _Families(_IB_PORT_SPECS)
+    for part in parts:
+        device, number, state, phys_state, rate, link_layer, hw = part[:7]
+        # The part's fields as _port_part put them there.
+        counters = {c.name: c for c in cast("tuple[Counter, ...]", part[7:])}
+        port_state = cast("PortState | None", state)
+        port_phys_state = cast("PortState | None", phys_state)
+        link_rate = cast("LinkRate | None", rate)
+        labels = [cast(str, device), str(number)]
+        if link_layer is not None or link_rate is not None:
+            speed = link_rate.speed if link_rate is not None and link_rate.speed else ""
+            families.add(IB_PORT_INFO, [*labels, cast("str | None", link_layer) or "", speed], 1)
+        if port_state is not None:
+            families.add(IB_STATE, labels, port_state.code)
+        if port_phys_state is not None:
+            families.add(IB_PHYS_STATE, labels, port_phys_state.code)
+        if link_rate is not None:
+            families.add(IB_RATE, labels, link_rate.bytes_per_second)
+            families.add(IB_LANES, labels, link_rate.lanes)
+        for counter_name, spec in _PACKET_COUNTERS:
+            counter = counters.get(counter_name)
+            if counter is not None:
+                families.add(spec, labels, counter.value)
+        for name in ERROR_COUNTERS:
+            counter = counters.get(name)
+            if counter is not None:
+                families.add(IB_ERRORS, [*labels, name], counter.value)
+        _hw(
+            cast("tuple[Counter, ...]", hw),
+            tuple(labels),
+            families,
+            IB_PORT_HW,
+            IB_PORT_HW_GAUGE,
+        )
+    return families.all()
+
+
+def _traffic_families(data: InfinibandData) -> tuple[Metric, ...]:
+    families = _Families(_IB_TRAFFIC_SPECS)
+    for port in data.ports():
+        labels = [port.device, str(port.port)]
+        if port.rcv_bytes is not None:
+            families.add(IB_RX_BYTES, labels, port.rcv_bytes)
+        if port.xmit_bytes is not None:
+            families.add(IB_TX_BYTES, labels, port.xmit_bytes)
+        for counter in port.counters:
+            spec = _TRAFFIC_FAMILY.get(counter.name)
+            if spec is not None:
+                families.add(spec, labels, counter.value)
+    return families.all()
+
+
+#: The traffic counters exported as they are (the data counters go out as bytes, above).
+_TRAFFIC_FAMILY: dict[str, MetricSpec] = {
+    **{counter: spec for counter, spec in _PACKET_COUNTERS if counter in TRAFFIC_COUNTERS},
+    "port_xmit_wait": IB_XMIT_WAIT,
+}
 _NET_SPECS: tuple[MetricSpec, ...] = (
     NET_INFO,
     NET_UP,
@@ -316,33 +437,17 @@ _NET_SPECS: tuple[MetricSpec, ...] = (
 )
 
 
-def infiniband_families(data: InfinibandData) -> Iterator[Metric]:
-    families = _Families(_IB_SPECS)
-    for device in data.devices:
-        families.add(
-            IB_INFO,
-            [
-                device.name,
-                device.board_id or "",
-                device.fw_ver or "",
-                device.hca_type or "",
-                device.node_guid or "",
-                device.pci_address or "",
-            ],
-            1,
+def infiniband_families(data: InfinibandData, kept: KeptFamilies | None = None) -> Iterator[Metric]:
+    built = {
+        family.name: family
+        for family in (
+            *kept_or_built(kept, _device_families, [_device_part(d) for d in data.devices]),
+            *kept_or_built(kept, _port_families, [_port_part(p) for p in data.ports()]),
+            *_traffic_families(data),
         )
-        for netdev in device.netdevs:
-            families.add(IB_NETDEV_INFO, [device.name, netdev], 1)
-        _hw(
-            device.hw_counters,
-            (device.name,),
-            families,
-            IB_DEV_HW,
-            IB_DEV_HW_GAUGE,
-        )
-        for port in device.ports:
-            _port(port, families)
-    return families.non_empty()
+    }
+    # In the catalogue's order, whichever build made each family.
+    return (built[name] for name in _IB_ORDER if built[name].values)
 
 
 def netdev_families(data: NetdevData) -> Iterator[Metric]:
@@ -366,10 +471,14 @@ def netdev_families(data: NetdevData) -> Iterator[Metric]:
     return families.non_empty()
 
 
-def families(snapshot: Snapshot) -> Iterable[Metric]:
+#: The families of values the infiniband source reads on full reads are kept between them.
+KEEPS_FAMILIES = True
+
+
+def families(snapshot: Snapshot, kept: KeptFamilies | None = None) -> Iterable[Metric]:
     ib = snapshot.latest(INFINIBAND)
     if ib is not None:
-        yield from infiniband_families(ib)
+        yield from infiniband_families(ib, kept)
     net = snapshot.latest(NETDEV)
     if net is not None:
         yield from netdev_families(net)

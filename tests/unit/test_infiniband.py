@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodescope import jsonout
 from nodescope.errors import ParseError
+from nodescope.model.derived import Derived, Figure
 from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
@@ -512,6 +514,44 @@ def test_port_rates_take_fault_counters_over_the_span_between_full_reads(
         assert counter(port, "port_xmit_data") == 1000.0, second
         assert ib.port_rates(records[second - 1], records[second], 1.0).slow_seconds == 10.0
     source.close()
+
+
+def test_cycle_rates_make_the_slow_rates_once_per_full_read(capture_copy: Path) -> None:
+    """In the daemon's cycles (a Derived handed on from one snapshot to the next) the rates of
+    the counters read only on full reads are made when a full read brings new values and
+    carried in between; every cycle's rates equal port_rates made from scratch."""
+    roots = Roots.under(capture_copy.parents[2])
+    now = [0.0]
+    source = ib.InfinibandSource(slow_every=5, clock=lambda: now[0])
+    port_dir = capture_copy / "mlx5_0" / "ports" / "1"
+    previous: dict[str, SourceSample] = {}
+    carried: Mapping[str, Figure] = {}
+    records: list[ib.InfinibandData] = []
+    hw_rates: list[object] = []
+    for second in range(16):
+        now[0] = float(second)
+        _bump(port_dir / "counters" / "port_xmit_data", 1000 + second)
+        _bump(port_dir / "counters" / "symbol_error", 1 + second % 3)
+        _bump(port_dir / "hw_counters" / "out_of_buffer", 3)
+        records.append(source.collect(roots))
+        current = {"infiniband": SourceSample("infiniband", float(second), 0.0, records[-1])}
+        derived = Derived(current, previous, carried)
+        rates = derived.ib_rates
+        if second == 0:
+            assert rates is None
+        else:
+            assert rates == ib.port_rates(records[-2], records[-1], 1.0), second
+            port = rates.port("mlx5_0", 1)
+            assert port is not None
+            hw_rates.append(port.hw_counters)
+            assert port.xmit_bytes_per_second == 4 * (1000 + second)
+        previous, carried = current, derived.hand_on()
+    source.close()
+    # Full reads on seconds 0, 5, 10, 15 (hw_rates[i] is second i + 1's): the slow rates are
+    # made on the cycle of each, and kept until the next.
+    made = [i + 1 for i in range(1, len(hw_rates)) if hw_rates[i] is not hw_rates[i - 1]]
+    assert made == [5, 10, 15], made
+    assert [r.per_second for r in hw_rates[-1] if r.name == "out_of_buffer"] == [3.0]
 
 
 def test_source_with_slow_every_1_reads_everything_every_run(capture_copy: Path) -> None:

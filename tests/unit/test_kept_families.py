@@ -3,19 +3,24 @@ built again when any of it is a new object."""
 
 from __future__ import annotations
 
+import itertools
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sim.fake_nvml import FakeNvml, hgx_h100
+from nodescope.sources import infiniband as ib
 from nodescope.sources import nvml as nv
-from nodescope_exporters import event_metrics, gpu_metrics
+from nodescope_exporters import event_metrics, gpu_metrics, network_metrics
 from nodescope_exporters.catalog import Family, Metric
 from nodescope_exporters.exposition import TextRenderer
 from nodescope_exporters.kept import KeptFamilies, kept_or_built
 from nodescope_exporters.prometheus import SnapshotCollector, keeps_families
 
 NO_FILES = Roots.under("/nonexistent-nodescope-root")
+IB_CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "h100-node-infiniband"
 
 
 def _family(name: str, *values: float) -> Family:
@@ -55,6 +60,7 @@ def test_kept_while_every_field_is_the_same_object() -> None:
 
 def test_areas_that_keep_families_say_so() -> None:
     assert keeps_families(gpu_metrics.families) and keeps_families(event_metrics.families)
+    assert keeps_families(network_metrics.families)
     assert not keeps_families(lambda snapshot: [])
 
 
@@ -142,3 +148,59 @@ def test_gpu_health_families_are_built_once_per_health_read() -> None:
         assert (rounds[i] is rounds[i - 1]) == (i not in reads), i
     hot = rounds[-1]
     assert hot.values[hot.label_values.index(("3", "gpu"))] == 91
+
+
+def test_infiniband_families_of_full_reads_are_kept_between_them(tmp_path: Path) -> None:
+    """The infiniband source reads its traffic counters every run and the rest on full reads:
+    the network area keeps the families of the rest between full reads and builds the
+    traffic families every render, in the same text a fresh render writes."""
+    shutil.copytree(IB_CAPTURE / "sys", tmp_path / "sys")
+    roots = Roots.under(tmp_path)
+    port = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    source = ib.InfinibandSource(slow_every=3)
+    collector = SnapshotCollector([network_metrics.families])
+    renderer = TextRenderer()
+    rounds: list[dict[str, Metric]] = []
+    try:
+        for cycle in range(1, 7):  # full reads on the 1st and the 4th
+            for name, add in (("counters/port_xmit_data", 100), ("counters/symbol_error", 1)):
+                path = port / name
+                path.write_text(f"{int(path.read_text()) + add}\n")
+            if cycle == 4:
+                (port / "state").write_text("1: DOWN\n")
+            snapshot = Snapshot(
+                cycle=cycle,
+                monotonic=float(cycle),
+                wall_time=0.0,
+                current={
+                    "infiniband": SourceSample(
+                        "infiniband", float(cycle), 0.0, source.collect(roots)
+                    )
+                },
+            )
+            collector.set_snapshot(snapshot)
+            families = list(collector.collect())
+            rounds.append(_by_name(families))
+            text = renderer.render(families)
+            assert text == TextRenderer().render(network_metrics.families(snapshot))
+    finally:
+        source.close()
+    for name in (
+        "nodescope_infiniband_info",
+        "nodescope_infiniband_port_state_id",
+        "nodescope_infiniband_port_errors",
+        "nodescope_infiniband_port_hw_stats",
+    ):
+        assert rounds[0][name] is rounds[1][name] is rounds[2][name], name
+        assert rounds[3][name] is not rounds[2][name], name
+        assert rounds[3][name] is rounds[4][name] is rounds[5][name], name
+    tx = "nodescope_infiniband_port_data_transmitted_bytes"
+    assert rounds[0][tx] is not rounds[1][tx]
+    sent = [r[tx].values[r[tx].label_values.index(("mlx5_0", "1"))] for r in rounds]
+    assert [b - a for a, b in itertools.pairwise(sent)] == [400.0] * 5
+    state = rounds[3]["nodescope_infiniband_port_state_id"]
+    assert state.values[state.label_values.index(("mlx5_0", "1"))] == 1.0
+    errors = rounds[3]["nodescope_infiniband_port_errors"]
+    symbol = errors.values[errors.label_values.index(("mlx5_0", "1", "symbol_error"))]
+    before = rounds[2]["nodescope_infiniband_port_errors"]
+    assert symbol == before.values[before.label_values.index(("mlx5_0", "1", "symbol_error"))] + 3

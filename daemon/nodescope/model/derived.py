@@ -26,7 +26,16 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from nodescope.model.attribution import Attribution, LinkIndex, attribute
 from nodescope.model.disks import DISKS, IostatReport, iostat_figures
-from nodescope.model.infiniband import INFINIBAND, InfinibandRates, port_rates
+from nodescope.model.infiniband import (
+    INFINIBAND,
+    InfinibandData,
+    InfinibandRates,
+    SlowPortRates,
+    port_rates,
+    slow_pair,
+    slow_rates,
+    slow_values,
+)
 from nodescope.model.job_records import JOBS
 from nodescope.model.jobs import (
     GpuUse,
@@ -239,7 +248,22 @@ class Derived:
 
     @property
     def ib_rates(self) -> InfinibandRates | None:
-        return self._rates(INFINIBAND, port_rates)
+        return self._rates(INFINIBAND, self._port_rates)
+
+    def _port_rates(
+        self, before: InfinibandData, now: InfinibandData, seconds: float
+    ) -> InfinibandRates:
+        # The rates of the counters read only on full reads change only with one: made once
+        # per full read and carried while the record holds the objects it read.
+        pair = slow_pair(before, now, seconds)
+        slow: Mapping[tuple[str, int], SlowPortRates] = self._figure(
+            "slow-rates:infiniband",
+            (None if pair is None else pair[0], *slow_values(now)),
+            None if pair is None else pair[1],
+            lambda: slow_rates(pair, now),
+            recheck=True,
+        )
+        return port_rates(before, now, seconds, slow)
 
     @property
     def netdev_rates(self) -> NetdevRates | None:

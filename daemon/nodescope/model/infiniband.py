@@ -14,7 +14,7 @@ full reads (:mod:`nodescope.model.slow`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nodescope.model.counters import counter_delta
@@ -223,40 +223,98 @@ def _rate(
     return None if delta is None else delta * scale / seconds
 
 
-def _port_rates(
-    prev: IbPort, cur: IbPort, seconds: float, slow_prev: IbPort | None, slow_seconds: float
-) -> PortRates:
+@dataclass(frozen=True, slots=True)
+class SlowPortRates:
+    """The figures of one port that change only with a full read: the rates of its counters
+    other than the traffic ones (by name) and of its ``hw_counters``, and the sum of its error
+    counters' rates, over the span between the two full reads (``None`` where unknowable)."""
+
+    counters: Mapping[str, CounterRate]
+    hw_counters: tuple[CounterRate, ...]
+    errors_per_second: float | None
+
+
+PortKey = tuple[str, int]
+
+
+def _slow_port_rates(cur: IbPort, slow_prev: IbPort | None, slow_seconds: float) -> SlowPortRates:
     """``slow_prev`` is the port at the full read before the one ``cur`` carries, taken
     ``slow_seconds`` before it (``None``: not in that read, or none yet)."""
+    if slow_prev is None:
+        return SlowPortRates(
+            {
+                c.name: CounterRate(c.name, None)
+                for c in cur.counters
+                if c.name not in TRAFFIC_COUNTERS
+            },
+            tuple(
+                CounterRate(c.name, None)
+                for c in cur.hw_counters
+                if not hw_counter_is_gauge(c.name)
+            ),
+            None,
+        )
     # An HCA port carries dozens of counters and hw_counters: each earlier read is looked up
     # by name once here rather than scanned for every counter of the current one.
-    before = {c.name: c for c in prev.counters}
+    before = {c.name: c for c in slow_prev.counters}
+    hw_before = {c.name: c for c in slow_prev.hw_counters}
     now = {c.name: c for c in cur.counters}
-    slow_before = {} if slow_prev is None else {c.name: c for c in slow_prev.counters}
-    slow_hw_before = {} if slow_prev is None else {c.name: c for c in slow_prev.hw_counters}
+    error_deltas = [
+        d for name in ERROR_COUNTERS if (d := _delta(before.get(name), now.get(name))) is not None
+    ]
+    return SlowPortRates(
+        {
+            c.name: CounterRate(c.name, _rate(before.get(c.name), c, slow_seconds))
+            for c in cur.counters
+            if c.name not in TRAFFIC_COUNTERS
+        },
+        tuple(
+            CounterRate(c.name, _rate(hw_before.get(c.name), c, slow_seconds))
+            for c in cur.hw_counters
+            if not hw_counter_is_gauge(c.name)
+        ),
+        sum(error_deltas) / slow_seconds if error_deltas else None,
+    )
+
+
+def slow_rates(
+    slow: tuple[InfinibandData, float] | None, cur: InfinibandData
+) -> dict[PortKey, SlowPortRates]:
+    """:class:`SlowPortRates` of every port of ``cur``, against ``slow`` (what
+    :func:`slow_pair` gives: the record of the full read to compare with and the seconds
+    between; ``None`` before two full reads, when every one is ``None``)."""
+    if slow is None:
+        return {(p.device, p.port): _slow_port_rates(p, None, 0.0) for p in cur.ports()}
+    record, seconds = slow
+    before = {(p.device, p.port): p for p in record.ports()}
+    rates: dict[PortKey, SlowPortRates] = {}
+    for port in cur.ports():
+        key = (port.device, port.port)
+        rates[key] = _slow_port_rates(port, before.get(key), seconds)
+    return rates
+
+
+def slow_values(data: InfinibandData) -> tuple[object, ...]:
+    """The objects :func:`slow_rates` reads of ``data``, for telling by identity that its
+    slow values are those of the last call: a source carries the very same objects between
+    two full reads (:class:`nodescope.model.slow.SlowReads`)."""
+    parts: list[object] = []
+    for port in data.ports():
+        parts += (port.device, port.port, port.hw_counters)
+        parts += [c for c in port.counters if c.name not in TRAFFIC_COUNTERS]
+    return tuple(parts)
+
+
+def _port_rates(prev: IbPort, cur: IbPort, seconds: float, slow: SlowPortRates) -> PortRates:
+    before = {c.name: c for c in prev.counters if c.name in TRAFFIC_COUNTERS}
+    now = {c.name: c for c in cur.counters if c.name in TRAFFIC_COUNTERS}
 
     def rate(name: str, scale: int = 1) -> float | None:
         return _rate(before.get(name), now.get(name), seconds, scale)
 
-    def counter_rate(counter: Counter) -> float | None:
-        if counter.name in TRAFFIC_COUNTERS:
-            return _rate(before.get(counter.name), counter, seconds)
-        if slow_prev is None:
-            return None
-        return _rate(slow_before.get(counter.name), counter, slow_seconds)
-
     xmit_bps = rate("port_xmit_data", 4)
     rcv_bps = rate("port_rcv_data", 4)
     capacity = cur.rate.bytes_per_second if cur.rate is not None else None
-    error_deltas = (
-        []
-        if slow_prev is None
-        else [
-            d
-            for name in ERROR_COUNTERS
-            if (d := _delta(slow_before.get(name), now.get(name))) is not None
-        ]
-    )
     return PortRates(
         device=cur.device,
         port=cur.port,
@@ -267,16 +325,15 @@ def _port_rates(
         xmit_wait_per_second=rate("port_xmit_wait"),
         xmit_utilization=None if xmit_bps is None or not capacity else xmit_bps / capacity,
         rcv_utilization=None if rcv_bps is None or not capacity else rcv_bps / capacity,
-        errors_per_second=sum(error_deltas) / slow_seconds if error_deltas else None,
-        counters=tuple(CounterRate(c.name, counter_rate(c)) for c in cur.counters),
-        hw_counters=tuple(
-            CounterRate(
-                c.name,
-                None if slow_prev is None else _rate(slow_hw_before.get(c.name), c, slow_seconds),
-            )
-            for c in cur.hw_counters
-            if not hw_counter_is_gauge(c.name)
+        errors_per_second=slow.errors_per_second,
+        # In the record's order; the slow ones are the objects made at the full read.
+        counters=tuple(
+            CounterRate(c.name, rate(c.name))
+            if c.name in TRAFFIC_COUNTERS
+            else slow.counters.get(c.name) or CounterRate(c.name, None)
+            for c in cur.counters
         ),
+        hw_counters=slow.hw_counters,
     )
 
 
@@ -290,35 +347,32 @@ def slow_pair(
     return _slow_pair(previous, previous.slow, current.slow, seconds)
 
 
-def port_rates(prev: InfinibandData, cur: InfinibandData, seconds: float) -> InfinibandRates:
+def port_rates(
+    prev: InfinibandData,
+    cur: InfinibandData,
+    seconds: float,
+    slow: Mapping[PortKey, SlowPortRates] | None = None,
+) -> InfinibandRates:
     """Rates of every port present in both samples (a port that appeared has none yet);
-    the counters read only on full reads over the span between the two latest."""
+    the counters read only on full reads over the span between the two latest.
+
+    ``slow``: :func:`slow_rates` of ``cur`` against ``slow_pair(prev, cur, seconds)``, when
+    the caller has them from an earlier call whose :func:`slow_values` were the same
+    objects; made here otherwise."""
     if seconds <= 0:
         return InfinibandRates(seconds, ())
-    before = {(p.device, p.port): p for p in prev.ports()}
-    slow = slow_pair(prev, cur, seconds)
+    pair = slow_pair(prev, cur, seconds)
     if slow is None:
-        slow_before: dict[tuple[str, int], IbPort] = {}
-        slow_seconds = None
-    else:
-        slow_before = (
-            before if slow[0] is prev else {(p.device, p.port): p for p in slow[0].ports()}
-        )
-        slow_seconds = slow[1]
+        slow = slow_rates(pair, cur)
+    before = {(p.device, p.port): p for p in prev.ports()}
     return InfinibandRates(
         seconds,
         tuple(
-            _port_rates(
-                before[key],
-                p,
-                seconds,
-                slow_before.get(key),
-                seconds if slow_seconds is None else slow_seconds,
-            )
+            _port_rates(before[key], p, seconds, slow[key])
             for p in cur.ports()
             if (key := (p.device, p.port)) in before
         ),
-        slow_seconds,
+        None if pair is None else pair[1],
     )
 
 
