@@ -8,6 +8,7 @@ tests/integration/test_netlink_real.py."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import struct
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
 from nodescope.errors import ParseError
+from nodescope.model.netdev import OPTIONAL_STATS, REQUIRED_STATS, LinkStats
 from nodescope.model.skips import SkipTally
 from nodescope.sources import netlink as nl
 from nodescope.sources import rtnetlink as rtnl
@@ -331,3 +333,15 @@ def test_links_past_the_limit_left_out_and_counted(tmp_path: Any) -> None:
     assert [x.ifindex for x in data.links] == [1, 2, 3, 4]
     assert data.skipped.counts == {nl.SKIP_LINK_OVER_LIMIT: 6}
     assert data.skipped.examples[nl.SKIP_LINK_OVER_LIMIT] == "e005 (ifindex 5)"
+
+
+def test_the_models_statistics_are_the_kernels_first_fields_in_order() -> None:
+    """The decoder names the numbers of a statistics block by the kernel's layout, the model
+    keeps a selection of them: the selection must be the layout's first fields, in its order
+    (pyroute2's description of the same struct as the oracle of the layout)."""
+    kernel = [name for name, _ in ifinfmsg.ifstats64.fields]
+    assert list(rtnl.LINK_STATS_FIELDS[: len(kernel)]) == kernel
+    assert [name for name, _ in ifinfmsg.ifstats.fields] == kernel
+    selected = (*REQUIRED_STATS, *OPTIONAL_STATS)
+    assert rtnl.LINK_STATS_FIELDS[: len(selected)] == selected
+    assert {f.name for f in dataclasses.fields(LinkStats)} >= set(selected)
