@@ -175,6 +175,29 @@ def test_uncorrected_errors_between_two_health_reads(job_on_gpu0: None) -> None:
     assert det.RULES[det.ECC].resolve_after_seconds == det.ECC_HOLD_SECONDS
 
 
+def test_a_job_gone_with_the_error_is_named_from_the_cycle_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fatal ECC error can end the job's processes before the cycle that reads it: the jobs
+    of the cycle before are named too."""
+    node = Node()
+    # (the cycle running, the cycle of the snapshot whose jobs were asked)
+    asked: list[tuple[int, int]] = []
+
+    def jobs(snapshot: Snapshot) -> tuple[JobView, ...]:
+        asked.append((node.cycle, snapshot.cycle))
+        if snapshot.cycle != 3:
+            return ()
+        return (JobView("81790", (4242,), (0,), (GPU0,), ("mlx5_0",), "all"),)
+
+    monkeypatch.setattr(det, "jobs", jobs)
+    for t in range(3):
+        assert node.at(float(t), nvml(health(read_at=1000.0, ecc=EccErrors(5, 0, 40, 3)))) == []
+    [finding] = node.at(3.0, nvml(health(read_at=1005.0, ecc=EccErrors(5, 2, 40, 5))))
+    assert (4, 3) in asked
+    assert "used by job 81790" in finding.message
+
+
 def test_aggregate_growth_alone_is_an_error() -> None:
     node = Node()
     node.at(0.0, nvml(health(read_at=1000.0, ecc=EccErrors(0, None, 0, 7))))
