@@ -344,7 +344,7 @@ def _port_part(port: IbPort) -> _PortPart:
         port.rate,
         port.link_layer,
         port.hw_counters,
-        *(c for c in port.counters if c.name not in TRAFFIC_COUNTERS),
+        *port.slow_counters(),
     )
 
 

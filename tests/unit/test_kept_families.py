@@ -64,12 +64,12 @@ def test_areas_that_keep_families_say_so() -> None:
     assert not keeps_families(lambda snapshot: [])
 
 
-def _snapshot(cycle: int, data: nv.NvmlData) -> Snapshot:
+def _snapshot(cycle: int, data: object, source: str = "nvml") -> Snapshot:
     return Snapshot(
         cycle=cycle,
         monotonic=float(cycle),
         wall_time=0.0,
-        current={"nvml": SourceSample("nvml", float(cycle), 0.0, data)},
+        current={source: SourceSample(source, float(cycle), 0.0, data)},
     )
 
 
@@ -168,16 +168,7 @@ def test_infiniband_families_of_full_reads_are_kept_between_them(tmp_path: Path)
                 path.write_text(f"{int(path.read_text()) + add}\n")
             if cycle == 4:
                 (port / "state").write_text("1: DOWN\n")
-            snapshot = Snapshot(
-                cycle=cycle,
-                monotonic=float(cycle),
-                wall_time=0.0,
-                current={
-                    "infiniband": SourceSample(
-                        "infiniband", float(cycle), 0.0, source.collect(roots)
-                    )
-                },
-            )
+            snapshot = _snapshot(cycle, source.collect(roots), "infiniband")
             collector.set_snapshot(snapshot)
             families = list(collector.collect())
             rounds.append(_by_name(families))

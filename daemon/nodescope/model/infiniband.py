@@ -14,7 +14,7 @@ full reads (:mod:`nodescope.model.slow`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from nodescope.model.counters import counter_delta
@@ -117,6 +117,11 @@ class IbPort:
 
     def counter(self, name: str) -> Counter | None:
         return _find(self.counters, name)
+
+    def slow_counters(self) -> Iterator[Counter]:
+        """Its counters other than the traffic ones: those the source reads on full reads
+        only, carrying the same objects in between."""
+        return (c for c in self.counters if c.name not in TRAFFIC_COUNTERS)
 
     def hw_counter(self, name: str) -> Counter | None:
         return _find(self.hw_counters, name)
@@ -240,24 +245,11 @@ PortKey = tuple[str, int]
 def _slow_port_rates(cur: IbPort, slow_prev: IbPort | None, slow_seconds: float) -> SlowPortRates:
     """``slow_prev`` is the port at the full read before the one ``cur`` carries, taken
     ``slow_seconds`` before it (``None``: not in that read, or none yet)."""
-    if slow_prev is None:
-        return SlowPortRates(
-            {
-                c.name: CounterRate(c.name, None)
-                for c in cur.counters
-                if c.name not in TRAFFIC_COUNTERS
-            },
-            tuple(
-                CounterRate(c.name, None)
-                for c in cur.hw_counters
-                if not hw_counter_is_gauge(c.name)
-            ),
-            None,
-        )
     # An HCA port carries dozens of counters and hw_counters: each earlier read is looked up
-    # by name once here rather than scanned for every counter of the current one.
-    before = {c.name: c for c in slow_prev.counters}
-    hw_before = {c.name: c for c in slow_prev.hw_counters}
+    # by name once here rather than scanned for every counter of the current one. Without a
+    # full read to compare with, no counter has an earlier value and every rate is None.
+    before = {} if slow_prev is None else {c.name: c for c in slow_prev.counters}
+    hw_before = {} if slow_prev is None else {c.name: c for c in slow_prev.hw_counters}
     now = {c.name: c for c in cur.counters}
     error_deltas = [
         d for name in ERROR_COUNTERS if (d := _delta(before.get(name), now.get(name))) is not None
@@ -265,8 +257,7 @@ def _slow_port_rates(cur: IbPort, slow_prev: IbPort | None, slow_seconds: float)
     return SlowPortRates(
         {
             c.name: CounterRate(c.name, _rate(before.get(c.name), c, slow_seconds))
-            for c in cur.counters
-            if c.name not in TRAFFIC_COUNTERS
+            for c in cur.slow_counters()
         },
         tuple(
             CounterRate(c.name, _rate(hw_before.get(c.name), c, slow_seconds))
@@ -300,8 +291,7 @@ def slow_values(data: InfinibandData) -> tuple[object, ...]:
     two full reads (:class:`nodescope.model.slow.SlowReads`)."""
     parts: list[object] = []
     for port in data.ports():
-        parts += (port.device, port.port, port.hw_counters)
-        parts += [c for c in port.counters if c.name not in TRAFFIC_COUNTERS]
+        parts += (port.device, port.port, port.hw_counters, *port.slow_counters())
     return tuple(parts)
 
 

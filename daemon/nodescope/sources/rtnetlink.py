@@ -192,7 +192,7 @@ def decode_link(kind: int, payload: bytes, source: str = "rtnetlink") -> dict[st
             message["IFLA_CARRIER"] = _u8(value, "IFLA_CARRIER", source)
         elif attribute == IFLA_STATS:
             stats32 = value
-        else:
+        elif attribute == IFLA_LINKINFO:
             message["IFLA_LINKINFO"] = _linkinfo(value, source)
     # The kernel sends both blocks; the 32-bit one is read only where the 64-bit one is missing.
     if stats32 is not None and "IFLA_STATS64" not in message:
