@@ -302,9 +302,6 @@ _IB_SPECS: tuple[MetricSpec, ...] = (
     IB_DEV_HW,
     IB_DEV_HW_GAUGE,
 )
-#: Family names in the order they are written.
-_IB_ORDER: tuple[str, ...] = tuple(spec.family().name for spec in _IB_SPECS)
-
 #: One device's values read on full reads: name, board id, firmware, HCA type, node GUID,
 #: PCI function, netdevs, hw_counters.
 _DevicePart = tuple[
@@ -415,18 +412,18 @@ def _traffic_families(data: InfinibandData) -> tuple[Metric, ...]:
             families.add(IB_RX_BYTES, labels, port.rcv_bytes)
         if port.xmit_bytes is not None:
             families.add(IB_TX_BYTES, labels, port.xmit_bytes)
-        for counter in port.counters:
-            spec = _TRAFFIC_FAMILY.get(counter.name)
-            if spec is not None:
+        for counter_name, spec in _TRAFFIC_AS_READ:
+            counter = port.counter(counter_name)
+            if counter is not None:
                 families.add(spec, labels, counter.value)
     return families.all()
 
 
 #: The traffic counters exported as they are (the data counters go out as bytes, above).
-_TRAFFIC_FAMILY: dict[str, MetricSpec] = {
-    **{counter: spec for counter, spec in _PACKET_COUNTERS if counter in TRAFFIC_COUNTERS},
-    "port_xmit_wait": IB_XMIT_WAIT,
-}
+_TRAFFIC_AS_READ: tuple[tuple[str, MetricSpec], ...] = (
+    *((counter, spec) for counter, spec in _PACKET_COUNTERS if counter in TRAFFIC_COUNTERS),
+    ("port_xmit_wait", IB_XMIT_WAIT),
+)
 _NET_SPECS: tuple[MetricSpec, ...] = (
     NET_INFO,
     NET_UP,
@@ -438,16 +435,26 @@ _NET_SPECS: tuple[MetricSpec, ...] = (
 
 
 def infiniband_families(data: InfinibandData, kept: KeptFamilies | None = None) -> Iterator[Metric]:
+    # Each build gives one family per spec of its own, in their order.
     built = {
-        family.name: family
-        for family in (
-            *kept_or_built(kept, _device_families, [_device_part(d) for d in data.devices]),
-            *kept_or_built(kept, _port_families, [_port_part(p) for p in data.ports()]),
-            *_traffic_families(data),
-        )
+        **dict(
+            zip(
+                _IB_DEVICE_SPECS,
+                kept_or_built(kept, _device_families, [_device_part(d) for d in data.devices]),
+                strict=True,
+            )
+        ),
+        **dict(
+            zip(
+                _IB_PORT_SPECS,
+                kept_or_built(kept, _port_families, [_port_part(p) for p in data.ports()]),
+                strict=True,
+            )
+        ),
+        **dict(zip(_IB_TRAFFIC_SPECS, _traffic_families(data), strict=True)),
     }
     # In the catalogue's order, whichever build made each family.
-    return (built[name] for name in _IB_ORDER if built[name].values)
+    return (built[spec] for spec in _IB_SPECS if built[spec].values)
 
 
 def netdev_families(data: NetdevData) -> Iterator[Metric]:
