@@ -204,6 +204,17 @@ def test_every_form_of_import_is_seen(tmp_path: Path) -> None:
 STATEFUL_CALLS = frozenset(
     {"Memo", "Lock", "RLock", "Condition", "Event", "defaultdict", "deque", "dict", "list", "set"}
 )
+#: Decorators that keep a function's results in the function object, so in the module (or
+#: the class) for the life of the process.
+CACHING_DECORATORS = frozenset({"lru_cache", "cache"})
+
+
+def _called_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def module_state(path: Path) -> list[str]:
@@ -214,6 +225,13 @@ def module_state(path: Path) -> list[str]:
         f"line {node.lineno}: global {', '.join(node.names)}"
         for node in ast.walk(tree)
         if isinstance(node, ast.Global)
+    ]
+    found += [
+        f"line {node.lineno}: {node.name} cached by @{_called_name(decorator)}"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for decorator in node.decorator_list
+        if _called_name(decorator) in CACHING_DECORATORS
     ]
     for node in tree.body:
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
@@ -251,7 +269,12 @@ def test_module_state_is_seen_in_every_form(tmp_path: Path) -> None:
         "lock.py": "import threading\n_lock = threading.Lock()\n",
         "walk.py": "SHARED = SharedWalk()\n",
         "rebind.py": "_n = 0\ndef bump() -> None:\n    global _n\n    _n += 1\n",
-        "fine.py": "import re\nPATTERN = re.compile('x')\nTABLE = {'a': 1}\n",
+        "lru.py": "import functools\n@functools.lru_cache(maxsize=4)\ndef f(n: int) -> int:\n"
+        "    return n\n",
+        "cached_method.py": "from functools import cache\nclass A:\n    @cache\n"
+        "    def f(self) -> int:\n        return 1\n",
+        "fine.py": "import re\nPATTERN = re.compile('x')\nTABLE = {'a': 1}\n"
+        "import functools\n@functools.wraps(print)\ndef g() -> None:\n    pass\n",
     }
     for name, text in cases.items():
         _write(tmp_path, name, text)
@@ -260,5 +283,7 @@ def test_module_state_is_seen_in_every_form(tmp_path: Path) -> None:
         "lock.py": True,
         "walk.py": True,
         "rebind.py": True,
+        "lru.py": True,
+        "cached_method.py": True,
         "fine.py": False,
     }

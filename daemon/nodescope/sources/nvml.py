@@ -575,12 +575,6 @@ def field_value(value: Any) -> tuple[int | float, int | None]:
     return number, bits
 
 
-@functools.lru_cache(maxsize=16)
-def _field_array_layout(count: int) -> struct.Struct:
-    # Native alignment repeats every row: each row is 40 bytes, a multiple of 8.
-    return struct.Struct("@" + _FIELD_ROW * count)
-
-
 def field_columns(values: Any) -> tuple[Sequence[int], ...]:
     """The results of ``nvmlDeviceGetFieldValues`` as the seven columns named by
     :data:`FIELD_COLUMNS`; ``value`` is the union's 8 bytes as an unsigned 64-bit number
@@ -596,7 +590,9 @@ def field_columns(values: Any) -> tuple[Sequence[int], ...]:
         and isinstance(values, ctypes.Array)
         and values._type_ is pynvml.c_nvmlFieldValue_t
     ):
-        flat = _field_array_layout(len(values)).unpack(values)
+        # Native alignment repeats every row: each row is 40 bytes, a multiple of 8. The
+        # format is made per call (the struct module compiles it once and keeps it).
+        flat = struct.unpack("@" + _FIELD_ROW * len(values), values)
         width = len(FIELD_COLUMNS)
         return tuple(flat[column::width] for column in range(width))
     rows = [
