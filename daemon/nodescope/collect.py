@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from nodescope.config import DEFAULT_SOURCE_TIMEOUT, Config, spool_settings
+from nodescope.config import (
+    DEFAULT_SOURCE_TIMEOUT,
+    Config,
+    link_events_options,
+    netdev_options,
+    spool_settings,
+)
 from nodescope.model.skips import Skipped
 from nodescope.model.snapshot import Snapshot, SourceSample, SourceStatus
 from nodescope.roots import Roots
@@ -195,7 +201,12 @@ class Collector:
         ``config``."""
         scheduled: list[ScheduledSource] = []
         if sources is None:
-            inputs = SourceInputs(spool=spool_settings(config)) if inputs is None else inputs
+            if inputs is None:
+                inputs = SourceInputs(
+                    spool=spool_settings(config),
+                    netdev=netdev_options(config),
+                    link_events=link_events_options(config),
+                )
             for name, wanted in config.sources.items():
                 if wanted.enabled:
                     scheduled.append(

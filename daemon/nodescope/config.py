@@ -40,6 +40,8 @@ from typing import Any
 from nodescope import fileio
 from nodescope.errors import ConfigError
 from nodescope.model.collectives import SpoolSettings
+from nodescope.model.link_events import LinkEventsOptions
+from nodescope.model.netdev import MAX_LINKS, NetdevOptions
 from nodescope.roots import ROOT_NAMES, Roots
 from nodescope.sources.registry import SOURCE_TABLE, SOURCES
 
@@ -383,8 +385,80 @@ class TracesSourceSettings:
         )
 
 
+#: An ``ip netns`` name: a file directly in ``/run/netns``.
+_NETNS_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
+
+
+def _netns(value: Any) -> str | None:
+    """Empty (the daemon's own namespace) or a name ``ip netns`` could have made: one path
+    component, never ``.`` or ``..``, so it names a file in ``/run/netns`` and nothing else."""
+    if value == "" or (_NETNS_NAME.fullmatch(value) and value not in (".", "..")):
+        return None
+    return "must be empty or a name in /run/netns (letters, digits, '_', '.', '-')"
+
+
+_NETNS_HELP = (
+    "network namespace to read, by the name `ip netns` gives it (a file in /run/netns);"
+    " empty: the daemon's own. Entering another takes setns(2) with CAP_SYS_ADMIN, which the"
+    " shipped unit does not allow (CapabilityBoundingSet=, RestrictNamespaces=yes): there the"
+    " source reports down with the error"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetdevSourceSettings:
+    """The keys ``[sources.netdev]`` has beyond the common ones."""
+
+    netns: str = option("", _NETNS_HELP, _netns)
+    max_links: int = option(
+        MAX_LINKS,
+        "interfaces one read keeps, the lowest ifindexes first (the rest are counted as skipped,"
+        " reason link_over_limit), so that containers' veths cannot grow the series without"
+        " bound",
+        Range(1, 65536, integer=True),
+    )
+
+    def options(self) -> NetdevOptions:
+        return NetdevOptions(self.netns or None, self.max_links)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkEventsSourceSettings:
+    """The keys ``[sources.link_events]`` has beyond the common ones."""
+
+    netns: str = option("", _NETNS_HELP, _netns)
+    include_virtual: bool = option(
+        False,
+        "follow virtual links too (veth, bridges, tunnels), whose transitions are mostly"
+        " containers and VMs starting and stopping",
+    )
+
+    def options(self) -> LinkEventsOptions:
+        return LinkEventsOptions(self.netns or None, self.include_virtual)
+
+
 #: Sources with keys of their own, and the class that declares them.
-SOURCE_EXTRA_SETTINGS: Mapping[str, type[Any]] = MappingProxyType({"traces": TracesSourceSettings})
+SOURCE_EXTRA_SETTINGS: Mapping[str, type[Any]] = MappingProxyType(
+    {
+        "netdev": NetdevSourceSettings,
+        "link_events": LinkEventsSourceSettings,
+        "traces": TracesSourceSettings,
+    }
+)
+
+
+def netdev_options(config: Config) -> NetdevOptions:
+    """How the ``netdev`` source reads (``[sources.netdev]``)."""
+    settings = config.sources.get("netdev")
+    extra = settings.extra if settings is not None else None
+    return extra.options() if isinstance(extra, NetdevSourceSettings) else NetdevOptions()
+
+
+def link_events_options(config: Config) -> LinkEventsOptions:
+    """How the ``link_events`` source follows links (``[sources.link_events]``)."""
+    settings = config.sources.get("link_events")
+    extra = settings.extra if settings is not None else None
+    return extra.options() if isinstance(extra, LinkEventsSourceSettings) else LinkEventsOptions()
 
 
 def spool_settings(config: Config) -> SpoolSettings | None:

@@ -11,13 +11,20 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from nodescope import config
+from nodescope.collect import Collector
 from nodescope.detectors import hotplug
+from nodescope.model.link_events import LINK_EVENTS
+from nodescope.model.netdev import NETDEV
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sources.link_events import LinkEventsData, LinkEventsSource, LinkTransitions
+from nodescope.sources.netlink import SKIP_LINK_OVER_LIMIT
+from nodescope.sources.registry import SOURCES
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +144,44 @@ def test_unknown_namespace_leaves_the_source_without_monitor() -> None:
 
 def _snapshot(data: LinkEventsData) -> Snapshot:
     return Snapshot(1, 1.0, 1.0, {"link_events": SourceSample("link_events", 1.0, 0.0, data)})
+
+
+def test_the_config_file_points_both_netlink_sources_at_a_namespace(
+    veth: Namespace, tmp_path: Path
+) -> None:
+    """A configuration file's ``netns``, ``max_links`` and ``include_virtual``, through the
+    collector the daemon builds: the two sources read the namespace's three links (loopback
+    and the veth pair), not this machine's, and follow its veth's transitions."""
+    others = "".join(
+        f"[sources.{name}]\nenabled = false\n"
+        for name in SOURCES
+        if name not in ("netdev", "link_events")
+    )
+    path = tmp_path / "nodescope.toml"
+    path.write_text(
+        f'{others}[sources.netdev]\nnetns = "{veth.name}"\nmax_links = 2\n'
+        f'[sources.link_events]\nnetns = "{veth.name}"\ninclude_virtual = true\n'
+    )
+    collector = Collector.from_config(config.load(path))
+    try:
+        first = collector.run_cycle()
+        netdev = first.latest(NETDEV)
+        assert netdev is not None
+        # lo is ifindex 1 and the pair's ends were made after it: the limit keeps lo and the
+        # first end, and counts the other.
+        names = [link.name for link in netdev.links]
+        assert len(names) == 2 and names[0] == "lo"
+        assert netdev.skipped.counts == {SKIP_LINK_OVER_LIMIT: 1}
+        assert set(names) < {"lo", veth.a, veth.b}
+        _ip("-n", veth.name, "link", "set", veth.a, "down")
+        deadline = time.monotonic() + 5.0
+        while True:
+            events = collector.run_cycle(force=True).latest(LINK_EVENTS)
+            assert events is not None and events.monitor is True
+            link = events.link(veth.a)
+            if link is not None and link.down_total == 1:
+                break
+            assert time.monotonic() < deadline, f"no transition of {veth.a}: {events}"
+            time.sleep(0.05)
+    finally:
+        collector.close()

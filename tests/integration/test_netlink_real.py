@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
+from nodescope.model.netdev import NetdevOptions
 from nodescope.roots import Roots
 from nodescope.sources import netlink as nl
 from nodescope.sources import rtnetlink as rtnl
@@ -90,8 +91,8 @@ def _stats(data: nl.NetdevData, name: str) -> nl.LinkStats:
 
 def test_veth_counters_and_link_down(veth_pair: Pair) -> None:
     roots = Roots()
-    side_a = nl.make_source(netns=veth_pair.ns_a)
-    side_b = nl.make_source(netns=veth_pair.ns_b)
+    side_a = nl.make_source(NetdevOptions(netns=veth_pair.ns_a))
+    side_b = nl.make_source(NetdevOptions(netns=veth_pair.ns_b))
     try:
         a0 = side_a.collect(roots)
         b0 = side_b.collect(roots)

@@ -358,3 +358,77 @@ def test_source_settings_take_their_sources_interval() -> None:
         assert cfg.sources[info.name].interval_seconds == info.default_interval
         assert config.Config().sources[info.name] == cfg.sources[info.name] or info.name == "pci"
     assert cfg.sources["pci"].timeout_seconds == 2.0
+
+
+# -- the netlink sources' own keys ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "table", "key"),
+    [
+        ("netdev", {"netns": "../../proc/1/ns/net"}, "netns"),
+        ("netdev", {"netns": "a/b"}, "netns"),
+        ("netdev", {"netns": ".."}, "netns"),
+        ("netdev", {"netns": "."}, "netns"),
+        ("netdev", {"netns": "ns\n1"}, "netns"),
+        ("netdev", {"netns": "x" * 256}, "netns"),
+        ("netdev", {"netns": 3}, "netns"),
+        ("netdev", {"max_links": 0}, "max_links"),
+        ("netdev", {"max_links": 65537}, "max_links"),
+        ("netdev", {"max_links": 1.5}, "max_links"),
+        ("netdev", {"max_links": True}, "max_links"),
+        ("netdev", {"include_virtual": True}, "include_virtual"),
+        ("link_events", {"netns": "/run/netns/a"}, "netns"),
+        ("link_events", {"include_virtual": "yes"}, "include_virtual"),
+        ("link_events", {"max_links": 4}, "max_links"),
+    ],
+)
+def test_bad_netlink_source_keys_are_refused_with_their_key(
+    source: str, table: dict[str, object], key: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config.from_mapping({"sources": {source: table}}, "net.toml")
+    assert f"sources.{source}.{key}" in str(caught.value)
+
+
+def test_the_netlink_sources_are_built_with_their_keys() -> None:
+    from nodescope.collect import Collector
+    from nodescope.model.link_events import LinkEventsOptions
+    from nodescope.model.netdev import MAX_LINKS, NetdevOptions
+    from nodescope.sources.link_events import LinkEventsSource
+    from nodescope.sources.netlink import NetdevSource
+
+    assert config.netdev_options(config.Config()) == NetdevOptions(None, MAX_LINKS)
+    assert config.link_events_options(config.Config()) == LinkEventsOptions(None, False)
+    cfg = config.from_mapping(
+        {
+            "sources": {
+                "netdev": {"netns": "pods-1.a_b", "max_links": 8},
+                "link_events": {"netns": "pods-1.a_b", "include_virtual": True},
+            }
+        },
+        "net.toml",
+    )
+    assert config.netdev_options(cfg) == NetdevOptions("pods-1.a_b", 8)
+    assert config.link_events_options(cfg) == LinkEventsOptions("pods-1.a_b", True)
+    collector = Collector.from_config(cfg)
+    try:
+        built = {s.source.name: s.source for s in collector.scheduled}
+        netdev, events = built["netdev"], built["link_events"]
+        assert isinstance(netdev, NetdevSource) and isinstance(events, LinkEventsSource)
+        assert (netdev.netns, netdev.max_links) == ("pods-1.a_b", 8)
+        assert (events.netns, events.include_virtual) == ("pods-1.a_b", True)
+    finally:
+        collector.close()
+
+
+def test_a_bad_netns_in_the_file_stops_the_daemon_with_status_2(tmp_path: Path) -> None:
+    path = write(tmp_path, '[sources.netdev]\nnetns = "../../proc/1/ns/net"\n')
+    done = subprocess.run(
+        [*nodescope_command(), "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "sources.netdev.netns" in done.stderr

@@ -15,6 +15,17 @@ from nodescope.model.source_key import SourceKey
 
 
 @dataclass(frozen=True, slots=True)
+class LinkEventsOptions:
+    """How the ``link_events`` source follows links (``[sources.link_events]``): the network
+    namespace of its rtnetlink monitor, as for :class:`~nodescope.model.netdev.NetdevOptions`,
+    and whether virtual links (veth, bridges, tunnels: what containers and VMs make and drop)
+    are followed too."""
+
+    netns: str | None = None
+    include_virtual: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class LinkTransitions:
     """One link: its latest state, transitions since start, and those in the window."""
 

@@ -26,6 +26,22 @@ OPERSTATES: tuple[str, ...] = (
     "up",
 )
 
+#: Interfaces exported at most, the lowest ifindexes first (the machine's own interfaces are
+#: made at boot, before the veth or tap of any container or VM started since), so that the
+#: ``interface`` label stays bounded whatever is started on the node.
+MAX_LINKS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class NetdevOptions:
+    """How the ``netdev`` source reads (``[sources.netdev]``): the network namespace, by the
+    name ``ip netns`` gives it (a file in ``/run/netns``; ``None``: the daemon's own), and the
+    most interfaces one read keeps."""
+
+    netns: str | None = None
+    max_links: int = MAX_LINKS
+
+
 #: ``rtnl_link_stats64`` fields every kernel sends; a link without them is malformed.
 REQUIRED_STATS: tuple[str, ...] = (
     "rx_packets",

@@ -36,7 +36,12 @@ from typing import Any
 
 from nodescope.errors import ParseError
 from nodescope.fileio import SYSFS_ATTRIBUTE, FileTooLarge, NotARegularFile, read_bytes
-from nodescope.model.link_events import LINK_EVENTS, LinkEventsData, LinkTransitions
+from nodescope.model.link_events import (
+    LINK_EVENTS,
+    LinkEventsData,
+    LinkEventsOptions,
+    LinkTransitions,
+)
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources import rtnetlink as rtnl
@@ -377,8 +382,9 @@ class LinkEventsSource:
             monitor.stop()
 
 
-def make_source() -> LinkEventsSource:
-    return LinkEventsSource()
+def make_source(options: LinkEventsOptions | None = None) -> LinkEventsSource:
+    options = LinkEventsOptions() if options is None else options
+    return LinkEventsSource(netns=options.netns, include_virtual=options.include_virtual)
 
 
 __all__ = [

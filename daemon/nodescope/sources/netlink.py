@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from nodescope.errors import ParseError
 from nodescope.model.netdev import (
+    MAX_LINKS,
     NETDEV,
     OPERSTATES,
     OPTIONAL_STATS,
@@ -38,6 +39,7 @@ from nodescope.model.netdev import (
     LinkRates,
     LinkStats,
     NetdevData,
+    NetdevOptions,
     NetdevRates,
     NetLink,
     link_rates,
@@ -65,11 +67,6 @@ class LinkMessage(Protocol):
 SKIP_LINK_UNPARSABLE = "link_unparsable"
 #: Reason a link was left out: past :data:`MAX_LINKS`.
 SKIP_LINK_OVER_LIMIT = "link_over_limit"
-
-#: Interfaces exported at most, the lowest ifindexes first (the machine's own interfaces are
-#: made at boot, before the veth or tap of any container or VM started since), so that the
-#: ``interface`` label stays bounded whatever is started on the node.
-MAX_LINKS = 256
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,8 +360,9 @@ class NetdevSource:
             sock.close()
 
 
-def make_source(netns: str | None = None) -> Source:
-    return NetdevSource(netns)
+def make_source(options: NetdevOptions | None = None) -> Source:
+    options = NetdevOptions() if options is None else options
+    return NetdevSource(options.netns, options.max_links)
 
 
 __all__ = [

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from nodescope.model.collectives import SpoolSettings
 from nodescope.model.job_records import JobsData
+from nodescope.model.link_events import LinkEventsOptions
+from nodescope.model.netdev import NetdevOptions
 from nodescope.sources.base import Source, TopologyGeneration
 
 if TYPE_CHECKING:
@@ -59,13 +61,17 @@ class SourceInputs:
     * ``cgroup_walk``: one walk of the cgroup tree per cycle for the ``cgroups``, ``jobs``,
       ``procs`` and ``threads`` sources; the collector begins each cycle on it.
     * ``jobs``: the ``jobs`` source's latest record, for the ``traces`` source;
-    * ``spool``: the ``traces`` source's settings (``[sources.traces]``), None when unset.
+    * ``spool``: the ``traces`` source's settings (``[sources.traces]``), None when unset;
+    * ``netdev`` and ``link_events``: how those sources read (``[sources.netdev]``,
+      ``[sources.link_events]``).
     """
 
     topology: TopologyGeneration = field(default_factory=TopologyGeneration)
     cgroup_walk: CycleWalk = field(default_factory=_cycle_walk)
     jobs: LatestJobs = field(default_factory=LatestJobs)
     spool: SpoolSettings | None = None
+    netdev: NetdevOptions = field(default_factory=NetdevOptions)
+    link_events: LinkEventsOptions = field(default_factory=LinkEventsOptions)
 
     def begin_cycle(self, due: Iterable[str]) -> None:
         """A collection cycle starts in which the sources named ``due`` run."""
@@ -93,6 +99,16 @@ def _with_cgroup_walk(module: ModuleType, inputs: SourceInputs) -> Source:
 
 def _jobs_published(module: ModuleType, inputs: SourceInputs) -> Source:
     source: Source = module.make_source(walk=inputs.cgroup_walk, publish=inputs.jobs.publish)
+    return source
+
+
+def _with_netdev_options(module: ModuleType, inputs: SourceInputs) -> Source:
+    source: Source = module.make_source(inputs.netdev)
+    return source
+
+
+def _with_link_events_options(module: ModuleType, inputs: SourceInputs) -> Source:
+    source: Source = module.make_source(inputs.link_events)
     return source
 
 
@@ -146,6 +162,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.netlink",
         1.0,
         "network interface state and counters over rtnetlink",
+        _with_netdev_options,
     ),
     SourceInfo(
         "cgroups",
@@ -226,6 +243,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.link_events",
         1.0,
         "link up/down transitions from an rtnetlink monitor thread and IB port states; flaps",
+        _with_link_events_options,
     ),
     SourceInfo(
         "remediation",
