@@ -447,24 +447,27 @@ SOURCE_EXTRA_SETTINGS: Mapping[str, type[Any]] = MappingProxyType(
 )
 
 
+def _extra(config: Config, name: str) -> Any:
+    """The keys of its own that ``[sources.<name>]`` set (``SourceSettings.extra``)."""
+    settings = config.sources.get(name)
+    return settings.extra if settings is not None else None
+
+
 def netdev_options(config: Config) -> NetdevOptions:
     """How the ``netdev`` source reads (``[sources.netdev]``)."""
-    settings = config.sources.get("netdev")
-    extra = settings.extra if settings is not None else None
+    extra = _extra(config, "netdev")
     return extra.options() if isinstance(extra, NetdevSourceSettings) else NetdevOptions()
 
 
 def link_events_options(config: Config) -> LinkEventsOptions:
     """How the ``link_events`` source follows links (``[sources.link_events]``)."""
-    settings = config.sources.get("link_events")
-    extra = settings.extra if settings is not None else None
+    extra = _extra(config, "link_events")
     return extra.options() if isinstance(extra, LinkEventsSourceSettings) else LinkEventsOptions()
 
 
 def spool_settings(config: Config) -> SpoolSettings | None:
     """The ``traces`` source's settings, None when no spool directory is set."""
-    settings = config.sources.get("traces")
-    extra = settings.extra if settings is not None else None
+    extra = _extra(config, "traces")
     return extra.spool() if isinstance(extra, TracesSourceSettings) else None
 
 
