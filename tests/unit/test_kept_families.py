@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from nodescope.model.snapshot import Snapshot, SourceSample
@@ -77,6 +77,20 @@ def _by_name(families: list[Metric]) -> dict[str, Metric]:
     return {f.name: f for f in families}
 
 
+def _render_round(
+    collector: SnapshotCollector,
+    renderer: TextRenderer,
+    snapshot: Snapshot,
+    area: Callable[[Snapshot], Iterable[Metric]],
+) -> dict[str, Metric]:
+    """The families ``collector`` hands out for ``snapshot``, by name, once ``renderer`` has
+    written them as a fresh renderer writes the area's families built from scratch."""
+    collector.set_snapshot(snapshot)
+    families = list(collector.collect())
+    assert renderer.render(families) == TextRenderer().render(area(snapshot))
+    return _by_name(families)
+
+
 def test_gpu_link_families_are_built_once_per_slow_read() -> None:
     """Between two slow reads of the NVML source its records carry the same link states, and
     the GPU area hands out the same families for them; a slow read that finds a link down
@@ -92,11 +106,7 @@ def test_gpu_link_families_are_built_once_per_slow_read() -> None:
                 node.gpus[1].links[2].active = False
                 node.gpus[1].links[2].errors[0] = 5
             snapshot = _snapshot(cycle, source.collect(NO_FILES))
-            collector.set_snapshot(snapshot)
-            families = list(collector.collect())
-            rounds.append(_by_name(families))
-            text = renderer.render(families)
-            assert text == TextRenderer().render(gpu_metrics.families(snapshot))
+            rounds.append(_render_round(collector, renderer, snapshot, gpu_metrics.families))
     finally:
         source.close()
     kept = (
@@ -169,11 +179,7 @@ def test_infiniband_families_of_full_reads_are_kept_between_them(tmp_path: Path)
             if cycle == 4:
                 (port / "state").write_text("1: DOWN\n")
             snapshot = _snapshot(cycle, source.collect(roots), "infiniband")
-            collector.set_snapshot(snapshot)
-            families = list(collector.collect())
-            rounds.append(_by_name(families))
-            text = renderer.render(families)
-            assert text == TextRenderer().render(network_metrics.families(snapshot))
+            rounds.append(_render_round(collector, renderer, snapshot, network_metrics.families))
     finally:
         source.close()
     for name in (
