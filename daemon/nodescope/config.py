@@ -397,19 +397,23 @@ def _netns(value: Any) -> str | None:
     return "must be empty or a name in /run/netns (letters, digits, '_', '.', '-')"
 
 
-_NETNS_HELP = (
-    "network namespace to read, by the name `ip netns` gives it (a file in /run/netns);"
-    " empty: the daemon's own. Entering another takes setns(2) with CAP_SYS_ADMIN, which the"
-    " shipped unit does not allow (CapabilityBoundingSet=, RestrictNamespaces=yes): there the"
-    " source reports down with the error"
-)
+def _netns_option() -> Any:
+    """The ``netns`` key of both netlink sources (a field of its own in each class)."""
+    return option(
+        "",
+        "network namespace to read, by the name `ip netns` gives it (a file in /run/netns);"
+        " empty: the daemon's own. Entering another takes setns(2) with CAP_SYS_ADMIN, which the"
+        " shipped unit does not allow (CapabilityBoundingSet=, RestrictNamespaces=yes): there"
+        " the source reports down with the error",
+        _netns,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NetdevSourceSettings:
     """The keys ``[sources.netdev]`` has beyond the common ones."""
 
-    netns: str = option("", _NETNS_HELP, _netns)
+    netns: str = _netns_option()
     max_links: int = option(
         MAX_LINKS,
         "interfaces one read keeps, the lowest ifindexes first (the rest are counted as skipped,"
@@ -426,7 +430,7 @@ class NetdevSourceSettings:
 class LinkEventsSourceSettings:
     """The keys ``[sources.link_events]`` has beyond the common ones."""
 
-    netns: str = option("", _NETNS_HELP, _netns)
+    netns: str = _netns_option()
     include_virtual: bool = option(
         False,
         "follow virtual links too (veth, bridges, tunnels), whose transitions are mostly"
