@@ -4,9 +4,11 @@ interfaces (``netdev``).
 Names follow node_exporter's infiniband and netdev collectors where they exist, under
 ``nodescope_infiniband_`` and ``nodescope_network_``. Counters are the raw cumulative values
 (data in bytes, i.e. the kernel's 4-byte words × 4); Prometheus computes the rates. Error
-counters share one family with a ``counter`` label whose values are the kernel's fixed set
-of file names; driver ``hw_counters`` likewise under a ``stat`` label, bounded by the driver's
-table.
+counters share one family with a ``counter`` label whose values are file names; driver
+``hw_counters`` go to three families by what they count (errors, congestion, the rest, see
+:func:`nodescope.model.infiniband.counter_kind`), so congestion never reads as errors. Label
+values are the names of files, at most ``MAX_COUNTER_FILES`` per directory and port, each a
+short word (the source refuses others).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from typing import cast
 from nodescope.model.infiniband import (
     ERROR_COUNTERS,
     INFINIBAND,
+    KIND_CONGESTION,
+    KIND_ERROR,
+    KIND_TRAFFIC,
     PORT_STATES,
     TRAFFIC_COUNTERS,
     Counter,
@@ -25,6 +30,7 @@ from nodescope.model.infiniband import (
     InfinibandData,
     LinkRate,
     PortState,
+    counter_kind,
     hw_counter_is_gauge,
 )
 from nodescope.model.netdev import NETDEV, NetdevData
@@ -139,16 +145,53 @@ IB_ERRORS = metric(
     "counter",
     "Port error counters by their counters/ file name ("
     + ", ".join(ERROR_COUNTERS)
-    + "). They are 4 to 16 bits wide and stop at their maximum.",
+    + ", and any other file there whose name says error). They are 4 to 16 bits wide and "
+    "stop at their maximum (see nodescope_infiniband_port_errors_saturated).",
+    _PORT_COUNTER,
+    area=AREA,
+)
+IB_ERRORS_SATURATED = metric(
+    "nodescope_infiniband_port_errors_saturated",
+    "gauge",
+    "1 when a counters/ error counter is at its maximum, where it stops: its rate then reads "
+    "0 while errors go on uncounted, until the counters are cleared.",
+    _PORT_COUNTER,
+    area=AREA,
+)
+IB_PORT_HW_ERRORS = metric(
+    "nodescope_infiniband_port_hw_errors_total",
+    "counter",
+    "Driver error counters of the port (ports/<n>/hw_counters/): packets dropped, out of "
+    "sequence, retransmitted or completed in error (mlx5 out_of_buffer, packet_seq_err, "
+    "local_ack_timeout_err, roce_adp_retrans, rx_icrc_encapsulated…), and any driver counter "
+    "whose name says error.",
+    _PORT_COUNTER,
+    area=AREA,
+)
+IB_CONGESTION = metric(
+    "nodescope_infiniband_port_congestion_total",
+    "counter",
+    "Driver congestion counters of the port (ports/<n>/hw_counters/): ECN-marked packets "
+    "and congestion notification packets sent and handled (mlx5 np_ecn_marked_roce_packets, "
+    "np_cnp_sent, rp_cnp_handled…). Congestion control at work, not errors; "
+    "nodescope_infiniband_port_transmit_wait_total is the link's own.",
     _PORT_COUNTER,
     area=AREA,
 )
 IB_PORT_HW = metric(
     "nodescope_infiniband_port_hw_stats_total",
     "counter",
-    "Driver counters of the port (ports/<n>/hw_counters/, e.g. mlx5 out_of_buffer, "
-    "np_cnp_sent, local_ack_timeout_err).",
+    "Driver counters of the port that are neither errors nor congestion "
+    "(ports/<n>/hw_counters/, e.g. mlx5 rx_write_requests, rx_dct_connect).",
     _PORT_STAT,
+    area=AREA,
+)
+IB_OTHER_COUNTERS = metric(
+    "nodescope_infiniband_port_other_counters_total",
+    "counter",
+    "counters/ files that the kernel's table does not have and whose name says neither "
+    "error nor congestion.",
+    _PORT_COUNTER,
     area=AREA,
 )
 IB_PORT_HW_GAUGE = metric(
@@ -281,8 +324,12 @@ _IB_PORT_SPECS: tuple[MetricSpec, ...] = (
     IB_LANES,
     *(spec for counter, spec in _PACKET_COUNTERS if counter not in TRAFFIC_COUNTERS),
     IB_ERRORS,
+    IB_ERRORS_SATURATED,
+    IB_PORT_HW_ERRORS,
+    IB_CONGESTION,
     IB_PORT_HW,
     IB_PORT_HW_GAUGE,
+    IB_OTHER_COUNTERS,
 )
 _IB_SPECS: tuple[MetricSpec, ...] = (
     IB_INFO,
@@ -297,8 +344,12 @@ _IB_SPECS: tuple[MetricSpec, ...] = (
     *(spec for _, spec in _PACKET_COUNTERS),
     IB_XMIT_WAIT,
     IB_ERRORS,
+    IB_ERRORS_SATURATED,
+    IB_PORT_HW_ERRORS,
+    IB_CONGESTION,
     IB_PORT_HW,
     IB_PORT_HW_GAUGE,
+    IB_OTHER_COUNTERS,
     IB_DEV_HW,
     IB_DEV_HW_GAUGE,
 )
@@ -390,18 +441,37 @@ def _port_families(parts: Sequence[_PortPart]) -> tuple[Metric, ...]:
             counter = counters.get(counter_name)
             if counter is not None:
                 families.add(spec, labels, counter.value)
-        for name in ERROR_COUNTERS:
-            counter = counters.get(name)
-            if counter is not None:
+        # The kernel's error counters in its order, then any other file in the record's.
+        known = [counters.pop(name) for name in ERROR_COUNTERS if name in counters]
+        for counter in (*known, *counters.values()):
+            name = counter.name
+            if name in TRAFFIC_COUNTERS or name in _PACKET_NAMES:
+                continue  # the traffic families
+            kind = counter_kind(name)
+            if kind == KIND_ERROR:
                 families.add(IB_ERRORS, [*labels, name], counter.value)
-        _hw(
-            cast("tuple[Counter, ...]", hw),
-            tuple(labels),
-            families,
-            IB_PORT_HW,
-            IB_PORT_HW_GAUGE,
-        )
+                if counter.bits is not None and counter.bits < 64:
+                    families.add(IB_ERRORS_SATURATED, [*labels, name], int(counter.saturated))
+            elif kind == KIND_CONGESTION:
+                families.add(IB_CONGESTION, [*labels, name], counter.value)
+            elif kind != KIND_TRAFFIC:
+                families.add(IB_OTHER_COUNTERS, [*labels, name], counter.value)
+        for counter in cast("tuple[Counter, ...]", hw):
+            if hw_counter_is_gauge(counter.name):
+                families.add(IB_PORT_HW_GAUGE, [*labels, counter.name], counter.value)
+                continue
+            kind = counter_kind(counter.name, hw=True)
+            spec = _HW_KIND_SPECS.get(kind, IB_PORT_HW)
+            families.add(spec, [*labels, counter.name], counter.value)
     return families.all()
+
+
+#: The families of port hw_counters by kind; the kinds not here go to IB_PORT_HW.
+_HW_KIND_SPECS: dict[str, MetricSpec] = {
+    KIND_ERROR: IB_PORT_HW_ERRORS,
+    KIND_CONGESTION: IB_CONGESTION,
+}
+_PACKET_NAMES = frozenset(counter for counter, _ in _PACKET_COUNTERS)
 
 
 def _traffic_families(data: InfinibandData) -> tuple[Metric, ...]:

@@ -6,6 +6,12 @@ here (the kernel's ``port_xmit_data`` and ``port_rcv_data`` count 4-byte words),
 carries its width, and a counter at all-ones is saturated: IBA counters stop there rather than
 wrap, so its increase since is unknown.
 
+Each counter has a kind (:func:`counter_kind`): errors (packets lost, corrupted, retransmitted,
+a link that failed) are kept apart from congestion (transmit waits, ECN marks, congestion
+notifications), which a busy lossless fabric shows at its normal operating point.
+:class:`PortRates` carries every counter's rate by file name, and the error and congestion
+ones again by kind.
+
 The source reads the traffic counters (:data:`TRAFFIC_COUNTERS`) on every run and the rest
 every few runs, carrying the last values in between: :func:`port_rates` takes the traffic
 rates over the interval between two records and the others over the span between the two
@@ -54,6 +60,145 @@ DATA_COUNTERS: tuple[str, ...] = (
 TRAFFIC_COUNTERS: frozenset[str] = frozenset((*DATA_COUNTERS, "port_xmit_wait"))
 #: hw_counters entries that are gauges, not counters.
 HW_GAUGE_PREFIXES: tuple[str, ...] = ("active_", "watermark_")
+
+# What a counter counts. Errors and congestion are kept apart: congestion (transmit waits,
+# ECN marks, CNPs) is how a busy lossless fabric slows senders down and is normal under
+# load, while an error counter counts packets lost, corrupted, retransmitted or refused.
+#: packets lost, corrupted, retransmitted, refused, or a link that failed or retrained
+KIND_ERROR = "error"
+#: a sender held back or told to slow down: transmit waits, ECN marks, CNPs
+KIND_CONGESTION = "congestion"
+#: work done: data, packets, requests received
+KIND_TRAFFIC = "traffic"
+#: a driver counter whose name says neither (see :func:`counter_kind`)
+KIND_OTHER = "other"
+COUNTER_KINDS: tuple[str, ...] = (KIND_ERROR, KIND_CONGESTION, KIND_TRAFFIC, KIND_OTHER)
+
+#: The kind of every file of the kernel's ``counters/`` tables.
+_PMA_KINDS: dict[str, str] = {
+    **dict.fromkeys(ERROR_COUNTER_BITS, KIND_ERROR),
+    **dict.fromkeys(DATA_COUNTERS, KIND_TRAFFIC),
+    "unicast_xmit_packets": KIND_TRAFFIC,
+    "unicast_rcv_packets": KIND_TRAFFIC,
+    "multicast_xmit_packets": KIND_TRAFFIC,
+    "multicast_rcv_packets": KIND_TRAFFIC,
+    "port_xmit_wait": KIND_CONGESTION,
+}
+# The port hw_counters of the drivers met on GPU nodes, by kind (mlx5 counters.c: the Q,
+# retransmission, extended-error, RoCE-accelerator, congestion and PPCNT tables; rxe, whose
+# names a soft-RoCE test port shows). A name in none of them is judged by its words.
+HW_ERROR_COUNTERS: frozenset[str] = frozenset(
+    {
+        # mlx5
+        "out_of_buffer",
+        "out_of_sequence",
+        "duplicate_request",
+        "rnr_nak_retry_err",
+        "packet_seq_err",
+        "implied_nak_seq_err",
+        "local_ack_timeout_err",
+        "resp_local_length_error",
+        "resp_cqe_error",
+        "req_cqe_error",
+        "req_remote_invalid_request",
+        "req_remote_access_errors",
+        "resp_remote_access_errors",
+        "resp_cqe_flush_error",
+        "req_cqe_flush_error",
+        "req_rnr_retries_exceeded",
+        "req_transport_retries_exceeded",
+        "roce_adp_retrans",
+        "roce_adp_retrans_to",
+        "roce_slow_restart",
+        "roce_slow_restart_trans",
+        "rx_icrc_encapsulated",
+        # rxe
+        "out_of_seq_request",
+        "rcvd_rnr_err",
+        "send_rnr_err",
+        "rcvd_seq_err",
+        "retry_exceeded_err",
+        "retry_rnr_exceeded_err",
+        "completer_retry_err",
+        "send_err",
+        "link_downed",
+    }
+)
+HW_CONGESTION_COUNTERS: frozenset[str] = frozenset(
+    {
+        "np_cnp_sent",
+        "np_ecn_marked_roce_packets",
+        "rp_cnp_handled",
+        "rp_cnp_ignored",
+        "roce_slow_restart_cnps",
+    }
+)
+HW_TRAFFIC_COUNTERS: frozenset[str] = frozenset(
+    {
+        "rx_write_requests",
+        "rx_read_requests",
+        "rx_atomic_requests",
+        "rx_dct_connect",
+        "sent_pkts",
+        "rcvd_pkts",
+        "rdma_sends",
+        "rdma_recvs",
+    }
+)
+_HW_KINDS: dict[str, str] = {
+    **dict.fromkeys(HW_ERROR_COUNTERS, KIND_ERROR),
+    **dict.fromkeys(HW_CONGESTION_COUNTERS, KIND_CONGESTION),
+    **dict.fromkeys(HW_TRAFFIC_COUNTERS, KIND_TRAFFIC),
+}
+#: Words (between underscores) that make an unknown counter name congestion, then error.
+CONGESTION_WORDS: frozenset[str] = frozenset(
+    {"cnp", "cnps", "ecn", "cong", "congestion", "pause", "xoff", "wait"}
+)
+ERROR_WORDS: frozenset[str] = frozenset(
+    {
+        "err",
+        "error",
+        "errors",
+        "discard",
+        "discards",
+        "drop",
+        "drops",
+        "dropped",
+        "timeout",
+        "retrans",
+        "retry",
+        "retries",
+        "exceeded",
+        "invalid",
+        "corrupt",
+        "bad",
+        "lost",
+        "overrun",
+        "overflow",
+        "nak",
+    }
+)
+
+
+def counter_kind(name: str, hw: bool = False) -> str:
+    """What the counter ``name`` of ``counters/`` (or of ``hw_counters/`` with ``hw``)
+    counts: one of :data:`COUNTER_KINDS`.
+
+    Known names have their kind from the kernel's tables. Names differ by driver and
+    firmware, so an unknown one is judged by its words rather than dropped: any of
+    :data:`CONGESTION_WORDS` makes it congestion, else any of :data:`ERROR_WORDS` an error,
+    else it is ``other``. Gauges (:func:`hw_counter_is_gauge`) are not counters at all.
+    """
+    kind = (_HW_KINDS if hw else _PMA_KINDS).get(name)
+    if kind is not None:
+        return kind
+    words = set(name.lower().split("_"))
+    if not words.isdisjoint(CONGESTION_WORDS):
+        return KIND_CONGESTION
+    if not words.isdisjoint(ERROR_WORDS):
+        return KIND_ERROR
+    return KIND_OTHER
+
 
 PORT_STATES = ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")
 PORT_STATE_ACTIVE = 4
@@ -194,10 +339,28 @@ class PortRates:
     #: Share of the link's data rate in use, 0..1 (can exceed 1 slightly through timing).
     xmit_utilization: float | None
     rcv_utilization: float | None
-    #: Sum over the error counters that could be measured.
+    #: Sum over the link's error counters (those of ``counters/``) that could be measured.
     errors_per_second: float | None
+    #: Every counter of the port by its file name: the ``counters/`` files in the record's
+    #: order, then the ``hw_counters/`` ones other than gauges (a driver counter named like a
+    #: ``counters/`` file is left to ``hw_counters``).
     counters: tuple[CounterRate, ...]
+    #: The ``hw_counters/`` files other than gauges.
     hw_counters: tuple[CounterRate, ...]
+    #: The counters of ``counters`` that count errors (:data:`KIND_ERROR`), both directories.
+    errors: tuple[CounterRate, ...] = ()
+    #: The counters of ``counters`` that count congestion (:data:`KIND_CONGESTION`):
+    #: ``port_xmit_wait`` (over the interval, as ``xmit_wait_per_second``) and the driver's
+    #: ECN and CNP counters (over the span between full reads). Never among the errors.
+    congestion: tuple[CounterRate, ...] = ()
+
+    def rate(self, name: str) -> float | None:
+        """The per-second rate of the counter ``name`` (either directory); ``None`` when the
+        port has no such counter or its rate is not knowable."""
+        for counter in self.counters:
+            if counter.name == name:
+                return counter.per_second
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +400,14 @@ class SlowPortRates:
     counters: Mapping[str, CounterRate]
     hw_counters: tuple[CounterRate, ...]
     errors_per_second: float | None
+    #: The ``hw_counters`` whose names no ``counters/`` file has: they follow the
+    #: ``counters/`` ones in :attr:`PortRates.counters`.
+    hw_named: tuple[CounterRate, ...] = ()
+    #: The error and congestion counters among ``counters`` and ``hw_named`` (those of the
+    #: congestion kind that are read every run, ``port_xmit_wait``, are left out: their rate
+    #: is taken for every record).
+    errors: tuple[CounterRate, ...] = ()
+    congestion: tuple[CounterRate, ...] = ()
 
 
 PortKey = tuple[str, int]
@@ -250,21 +421,46 @@ def _slow_port_rates(cur: IbPort, slow_prev: IbPort | None, slow_seconds: float)
     # full read to compare with, no counter has an earlier value and every rate is None.
     before = {} if slow_prev is None else {c.name: c for c in slow_prev.counters}
     hw_before = {} if slow_prev is None else {c.name: c for c in slow_prev.hw_counters}
-    now = {c.name: c for c in cur.counters}
-    error_deltas = [
-        d for name in ERROR_COUNTERS if (d := _delta(before.get(name), now.get(name))) is not None
-    ]
+    counters: dict[str, CounterRate] = {}
+    errors: list[CounterRate] = []
+    congestion: list[CounterRate] = []
+    error_total = 0
+    measured = False
+    for c in cur.slow_counters():
+        delta = _delta(before.get(c.name), c)
+        rate = CounterRate(c.name, None if delta is None else delta / slow_seconds)
+        counters[c.name] = rate
+        kind = counter_kind(c.name)
+        if kind == KIND_ERROR:
+            errors.append(rate)
+            if delta is not None:
+                error_total += delta
+                measured = True
+        elif kind == KIND_CONGESTION:
+            congestion.append(rate)
+    names = {c.name for c in cur.counters}
+    hw: list[CounterRate] = []
+    hw_named: list[CounterRate] = []
+    for c in cur.hw_counters:
+        if hw_counter_is_gauge(c.name):
+            continue
+        rate = CounterRate(c.name, _rate(hw_before.get(c.name), c, slow_seconds))
+        hw.append(rate)
+        if c.name in names:
+            continue
+        hw_named.append(rate)
+        kind = counter_kind(c.name, hw=True)
+        if kind == KIND_ERROR:
+            errors.append(rate)
+        elif kind == KIND_CONGESTION:
+            congestion.append(rate)
     return SlowPortRates(
-        {
-            c.name: CounterRate(c.name, _rate(before.get(c.name), c, slow_seconds))
-            for c in cur.slow_counters()
-        },
-        tuple(
-            CounterRate(c.name, _rate(hw_before.get(c.name), c, slow_seconds))
-            for c in cur.hw_counters
-            if not hw_counter_is_gauge(c.name)
-        ),
-        sum(error_deltas) / slow_seconds if error_deltas else None,
+        counters,
+        tuple(hw),
+        error_total / slow_seconds if measured else None,
+        tuple(hw_named),
+        tuple(errors),
+        tuple(congestion),
     )
 
 
@@ -305,6 +501,20 @@ def _port_rates(prev: IbPort, cur: IbPort, seconds: float, slow: SlowPortRates) 
     xmit_bps = rate("port_xmit_data", 4)
     rcv_bps = rate("port_rcv_data", 4)
     capacity = cur.rate.bytes_per_second if cur.rate is not None else None
+    # In the record's order; the slow ones are the objects made at the full read, then the
+    # driver's counters as made there.
+    counters: list[CounterRate] = []
+    wait: CounterRate | None = None
+    for c in cur.counters:
+        name = c.name
+        if name in TRAFFIC_COUNTERS:
+            counter_rate = CounterRate(name, rate(name))
+            if name == "port_xmit_wait":
+                wait = counter_rate
+        else:
+            counter_rate = slow.counters.get(name) or CounterRate(name, None)
+        counters.append(counter_rate)
+    counters += slow.hw_named
     return PortRates(
         device=cur.device,
         port=cur.port,
@@ -312,18 +522,14 @@ def _port_rates(prev: IbPort, cur: IbPort, seconds: float, slow: SlowPortRates) 
         rcv_bytes_per_second=rcv_bps,
         xmit_packets_per_second=rate("port_xmit_packets"),
         rcv_packets_per_second=rate("port_rcv_packets"),
-        xmit_wait_per_second=rate("port_xmit_wait"),
+        xmit_wait_per_second=None if wait is None else wait.per_second,
         xmit_utilization=None if xmit_bps is None or not capacity else xmit_bps / capacity,
         rcv_utilization=None if rcv_bps is None or not capacity else rcv_bps / capacity,
         errors_per_second=slow.errors_per_second,
-        # In the record's order; the slow ones are the objects made at the full read.
-        counters=tuple(
-            CounterRate(c.name, rate(c.name))
-            if c.name in TRAFFIC_COUNTERS
-            else slow.counters.get(c.name) or CounterRate(c.name, None)
-            for c in cur.counters
-        ),
+        counters=tuple(counters),
         hw_counters=slow.hw_counters,
+        errors=slow.errors,
+        congestion=slow.congestion if wait is None else (wait, *slow.congestion),
     )
 
 

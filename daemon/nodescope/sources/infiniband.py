@@ -22,6 +22,13 @@ Formats are defined by the kernel in ``drivers/infiniband/core/sysfs.c`` and doc
   refresh period in ms, not a counter. Some drivers put gauges there (bnxt_re ``active_*``,
   ``watermark_*``).
 
+Every file of ``counters/`` and ``hw_counters/`` is read, whatever its name: names vary by
+driver and firmware, and what each counts (error, congestion, traffic) is judged in the model
+(:func:`nodescope.model.infiniband.counter_kind`), never by dropping names the source does not
+know. What bounds a port is :data:`MAX_COUNTER_FILES` per directory, the first by name, and
+the names themselves (:data:`COUNTER_NAME_RE`); the files beyond or misnamed are counted in
+``skipped``.
+
 A counter file that cannot be read (a failed MAD) or reads ``N/A (no PMA)`` is absent.
 Attributes are read as drivers write them: whitespace around the value (``InfiniBand\n\n``
 from mlx4) is not part of it. A value that does not parse, or a file that is refused (a
@@ -123,6 +130,19 @@ SKIP_ATTRIBUTE_UNPARSABLE = "attribute_unparsable"
 SKIP_COUNTER_UNPARSABLE = "counter_unparsable"
 #: an attribute that is not a regular file or is over its size cap, refused unread.
 SKIP_FILE_REFUSED = "file_refused"
+#: a ``counters/`` or ``hw_counters/`` file beyond :data:`MAX_COUNTER_FILES` of its directory.
+SKIP_COUNTER_OVER_LIMIT = "counter_over_limit"
+#: a ``counters/`` or ``hw_counters/`` file whose name is not a counter name
+#: (:data:`COUNTER_NAME_RE`): it would become a metric label.
+SKIP_COUNTER_NAME = "counter_name_refused"
+
+#: Files read from one ``counters/`` or ``hw_counters/`` directory, the first by name: the
+#: kernel's ``counters/`` table has 21, mlx5's ``hw_counters/`` about 40 with every optional
+#: group. Names vary by driver and firmware and none is dropped for being unknown, so this
+#: is what bounds the model's and the metrics' counters of a port.
+MAX_COUNTER_FILES = 128
+#: A counter file name: what drivers name them, and short enough to be a metric label.
+COUNTER_NAME_RE = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,7 +324,13 @@ def _read_values_at(
     if fd is None:
         return values, lifespan
     try:
-        for name in sorted(os.listdir(fd)):
+        names = sorted(os.listdir(fd))
+        for name in names[MAX_COUNTER_FILES:]:
+            tally.skip(SKIP_COUNTER_OVER_LIMIT, f"{path}/{name}")
+        for name in names[:MAX_COUNTER_FILES]:
+            if not _counter_name(name):
+                tally.skip(SKIP_COUNTER_NAME, f"{path}/{name}")
+                continue
             data = _read_bytes_at(fd, name, tally, path)
             if data is None:
                 continue
@@ -318,6 +344,12 @@ def _read_values_at(
     finally:
         os.close(fd)
     return values, lifespan
+
+
+def _counter_name(name: str) -> bool:
+    """Whether ``name`` matches :data:`COUNTER_NAME_RE`, without the regex: this is asked of
+    every counter file on every full read."""
+    return 0 < len(name) <= 64 and name.isascii() and name.replace("_", "a").isalnum()
 
 
 def _hw_counters(values: dict[str, int]) -> tuple[Counter, ...]:
@@ -584,17 +616,21 @@ def make_source() -> Source:
 
 
 __all__ = [
+    "COUNTER_NAME_RE",
     "DATA_COUNTERS",
     "ERROR_COUNTERS",
     "ERROR_COUNTER_BITS",
     "EXTENDED_ONLY_COUNTERS",
     "HW_GAUGE_PREFIXES",
     "LANE_GBPS",
+    "MAX_COUNTER_FILES",
     "NAME",
     "PHYS_STATE_LINK_UP",
     "PORT_STATES",
     "PORT_STATE_ACTIVE",
     "SKIP_ATTRIBUTE_UNPARSABLE",
+    "SKIP_COUNTER_NAME",
+    "SKIP_COUNTER_OVER_LIMIT",
     "SKIP_COUNTER_UNPARSABLE",
     "SKIP_FILE_REFUSED",
     "SLOW_EVERY",
