@@ -21,7 +21,7 @@ from nodescope.sim.node import SimulatedNode, make_temp_root
 from nodescope.sim.scenario import Scenario, ScenarioLoader
 from nodescope.sources.cgroup import CgroupTree
 from nodescope.sources.diskstats import DisksData
-from nodescope.sources.infiniband import InfinibandData
+from nodescope.sources.infiniband import InfinibandData, port_rates
 from nodescope.sources.nvml import NvmlData
 from tests.unit.test_scenario import small_document
 
@@ -83,6 +83,14 @@ def _ib_counter(sample: dict[str, Any], name: str) -> int:
     data: InfinibandData = sample["infiniband"]
     port = next(p for p in data.ports() if p.device == "mlx5_0" and p.port == 1)
     counter = port.counter(name)
+    assert counter is not None
+    return counter.value
+
+
+def _ib_hw_counter(sample: dict[str, Any], name: str) -> int:
+    data: InfinibandData = sample["infiniband"]
+    port = next(p for p in data.ports() if p.device == "mlx5_0" and p.port == 1)
+    counter = port.hw_counter(name)
     assert counter is not None
     return counter.value
 
@@ -169,6 +177,54 @@ def test_infiniband_error_counters_saturate(scratch: Path) -> None:
     )
     assert _ib_counter(run.samples[2.0], "link_downed") == 200
     assert _ib_counter(run.samples[4.0], "link_downed") == 255
+
+
+def test_infiniband_any_counter_by_name_reaches_port_rates(scratch: Path) -> None:
+    """An ``errors`` activity raises any counters/ error counter and any driver counter by
+    name (here a congestion one the capture's port does not have); the daemon's source reads
+    them on its full reads, and the rates reach PortRates by name, errors and congestion
+    apart."""
+    counters = {"port_xmit_discards": 200.0, "VL15_dropped": 1.0}
+    hw = {"out_of_buffer": 40.0, "roce_adp_retrans": 3.0, "np_cnp_sent": 500.0}
+    run = Run(
+        scratch,
+        scenario(
+            [
+                {
+                    "kind": "errors",
+                    "ib": "mlx5_0",
+                    "counters": counters,
+                    "hw_counters": hw,
+                }
+            ]
+        ),
+        (0.0, 2.0, 4.0),
+    )
+    for name, rate in counters.items():
+        assert run.rate(lambda s, n=name: _ib_counter(s, n), 2.0, 4.0) == rate
+    for name, rate in hw.items():
+        assert run.rate(lambda s, n=name: _ib_hw_counter(s, n), 2.0, 4.0) == rate
+    before, after = run.samples[2.0]["infiniband"], run.samples[4.0]["infiniband"]
+    assert isinstance(before, InfinibandData) and isinstance(after, InfinibandData)
+    # The sources read everything on every run here (SimulatedNode.sources' default).
+    rates = port_rates(before, after, 2.0).port("mlx5_0", 1)
+    assert rates is not None
+    errors = {r.name: r.per_second for r in rates.errors}
+    congestion = {r.name: r.per_second for r in rates.congestion}
+    for name in ("port_xmit_discards", "VL15_dropped", "out_of_buffer", "roce_adp_retrans"):
+        assert errors[name] == {**counters, **hw}[name], name
+    assert congestion["np_cnp_sent"] == 500.0
+    assert "np_cnp_sent" in {r.name for r in rates.congestion}
+    assert "np_cnp_sent" not in {r.name for r in rates.errors}
+    assert rates.rate("out_of_buffer") == 40.0
+
+
+def test_hw_counters_schema() -> None:
+    odd = {"kind": "errors", "ib": "mlx5_0", "hw_counters": {"Out Of Buffer": 1}}
+    assert "is not a driver counter name" in bad([odd])
+    assert "needs its target" in bad([{"kind": "errors", "gpu": 0, "hw_counters": {"x": 1}}])
+    negative = {"kind": "errors", "ib": "mlx5_0", "hw_counters": {"out_of_buffer": -1}}
+    assert "/timeline/0/hw_counters/out_of_buffer: must be >= 0" in bad([negative])
 
 
 def test_aer_counters_through_the_pci_source(scratch: Path) -> None:

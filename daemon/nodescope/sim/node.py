@@ -636,8 +636,10 @@ class SimulatedNode:
         #: GPU links with NVLink error counters that move
         self._error_links: set[tuple[int, int]] = set()
         self._replay_gpus: set[int] = set()
-        #: (NIC, port, counter) of the InfiniBand error counters that move
+        #: (NIC, port, counter) of the InfiniBand error counters that move, in counters/ and
+        #: in hw_counters/
         self._ib_errors: set[tuple[str, int, str]] = set()
+        self._ib_hw_errors: set[tuple[str, int, str]] = set()
         #: PCI functions whose AER counters move
         self._aer_functions: set[str] = set()
         #: cgroups with pressure, and with block I/O, from the timeline
@@ -660,6 +662,9 @@ class SimulatedNode:
                         self._replay_gpus.add(gpu)
                 if get("ib") is not None:
                     self._ib_errors.update((get("ib"), get("port"), n) for n, _ in get("counters"))
+                    self._ib_hw_errors.update(
+                        (get("ib"), get("port"), n) for n, _ in get("hw_counters")
+                    )
                 if get("pci") is not None and get("aer"):
                     self._aer_functions.add(get("pci"))
             elif activity.kind == "pressure":
@@ -1057,6 +1062,7 @@ class SimulatedNode:
                     self._acc[("ib", nic.name, port, name)] = float(value)
                     files.write(port_dir / "counters" / name, f"{int(value)}\n")
                 for name, value in hw_counters.items():
+                    self._acc[("ib_hw", nic.name, port, name)] = float(value)
                     files.write(port_dir / "hw_counters" / name, f"{int(value)}\n")
 
     def _write_pci_links(self, links: Mapping[str, tuple[float | None, int | None]]) -> None:
@@ -1628,6 +1634,8 @@ class SimulatedNode:
         if get("ib") is not None:
             for name, rate in get("counters"):
                 self._add(("ib", get("ib"), get("port"), name), rate * seconds)
+            for name, rate in get("hw_counters"):
+                self._add(("ib_hw", get("ib"), get("port"), name), rate * seconds)
         if get("pci") is not None:
             for severity, errors in get("aer"):
                 for name, rate in errors:
@@ -2049,14 +2057,21 @@ class SimulatedNode:
                 device = self._dirs[nic.pci[0]] / "infiniband" / nic.name
                 path = device / "ports" / str(port) / "counters" / name
                 self._ib_counter_files.append((nic.pci[0], ("ib", nic.name, port, name), path))
+            for nic_name, port, name in sorted(self._ib_hw_errors):
+                nic = self.hardware.nic(nic_name)
+                device = self._dirs[nic.pci[0]] / "infiniband" / nic.name
+                path = device / "ports" / str(port) / "hw_counters" / name
+                key = ("ib_hw", nic.name, port, name)
+                self._ib_counter_files.append((nic.pci[0], key, path))
         files = self._files
         for function, key, path in self._ib_counter_files:
             if function in self._removed:
                 continue
             value = self._acc.get(key)
             if value is not None:
-                bits = ERROR_COUNTER_BITS.get(key[3])
-                # PMA error counters stop at their maximum rather than wrap (IBA 16.1.3.5).
+                # Driver hw_counters are 64-bit; PMA error counters stop at their maximum
+                # rather than wrap (IBA 16.1.3.5).
+                bits = ERROR_COUNTER_BITS.get(key[3]) if key[0] == "ib" else None
                 count = int(value) if bits is None else min(int(value), (1 << bits) - 1)
                 files.write(path, f"{count}\n")
 

@@ -1465,6 +1465,7 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "ib": ("nic", None),
         "port": ("integer", 1),
         "counters": ("rates", ()),
+        "hw_counters": ("rates", ()),
         "pci": ("pci", None),
         "aer": ("aer", ()),
     },
