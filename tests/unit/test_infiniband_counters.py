@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from nodescope.model.infiniband import (
     COUNTER_KINDS,
@@ -25,11 +24,9 @@ from nodescope.model.infiniband import (
     KIND_TRAFFIC,
     counter_kind,
 )
-from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
 from nodescope.sources import infiniband as ib
-from nodescope_exporters import network_metrics
-from nodescope_exporters.prometheus import render
+from tests.unit.test_infiniband import _metrics
 
 CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures"
 H100 = CAPTURES / "h100-node-infiniband"
@@ -69,16 +66,6 @@ _H100_HW_KINDS = {
 def _bump(path: Path, by: int) -> None:
     value = int(path.read_text()) if path.exists() else 0
     path.write_text(f"{value + by}\n")
-
-
-def _metrics(data: ib.InfinibandData) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    snap = Snapshot(1, 1.0, 1.0, current={"infiniband": SourceSample("infiniband", 1.0, 0.0, data)})
-    text = render(snap, [network_metrics.families]).decode()
-    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-    return out
 
 
 # ------------------------------------------------------------------------------------------

@@ -79,18 +79,11 @@ def _nvml(sample: dict[str, Any]) -> NvmlData:
     return data
 
 
-def _ib_counter(sample: dict[str, Any], name: str) -> int:
+def _ib_counter(sample: dict[str, Any], name: str, hw: bool = False) -> int:
+    """The value of mlx5_0 port 1's ``counters/<name>`` (``hw_counters/<name>`` with ``hw``)."""
     data: InfinibandData = sample["infiniband"]
     port = next(p for p in data.ports() if p.device == "mlx5_0" and p.port == 1)
-    counter = port.counter(name)
-    assert counter is not None
-    return counter.value
-
-
-def _ib_hw_counter(sample: dict[str, Any], name: str) -> int:
-    data: InfinibandData = sample["infiniband"]
-    port = next(p for p in data.ports() if p.device == "mlx5_0" and p.port == 1)
-    counter = port.hw_counter(name)
+    counter = port.hw_counter(name) if hw else port.counter(name)
     assert counter is not None
     return counter.value
 
@@ -203,7 +196,7 @@ def test_infiniband_any_counter_by_name_reaches_port_rates(scratch: Path) -> Non
     for name, rate in counters.items():
         assert run.rate(lambda s, n=name: _ib_counter(s, n), 2.0, 4.0) == rate
     for name, rate in hw.items():
-        assert run.rate(lambda s, n=name: _ib_hw_counter(s, n), 2.0, 4.0) == rate
+        assert run.rate(lambda s, n=name: _ib_counter(s, n, hw=True), 2.0, 4.0) == rate
     before, after = run.samples[2.0]["infiniband"], run.samples[4.0]["infiniband"]
     assert isinstance(before, InfinibandData) and isinstance(after, InfinibandData)
     # The sources read everything on every run here (SimulatedNode.sources' default).
