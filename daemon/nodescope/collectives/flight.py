@@ -31,6 +31,7 @@ import pickle
 import re
 from typing import Any, NoReturn, TypeGuard
 
+from nodescope.collectives import budget
 from nodescope.collectives.model import CallRecord, Limits, kind_of
 from nodescope.collectives.values import (
     MAX_NS,
@@ -113,6 +114,9 @@ def parse(
             continue
         if record is not None:
             records.append(record)
+            # Entries may all be one object referred to a million times (a pickle's memo):
+            # the records stop at the budget, not at the entries.
+            budget.check_records(len(records), limits.max_records)
     return rank, tuple(records), skipped, truncated
 
 
