@@ -548,6 +548,11 @@ def test_without_a_spool_the_source_reads_nothing(
         ({"spool_dir": "/s", "max_files_per_job": 0}, "max_files_per_job"),
         ({"spool_dir": "/s", "max_jobs": 1.5}, "max_jobs"),
         ({"spool_dir": "/s", "queue_size": True}, "queue_size"),
+        ({"spool_dir": "/s", "max_objects_per_job": 10}, "max_objects_per_job"),
+        ({"spool_dir": "/s", "max_records_per_job": -1}, "max_records_per_job"),
+        ({"spool_dir": "/s", "parser_memory_bytes": 1 << 20}, "parser_memory_bytes"),
+        ({"spool_dir": "/s", "parser_cpu_seconds": 0}, "parser_cpu_seconds"),
+        ({"spool_dir": "/s", "max_refused_files": "many"}, "max_refused_files"),
         ({"spool_dir": "/s", "spool": "/t"}, "spool"),
     ],
 )
@@ -563,6 +568,10 @@ def test_the_source_runs_only_with_a_spool_and_gets_its_settings() -> None:
     config = from_mapping({"sources": {"traces": {"spool_dir": "/s", "max_jobs": 3}}})
     assert config.sources["traces"].enabled
     assert spool_settings(config) == SpoolSettings("/s", max_jobs=3)
+    budget = {"max_objects_per_job": 5000, "max_records_per_job": 2000}
+    budget |= {"parser_memory_bytes": 100 << 20, "parser_cpu_seconds": 9, "max_refused_files": 7}
+    tight = from_mapping({"sources": {"traces": {"spool_dir": "/s", **budget}}})
+    assert spool_settings(tight) == SpoolSettings("/s", **budget)
     collector = Collector.from_config(config)
     try:
         (source,) = [s.source for s in collector.scheduled if s.source.name == "traces"]
