@@ -107,7 +107,12 @@ def _watch(daemon: Daemon, seconds: float, done: object) -> list[tuple[float, fl
     seen = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        text = daemon.scrape()
+        try:
+            text = daemon.scrape()
+        except OSError:
+            if daemon.proc.poll() is not None:
+                break  # the daemon died: the caller says how
+            raise
         seen.append(
             (
                 time.monotonic(),
@@ -197,7 +202,7 @@ def test_a_jobs_trace_files_leave_the_daemon_under_the_units_memory_limit(
             peak = int((group / "memory.max_usage_in_bytes").read_text())
             oom_kills = _oom_kills(group)
             print(f"peak of the daemon's group: {peak / 2**20:.0f} MiB of {limit >> 20} MiB")
-            assert alive and oom_kills == 0, (oom_kills, daemon.stderr())
+            assert alive and oom_kills == 0, f"{oom_kills} OOM kills, peak {peak} bytes"
             assert settled(), daemon.stderr()
             text = daemon.scrape()
             log = daemon.stderr()

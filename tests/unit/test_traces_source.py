@@ -581,3 +581,41 @@ def test_the_source_runs_only_with_a_spool_and_gets_its_settings() -> None:
     # Another source's table does not take the spool's keys.
     with pytest.raises(ConfigError):
         from_mapping({"sources": {"jobs": {"spool_dir": "/s"}}})
+
+
+def test_the_parser_processs_own_limits_refuse_what_the_budget_let_through(
+    tmp_path: Path,
+) -> None:
+    """The last line, in a real parser process: with the budgets opened wide, a pickle of a
+    million references runs the process into its CPU limit (it is killed; the daemon names
+    the file it was reading), a 16 MB dump into its address space (the allocation fails; the
+    file is refused), and the fixtures beside them still give their figures."""
+    from tests.adversarial.hostile_traces import flight_json_dump, flight_pickle_bomb
+
+    for rank in range(2):
+        shutil.copy(FIXTURES / f"rank{rank}.json", tmp_path / f"rank{rank}.json")
+    (tmp_path / "fr_trace_rank_4").write_bytes(flight_pickle_bomb(1_000_000))
+    (tmp_path / "fr_trace_rank_5.json").write_bytes(flight_json_dump(5, (16 << 20) - 1))
+    entries = {}
+    for name in ("fr_trace_rank_4", "fr_trace_rank_5.json", "rank0.json", "rank1.json"):
+        st = os.stat(tmp_path / name)
+        entries[name] = FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino)
+    fixtures = (entries["rank0.json"], entries["rank1.json"])
+    wide = SpoolSettings(
+        str(tmp_path), max_objects_per_job=50_000_000, max_records_per_job=50_000_000
+    )
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        cpu = dataclasses.replace(Budget.of(wide), cpu_seconds=1, memory_bytes=2 << 30)
+        with pytest.raises(ParserDied) as died:
+            traces.parse_job("1", fd, os.geteuid(), (entries["fr_trace_rank_4"], *fixtures), cpu)
+        assert died.value.culprit == "fr_trace_rank_4" and "signal" in str(died.value)
+        memory = dataclasses.replace(Budget.of(wide), memory_bytes=96 << 20)
+        job = (entries["fr_trace_rank_5.json"], *fixtures)
+        answer = traces.parse_job("1", fd, os.geteuid(), job, memory)
+    finally:
+        os.close(fd)
+    assert answer.rlimits
+    first = answer.files[0]
+    assert first.skip == trace_refusals.OVER_BUDGET and "memory" in (first.error or "")
+    assert answer.figures is not None and answer.figures.ranks == (0, 1)
