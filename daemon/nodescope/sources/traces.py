@@ -20,15 +20,16 @@ Everything in the spool is hostile: any local user can write there. So
 * files and jobs per scan are bounded, and every skip is counted by reason (the collector turns
   them into ``nodescope_source_records_skipped_total{source="traces",reason}``).
 
-The scan in the cycle only ``lstat``\\ s. Reading and analysing happen in one worker thread
-that the source object owns, fed through a bounded queue with the jobs whose files are new or
-changed (path, size, mtime, inode); each run hands the cycle the worker's latest results. The
-worker reads the files and hands their bytes to a parser process of its own
-(``python -m nodescope.sources.traces``, :func:`parse_in_child`): ``json.loads`` of a large
-file holds the interpreter lock for its whole run (seconds for tens of MB), which in the
-daemon's process would hold up its cycle. A file that makes the parser raise, or a parser
-process that fails, is counted as failed and skipped until the file changes; a job that left
-the node loses its results and the worker's cache of its files.
+The scan in the cycle only ``lstat``\\ s. Reading and analysing happen off the cycle: one
+worker thread that the source object owns, fed through a bounded queue with the jobs whose
+files are new or changed (path, size, mtime, inode), hands each job's directory and file list
+to a parser process of its own (``python -m nodescope.sources.traces``, :func:`parse_job`).
+That process reads, decodes and analyses the files within the job's object and record budget
+and its own ``RLIMIT_AS``/``RLIMIT_CPU``, and answers with the job's figures only: the daemon
+never holds a file's bytes or records. A file that makes the parser raise is counted as
+failed until it changes; a file over the budget, or one the parser process died on, is
+recorded under the run root (:mod:`nodescope.sources.trace_refusals`) and never parsed again,
+across restarts. A job that left the node loses its results.
 """
 
 from __future__ import annotations
