@@ -476,6 +476,33 @@ def test_an_answer_of_the_wrong_shape_is_refused(answer: object) -> None:
         traces.decode_answer(answer, {"a.json"})
 
 
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=40,
+)
+_ANSWER_KEYS = ("files", "figures", "rlimits", "name", "records", "skip", "error", "kinds")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _JSON,
+    st.dictionaries(st.sampled_from(_ANSWER_KEYS), _JSON, max_size=4),
+    st.lists(st.dictionaries(st.sampled_from(_ANSWER_KEYS), _JSON, max_size=5), max_size=3),
+)
+def test_a_fuzzed_answer_is_decoded_or_refused_never_anything_else(
+    anything: object, figures: dict[str, object], files: list[dict[str, object]]
+) -> None:
+    for answer in (anything, {"files": files, "figures": figures}, {"files": anything}):
+        try:
+            decoded = traces.decode_answer(answer, {"a.json", "b.json"})
+        except ValueError:
+            continue
+        assert {o.name for o in decoded.files} <= {"a.json", "b.json"}
+        if decoded.figures is not None:
+            assert {k.kind for k in decoded.figures.kinds} <= KINDS
+
+
 @needs_root
 def test_a_full_queue_refuses_without_blocking_and_the_job_is_offered_again(
     tmp_path: Path,

@@ -102,7 +102,7 @@ class Refusals:
             document = _read(path)
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             # A record that cannot be read is started again: the files it named may be
             # parsed once more, each within the parser's limits.
             log.warning("event=trace_refusals_unreadable path=%s error=%s", path, exc)

@@ -415,18 +415,21 @@ def decode_answer(raw: object, names: set[str]) -> JobAnswer:
         raise ValueError("answer is not an object")
     outcomes = []
     for item in _list(raw.get("files"), len(names)):
-        if not isinstance(item, dict) or item.get("name") not in names:
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(item, dict) or not isinstance(name, str) or name not in names:
             raise ValueError("a file the job does not have")
         skip = item.get("skip")
         error = item.get("error")
         outcomes.append(
             FileOutcome(
-                str(item["name"]),
+                name,
                 _int(item.get("records"), 1 << 40),
                 error[:200] if isinstance(error, str) else None,
-                skip if skip in _ANSWER_SKIPS else None,
+                skip if isinstance(skip, str) and skip in _ANSWER_SKIPS else None,
             )
         )
+    if len({o.name for o in outcomes}) != len(outcomes):
+        raise ValueError("a file answered twice")
     figures = raw.get("figures")
     return JobAnswer(
         tuple(outcomes),
@@ -466,7 +469,9 @@ def _figures(raw: object) -> JobCollectives:
         raise ValueError("figures are not an object")
     kinds = []
     for item in _list(raw.get("kinds"), len(KINDS)):
-        if not isinstance(item, list) or len(item) != 4 or item[0] not in KINDS:
+        if not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], str):
+            raise ValueError("a kind the analysis does not name")
+        if item[0] not in KINDS:
             raise ValueError("a kind the analysis does not name")
         kinds.append(
             KindFigures(
@@ -665,7 +670,7 @@ class TraceWorker:
 
     def use_run_dir(self, directory: Path) -> None:
         """Keep the record of refused files in ``directory`` (before the first job)."""
-        if self._thread is None:
+        if self._thread is None and self.refusals.directory != directory:
             self.refusals = trace_refusals.Refusals(directory, self.settings.max_refused_files)
 
     def submit(self, work: JobFiles) -> bool:
