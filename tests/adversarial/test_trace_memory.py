@@ -209,6 +209,10 @@ def test_a_jobs_trace_files_leave_the_daemon_under_the_units_memory_limit(
         finally:
             daemon.stop()
         assert peak < limit
+        print(
+            f"longest cycle gap {_longest_gap(seen):.2f} s, longest cycle"
+            f" {max(d for _, _, d in seen):.3f} s over {seen[-1][0] - seen[0][0]:.1f} s"
+        )
         # Cycles at their cadence all the while: the counter never stood still for long, and
         # no cycle was long (the cycle waits for nothing the parser does).
         assert _longest_gap(seen) < 1.5, seen
