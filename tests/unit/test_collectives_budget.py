@@ -81,3 +81,40 @@ def test_a_pickle_of_repeated_references_stops_at_the_budgets() -> None:
 def test_a_damaged_pickle_is_refused_by_the_count(data: bytes) -> None:
     report = parse_bytes(data, "fr_trace_rank_0", Limits()).report
     assert report.error is not None and report.records == 0
+
+
+def test_groups_referring_to_one_long_rank_list_stop_at_the_budget() -> None:
+    ranks = str(list(range(60_000)))
+    document = {
+        "version": "2.10",
+        "pg_config": {str(g): {"ranks": ranks} for g in range(4096)},
+        "entries": [],
+    }
+    data = pickle.dumps(document, protocol=4)
+    assert len(data) < 1 << 20
+    started = time.monotonic()
+    report = parse_bytes(data, "fr_trace_rank_0", Limits(max_objects=2_000_000)).report
+    assert report.error is not None and "group members" in report.error
+    assert time.monotonic() - started < 30
+
+
+def test_records_of_one_long_rank_list_share_it() -> None:
+    """A profiler trace whose every collective refers to one args dict with a long rank list
+    (one object in a pickle): the records hold one tuple between them, not one each."""
+    args = {
+        "Collective name": "allreduce",
+        "dtype": "Float",
+        "In msg nelems": 4,
+        "Out msg nelems": 4,
+        "Process Group Name": "0",
+        "Process Group Ranks": list(range(5_000)),
+        "Rank": 0,
+    }
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": i, "dur": 1, "args": args}
+        for i in range(500)
+    ]
+    data = pickle.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}, protocol=4)
+    parsed = parse_bytes(data, "rank0.pkl", Limits())
+    assert parsed.report.error is None and len(parsed.calls) == 500
+    assert len({id(c.group_ranks) for c in parsed.calls}) == 1

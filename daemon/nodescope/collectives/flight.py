@@ -124,6 +124,7 @@ def _group_ranks(config: object, limits: Limits) -> dict[str, tuple[int, ...]]:
     groups: dict[str, tuple[int, ...]] = {}
     if not isinstance(config, dict):
         return groups
+    members = 0
     for name, value in list(config.items())[:4096]:
         if not isinstance(name, str) or not isinstance(value, dict):
             continue
@@ -132,6 +133,11 @@ def _group_ranks(config: object, limits: Limits) -> dict[str, tuple[int, ...]]:
         except BadRecord:
             continue
         if ranks:
+            # One rank list referred to from every group (a pickle's memo) is counted once
+            # per group: the members the groups list are bounded like the file's objects.
+            members += len(ranks)
+            if members > limits.max_objects:
+                raise budget.OverBudget(f"more than {limits.max_objects} group members")
             groups[name] = ranks
     return groups
 
