@@ -434,6 +434,31 @@ def test_a_file_the_parser_died_on_is_refused_for_good_and_the_others_still_coun
         again.close()
 
 
+@needs_root
+def test_a_parser_stopped_from_outside_refuses_nothing_and_leaves_nothing_pending(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool"
+    _copy_fixtures(_job_dir(spool, "4"))
+
+    def parse(
+        job_id: str, dir_fd: int, uid: int, files: tuple[FileEntry, ...], budget: Budget
+    ) -> JobAnswer:
+        raise ParserDied("parser killed by signal 15", "rank1.json", 15)
+
+    settings_ = _settings(spool)
+    source = TracesSource(settings_, lambda: _jobs(("4", JOB_UID)))
+    source.worker = TraceWorker(settings_, parse=parse)
+    try:
+        data = _collect_settled(source, _roots(tmp_path))
+        assert data.job("4") is None and data.files_failed_total == 0
+        assert data.skipped.counts == {}
+    finally:
+        source.close()
+    record = json.loads((tmp_path / "run" / "nodescope" / "trace-refusals.json").read_text())
+    assert record == {"format": trace_refusals.FORMAT, "refused": [], "pending": []}
+
+
 def test_the_parser_process_answers_with_figures_only(tmp_path: Path) -> None:
     """The real parser process on the fixtures gives what the same work in this process
     gives; its answer carries per file a count and per job the figures, never records."""

@@ -44,6 +44,7 @@ import os
 import queue
 import re
 import resource
+import signal
 import stat
 import subprocess
 import sys
@@ -333,11 +334,19 @@ class JobAnswer:
 
 
 class ParserDied(Exception):
-    """The parser process ended without an answer; ``culprit`` is the file it was reading."""
+    """The parser process ended without an answer; ``culprit`` is the file it was reading,
+    ``signal`` the signal that ended it (None: it exited)."""
 
-    def __init__(self, detail: str, culprit: str | None) -> None:
+    def __init__(self, detail: str, culprit: str | None, signal: int | None = None) -> None:
         super().__init__(detail)
         self.culprit = culprit
+        self.signal = signal
+
+
+#: Signals that end a parser from outside (the service stopping: systemd signals every
+#: process of the unit): not the file's doing, so nothing is refused for them. The parser's
+#: own limits end it with SIGXCPU or SIGKILL, the kernel's OOM killer with SIGKILL.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 #: Runs the parser process over one job's files: (job id, directory fd, uid, files, budget).
@@ -377,16 +386,15 @@ def parse_job(
         return _answer(out, f"parser overran {PARSE_TIMEOUT:g} s", files)
     if child.returncode != 0:
         tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        how = (
-            f"killed by signal {-child.returncode}"
-            if child.returncode < 0
-            else f"exit status {child.returncode}"
-        )
-        return _answer(out, f"parser {how}: {tail[0][:120]}", files)
+        signum = -child.returncode if child.returncode < 0 else None
+        how = f"killed by signal {signum}" if signum else f"exit status {child.returncode}"
+        return _answer(out, f"parser {how}: {tail[0][:120]}", files, signum)
     return _answer(out, None, files)
 
 
-def _answer(out: bytes, died: str | None, files: tuple[FileEntry, ...]) -> JobAnswer:
+def _answer(
+    out: bytes, died: str | None, files: tuple[FileEntry, ...], signum: int | None = None
+) -> JobAnswer:
     """Decode a parser process's lines: ``{"reading": name}`` before each file, then one
     ``{"answer": ...}``. Nothing in it is trusted beyond its shape: the process read
     hostile files."""
@@ -406,7 +414,7 @@ def _answer(out: bytes, died: str | None, files: tuple[FileEntry, ...]) -> JobAn
             culprit = None
         elif died is None and "answer" in message:
             return decode_answer(message["answer"], names)
-    raise ParserDied(died or "parser gave no answer", culprit)
+    raise ParserDied(died or "parser gave no answer", culprit, signum)
 
 
 def decode_answer(raw: object, names: set[str]) -> JobAnswer:
@@ -791,6 +799,11 @@ class TraceWorker:
                 answer = self._parse(work.job_id, dir_fd, work.uid, files, self.budget)
                 break
             except ParserDied as exc:
+                if self._stopped or exc.signal in STOP_SIGNALS:
+                    # Stopped from outside (the daemon is stopping): no file is to blame,
+                    # and nothing is left pending for the next daemon to refuse.
+                    log.info("event=trace_parser_stopped job=%s", work.job_id)
+                    break
                 log.warning(
                     "event=trace_parser_failed job=%s file=%s error=%s",
                     work.job_id,
