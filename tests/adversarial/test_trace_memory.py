@@ -214,9 +214,12 @@ def test_a_jobs_trace_files_leave_the_daemon_under_the_units_memory_limit(
             f" {max(d for _, _, d in seen):.3f} s over {seen[-1][0] - seen[0][0]:.1f} s"
         )
         # Cycles at their cadence all the while: the counter never stood still for long, and
-        # no cycle was long (the cycle waits for nothing the parser does).
-        assert _longest_gap(seen) < 1.5, seen
-        assert max(d for _, _, d in seen) < 1.0, seen
+        # no cycle was long (the cycle waits for nothing the parser does). The bounds leave
+        # room for a loaded test machine (the daemon alone in these groups, with no trace,
+        # measured gaps up to 0.8 s and cycles up to 0.4 s at a load average of 50 on two
+        # cores); the daemon that kept the records stood still for 3.5 s before it died.
+        assert _longest_gap(seen) < 2.0, seen
+        assert max(d for _, _, d in seen) < 1.5, seen
         assert seen[-1][1] - seen[0][1] >= 0.4 * (seen[-1][0] - seen[0][0]) / TICK, seen
         # The first dump fits the job's budget and gives its figures; the five after it and
         # the pickle do not, and are refused and recorded.
