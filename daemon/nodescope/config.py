@@ -354,8 +354,7 @@ class TracesSourceSettings:
     max_file_bytes: int = option(
         16 << 20,
         "a trace file larger than this is skipped (reason too_large), gzip files also once"
-        " decompressed, bytes; the parser process needs about ten times this in memory,"
-        " within the unit's MemoryMax",
+        " decompressed, bytes; what decoding may build is bounded by max_objects_per_job",
         Range(1024, 1 << 30, integer=True),
     )
     max_files_per_job: int = option(
@@ -372,6 +371,38 @@ class TracesSourceSettings:
         " the next run",
         Range(1, 1024, integer=True),
     )
+    max_objects_per_job: int = option(
+        2_000_000,
+        "objects the parser process may decode from one job's files, counted from their"
+        " bytes before decoding (JSON values and keys, pickled objects and memo references);"
+        " a file over what the job has left is refused (reason over_budget) and never read"
+        " again",
+        Range(1000, 100_000_000, integer=True),
+    )
+    max_records_per_job: int = option(
+        250_000,
+        "collective call records the parser process may keep for one job; a file past what"
+        " the job has left is refused (reason over_budget) and never read again",
+        Range(1000, 100_000_000, integer=True),
+    )
+    parser_memory_bytes: int = option(
+        160 << 20,
+        "address space of the parser process (RLIMIT_AS), bytes: its last line; with the"
+        " daemon it must fit in the unit's MemoryMax (256M)",
+        Range(64 << 20, 64 << 30, integer=True),
+    )
+    parser_cpu_seconds: int = option(
+        60,
+        "CPU time of the parser process for one job (RLIMIT_CPU); a parser that reaches it is"
+        " killed and the file it was reading never read again (reason parser_killed)",
+        Range(1, 3600, integer=True),
+    )
+    max_refused_files: int = option(
+        1024,
+        "files the record of refused files (<run>/nodescope/trace-refusals.json) holds; the"
+        " oldest are forgotten first",
+        Range(1, 100_000, integer=True),
+    )
 
     def spool(self) -> SpoolSettings | None:
         if not self.spool_dir:
@@ -382,6 +413,11 @@ class TracesSourceSettings:
             max_files_per_job=self.max_files_per_job,
             max_jobs=self.max_jobs,
             queue_size=self.queue_size,
+            max_objects_per_job=self.max_objects_per_job,
+            max_records_per_job=self.max_records_per_job,
+            parser_memory_bytes=self.parser_memory_bytes,
+            parser_cpu_seconds=self.parser_cpu_seconds,
+            max_refused_files=self.max_refused_files,
         )
 
 

@@ -84,6 +84,8 @@ def test_traces_dropped_in_the_spool_become_metrics_findings_and_the_report(
         "[sources.jobs]\ninterval_seconds = 0.2\n"
         f'[sources.traces]\nspool_dir = "{spool}"\ninterval_seconds = 0.2\n'
         f"max_file_bytes = {96 << 20}\n"
+        # The large trace must be parsed, not refused: a budget and a parser memory for it.
+        f"max_objects_per_job = 20000000\nparser_memory_bytes = {3 << 30}\n"
         f"[detectors.collectives]\nmax_skew = {MAX_SKEW}\nmax_wait_seconds = {MAX_WAIT}\n"
         f'[slurm]\nslurm_user = "root"\nreports_dir = "{reports}"\nscontrol = ""\n'
         "expected_gpus = 0\n"

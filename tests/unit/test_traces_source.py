@@ -5,9 +5,9 @@ makes the parser raise, a full queue, jobs that leave); the fixed kind set."""
 
 from __future__ import annotations
 
-import io
+import dataclasses
+import json
 import os
-import pickle
 import shutil
 import threading
 from pathlib import Path
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodescope.collect import Collector
-from nodescope.collectives import Analysis, Limits, ParsedFile, analyze
+from nodescope.collectives import Limits, ParsedFile
 from nodescope.collectives.model import KIND_NAMES
 from nodescope.config import Config, from_mapping, spool_settings
 from nodescope.errors import ConfigError
@@ -25,9 +25,12 @@ from nodescope.model.collectives import KINDS, SpoolSettings
 from nodescope.model.job_records import JobsData, Registration
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
-from nodescope.sources import traces
+from nodescope.sources import trace_refusals, traces
 from nodescope.sources.traces import (
+    Budget,
     FileEntry,
+    JobAnswer,
+    ParserDied,
     TracesSource,
     TraceWorker,
     Unreadable,
@@ -73,6 +76,20 @@ def _copy_fixtures(directory: Path, uid: int = JOB_UID) -> None:
 
 def _settings(spool: Path, **changes: int) -> SpoolSettings:
     return SpoolSettings(str(spool), **changes)
+
+
+def _roots(tmp_path: Path) -> Roots:
+    """Roots whose run root (where the record of refused files lives) is the test's own."""
+    (tmp_path / "run").mkdir(exist_ok=True)
+    return Roots(run=tmp_path / "run")
+
+
+def parse_here(
+    job_id: str, dir_fd: int, uid: int, files: tuple[FileEntry, ...], budget: Budget
+) -> JobAnswer:
+    """The parser's work in the test's process, so that a patched parser is the one that
+    runs."""
+    return traces.parse_job_here(job_id, dir_fd, uid, files, budget)
 
 
 @needs_root
@@ -250,17 +267,18 @@ def test_read_checked_refuses_what_replaced_the_scanned_file(tmp_path: Path) -> 
 
 def _collect_settled(source: TracesSource, roots: Roots) -> traces.TracesData:
     source.collect(roots)
-    assert source.worker.wait_idle(30)
+    assert source.worker.wait_idle(60)
     return source.collect(roots)
 
 
 @needs_root
 def test_source_analyses_the_fixture_traces_of_a_job_on_the_node(tmp_path: Path) -> None:
-    job = _job_dir(tmp_path, "123")
+    spool = tmp_path / "spool"
+    job = _job_dir(spool, "123")
     _copy_fixtures(job)
     on_node = [_jobs(("123", JOB_UID))]
-    source = TracesSource(_settings(tmp_path), lambda: on_node[0])
-    roots = Roots()
+    source = TracesSource(_settings(spool), lambda: on_node[0])
+    roots = _roots(tmp_path)
     try:
         data = _collect_settled(source, roots)
         figures = data.job("123")
@@ -275,28 +293,37 @@ def test_source_analyses_the_fixture_traces_of_a_job_on_the_node(tmp_path: Path)
         assert 0.15 < reduce.max_wait_seconds < 1.0
         assert data.files_analysed_total == 4
 
-        # Unchanged files are not read again; one changed file is the only one read.
+        # Unchanged files are not read again. One changed file: the job is analysed again
+        # as a whole (the daemon keeps figures, not the records they came from).
         again = _collect_settled(source, roots)
         assert again.files_analysed_total == 4
         os.utime(job / "rank2.json", ns=(1, 1))
         changed = _collect_settled(source, roots)
-        assert changed.files_analysed_total == 5
+        assert changed.files_analysed_total == 8
+        assert changed.job("123") == dataclasses.replace(
+            figures,
+            analysed_at=changed.job("123").analysed_at,  # type: ignore[union-attr]
+        )
 
-        # The job left the node: its figures go, and the worker forgets its files.
+        # The job left the node: its figures go.
         on_node[0] = _jobs()
         gone = source.collect(roots)
         assert gone.jobs == () and source.worker.results()[0] == ()
+        # Nothing was refused: the record of refused files holds nothing.
+        record = json.loads((tmp_path / "run" / "nodescope" / "trace-refusals.json").read_text())
+        assert record["refused"] == [] and record["pending"] == []
     finally:
         source.close()
 
 
 @needs_root
 def test_a_directory_of_another_uid_or_a_job_not_on_the_node_is_not_read(tmp_path: Path) -> None:
-    _copy_fixtures(_job_dir(tmp_path, "1", uid=OTHER_UID))
-    _copy_fixtures(_job_dir(tmp_path, "2"))  # no such job on the node
-    source = TracesSource(_settings(tmp_path), lambda: _jobs(("1", JOB_UID)))
+    spool = tmp_path / "spool"
+    _copy_fixtures(_job_dir(spool, "1", uid=OTHER_UID))
+    _copy_fixtures(_job_dir(spool, "2"))  # no such job on the node
+    source = TracesSource(_settings(spool), lambda: _jobs(("1", JOB_UID)))
     try:
-        data = _collect_settled(source, Roots())
+        data = _collect_settled(source, _roots(tmp_path))
         assert data.jobs == () and data.files_analysed_total == 0
         assert data.skipped.counts == {traces.DIR_WRONG_OWNER: 1}
     finally:
@@ -307,7 +334,8 @@ def test_a_directory_of_another_uid_or_a_job_not_on_the_node_is_not_read(tmp_pat
 def test_a_file_that_makes_the_parser_raise_is_counted_and_the_others_still_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = _job_dir(tmp_path, "7")
+    spool = tmp_path / "spool"
+    job = _job_dir(spool, "7")
     _copy_fixtures(job)
     _put(job, "poison.json", b'{"poison": true}')
     real = traces.parse_bytes
@@ -319,16 +347,16 @@ def test_a_file_that_makes_the_parser_raise_is_counted_and_the_others_still_coun
 
     # In this process, so the patched parser is the one that runs.
     monkeypatch.setattr(traces, "parse_bytes", parse)
-    source = TracesSource(_settings(tmp_path), lambda: _jobs(("7", JOB_UID)))
-    source.worker = TraceWorker(source.settings, parse=traces.parse_files)
+    source = TracesSource(_settings(spool), lambda: _jobs(("7", JOB_UID)))
+    source.worker = TraceWorker(source.settings, parse=parse_here)
     try:
-        data = _collect_settled(source, Roots())
+        data = _collect_settled(source, _roots(tmp_path))
         figures = data.job("7")
         assert figures is not None and figures.ranks == (0, 1, 2, 3) and figures.failed == 1
         assert data.files_failed_total == 1 and data.files_analysed_total == 4
         assert data.skipped.counts == {traces.ANALYSIS_ERROR: 1}
         # Recorded once: the file is not read again until it changes.
-        assert _collect_settled(source, Roots()).files_failed_total == 1
+        assert _collect_settled(source, _roots(tmp_path)).files_failed_total == 1
     finally:
         source.close()
 
@@ -337,89 +365,196 @@ def test_a_file_that_makes_the_parser_raise_is_counted_and_the_others_still_coun
 def test_a_parser_process_that_fails_fails_its_files_and_the_worker_goes_on(
     tmp_path: Path,
 ) -> None:
-    job = _job_dir(tmp_path, "6")
+    spool = tmp_path / "spool"
+    job = _job_dir(spool, "6")
     _copy_fixtures(job)
     calls: list[int] = []
 
-    def parse(files: list[tuple[str, bytes]], limits: Limits) -> list[ParsedFile]:
+    def parse(
+        job_id: str, dir_fd: int, uid: int, files: tuple[FileEntry, ...], budget: Budget
+    ) -> JobAnswer:
         calls.append(len(files))
         if len(calls) == 1:
-            raise TimeoutError("parser overran")
-        return traces.parse_files(files, limits)
+            raise ValueError("an answer that is not one")
+        return parse_here(job_id, dir_fd, uid, files, budget)
 
-    source = TracesSource(_settings(tmp_path), lambda: _jobs(("6", JOB_UID)))
+    source = TracesSource(_settings(spool), lambda: _jobs(("6", JOB_UID)))
     source.worker = TraceWorker(source.settings, parse=parse)
     try:
-        data = _collect_settled(source, Roots())
+        data = _collect_settled(source, _roots(tmp_path))
         assert data.files_failed_total == 4 and data.skipped.counts == {traces.ANALYSIS_ERROR: 4}
-        figures = data.job("6")
-        assert figures is not None and figures.ranks == () and figures.failed == 4
-        os.utime(job / "rank1.json", ns=(5, 5))  # one file changed: only it is parsed again
-        data = _collect_settled(source, Roots())
-        assert calls == [4, 1] and data.files_analysed_total == 1
+        assert data.job("6") is None
+        os.utime(job / "rank1.json", ns=(5, 5))  # the job changed: it is parsed again
+        data = _collect_settled(source, _roots(tmp_path))
+        assert calls == [4, 4] and data.files_analysed_total == 4
+        assert data.job("6") is not None
     finally:
         source.close()
-
-
-def test_the_parser_process_parses_the_fixtures_and_its_answer_names_no_other_code() -> None:
-    files = [(f"rank{r}.json", (FIXTURES / f"rank{r}.json").read_bytes()) for r in range(2)]
-    files.append(("bad.json", b"\x00not json"))
-    parsed = traces.parse_in_child(files, Limits())
-    assert parsed == traces.parse_files(files, Limits())
-    assert [p.report.rank for p in parsed] == [0, 1, None]
-    assert parsed[2].report.error is not None and parsed[0].calls
-    hostile = pickle.dumps(os.system)  # a global outside the records
-    with pytest.raises(pickle.UnpicklingError):
-        traces._AnswerUnpickler(io.BytesIO(hostile)).load()
 
 
 @needs_root
-def test_an_analysis_that_raises_leaves_the_worker_running(tmp_path: Path) -> None:
-    job = _job_dir(tmp_path, "9")
+def test_a_file_the_parser_died_on_is_refused_for_good_and_the_others_still_count(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool"
+    job = _job_dir(spool, "5")
     _copy_fixtures(job)
-    calls: list[int] = []
+    calls: list[tuple[str, ...]] = []
 
-    def analyse(parsed: list[ParsedFile], limits: Limits) -> Analysis:
-        calls.append(len(parsed))
-        if len(calls) == 1:
-            raise ValueError("boom")
-        return analyze(parsed, limits)
+    def parse(
+        job_id: str, dir_fd: int, uid: int, files: tuple[FileEntry, ...], budget: Budget
+    ) -> JobAnswer:
+        calls.append(tuple(f.name for f in files))
+        if "rank2.json" in calls[-1]:
+            raise ParserDied("parser killed by signal 9", "rank2.json")
+        return parse_here(job_id, dir_fd, uid, files, budget)
 
-    source = TracesSource(_settings(tmp_path), lambda: _jobs(("9", JOB_UID)))
-    source.worker = TraceWorker(source.settings, analyse=analyse)
+    settings_ = _settings(spool)
+    source = TracesSource(settings_, lambda: _jobs(("5", JOB_UID)))
+    source.worker = TraceWorker(settings_, parse=parse)
     try:
-        data = _collect_settled(source, Roots())
-        assert data.job("9") is None and data.skipped.counts == {traces.ANALYSIS_ERROR: 1}
-        _put(job, "rank3.json", (FIXTURES / "rank3.json").read_bytes())  # a new inode
-        data = _collect_settled(source, Roots())
-        assert data.job("9") is not None and calls == [4, 4]
+        data = _collect_settled(source, _roots(tmp_path))
+        figures = data.job("5")
+        assert figures is not None and figures.ranks == (0, 1, 3)
+        assert data.skipped.counts == {trace_refusals.PARSER_KILLED: 1}
+        assert calls == [
+            tuple(f"rank{r}.json" for r in range(4)),
+            ("rank0.json", "rank1.json", "rank3.json"),
+        ]
     finally:
         source.close()
+    # A new daemon (a new source) finds the record and never hands the file to a parser.
+    again = TracesSource(settings_, lambda: _jobs(("5", JOB_UID)))
+    again.worker = TraceWorker(settings_, parse=parse)
+    try:
+        data = _collect_settled(again, _roots(tmp_path))
+        assert data.job("5") is not None and data.skipped.counts == {}
+        assert calls[-1] == ("rank0.json", "rank1.json", "rank3.json")
+    finally:
+        again.close()
+
+
+@needs_root
+def test_a_parser_stopped_from_outside_refuses_nothing_and_leaves_nothing_pending(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool"
+    _copy_fixtures(_job_dir(spool, "4"))
+
+    def parse(
+        job_id: str, dir_fd: int, uid: int, files: tuple[FileEntry, ...], budget: Budget
+    ) -> JobAnswer:
+        raise ParserDied("parser killed by signal 15", "rank1.json", 15)
+
+    settings_ = _settings(spool)
+    source = TracesSource(settings_, lambda: _jobs(("4", JOB_UID)))
+    source.worker = TraceWorker(settings_, parse=parse)
+    try:
+        data = _collect_settled(source, _roots(tmp_path))
+        assert data.job("4") is None and data.files_failed_total == 0
+        assert data.skipped.counts == {}
+    finally:
+        source.close()
+    record = json.loads((tmp_path / "run" / "nodescope" / "trace-refusals.json").read_text())
+    assert record == {"format": trace_refusals.FORMAT, "refused": [], "pending": []}
+
+
+def test_the_parser_process_answers_with_figures_only(tmp_path: Path) -> None:
+    """The real parser process on the fixtures gives what the same work in this process
+    gives; its answer carries per file a count and per job the figures, never records."""
+    for rank in range(2):
+        shutil.copy(FIXTURES / f"rank{rank}.json", tmp_path / f"rank{rank}.json")
+    (tmp_path / "bad.json").write_bytes(b"\x00not json")
+    entries = []
+    for name in ("bad.json", "rank0.json", "rank1.json"):
+        st = os.stat(tmp_path / name)
+        entries.append(FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino))
+    budget = Budget.of(SpoolSettings(str(tmp_path)))
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        child = traces.parse_job("9", fd, os.geteuid(), tuple(entries), budget)
+        here = traces.parse_job_here("9", fd, os.geteuid(), tuple(entries), budget)
+    finally:
+        os.close(fd)
+    assert child.rlimits and child.files == here.files
+    assert [o.records > 0 for o in child.files] == [False, True, True]
+    assert child.figures is not None and here.figures is not None
+    assert child.figures.ranks == (0, 1) and child.figures.failed == 1
+    assert dataclasses.replace(child.figures, analysed_at=0) == dataclasses.replace(
+        here.figures, analysed_at=0
+    )
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"files": [{"name": "other.json", "records": 1}], "figures": None},
+        {"files": [], "figures": {"kinds": [["rm -rf", None, None, 0]]}},
+        {"files": [{"name": "a.json", "records": -1}], "figures": None},
+        {"files": [], "figures": {"kinds": [], "ranks": [], "max_wait_seconds": float("nan")}},
+        {"files": [{"name": "a.json", "records": 1}] * 2, "figures": None},
+        [],
+    ],
+)
+def test_an_answer_of_the_wrong_shape_is_refused(answer: object) -> None:
+    with pytest.raises(ValueError):
+        traces.decode_answer(answer, {"a.json"})
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=40,
+)
+_ANSWER_KEYS = ("files", "figures", "rlimits", "name", "records", "skip", "error", "kinds")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _JSON,
+    st.dictionaries(st.sampled_from(_ANSWER_KEYS), _JSON, max_size=4),
+    st.lists(st.dictionaries(st.sampled_from(_ANSWER_KEYS), _JSON, max_size=5), max_size=3),
+)
+def test_a_fuzzed_answer_is_decoded_or_refused_never_anything_else(
+    anything: object, figures: dict[str, object], files: list[dict[str, object]]
+) -> None:
+    for answer in (anything, {"files": files, "figures": figures}, {"files": anything}):
+        try:
+            decoded = traces.decode_answer(answer, {"a.json", "b.json"})
+        except ValueError:
+            continue
+        assert {o.name for o in decoded.files} <= {"a.json", "b.json"}
+        if decoded.figures is not None:
+            assert {k.kind for k in decoded.figures.kinds} <= KINDS
 
 
 @needs_root
 def test_a_full_queue_refuses_without_blocking_and_the_job_is_offered_again(
     tmp_path: Path,
 ) -> None:
+    spool = tmp_path / "spool"
     for job_id in ("1", "2", "3"):
-        _copy_fixtures(_job_dir(tmp_path, job_id))
+        _copy_fixtures(_job_dir(spool, job_id))
     release = threading.Event()
 
-    def analyse(parsed: list[ParsedFile], limits: Limits) -> Analysis:
+    def parse(
+        job_id: str, dir_fd: int, uid: int, files: tuple[FileEntry, ...], budget: Budget
+    ) -> JobAnswer:
         release.wait(30)
-        return analyze(parsed, limits)
+        return parse_here(job_id, dir_fd, uid, files, budget)
 
-    settings_ = _settings(tmp_path, queue_size=1)
+    settings_ = _settings(spool, queue_size=1)
     source = TracesSource(settings_, lambda: _jobs(("1", JOB_UID), ("2", JOB_UID), ("3", JOB_UID)))
-    source.worker = TraceWorker(settings_, analyse=analyse)
+    source.worker = TraceWorker(settings_, parse=parse)
+    roots = _roots(tmp_path)
     try:
-        first = source.collect(Roots())
+        first = source.collect(roots)
         # One job in the worker, one queued, the third refused (the worker may not have taken
         # the first yet: then two are refused).
         assert first.skipped.counts.get(traces.QUEUE_FULL, 0) in (1, 2)
         release.set()
         for _ in range(4):
-            data = _collect_settled(source, Roots())
+            data = _collect_settled(source, roots)
         assert [j.job_id for j in data.jobs] == ["1", "2", "3"]
     finally:
         release.set()
@@ -434,7 +569,7 @@ def test_too_many_jobs_are_bounded(tmp_path: Path) -> None:
     jobs = _jobs(*((str(i), JOB_UID) for i in range(5)))
     source = TracesSource(_settings(tmp_path, max_jobs=2), lambda: jobs)
     try:
-        data = source.collect(Roots())
+        data = source.collect(_roots(tmp_path))
         assert data.skipped.counts == {traces.TOO_MANY_JOBS: 1}
     finally:
         source.close()
@@ -465,6 +600,11 @@ def test_without_a_spool_the_source_reads_nothing(
         ({"spool_dir": "/s", "max_files_per_job": 0}, "max_files_per_job"),
         ({"spool_dir": "/s", "max_jobs": 1.5}, "max_jobs"),
         ({"spool_dir": "/s", "queue_size": True}, "queue_size"),
+        ({"spool_dir": "/s", "max_objects_per_job": 10}, "max_objects_per_job"),
+        ({"spool_dir": "/s", "max_records_per_job": -1}, "max_records_per_job"),
+        ({"spool_dir": "/s", "parser_memory_bytes": 1 << 20}, "parser_memory_bytes"),
+        ({"spool_dir": "/s", "parser_cpu_seconds": 0}, "parser_cpu_seconds"),
+        ({"spool_dir": "/s", "max_refused_files": "many"}, "max_refused_files"),
         ({"spool_dir": "/s", "spool": "/t"}, "spool"),
     ],
 )
@@ -480,6 +620,10 @@ def test_the_source_runs_only_with_a_spool_and_gets_its_settings() -> None:
     config = from_mapping({"sources": {"traces": {"spool_dir": "/s", "max_jobs": 3}}})
     assert config.sources["traces"].enabled
     assert spool_settings(config) == SpoolSettings("/s", max_jobs=3)
+    budget = {"max_objects_per_job": 5000, "max_records_per_job": 2000}
+    budget |= {"parser_memory_bytes": 100 << 20, "parser_cpu_seconds": 9, "max_refused_files": 7}
+    tight = from_mapping({"sources": {"traces": {"spool_dir": "/s", **budget}}})
+    assert spool_settings(tight) == SpoolSettings("/s", **budget)
     collector = Collector.from_config(config)
     try:
         (source,) = [s.source for s in collector.scheduled if s.source.name == "traces"]
@@ -489,3 +633,41 @@ def test_the_source_runs_only_with_a_spool_and_gets_its_settings() -> None:
     # Another source's table does not take the spool's keys.
     with pytest.raises(ConfigError):
         from_mapping({"sources": {"jobs": {"spool_dir": "/s"}}})
+
+
+def test_the_parser_processs_own_limits_refuse_what_the_budget_let_through(
+    tmp_path: Path,
+) -> None:
+    """The last line, in a real parser process: with the budgets opened wide, a pickle of a
+    million references runs the process into its CPU limit (it is killed; the daemon names
+    the file it was reading), a 16 MB dump into its address space (the allocation fails; the
+    file is refused), and the fixtures beside them still give their figures."""
+    from tests.adversarial.hostile_traces import flight_json_dump, flight_pickle_bomb
+
+    for rank in range(2):
+        shutil.copy(FIXTURES / f"rank{rank}.json", tmp_path / f"rank{rank}.json")
+    (tmp_path / "fr_trace_rank_4").write_bytes(flight_pickle_bomb(1_000_000))
+    (tmp_path / "fr_trace_rank_5.json").write_bytes(flight_json_dump(5, (16 << 20) - 1))
+    entries = {}
+    for name in ("fr_trace_rank_4", "fr_trace_rank_5.json", "rank0.json", "rank1.json"):
+        st = os.stat(tmp_path / name)
+        entries[name] = FileEntry(name, st.st_size, st.st_mtime_ns, st.st_ino)
+    fixtures = (entries["rank0.json"], entries["rank1.json"])
+    wide = SpoolSettings(
+        str(tmp_path), max_objects_per_job=50_000_000, max_records_per_job=50_000_000
+    )
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        cpu = dataclasses.replace(Budget.of(wide), cpu_seconds=1, memory_bytes=2 << 30)
+        with pytest.raises(ParserDied) as died:
+            traces.parse_job("1", fd, os.geteuid(), (entries["fr_trace_rank_4"], *fixtures), cpu)
+        assert died.value.culprit == "fr_trace_rank_4" and "signal" in str(died.value)
+        memory = dataclasses.replace(Budget.of(wide), memory_bytes=96 << 20)
+        job = (entries["fr_trace_rank_5.json"], *fixtures)
+        answer = traces.parse_job("1", fd, os.geteuid(), job, memory)
+    finally:
+        os.close(fd)
+    assert answer.rlimits
+    first = answer.files[0]
+    assert first.skip == trace_refusals.OVER_BUDGET and "memory" in (first.error or "")
+    assert answer.figures is not None and answer.figures.ranks == (0, 1)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodescope import fileio
-from nodescope.collectives import flight, kineto
+from nodescope.collectives import budget, flight, kineto
 from nodescope.collectives.model import (
     SKEWED_KINDS,
     SLOWEST,
@@ -60,29 +60,39 @@ def read_file(path: str, limits: Limits) -> ParsedFile:
 
 
 def parse_bytes(data: bytes, path: str, limits: Limits) -> ParsedFile:
-    """One file's records from its bytes: pure, so the fuzz tests call it directly."""
+    """One file's records from its bytes: pure, so the fuzz tests call it directly. The
+    report's ``objects`` is the bound on what decoding built (:mod:`.budget`), 0 when the
+    file was refused before."""
     fmt: str | None = None
+    objects = 0
     try:
         if data[:2] == _GZIP_MAGIC:
             data = _gunzip(data, limits.max_file_bytes)
+        # The objects are counted before anything is built: a file over the budget is
+        # refused without the memory its decoding would take.
         if data[:1] == _PICKLE_PROTO:
+            objects = budget.check_pickle(data, limits.max_objects)
             doc = flight.unpickle(data)
         else:
+            objects = budget.check_json(data, limits.max_objects)
             try:
                 doc = json.loads(data)
             except RecursionError:
                 raise BadRecord("JSON nested too deep") from None
             except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
                 raise BadRecord(f"not JSON: {str(exc)[:80]}") from None
+        del data
         if flight.is_dump(doc):
             fmt = "flight_recorder"
             rank, calls, skipped, truncated = flight.parse(doc, path, limits)
         else:
             fmt = "kineto"
             rank, calls, skipped, truncated = kineto.parse(doc, limits)
+        budget.check_records(len(calls), limits.max_records)
     except BadRecord as exc:
-        return ParsedFile(FileReport(path, fmt, None, 0, 0, False, str(exc)), ())
-    return ParsedFile(FileReport(path, fmt, rank, len(calls), skipped, truncated), calls)
+        return ParsedFile(FileReport(path, fmt, None, 0, 0, False, str(exc), objects), ())
+    report = FileReport(path, fmt, rank, len(calls), skipped, truncated, None, objects)
+    return ParsedFile(report, calls)
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:

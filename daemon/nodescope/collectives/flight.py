@@ -31,6 +31,7 @@ import pickle
 import re
 from typing import Any, NoReturn, TypeGuard
 
+from nodescope.collectives import budget
 from nodescope.collectives.model import CallRecord, Limits, kind_of
 from nodescope.collectives.values import (
     MAX_NS,
@@ -113,6 +114,9 @@ def parse(
             continue
         if record is not None:
             records.append(record)
+            # Entries may all be one object referred to a million times (a pickle's memo):
+            # the records stop at the budget, not at the entries.
+            budget.check_records(len(records), limits.max_records)
     return rank, tuple(records), skipped, truncated
 
 
@@ -120,6 +124,7 @@ def _group_ranks(config: object, limits: Limits) -> dict[str, tuple[int, ...]]:
     groups: dict[str, tuple[int, ...]] = {}
     if not isinstance(config, dict):
         return groups
+    members = 0
     for name, value in list(config.items())[:4096]:
         if not isinstance(name, str) or not isinstance(value, dict):
             continue
@@ -128,6 +133,11 @@ def _group_ranks(config: object, limits: Limits) -> dict[str, tuple[int, ...]]:
         except BadRecord:
             continue
         if ranks:
+            # One rank list referred to from every group (a pickle's memo) is counted once
+            # per group: the members the groups list are bounded like the file's objects.
+            members += len(ranks)
+            if members > limits.max_objects:
+                raise budget.OverBudget(f"more than {limits.max_objects} group members")
             groups[name] = ranks
     return groups
 

@@ -32,7 +32,7 @@ else the c10d ops paired in order with the backend's ``<backend>:<kind>`` annota
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nodescope.collectives.model import CallRecord, Limits, kind_of
@@ -91,6 +91,13 @@ class _Event:
 @dataclass
 class _Tally:
     skipped: int = 0
+    #: One tuple per distinct rank or split list: records of one group share it, and a
+    #: document that refers to one long list from every event (a pickle's memo) costs that
+    #: list once, not once per record.
+    shared: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
+
+    def share(self, values: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return None if values is None else self.shared.setdefault(values, values)
 
 
 def parse(doc: object, limits: Limits) -> tuple[int | None, tuple[CallRecord, ...], int, bool]:
@@ -222,14 +229,16 @@ def _from_comms(
             out_n = integer(args.get("Out msg nelems"))
             group = args.get("Process Group Name", "")
             group = text(group) if group is not None else ""
-            group_ranks = int_list(args.get("Process Group Ranks"), limits.max_list)
+            group_ranks = tally.share(int_list(args.get("Process Group Ranks"), limits.max_list))
             seq = args.get("Seq")
             key = integer(seq, high=1 << 62) if seq is not None else None
             splits = None
             if kind == "all_to_all" and size is not None:
                 elements = int_list(args.get("In split size"), limits.max_list)
                 splits = _splits(elements, in_n, group_ranks, args.get("Group size"))
-                splits = tuple(e * size for e in splits) if splits is not None else None
+                splits = tally.share(
+                    tuple(e * size for e in splits) if splits is not None else None
+                )
             records.append(
                 CallRecord(
                     rank=rank,
@@ -307,7 +316,7 @@ def _from_ops(
         candidates = by_kind.get(kind, [])
         partner = candidates[index] if index < len(candidates) else None
         try:
-            records.append(_op_record(event, op, kind, partner, rank, group, limits))
+            records.append(_op_record(event, op, kind, partner, rank, group, limits, tally))
         except BadRecord:
             tally.skipped += 1
     return records
@@ -321,6 +330,7 @@ def _op_record(
     rank: int,
     group: tuple[str, tuple[int, ...] | None],
     limits: Limits,
+    tally: _Tally,
 ) -> CallRecord:
     pg_name, pg_ranks = group
     args = event.args
@@ -361,6 +371,6 @@ def _op_record(
         duration_ns=partner.dur_ns if partner is not None else None,
         send_bytes=send_n * size if size is not None else None,
         recv_bytes=recv_n * size if size is not None else None,
-        send_splits=splits,
+        send_splits=tally.share(splits),
         group_ranks=pg_ranks,
     )

@@ -129,7 +129,9 @@ class Limits:
     """What one analysis reads at most. A file past ``max_file_bytes`` (after
     decompression) is refused; past ``max_events`` events or entries the rest of the file is
     left unread and the file marked truncated; past ``max_files`` files the rest are not
-    opened; past ``max_ranks`` distinct ranks the records of further ranks are dropped."""
+    opened; past ``max_ranks`` distinct ranks the records of further ranks are dropped. Past
+    ``max_objects`` or ``max_records`` a file is refused (the daemon gives each file what is
+    left of its job's budget)."""
 
     max_file_bytes: int = 256 << 20
     max_events: int = 5_000_000
@@ -137,9 +139,14 @@ class Limits:
     max_ranks: int = 65536
     #: Entries of one split list or shape list; a longer one makes its record bad.
     max_list: int = 65536
+    #: Objects one file may decode to (``nodescope.collectives.budget``: counted from its
+    #: bytes before decoding); a file over it is refused whole.
+    max_objects: int = 50_000_000
+    #: Call records one file may give; a file over it is refused whole.
+    max_records: int = 20_000_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallRecord:
     """One rank's view of one collective call.
 
@@ -180,6 +187,8 @@ class FileReport:
     skipped: int
     truncated: bool
     error: str | None = None
+    #: The bound on the objects decoding the file built (``nodescope.collectives.budget``).
+    objects: int = 0
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,13 @@ class SpoolSettings:
     max_files_per_job: int = 64
     max_jobs: int = 16
     queue_size: int = 8
+    #: The parser process's budget for one job (``sources/traces.py``, ``Budget``).
+    max_objects_per_job: int = 2_000_000
+    max_records_per_job: int = 250_000
+    parser_memory_bytes: int = 160 << 20
+    parser_cpu_seconds: int = 60
+    #: Files the record of refused files holds (``sources/trace_refusals.py``).
+    max_refused_files: int = 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,15 +20,16 @@ Everything in the spool is hostile: any local user can write there. So
 * files and jobs per scan are bounded, and every skip is counted by reason (the collector turns
   them into ``nodescope_source_records_skipped_total{source="traces",reason}``).
 
-The scan in the cycle only ``lstat``\\ s. Reading and analysing happen in one worker thread
-that the source object owns, fed through a bounded queue with the jobs whose files are new or
-changed (path, size, mtime, inode); each run hands the cycle the worker's latest results. The
-worker reads the files and hands their bytes to a parser process of its own
-(``python -m nodescope.sources.traces``, :func:`parse_in_child`): ``json.loads`` of a large
-file holds the interpreter lock for its whole run (seconds for tens of MB), which in the
-daemon's process would hold up its cycle. A file that makes the parser raise, or a parser
-process that fails, is counted as failed and skipped until the file changes; a job that left
-the node loses its results and the worker's cache of its files.
+The scan in the cycle only ``lstat``\\ s. Reading and analysing happen off the cycle: one
+worker thread that the source object owns, fed through a bounded queue with the jobs whose
+files are new or changed (path, size, mtime, inode), hands each job's directory and file list
+to a parser process of its own (``python -m nodescope.sources.traces``, :func:`parse_job`).
+That process reads, decodes and analyses the files within the job's object and record budget
+and its own ``RLIMIT_AS``/``RLIMIT_CPU``, and answers with the job's figures only: the daemon
+never holds a file's bytes or records. A file that makes the parser raise is counted as
+failed until it changes; a file over the budget, or one the parser process died on, is
+recorded under the run root (:mod:`nodescope.sources.trace_refusals`) and never parsed again,
+across restarts. A job that left the node loses its results.
 """
 
 from __future__ import annotations
@@ -36,23 +37,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import io
+import json
 import logging
+import math
 import os
-import pickle
 import queue
 import re
+import resource
+import signal
 import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nodescope.collectives import Analysis, Limits, ParsedFile, analyze, parse_bytes
+from nodescope.collectives.budget import OVER_BUDGET as OVER_BUDGET_TEXT
 from nodescope.collectives.model import FileReport
 from nodescope.model.collectives import (
     KINDS,
@@ -62,10 +66,11 @@ from nodescope.model.collectives import (
     SpoolSettings,
     TracesData,
 )
-from nodescope.model.job_records import JobsData
+from nodescope.model.job_records import RUN_SUBDIR, JobsData
 from nodescope.model.jobs import build_registry
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
+from nodescope.sources import trace_refusals
 
 log = logging.getLogger("nodescope.sources.traces")
 
@@ -274,77 +279,364 @@ def job_figures(job_id: str, analysis: Analysis, failed: int, now: float) -> Job
 #: apart from a file the parser refused, it is counted as skip reason ``analysis_error``.
 RAISED = "parser raised: "
 
-#: Seconds one parser process may run (a batch of at most ``max_file_bytes``).
+#: Seconds one parser process may run (one job's files) before it is killed.
 PARSE_TIMEOUT = 300.0
 
-#: Parses ``(path, bytes)`` pairs into one :class:`ParsedFile` each, in order.
-Parse = Callable[[list[tuple[str, bytes]], Limits], list[ParsedFile]]
+#: The answer of a parser process is a few hundred bytes per file; more is not an answer.
+MAX_ANSWER_BYTES = 1 << 20
 
 
-def parse_files(files: list[tuple[str, bytes]], limits: Limits) -> list[ParsedFile]:
-    """Each file's records; a file whose parsing raises gives a report with the error, and
-    the other files still count."""
-    results: list[ParsedFile] = []
-    for path, data in files:
-        try:
-            results.append(parse_bytes(data, path, limits))
-        except Exception as exc:
-            error = f"{RAISED}{exc!r}"[:200]
-            results.append(ParsedFile(FileReport(path, None, None, 0, 0, False, error), ()))
-    return results
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What the parser process may spend on one job: decoded objects and call records over
+    all its files (each file gets what the files before it left), and as a last line the
+    process's address space and CPU time (``setrlimit``)."""
+
+    max_file_bytes: int
+    max_files: int
+    max_objects: int
+    max_records: int
+    memory_bytes: int
+    cpu_seconds: int
+
+    @classmethod
+    def of(cls, settings: SpoolSettings) -> Budget:
+        return cls(
+            settings.max_file_bytes,
+            settings.max_files_per_job,
+            settings.max_objects_per_job,
+            settings.max_records_per_job,
+            settings.parser_memory_bytes,
+            settings.parser_cpu_seconds,
+        )
 
 
-#: The classes a parser process's answer may hold: the records of the collective layer.
-_ANSWER_CLASSES = frozenset({"ParsedFile", "FileReport", "CallRecord"})
+@dataclass(frozen=True, slots=True)
+class FileOutcome:
+    """What the parser process did with one file: ``skip`` is a skip reason when the file
+    was not read or was refused (:data:`trace_refusals.OVER_BUDGET`), ``error`` why the file
+    gave nothing."""
+
+    name: str
+    records: int
+    error: str | None
+    skip: str | None
 
 
-class _AnswerUnpickler(pickle.Unpickler):
-    """Reads a parser process's answer: built-in values and the three record classes, no
-    other global (the process read hostile files; its answer is not trusted to name code)."""
+@dataclass(frozen=True, slots=True)
+class JobAnswer:
+    """The parser process's whole answer for one job: per file what happened, the job's
+    figures (None when no file gave records) and whether the process's limits were set."""
 
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "nodescope.collectives.model" and name in _ANSWER_CLASSES:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not a record")
+    files: tuple[FileOutcome, ...]
+    figures: JobCollectives | None
+    rlimits: bool
 
 
-def parse_in_child(
-    files: list[tuple[str, bytes]], limits: Limits, timeout: float = PARSE_TIMEOUT
-) -> list[ParsedFile]:
-    """:func:`parse_files` in a process of its own (``python -m nodescope.sources.traces``):
-    ``json.loads`` of a large file holds the interpreter lock for its whole run, which in a
-    thread would hold up the daemon's cycle; in a process it holds up nothing, and a parser
-    that runs away is killed at ``timeout``."""
-    request = pickle.dumps((dataclasses.astuple(limits), files), protocol=pickle.HIGHEST_PROTOCOL)
-    done = subprocess.run(
+class ParserDied(Exception):
+    """The parser process ended without an answer; ``culprit`` is the file it was reading,
+    ``signal`` the signal that ended it (None: it exited)."""
+
+    def __init__(self, detail: str, culprit: str | None, signal: int | None = None) -> None:
+        super().__init__(detail)
+        self.culprit = culprit
+        self.signal = signal
+
+
+#: Signals that end a parser from outside (the service stopping: systemd signals every
+#: process of the unit): not the file's doing, so nothing is refused for them. The parser's
+#: own limits end it with SIGXCPU or SIGKILL, the kernel's OOM killer with SIGKILL.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+#: Runs the parser process over one job's files: (job id, directory fd, uid, files, budget).
+Parse = Callable[[str, int, int, tuple[FileEntry, ...], Budget], JobAnswer]
+
+
+def parse_job(
+    job_id: str, dir_fd: int, uid: int, files: tuple[FileEntry, ...], budget: Budget
+) -> JobAnswer:
+    """Everything one job's files cost, in a process of its own
+    (``python -m nodescope.sources.traces``): it opens the files relative to ``dir_fd`` with
+    the same checks as the scan, decodes them within the job's object and record budgets,
+    analyses them, and answers with the figures only, never the records. ``json.loads`` of
+    a large file holds the interpreter lock for its whole run, and the records of a large job
+    fill hundreds of MB: in the daemon's process either would hold up or kill it. The process
+    runs under ``RLIMIT_AS`` and ``RLIMIT_CPU``, and is killed at :data:`PARSE_TIMEOUT`;
+    when it dies, the file it announced last is the culprit."""
+    request = {
+        "job_id": job_id,
+        "dir_fd": dir_fd,
+        "uid": uid,
+        "files": [[f.name, f.size, f.mtime_ns, f.inode] for f in files],
+        "budget": dataclasses.asdict(budget),
+    }
+    child = subprocess.Popen(
         [sys.executable, "-m", "nodescope.sources.traces"],
-        input=request,
-        capture_output=True,
-        timeout=timeout,
-        check=False,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(dir_fd,),
     )
-    if done.returncode != 0:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        raise RuntimeError(f"parser exit status {done.returncode}: {tail[0][:160]}")
-    answer = _AnswerUnpickler(io.BytesIO(done.stdout)).load()
-    if not isinstance(answer, list) or not all(isinstance(a, ParsedFile) for a in answer):
-        raise ValueError("parser answer is not a list of parsed files")
-    return answer
+    try:
+        out, err = child.communicate(json.dumps(request).encode(), timeout=PARSE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        return _answer(out, f"parser overran {PARSE_TIMEOUT:g} s", files)
+    if child.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        signum = -child.returncode if child.returncode < 0 else None
+        how = f"killed by signal {signum}" if signum else f"exit status {child.returncode}"
+        return _answer(out, f"parser {how}: {tail[0][:120]}", files, signum)
+    return _answer(out, None, files)
+
+
+def _answer(
+    out: bytes, died: str | None, files: tuple[FileEntry, ...], signum: int | None = None
+) -> JobAnswer:
+    """Decode a parser process's lines: ``{"reading": name}`` before each file, then one
+    ``{"answer": ...}``. Nothing in it is trusted beyond its shape: the process read
+    hostile files."""
+    culprit: str | None = None
+    names = {f.name for f in files}
+    for line in out[:MAX_ANSWER_BYTES].splitlines():
+        try:
+            message = json.loads(line)
+        except ValueError:
+            break
+        if not isinstance(message, dict):
+            break
+        reading = message.get("reading")
+        if isinstance(reading, str) and reading in names:
+            culprit = reading
+        elif "analysing" in message:
+            culprit = None
+        elif died is None and "answer" in message:
+            return decode_answer(message["answer"], names)
+    raise ParserDied(died or "parser gave no answer", culprit, signum)
+
+
+def decode_answer(raw: object, names: set[str]) -> JobAnswer:
+    """A :class:`JobAnswer` from its JSON form; :class:`ValueError` on anything else."""
+    if not isinstance(raw, dict):
+        raise ValueError("answer is not an object")
+    outcomes = []
+    for item in _list(raw.get("files"), len(names)):
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(item, dict) or not isinstance(name, str) or name not in names:
+            raise ValueError("a file the job does not have")
+        skip = item.get("skip")
+        error = item.get("error")
+        outcomes.append(
+            FileOutcome(
+                name,
+                _int(item.get("records"), 1 << 40),
+                error[:200] if isinstance(error, str) else None,
+                skip if isinstance(skip, str) and skip in _ANSWER_SKIPS else None,
+            )
+        )
+    if len({o.name for o in outcomes}) != len(outcomes):
+        raise ValueError("a file answered twice")
+    figures = raw.get("figures")
+    return JobAnswer(
+        tuple(outcomes),
+        _figures(figures) if figures is not None else None,
+        raw.get("rlimits") is True,
+    )
+
+
+def _list(value: object, most: int) -> list[object]:
+    if not isinstance(value, list) or len(value) > most:
+        raise ValueError("not a list of the expected length")
+    return value
+
+
+def _int(value: object, high: int, *, low: int = 0) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError("not an integer in range")
+    return value
+
+
+def _real(value: object) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
+        raise ValueError("not a finite number")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _optional(value: object, read: Callable[[object], Any]) -> Any:
+    return None if value is None else read(value)
+
+
+def _rank(value: object) -> int:
+    return _int(value, 1 << 31)
+
+
+def _figures(raw: object) -> JobCollectives:
+    if not isinstance(raw, dict):
+        raise ValueError("figures are not an object")
+    kinds = []
+    for item in _list(raw.get("kinds"), len(KINDS)):
+        if not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], str):
+            raise ValueError("a kind the analysis does not name")
+        if item[0] not in KINDS:
+            raise ValueError("a kind the analysis does not name")
+        kinds.append(
+            KindFigures(
+                str(item[0]), _optional(item[1], _real), _optional(item[2], _rank), _real(item[3])
+            )
+        )
+    return JobCollectives(
+        job_id=str(raw.get("job_id"))[:64],
+        files=_int(raw.get("files"), 1 << 20),
+        failed=_int(raw.get("failed"), 1 << 20),
+        ranks=tuple(_rank(r) for r in _list(raw.get("ranks"), 1 << 16)),
+        kinds=tuple(kinds),
+        max_skew=_optional(raw.get("max_skew"), _real),
+        straggler=_optional(raw.get("straggler"), _rank),
+        max_wait_seconds=_real(raw.get("max_wait_seconds")),
+        analysed_at=_real(raw.get("analysed_at")),
+    )
+
+
+def _encode_figures(job: JobCollectives) -> dict[str, object]:
+    return {
+        "job_id": job.job_id,
+        "files": job.files,
+        "failed": job.failed,
+        "ranks": list(job.ranks),
+        "kinds": [[k.kind, k.skew, k.straggler, k.max_wait_seconds] for k in job.kinds],
+        "max_skew": job.max_skew,
+        "straggler": job.straggler,
+        "max_wait_seconds": job.max_wait_seconds,
+        "analysed_at": job.analysed_at,
+    }
+
+
+def _set_rlimits(budget: Budget) -> bool:
+    """The parser's last line: an address space and a CPU time it cannot pass (an
+    allocation past the first raises MemoryError; the second ends the process), and the
+    lowest CPU priority. False where the system refuses the calls."""
+    try:
+        # Below the daemon in the unit's CPU quota: a parse slows, the cycle does not.
+        os.nice(19)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_AS, (budget.memory_bytes, budget.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CPU, (budget.cpu_seconds, budget.cpu_seconds + 1))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def parse_job_here(
+    job_id: str,
+    dir_fd: int,
+    uid: int,
+    files: tuple[FileEntry, ...],
+    budget: Budget,
+    emit: Callable[[dict[str, object]], None] = lambda _: None,
+    *,
+    rlimits: bool = False,
+    clock: Callable[[], float] = time.time,
+) -> JobAnswer:
+    """The parser process's work (:func:`parse_job`), callable in a test's own process.
+    Each file gets what the job's budget has left; a file over it, or one whose decoding runs
+    out of the process's memory, is refused (:data:`trace_refusals.OVER_BUDGET`)."""
+    base = Limits(max_file_bytes=budget.max_file_bytes, max_files=budget.max_files)
+    objects_left, records_left = budget.max_objects, budget.max_records
+    parsed: list[ParsedFile] = []
+    outcomes: list[FileOutcome] = []
+    for entry in files[: budget.max_files]:
+        emit({"reading": entry.name})
+        path = f"{job_id}/{entry.name}"
+        try:
+            data = read_checked(dir_fd, entry, uid, budget.max_file_bytes)
+        except Unreadable as exc:
+            outcomes.append(FileOutcome(entry.name, 0, str(exc)[:200], exc.reason))
+            continue
+        limits = dataclasses.replace(
+            base, max_objects=max(0, objects_left), max_records=max(0, records_left)
+        )
+        try:
+            result = parse_bytes(data, path, limits)
+        except MemoryError:
+            error = f"{OVER_BUDGET_TEXT}the parser's {budget.memory_bytes} bytes of memory"
+            result = ParsedFile(FileReport(path, None, None, 0, 0, False, error), ())
+        except Exception as exc:
+            result = ParsedFile(
+                FileReport(path, None, None, 0, 0, False, f"{RAISED}{exc!r}"[:200]), ()
+            )
+        del data
+        report = result.report
+        objects_left -= report.objects
+        records_left -= len(result.calls)
+        refused = report.error is not None and report.error.startswith(OVER_BUDGET_TEXT)
+        outcomes.append(
+            FileOutcome(
+                entry.name,
+                report.records,
+                report.error,
+                trace_refusals.OVER_BUDGET if refused else None,
+            )
+        )
+        if report.error is None:
+            parsed.append(result)
+    figures = None
+    if parsed:
+        # A death from here on is the job's, not one file's: no file is named.
+        emit({"analysing": len(parsed)})
+        analysis = analyze(parsed, base)
+        read = [o for o in outcomes if o.skip is None or o.skip == trace_refusals.OVER_BUDGET]
+        failed = sum(1 for o in read if o.error is not None)
+        figures = dataclasses.replace(
+            job_figures(job_id, analysis, failed, clock()), files=len(read)
+        )
+    return JobAnswer(tuple(outcomes), figures, rlimits)
 
 
 def _child_main() -> int:
-    """The parser process: a request from the daemon on stdin, the parsed files on stdout."""
-    raw_limits, files = pickle.loads(sys.stdin.buffer.read())
-    results = parse_files(files, Limits(*raw_limits))
-    sys.stdout.buffer.write(pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL))
+    """The parser process: a request on stdin, one line per file begun and the answer on
+    stdout (``{"reading": name}`` lines, then ``{"answer": ...}``)."""
+    request = json.loads(sys.stdin.buffer.read(MAX_ANSWER_BYTES))
+    raw = request["budget"]
+    budget = Budget(**{f.name: int(raw[f.name]) for f in dataclasses.fields(Budget)})
+    rlimits = _set_rlimits(budget)
+    out = sys.stdout
+
+    def emit(message: dict[str, object]) -> None:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    files = tuple(FileEntry(str(n), int(s), int(m), int(i)) for n, s, m, i in request["files"])
+    answer = parse_job_here(
+        str(request["job_id"]),
+        int(request["dir_fd"]),
+        int(request["uid"]),
+        files,
+        budget,
+        emit,
+        rlimits=rlimits,
+    )
+    emit(
+        {
+            "answer": {
+                "files": [dataclasses.asdict(o) for o in answer.files],
+                "figures": _encode_figures(answer.figures) if answer.figures else None,
+                "rlimits": answer.rlimits,
+            }
+        }
+    )
     return 0
 
 
+#: Skip reasons a parser's answer may give a file: those of :func:`read_checked`, and the
+#: refusal for the budget.
+_ANSWER_SKIPS = frozenset(
+    {SYMLINK, NOT_REGULAR, WRONG_OWNER, CHANGED, TOO_LARGE, UNREADABLE, trace_refusals.OVER_BUDGET}
+)
+
 #: What the worker's queue carries: a job's files to analyse, or None to stop.
 _Work = JobFiles | None
-
-#: One file as last parsed: the entry it was parsed from and what it gave.
-_Parsed = tuple[FileEntry, ParsedFile]
 
 
 @dataclass
@@ -354,37 +646,42 @@ class _Counts:
 
 
 class TraceWorker:
-    """The thread that reads and analyses jobs' files, owned by the ``traces`` source.
+    """The thread that hands jobs' files to the parser process, owned by the ``traces``
+    source.
 
     ``submit`` never blocks: a full queue refuses the job, and the source offers it again on
-    its next run. Results and the per-file cache are kept only for the jobs the source last
-    said are wanted (:meth:`retain`). ``analyze_job`` is injected by tests (one that raises,
-    one that blocks)."""
+    its next run. Results are kept only for the jobs the source last said are wanted
+    (:meth:`retain`): one bounded record per job, never the files' records. Files the parser
+    refused are written down (:class:`trace_refusals.Refusals`, under the run root once
+    :meth:`use_run_dir` names it) and left out of every later parse. ``parse`` is injected by
+    tests (one that raises, one that blocks)."""
 
     def __init__(
         self,
         settings: SpoolSettings,
         clock: Callable[[], float] = time.time,
-        analyse: Callable[[list[ParsedFile], Limits], Analysis] | None = None,
-        parse: Parse = parse_in_child,
+        parse: Parse = parse_job,
     ) -> None:
         self.settings = settings
-        self.limits = Limits(
-            max_file_bytes=settings.max_file_bytes, max_files=settings.max_files_per_job
-        )
+        self.budget = Budget.of(settings)
         self._clock = clock
-        self._analyse = analyse or (lambda parsed, limits: analyze(parsed, limits))
         self._parse = parse
         self._queue: queue.Queue[_Work] = queue.Queue(maxsize=settings.queue_size)
         self._lock = threading.Lock()
         self._results: dict[str, JobCollectives] = {}
-        self._parsed: dict[str, dict[str, _Parsed]] = {}
         self._wanted: set[str] = set()
         self._tally = SkipTally()
         self._counts = _Counts()
         self._busy = 0
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self.refusals = trace_refusals.Refusals(None, settings.max_refused_files)
+        self._rlimits_warned = False
+
+    def use_run_dir(self, directory: Path) -> None:
+        """Keep the record of refused files in ``directory`` (before the first job)."""
+        if self._thread is None and self.refusals.directory != directory:
+            self.refusals = trace_refusals.Refusals(directory, self.settings.max_refused_files)
 
     def submit(self, work: JobFiles) -> bool:
         """Queue ``work``; False when the queue is full (or the worker stopped)."""
@@ -406,8 +703,6 @@ class TraceWorker:
             self._wanted = wanted
             for job_id in [j for j in self._results if j not in wanted]:
                 del self._results[job_id]
-            for job_id in [j for j in self._parsed if j not in wanted]:
-                del self._parsed[job_id]
 
     def results(self) -> tuple[tuple[JobCollectives, ...], int, int, int]:
         """The latest results, files analysed and failed in total, jobs queued or running."""
@@ -465,88 +760,102 @@ class TraceWorker:
         with self._lock:
             if work.job_id not in self._wanted:
                 return
-            cache = dict(self._parsed.get(work.job_id, {}))
         tally = SkipTally()
         counts = _Counts()
+        files = tuple(f for f in work.files if self.refusals.reason(_key(work, f)) is None)
+        if not files:
+            self._merge(work.job_id, tally, counts, None)
+            return
         try:
             dir_fd = os.open(work.directory, _DIR_FLAGS)
         except OSError as exc:
             tally.skip(DIR_UNREADABLE, f"{work.directory}: {exc.strerror}")
-            self._merge(work.job_id, tally, counts, None, {})
+            self._merge(work.job_id, tally, counts, None)
             return
-        parsed: dict[str, _Parsed] = {}
         try:
             st = os.fstat(dir_fd)
             if st.st_ino != work.dir_inode or st.st_uid != work.uid:
                 tally.skip(CHANGED, work.directory)
-                self._merge(work.job_id, tally, counts, None, {})
+                self._merge(work.job_id, tally, counts, None)
                 return
-            batch: list[tuple[FileEntry, bytes]] = []
-            size = 0
-            for entry in work.files:
-                before = cache.get(entry.name)
-                if before is not None and before[0] == entry:
-                    parsed[entry.name] = before
-                    continue
-                try:
-                    data = read_checked(dir_fd, entry, work.uid, self.settings.max_file_bytes)
-                except Unreadable as exc:
-                    tally.skip(exc.reason, f"{work.directory}/{exc}")
-                    continue
-                # Files go to the parser in batches of at most one file cap: what the worker
-                # holds in memory at once stays bounded by the cap, not by the job's files.
-                if batch and size + len(data) > self.settings.max_file_bytes:
-                    self._parse_batch(work, batch, parsed, tally, counts)
-                    batch, size = [], 0
-                batch.append((entry, data))
-                size += len(data)
-            if batch:
-                self._parse_batch(work, batch, parsed, tally, counts)
+            figures = self._parse_job(work, dir_fd, files, tally, counts)
         finally:
             os.close(dir_fd)
-        files = [p for _, p in parsed.values()]
-        figures: JobCollectives | None = None
-        if files:
-            try:
-                analysis = self._analyse(files, self.limits)
-            except Exception as exc:
-                log.warning("event=trace_analysis_failed job=%s error=%r", work.job_id, exc)
-                tally.skip(ANALYSIS_ERROR, f"job {work.job_id}: {exc!r}")
-            else:
-                failed = sum(1 for r in analysis.files if r.error is not None)
-                figures = job_figures(work.job_id, analysis, failed, self._clock())
-        self._merge(work.job_id, tally, counts, figures, parsed)
+        self._merge(work.job_id, tally, counts, figures)
 
-    def _parse_batch(
+    def _parse_job(
         self,
         work: JobFiles,
-        batch: list[tuple[FileEntry, bytes]],
-        parsed: dict[str, _Parsed],
+        dir_fd: int,
+        files: tuple[FileEntry, ...],
         tally: SkipTally,
         counts: _Counts,
-    ) -> None:
-        named = [(f"{work.directory}/{entry.name}", data) for entry, data in batch]
-        try:
-            results = self._parse(named, self.limits)
-            if len(results) != len(named):
-                raise ValueError(f"{len(results)} results for {len(named)} files")
-        except Exception as exc:
-            # The parser process died, overran or answered nonsense: every file of the batch
-            # is recorded as failed, and tried again only once it changes.
-            log.warning("event=trace_parser_failed job=%s error=%r", work.job_id, exc)
-            results = [
-                ParsedFile(FileReport(path, None, None, 0, 0, False, f"{RAISED}{exc!r}"[:200]), ())
-                for path, _ in named
-            ]
-        for (entry, _), result in zip(batch, results, strict=True):
-            error = result.report.error
-            if error is None:
-                counts.analysed += 1
-            else:
-                counts.failed += 1
-                if error.startswith(RAISED):
-                    tally.skip(ANALYSIS_ERROR, f"{result.report.path}: {error}")
-            parsed[entry.name] = (entry, result)
+    ) -> JobCollectives | None:
+        """One parser process over ``files``; when it dies, the file it was reading is
+        refused and the others are parsed again without it (at most once per file)."""
+        refused: dict[trace_refusals.FileKey, str] = {}
+        answer: JobAnswer | None = None
+        for _ in range(len(files)):
+            self.refusals.begin([_key(work, f) for f in files])
+            try:
+                answer = self._parse(work.job_id, dir_fd, work.uid, files, self.budget)
+                break
+            except ParserDied as exc:
+                if self._stopped or exc.signal in STOP_SIGNALS:
+                    # Stopped from outside (the daemon is stopping): no file is to blame,
+                    # and nothing is left pending for the next daemon to refuse.
+                    log.info("event=trace_parser_stopped job=%s", work.job_id)
+                    break
+                log.warning(
+                    "event=trace_parser_failed job=%s file=%s error=%s",
+                    work.job_id,
+                    exc.culprit,
+                    exc,
+                )
+                blamed = [f for f in files if f.name == exc.culprit] or list(files)
+                for entry in blamed:
+                    refused[_key(work, entry)] = trace_refusals.PARSER_KILLED
+                    counts.failed += 1
+                    tally.skip(trace_refusals.PARSER_KILLED, f"{work.directory}/{entry.name}")
+                files = tuple(f for f in files if f not in blamed)
+                if not files:
+                    break
+            except Exception as exc:
+                # Anything else (a bad answer, a parser that could not start): the files are
+                # failed this time, and tried again once they change.
+                log.warning("event=trace_parser_failed job=%s error=%r", work.job_id, exc)
+                counts.failed += len(files)
+                for entry in files:
+                    tally.skip(ANALYSIS_ERROR, f"{work.directory}/{entry.name}: {exc!r}"[:200])
+                break
+        if answer is not None:
+            if not answer.rlimits and not self._rlimits_warned:
+                self._rlimits_warned = True
+                log.warning("event=trace_parser_no_rlimits: only the object budgets hold it")
+            for outcome in answer.files:
+                where = f"{work.directory}/{outcome.name}"
+                if outcome.skip == trace_refusals.OVER_BUDGET:
+                    entry = next(f for f in files if f.name == outcome.name)
+                    refused[_key(work, entry)] = trace_refusals.OVER_BUDGET
+                if outcome.skip is not None:
+                    tally.skip(outcome.skip, f"{where}: {outcome.error}")
+                if outcome.error is None:
+                    counts.analysed += 1
+                elif outcome.skip is None or outcome.skip == trace_refusals.OVER_BUDGET:
+                    counts.failed += 1
+                    if outcome.error.startswith(RAISED):
+                        tally.skip(ANALYSIS_ERROR, f"{where}: {outcome.error}")
+        added = self.refusals.end(refused)
+        for key in added:
+            log.warning(
+                "event=trace_file_refused job=%s file=%s reason=%s: not parsed again",
+                key.job_id,
+                key.name,
+                refused[key],
+            )
+        if answer is None or answer.figures is None:
+            return None
+        return dataclasses.replace(answer.figures, job_id=work.job_id)
 
     def _merge(
         self,
@@ -554,7 +863,6 @@ class TraceWorker:
         tally: SkipTally,
         counts: _Counts,
         figures: JobCollectives | None,
-        parsed: Mapping[str, _Parsed],
     ) -> None:
         with self._lock:
             self._tally.merge(tally.freeze())
@@ -562,9 +870,14 @@ class TraceWorker:
             self._counts.failed += counts.failed
             if job_id not in self._wanted:
                 return  # the job left the node while its files were read
-            self._parsed[job_id] = dict(parsed)
             if figures is not None:
                 self._results[job_id] = figures
+            else:
+                self._results.pop(job_id, None)
+
+
+def _key(work: JobFiles, entry: FileEntry) -> trace_refusals.FileKey:
+    return trace_refusals.FileKey(work.job_id, entry.name, entry.inode, entry.size, entry.mtime_ns)
 
 
 @dataclass
@@ -591,6 +904,7 @@ class TracesSource:
         if len(wanted) > self.settings.max_jobs:
             tally.skip(TOO_MANY_JOBS, f"{len(wanted)} jobs, {self.settings.max_jobs} scanned")
             wanted = wanted[: self.settings.max_jobs]
+        self.worker.use_run_dir(roots.run / RUN_SUBDIR)
         self.worker.retain(wanted)
         for job_id in [j for j in self._submitted if j not in owners]:
             del self._submitted[job_id]
