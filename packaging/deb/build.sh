@@ -118,7 +118,8 @@ if [ -f packaging/slurm/install.sh ]; then
         /etc/nodescope/slurm.env
 fi
 install -m 644 exporters/prometheus/alerts.yml exporters/prometheus/records.yml \
-    exporters/prometheus/jobs.yml exporters/prometheus/scrape.yml \
+    exporters/prometheus/jobs.yml exporters/prometheus/dcgm-compat.rules.yml \
+    exporters/prometheus/scrape.yml \
     exporters/alertmanager/alertmanager.yml \
     "$root/usr/share/nodescope/prometheus/"
 install -m 644 exporters/grafana/nodescope.json "$root/usr/share/nodescope/grafana/"
