@@ -296,11 +296,24 @@ def test_reader_replaces_bytes_that_are_not_utf8(tmp_path: Path) -> None:
 # --- the source -------------------------------------------------------------------------------
 
 
+#: The NVSwitches of the source tests' node, as sysfs shows them.
+NVSWITCHES = ("0000:05:00.0", "0000:c3:00.0")
+
+
+def _pci_function(root: Path, bdf: str, vendor: str = "0x10de", klass: str = "0x068000") -> None:
+    device = root / "sys" / "bus" / "pci" / "devices" / bdf
+    device.mkdir(parents=True)
+    (device / "vendor").write_text(vendor + "\n")
+    (device / "class").write_text(klass + "\n")
+
+
 @pytest.fixture
 def kmsg_root(tmp_path: Path) -> Iterator[tuple[Path, Roots]]:
     (tmp_path / "dev").mkdir()
     path = tmp_path / "dev" / "kmsg"
     path.write_text("")
+    for bdf in NVSWITCHES:
+        _pci_function(tmp_path, bdf)
     yield path, Roots.under(tmp_path)
 
 
@@ -381,6 +394,7 @@ def test_a_read_error_takes_the_source_down_until_the_log_reads_again(
 ) -> None:
     kmsg = tmp_path / "dev" / "kmsg"
     kmsg.mkdir(parents=True)  # opens, and every read fails (EISDIR)
+    _pci_function(tmp_path, "0000:05:00.0")
     roots = Roots.under(tmp_path)
     src = sx.make_source()
     try:
