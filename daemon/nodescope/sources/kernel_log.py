@@ -86,6 +86,13 @@ def split_line(line: str) -> LogLine:
     return LogLine(line if match is None else line[match.end() :])
 
 
+def printable(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, control characters replaced: a driver's text
+    ends up in an alert's one-line message."""
+    cut = text[:limit]
+    return cut if cut.isprintable() else "".join(c if c.isprintable() else "?" for c in cut)
+
+
 def refusal(priority: int | None) -> str | None:
     """Why a record of ``priority`` cannot be a driver's Xid or SXid (:data:`REFUSED_NOT_KERNEL`,
     :data:`REFUSED_LEVEL`), or ``None`` where it can (or the line states no priority)."""
@@ -104,6 +111,7 @@ __all__ = [
     "REFUSED_NOT_KERNEL",
     "LogLine",
     "is_dictionary_line",
+    "printable",
     "refusal",
     "split_line",
 ]

@@ -152,6 +152,7 @@ from nodescope.roots import Roots
 from nodescope.sources.kernel_log import (
     REFUSED_NOT_KERNEL,
     is_dictionary_line,
+    printable,
     refusal,
     split_line,
 )
@@ -517,6 +518,9 @@ SKIP_XID_TOO_LONG = "xid_line_too_long"
 SKIP_XID_UNKNOWN_GPU = "xid_unknown_gpu"
 #: A line longer than this is no kernel record (``CONSOLE_EXT_LOG_MAX`` is 8 KiB).
 MAX_XID_LINE = 16384
+#: Characters of the driver's text (and of a process name) kept per Xid: it may reach a
+#: message, never a whole hostile line.
+XID_TEXT_CHARS = 160
 
 
 def sysfs_pci_address(domain: int, bus: int, device: int, function: int = 0) -> str:
@@ -572,19 +576,13 @@ def parse_kmsg_xid(text: str, tally: SkipTally | None = None) -> tuple[KernelXid
                 ),
                 xid=int(xid),
                 pid=int(pid.strip("'")) if pid.strip("'").isdigit() else None,
-                process=None if process is None else _printable(process),
-                message=_printable(rest.strip()),
+                process=None if process is None else printable(process, XID_TEXT_CHARS),
+                message=printable(rest.strip(), XID_TEXT_CHARS),
                 sequence=parts.sequence,
                 kernel_usec=parts.usec,
             )
         )
     return tuple(found)
-
-
-def _printable(text: str) -> str:
-    """``text`` cut short and its control characters replaced: it may reach a message."""
-    cut = text[:160]
-    return cut if cut.isprintable() else "".join(c if c.isprintable() else "?" for c in cut)
 
 
 def field_value(value: Any) -> tuple[int | float, int | None]:

@@ -48,6 +48,7 @@ from nodescope.roots import Roots
 from nodescope.sources.kernel_log import (
     REFUSED_NOT_KERNEL,
     is_dictionary_line,
+    printable,
     refusal,
     split_line,
 )
@@ -124,13 +125,6 @@ def is_nvswitch(roots: Roots, bdf: str) -> bool:
     return vendor == NVIDIA_VENDOR and klass[:6] == NVSWITCH_CLASS
 
 
-def _printable(text: str) -> str:
-    """``text`` cut to :data:`MESSAGE_CHARS`, control characters replaced: it ends up in an
-    alert's one-line message."""
-    cut = text[:MESSAGE_CHARS]
-    return cut if cut.isprintable() else "".join(c if c.isprintable() else "?" for c in cut)
-
-
 def parse_kmsg_sxid(text: str, tally: SkipTally | None = None) -> tuple[KernelSxid, ...]:
     """The SXid lines of a kernel log: ``/dev/kmsg`` records, ``dmesg`` output (with or
     without ``[timestamp]`` or ``<prio>``) or journal lines. Other lines and the driver's
@@ -181,7 +175,7 @@ def parse_kmsg_sxid(text: str, tally: SkipTally | None = None) -> tuple[KernelSx
                 sxid=int(code),
                 fatal=fatal,
                 link=link,
-                message=_printable(rest.strip()),
+                message=printable(rest.strip(), MESSAGE_CHARS),
                 sequence=parts.sequence,
                 kernel_usec=parts.usec,
             )
