@@ -906,3 +906,19 @@ def test_the_source_module_does_not_import_torch() -> None:
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    # Never a leading space: a line that starts " KEY=" is a /dev/kmsg dictionary line.
+    st.text(alphabet="abcxyz0123456789 :[]()=,'.-_\t", max_size=40).map(lambda t: "x" + t),
+    st.sampled_from(["3,7,9,-;", "<3>", "", "[  1.0] "]),
+)
+def test_parse_kmsg_xid_fuzz_a_driver_line_inside_a_message_is_never_an_xid(
+    before: str, prefix: str
+) -> None:
+    """The driver's exact line after any other text of the record (a file name, a mount
+    option): never an Xid, always one counted skip."""
+    tally = SkipTally()
+    assert nv.parse_kmsg_xid(f"{prefix}{before}{XID_79}", tally) == ()
+    assert sum(tally.freeze().counts.values()) == 1

@@ -628,3 +628,17 @@ def test_an_sxid_line_not_at_the_start_of_a_driver_record_is_skipped(
     [record] = sx.parse_kmsg_sxid(f"{line}\n{_kmsg(10, NONFATAL_LINE)}", tally)
     assert record.sequence == 10
     assert _skips(tally) == {reason: 1}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    # Never a leading space: a line that starts " KEY=" is a /dev/kmsg dictionary line.
+    st.text(alphabet="abcxyz0123456789 :[]()=,'.-_\t", max_size=40).map(lambda t: "x" + t),
+    st.sampled_from(["3,7,9,-;", "<3>", "", "[  1.0] "]),
+)
+def test_fuzz_a_driver_line_inside_a_message_is_never_an_sxid(before: str, prefix: str) -> None:
+    """The driver's exact line after any other text of the record (a file name, a mount
+    option): never an SXid, always one counted skip."""
+    tally = SkipTally()
+    assert sx.parse_kmsg_sxid(f"{prefix}{before}{FATAL_LINE}", tally) == ()
+    assert sum(tally.freeze().counts.values()) == 1
