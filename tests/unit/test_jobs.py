@@ -448,6 +448,22 @@ def test_v1_oom_kills_below_the_step_are_the_steps_and_the_jobs(tmp_path: Path) 
     assert dict(data.skipped.counts) == {source.SKIP_V1_OOM_CONTROL: 1}
 
 
+def test_v1_oom_kills_below_walks_the_memory_hierarchy_itself(tmp_path: Path) -> None:
+    """Where the job was found in another hierarchy (``freezer``), the memory cgroups below
+    it are walked: the same sums as from the job's own walk."""
+    from nodescope.model.skips import SkipTally
+
+    roots = v1_tree(tmp_path)
+    job = roots.cgroupfs / "memory" / "slurm_node1/uid_1000/job_43"
+    _write(job / "step_batch" / "task_0" / "memory.oom_control", "oom_kill 3\n")
+    _write(job / "step_batch" / "task_0" / "deeper" / "memory.oom_control", "oom_kill 2\n")
+    _write(job / "step_0" / "memory.oom_control", "oom_kill 0\n")
+    assert source.v1_oom_kills_below(job, SkipTally()) == {
+        "step_batch/task_0": 3,
+        "step_batch/task_0/deeper": 2,
+    }
+
+
 def test_v1_a_job_with_a_junk_file_is_skipped_alone(tmp_path: Path) -> None:
     """A v1 job whose ``devices.list`` does not parse is left out and counted; the job next
     to it, a bad line of its task list and a junk limit of another cgroup cost only

@@ -616,7 +616,9 @@ def read_v1_stats(cgroupfs: Path, relative: str, depth: int) -> Cgroup:
 SKIP_V1_OOM_CONTROL = "v1_oom_control_unparsable"
 
 
-def v1_oom_kills_below(memory_dir: Path, tally: SkipTally) -> dict[str, int]:
+def v1_oom_kills_below(
+    memory_dir: Path, tally: SkipTally, listed: list[Path] | None = None
+) -> dict[str, int]:
     """``oom_kill`` of ``memory.oom_control`` of every memory cgroup strictly below
     ``memory_dir`` that has killed, by its path relative to ``memory_dir``; at most
     :data:`MAX_JOB_CGROUPS` cgroups are visited.
@@ -625,9 +627,14 @@ def v1_oom_kills_below(memory_dir: Path, tally: SkipTally) -> dict[str, int]:
     killed: ``memcg_memory_event()`` (``include/linux/memcontrol.h``) stops after the first
     level unless the memory controller is on the unified hierarchy. Slurm puts a job's
     processes in ``step_<s>/task_<n>``, so a job's or step's own file says 0 while its task
-    was killed; their kills are the sum over everything below."""
+    was killed; their kills are the sum over everything below. ``listed``: the cgroups below
+    ``memory_dir`` already found by a walk of the memory hierarchy, read instead of walking
+    it again."""
     found: dict[str, int] = {}
-    queue: deque[Path] = deque(memory_dir / name for name in _subdirectories(memory_dir))
+    walk = listed is None
+    queue: deque[Path] = deque(
+        (memory_dir / name for name in _subdirectories(memory_dir)) if walk else listed or ()
+    )
     visited = 0
     while queue and visited < MAX_JOB_CGROUPS:
         current = queue.popleft()
@@ -642,7 +649,8 @@ def v1_oom_kills_below(memory_dir: Path, tally: SkipTally) -> dict[str, int]:
                 kills = None
             if kills:
                 found[current.relative_to(memory_dir).as_posix()] = kills
-        queue.extend(current / name for name in _subdirectories(current))
+        if walk:
+            queue.extend(current / name for name in _subdirectories(current))
     return found
 
 
@@ -728,7 +736,13 @@ def read_v1_job(
         limits.append(step_limits[step])
     # OOM kills are counted where the task was (task_<n>): the job's and each step's are
     # the sums over their subtrees.
-    kills_below = v1_oom_kills_below(roots.cgroupfs / "memory" / job_rel.strip("/"), tally)
+    # The job's walk above went through the memory hierarchy (the usual one): its cgroups
+    # are read, not listed again.
+    kills_below = v1_oom_kills_below(
+        roots.cgroupfs / "memory" / job_rel.strip("/"),
+        tally,
+        dirs[1:] if controller == "memory" else None,
+    )
     if kills_below:
         stats = _with_oom_kills(stats, sum(kills_below.values()))
         steps = [
