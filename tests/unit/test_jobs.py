@@ -421,6 +421,49 @@ def test_v1_layout(tmp_path: Path) -> None:
     assert data.others[0].pids == (1,) or any(o.pids == (600,) for o in data.others)
 
 
+def test_v1_oom_kills_below_the_step_are_the_steps_and_the_jobs(tmp_path: Path) -> None:
+    """v1 counts an OOM kill only in the killed task's own memory cgroup: the kills in
+    ``task_<n>`` (and deeper) add to their step's and their job's, and a file below the job
+    that does not parse is counted and costs only itself."""
+    roots = v1_tree(tmp_path)
+    batch = roots.cgroupfs / "memory" / "slurm_node1/uid_1000/job_43/step_batch"
+    _write(batch / "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    _write(batch / "task_0" / "memory.oom_control", "oom_kill_disable 0\noom_kill 3\n")
+    _write(batch / "task_1" / "x" / "memory.oom_control", "oom_kill 1\n")
+    _write(batch / "task_2" / "memory.oom_control", "oom_kill lots\n")
+    _write(
+        roots.cgroupfs / "memory" / "slurm_node1/uid_1000/job_43/step_0" / "memory.oom_control",
+        "oom_kill 0\n",
+    )
+    data = read_jobs(roots)
+    (job,) = data.jobs
+    assert job.stats is not None and job.stats.memory_events is not None
+    assert job.stats.memory_events.oom_kill == 2 + 3 + 1
+    assert job.stats.memory_events.max == 7  # the job's own failcnt is kept
+    steps = {s.name: s.stats for s in job.steps}
+    assert steps["batch"] is not None and steps["batch"].memory_events is not None
+    assert steps["batch"].memory_events.oom_kill == 3 + 1
+    assert steps["0"] is not None and steps["0"].memory_events is not None
+    assert steps["0"].memory_events.oom_kill == 0
+    assert dict(data.skipped.counts) == {source.SKIP_V1_OOM_CONTROL: 1}
+
+
+def test_v1_oom_kills_below_walks_the_memory_hierarchy_itself(tmp_path: Path) -> None:
+    """Where the job was found in another hierarchy (``freezer``), the memory cgroups below
+    it are walked: the same sums as from the job's own walk."""
+    from nodescope.model.skips import SkipTally
+
+    roots = v1_tree(tmp_path)
+    job = roots.cgroupfs / "memory" / "slurm_node1/uid_1000/job_43"
+    _write(job / "step_batch" / "task_0" / "memory.oom_control", "oom_kill 3\n")
+    _write(job / "step_batch" / "task_0" / "deeper" / "memory.oom_control", "oom_kill 2\n")
+    _write(job / "step_0" / "memory.oom_control", "oom_kill 0\n")
+    assert source.v1_oom_kills_below(job, SkipTally()) == {
+        "step_batch/task_0": 3,
+        "step_batch/task_0/deeper": 2,
+    }
+
+
 def test_v1_a_job_with_a_junk_file_is_skipped_alone(tmp_path: Path) -> None:
     """A v1 job whose ``devices.list`` does not parse is left out and counted; the job next
     to it, a bad line of its task list and a junk limit of another cgroup cost only

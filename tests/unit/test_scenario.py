@@ -83,9 +83,11 @@ BUNDLED = (
     "nvswitch-sxid-nonfatal",
     "pcie-saturation-a100",
     "root-port-contention",
+    "xid-forged-kernel-log-control",
     "xid13-application-fault",
     "xid48-double-bit-ecc",
     "xid79-fell-off-bus",
+    "xid79-kernel-log-fell-off-bus",
 )
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 

@@ -237,3 +237,48 @@ def test_a_switch_off_the_bus_logs_nothing_but_a_user_still_can(scratch: Path) -
     node.advance_to(3.0)
     records = node.kmsg_path.read_text().splitlines()
     assert [r.split(",", 1)[0] for r in records] == ["12", "12", "12"]
+
+
+def test_forged_lines_as_the_kernel_writes_them_and_the_drivers_xid(scratch: Path) -> None:
+    """``forged_as: "segfault"``: the kernel's own report of a binary named after the line
+    (facility 0, KERN_INFO, the name's first 15 characters first); an ``xid`` writes the
+    driver's record beside its NVML event, and a forged one only the line. The real parsers
+    count the driver's records and skip the rest, each with its reason."""
+    from nodescope.model.skips import SkipTally
+    from nodescope.sources import nvml as nv
+    from nodescope.sources import sxid as sx
+
+    node = node_of(
+        scratch,
+        [
+            {**FATAL, "from": 1, "forged": True, "forged_as": "segfault"},
+            {"kind": "xid", "from": 2, "gpu": 0, "xid": 48},
+            {"kind": "xid", "from": 3, "gpu": 0, "xid": 79, "forged": True,
+             "forged_as": "segfault"},
+            {"kind": "xid", "from": 3, "gpu": 0, "xid": 94, "forged": True},
+        ],
+    )  # fmt: skip
+    node.advance_to(4.0)
+    text = node.kmsg_path.read_text()
+    segfault, driver, forged_79, forged_94 = text.splitlines()
+    assert segfault.startswith(f"6,0,{UPTIME_USEC + 1_000_000},-;nvidia-nvswitch[")
+    assert (
+        "segfault at 0 ip 000055d0c0de1139 sp 00007ffd5e1f2a40 error 4 in "
+        f"nvidia-nvswitch0: SXid (PCI:{SWITCH}): 24007, Fatal, Link 30 sourcetrack timeout error["
+    ) in segfault
+    gpu = node.hardware.gpus[0].pci.rsplit(".", 1)[0]
+    assert driver.startswith(f"3,1,{UPTIME_USEC + 2_000_000},-;NVRM: Xid (PCI:{gpu}): 48, ")
+    assert forged_79.startswith("6,2,") and f"in NVRM: Xid (PCI:{gpu}): 79, " in forged_79
+    assert forged_94.startswith(f"12,3,{UPTIME_USEC + 3_000_000},-;NVRM: Xid (PCI:{gpu}): 94, ")
+    sxid_skips, xid_skips = SkipTally(), SkipTally()
+    assert sx.parse_kmsg_sxid(text, sxid_skips) == ()
+    assert dict(sxid_skips.freeze().counts) == {sx.SKIP_LEVEL: 1}
+    assert [r.xid for r in nv.parse_kmsg_xid(text, xid_skips)] == [48]
+    assert dict(xid_skips.freeze().counts) == {nv.SKIP_XID_LEVEL: 1, nv.SKIP_XID_NOT_KERNEL: 1}
+
+
+@pytest.mark.parametrize("kind", ["sxid", "xid"])
+def test_forged_as_names_one_of_two_ways(kind: str) -> None:
+    activity = {**FATAL, "forged": True} if kind == "sxid" else {"kind": "xid", "gpu": 0, "xid": 1}
+    with pytest.raises(ParseError, match="forged_as"):
+        load([{**activity, "from": 1, "forged_as": "carrier pigeon"}])

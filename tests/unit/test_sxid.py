@@ -296,11 +296,24 @@ def test_reader_replaces_bytes_that_are_not_utf8(tmp_path: Path) -> None:
 # --- the source -------------------------------------------------------------------------------
 
 
+#: The NVSwitches of the source tests' node, as sysfs shows them.
+NVSWITCHES = ("0000:05:00.0", "0000:c3:00.0")
+
+
+def _pci_function(root: Path, bdf: str, vendor: str = "0x10de", klass: str = "0x068000") -> None:
+    device = root / "sys" / "bus" / "pci" / "devices" / bdf
+    device.mkdir(parents=True)
+    (device / "vendor").write_text(vendor + "\n")
+    (device / "class").write_text(klass + "\n")
+
+
 @pytest.fixture
 def kmsg_root(tmp_path: Path) -> Iterator[tuple[Path, Roots]]:
     (tmp_path / "dev").mkdir()
     path = tmp_path / "dev" / "kmsg"
     path.write_text("")
+    for bdf in NVSWITCHES:
+        _pci_function(tmp_path, bdf)
     yield path, Roots.under(tmp_path)
 
 
@@ -381,6 +394,7 @@ def test_a_read_error_takes_the_source_down_until_the_log_reads_again(
 ) -> None:
     kmsg = tmp_path / "dev" / "kmsg"
     kmsg.mkdir(parents=True)  # opens, and every read fails (EISDIR)
+    _pci_function(tmp_path, "0000:05:00.0")
     roots = Roots.under(tmp_path)
     src = sx.make_source()
     try:
@@ -565,3 +579,66 @@ def test_no_sxid_record_no_sxid_series() -> None:
     snapshot = Snapshot(1, 10.0, 1e9, {})
     names = {family.name for family in event_metrics.families(snapshot)}
     assert not any("sxid" in name or "kmsg" in name for name in names)
+
+
+def test_an_sxid_of_an_address_that_is_no_nvswitch_of_the_node_is_skipped(
+    kmsg_root: tuple[Path, Roots],
+) -> None:
+    """Only an NVSwitch in sysfs makes a count: an address no device has, or a function that
+    is not an NVIDIA bridge, is skipped and counted, and adds no key (so no series)."""
+    path, roots = kmsg_root
+    _pci_function(roots.sysfs.parent, "0000:9b:00.0", klass="0x030200")  # a GPU
+    _pci_function(roots.sysfs.parent, "0000:a0:00.0", vendor="0x15b3", klass="0x068000")
+    lines = [FATAL_LINE.replace("0000:05:00.0", bdf) for bdf in ("0000:9b:00.0", "0000:a0:00.0")]
+    invented = [f"0000:{bus:02x}:00.0" for bus in range(0x20, 0x40)]
+    lines += [FATAL_LINE.replace("0000:05:00.0", bdf) for bdf in invented]
+    _append(path, "".join(_kmsg(n, line) for n, line in enumerate(lines, start=1)))
+    _append(path, _kmsg(100, FATAL_LINE))
+    src = sx.make_source()
+    try:
+        data = src.collect(roots)
+    finally:
+        src.close()
+    assert [(c.nvswitch, c.count) for c in data.counts] == [("0000:05:00.0", 1)]
+    assert dict(data.skipped.counts) == {sx.SKIP_UNKNOWN_NVSWITCH: len(lines)}
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        # The kernel's segfault report of a binary named after the driver's line.
+        (
+            f"6,9,9,-;nvidia-nvswitch[77]: segfault at 0 ip 1 sp 2 error 4 in {FATAL_LINE}[5+1]",
+            sx.SKIP_LEVEL,
+        ),
+        (f"3,9,9,-;tmpfs: Unknown parameter '{FATAL_LINE.split(',')[0]}'", sx.SKIP_UNPARSABLE),
+        (f"3,9,9,-;x {FATAL_LINE}", sx.SKIP_UNPARSABLE),
+        (f"[  1.5] someone: {FATAL_LINE}", sx.SKIP_UNPARSABLE),
+        (f"6,9,9,-;{FATAL_LINE}", sx.SKIP_LEVEL),
+        (f"12,9,9,-;{FATAL_LINE}", sx.SKIP_NOT_KERNEL),
+        # Not the driver's exact form: capitals in the address, a code of four digits.
+        (FATAL_LINE.replace("0000:05:00.0", "0000:0A:00.0"), sx.SKIP_UNPARSABLE),
+        (FATAL_LINE.replace("24007", "2400"), sx.SKIP_UNPARSABLE),
+    ],
+)
+def test_an_sxid_line_not_at_the_start_of_a_driver_record_is_skipped(
+    line: str, reason: str
+) -> None:
+    tally = SkipTally()
+    [record] = sx.parse_kmsg_sxid(f"{line}\n{_kmsg(10, NONFATAL_LINE)}", tally)
+    assert record.sequence == 10
+    assert _skips(tally) == {reason: 1}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    # Never a leading space: a line that starts " KEY=" is a /dev/kmsg dictionary line.
+    st.text(alphabet="abcxyz0123456789 :[]()=,'.-_\t", max_size=40).map(lambda t: "x" + t),
+    st.sampled_from(["3,7,9,-;", "<3>", "", "[  1.0] "]),
+)
+def test_fuzz_a_driver_line_inside_a_message_is_never_an_sxid(before: str, prefix: str) -> None:
+    """The driver's exact line after any other text of the record (a file name, a mount
+    option): never an SXid, always one counted skip."""
+    tally = SkipTally()
+    assert sx.parse_kmsg_sxid(f"{prefix}{before}{FATAL_LINE}", tally) == ()
+    assert sum(tally.freeze().counts.values()) == 1

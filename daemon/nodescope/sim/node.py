@@ -75,11 +75,13 @@ from nodescope.model.gpu_health import (
 )
 from nodescope.model.infiniband import ERROR_COUNTER_BITS
 from nodescope.model.udev import UdevEvent
+from nodescope.model.xid_catalog import load_catalog
 from nodescope.roots import Roots
 from nodescope.sim.fake_nvml import FakeGpu, FakeLink, FakeNvml, FakeProcess
 from nodescope.sim.kmod import SimulatedModule
 from nodescope.sim.lspci import ExpressType, LspciDevice, bridge_chains
 from nodescope.sim.scenario import (
+    FORGED_SEGFAULT,
     GPU_HEALTH_KINDS,
     INSTANT_KINDS,
     NFS4_OPS,
@@ -1688,10 +1690,17 @@ class SimulatedNode:
             if not due:
                 continue
             self._fired.add(number)
-            if activity.kind == "xid":
+            if activity.kind == "xid" and activity.get("forged"):
+                gpu = self.hardware.gpus[activity.get("gpu")]
+                line = self._xid_line(gpu.pci, activity.get("xid"))
+                self._append_kmsg([line], activity.start, activity.get("forged_as"))
+            elif activity.kind == "xid":
                 gpu = self.hardware.gpus[activity.get("gpu")]
                 xid = activity.get("xid")
                 self.nvml.inject_xid(gpu.index, xid)
+                # The driver reports it in the kernel log as well, where the source reads
+                # it when NVML has no event set for the GPU.
+                self._append_kmsg([self._xid_line(gpu.pci, xid)], activity.start)
                 falls = activity.get("falls_off_bus")
                 if falls if falls is not None else xid == 79:
                     self._remove_function(gpu.pci)
@@ -1729,16 +1738,46 @@ class SimulatedNode:
             # The entry's raw words: nothing reads them.
             "Data {" + ", ".join(["0x00000000"] * 8) + "}",
         )
-        # The driver prints at KERN_ERR (3) in the kernel's facility 0; a write to /dev/kmsg
-        # from user space gets facility 1 (LOG_USER) and the default level 4
-        # (devkmsg_write, kernel/printk/printk.c).
-        prio = 1 * 8 + 4 if forged else 0 * 8 + 3
-        usec = round((self.hardware.os.uptime_seconds + activity.start) * 1_000_000)
-        records = []
+        forged_as = activity.get("forged_as") if forged else None
+        # A crashing binary carries one line in its name: the SXid line alone.
+        written = lines[:1] if forged_as == FORGED_SEGFAULT else lines
         for _ in range(activity.get("count")):
-            for line in lines:
-                records.append(f"{prio},{self._kmsg_sequence},{usec},-;{prefix}{line}\n")
-                self._kmsg_sequence += 1
+            self._append_kmsg([prefix + line for line in written], activity.start, forged_as)
+
+    @staticmethod
+    def _xid_line(pci: str, xid: int) -> str:
+        """The GPU driver's Xid line (``kernel_rc.c``): the address without its function,
+        then the code, the process (none for a fault of the GPU's own) and the meaning."""
+        meaning = load_catalog().lookup(xid).name
+        address = pci.rsplit(".", 1)[0]
+        return f"NVRM: Xid (PCI:{address}): {xid}, pid='<unknown>', name=<unknown>, {meaning}"
+
+    def _append_kmsg(self, lines: list[str], start: float, forged_as: str | None = None) -> None:
+        """Append ``lines`` to the kernel log as records at ``start``: the driver's (facility
+        0, ``KERN_ERR``), or with ``forged_as`` the same text as a user makes the kernel log
+        it (:data:`FORGED_DEVKMSG`, :data:`FORGED_SEGFAULT`)."""
+        usec = round((self.hardware.os.uptime_seconds + start) * 1_000_000)
+        records = []
+        for line in lines:
+            if forged_as is None:
+                # The drivers print at KERN_ERR (3) in the kernel's facility 0.
+                prio, text = 0 * 8 + 3, line
+            elif forged_as == FORGED_SEGFAULT:
+                # The kernel's report of a crashing binary named after the line
+                # (show_signal_msg, arch/x86/mm/fault.c): KERN_INFO, its comm (the name's
+                # first 15 characters) first, the whole file name after "in".
+                prio = 0 * 8 + 6
+                text = (
+                    f"{line[:15]}[{4242 + self._kmsg_sequence}]: segfault at 0 ip "
+                    f"000055d0c0de1139 sp 00007ffd5e1f2a40 error 4 in {line}"
+                    "[55d0c0de1000+1000] likely on CPU 3 (core 3, socket 0)"
+                )
+            else:
+                # A write to /dev/kmsg from user space gets facility 1 (LOG_USER) and the
+                # default level 4 (devkmsg_write, kernel/printk/printk.c).
+                prio, text = 1 * 8 + 4, line
+            records.append(f"{prio},{self._kmsg_sequence},{usec},-;{text}\n")
+            self._kmsg_sequence += 1
         self._files.append(self.kmsg_path, "".join(records).encode())
 
     def _exit_process(self, proc: _Proc) -> None:

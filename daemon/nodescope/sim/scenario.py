@@ -1364,6 +1364,12 @@ def _process(
 #: pattern).
 _Fields = Mapping[str, tuple[str, Any]]
 
+#: How a forged Xid or SXid line (``forged: true``) reaches the kernel log: written to
+#: ``/dev/kmsg`` from user space (a record of the user facility), or as the file name of a
+#: crashing binary in the kernel's own ``segfault at`` report (facility 0, ``KERN_INFO``).
+FORGED_DEVKMSG = "devkmsg"
+FORGED_SEGFAULT = "segfault"
+
 ACTIVITY_FIELDS: Mapping[str, _Fields] = {
     "gpu_pcie": {
         "gpu": ("gpu", ...),
@@ -1411,6 +1417,8 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "gpu": ("gpu", ...),
         "xid": ("integer", ...),
         "falls_off_bus": ("bool", None),
+        "forged": ("bool", False),
+        "forged_as": ("text", FORGED_DEVKMSG),
     },
     # An NVSwitch error as the nvidia-nvswitch driver logs it: ``count`` SXids at ``from``.
     "sxid": {
@@ -1421,6 +1429,7 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "message": ("text", ...),
         "count": ("integer", 1),
         "forged": ("bool", False),
+        "forged_as": ("text", FORGED_DEVKMSG),
     },
     "hot_unplug": {"pci": ("pci", ...)},
     "driver_rebind": {"pci": ("pci", ...)},

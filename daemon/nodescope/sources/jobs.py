@@ -43,6 +43,7 @@ registry joins the two views by job id.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -611,6 +612,59 @@ def read_v1_stats(cgroupfs: Path, relative: str, depth: int) -> Cgroup:
     )
 
 
+#: Skip reason of a v1 ``memory.oom_control`` below a job that does not parse.
+SKIP_V1_OOM_CONTROL = "v1_oom_control_unparsable"
+
+
+def v1_oom_kills_below(
+    memory_dir: Path, tally: SkipTally, listed: list[Path] | None = None
+) -> dict[str, int]:
+    """``oom_kill`` of ``memory.oom_control`` of every memory cgroup strictly below
+    ``memory_dir`` that has killed, by its path relative to ``memory_dir``; at most
+    :data:`MAX_JOB_CGROUPS` cgroups are visited.
+
+    On cgroup v1 the kernel counts an OOM kill only in the memory cgroup of the task it
+    killed: ``memcg_memory_event()`` (``include/linux/memcontrol.h``) stops after the first
+    level unless the memory controller is on the unified hierarchy. Slurm puts a job's
+    processes in ``step_<s>/task_<n>``, so a job's or step's own file says 0 while its task
+    was killed; their kills are the sum over everything below. ``listed``: the cgroups below
+    ``memory_dir`` already found by a walk of the memory hierarchy, read instead of walking
+    it again."""
+    found: dict[str, int] = {}
+    walk = listed is None
+    queue: deque[Path] = deque(
+        (memory_dir / name for name in _subdirectories(memory_dir)) if walk else listed or ()
+    )
+    visited = 0
+    while queue and visited < MAX_JOB_CGROUPS:
+        current = queue.popleft()
+        visited += 1
+        path = current / "memory.oom_control"
+        text = read_optional(path)
+        if text is not None:
+            try:
+                kills = parse_key_values(text, str(path)).get("oom_kill")
+            except ParseError:
+                tally.skip(SKIP_V1_OOM_CONTROL, str(path))
+                kills = None
+            if kills:
+                found[current.relative_to(memory_dir).as_posix()] = kills
+        if walk:
+            queue.extend(current / name for name in _subdirectories(current))
+    return found
+
+
+def _with_oom_kills(stats: Cgroup, below: int) -> Cgroup:
+    """``stats`` with the OOM kills of the cgroups below it added to its own."""
+    if not below:
+        return stats
+    events = stats.memory_events or MemoryEvents()
+    own = events.oom_kill or 0
+    return dataclasses.replace(
+        stats, memory_events=dataclasses.replace(events, oom_kill=own + below)
+    )
+
+
 def find_v1_jobs(cgroupfs: Path) -> tuple[str, list[tuple[str, int, Path]]] | None:
     """(controller, [(job id, uid, directory)]) of the first v1 hierarchy among
     :data:`_V1_JOB_CONTROLLERS` that has Slurm's ``slurm[_<node>]`` directory."""
@@ -680,6 +734,33 @@ def read_v1_job(
         steps.append(JobStep(step, step_stats.path, step_stats))
         step_limits[step] = _limit_value(step_stats)
         limits.append(step_limits[step])
+    # OOM kills are counted where the task was (task_<n>): the job's and each step's are
+    # the sums over their subtrees.
+    # The job's walk above went through the memory hierarchy (the usual one): its cgroups
+    # are read, not listed again.
+    kills_below = v1_oom_kills_below(
+        roots.cgroupfs / "memory" / job_rel.strip("/"),
+        tally,
+        dirs[1:] if controller == "memory" else None,
+    )
+    if kills_below:
+        stats = _with_oom_kills(stats, sum(kills_below.values()))
+        steps = [
+            step
+            if step.stats is None
+            else dataclasses.replace(
+                step,
+                stats=_with_oom_kills(
+                    step.stats,
+                    sum(
+                        kills
+                        for below, kills in kills_below.items()
+                        if below.startswith(step.path.rsplit("/", 1)[-1] + "/")
+                    ),
+                ),
+            )
+            for step in steps
+        ]
     job_limit = _limit_value(stats)
     tasks: list[JobTask] = []
     frozen_threads = frozenset(threads)

@@ -69,7 +69,11 @@ The call surface and the formats are those of ``pynvml.py`` (nvidia-ml-py 13.615
   ``src/nvidia/src/kernel/gpu/rc/kernel_rc.c``): ``NVRM: Xid (PCI:0000:9b:00): 119,
   pid=2024380, name=nvidia-smi, <message>``. Older drivers print no ``PCI:``, MIG adds
   ``GPU-I:``/``GPU-C:`` after the address. ``/dev/kmsg`` records are
-  ``prio,seq,usec,flags;text`` (Documentation/ABI/testing/dev-kmsg).
+  ``prio,seq,usec,flags;text`` (Documentation/ABI/testing/dev-kmsg). The kernel log also holds
+  text any user chose (a record written to ``/dev/kmsg``, a crashing binary's file name in the
+  kernel's ``segfault at`` report), so an Xid is read only where the driver's exact line
+  starts the message, from the kernel's facility at the driver's level
+  (:mod:`nodescope.sources.kernel_log`), and counted only for a GPU NVML enumerated.
 
 NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors) gives the meanings in
 :data:`XID_MEANINGS`.
@@ -145,6 +149,13 @@ from nodescope.model.nvml import (
 from nodescope.model.skips import SkipTally
 from nodescope.model.slow import SlowReads
 from nodescope.roots import Roots
+from nodescope.sources.kernel_log import (
+    REFUSED_NOT_KERNEL,
+    is_dictionary_line,
+    printable,
+    refusal,
+    split_line,
+)
 
 NAME = NVML.name
 
@@ -489,13 +500,27 @@ class KernelXid:
 _NVML_BUS_ID_RE = re.compile(
     r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.([0-7]))?"
 )
-_KMSG_PREFIX_RE = re.compile(r"([0-9]{1,3}),([0-9]{1,20}),([0-9]{1,20}),[^;]*;")
+#: The driver's line (``kernel_rc.c``), anchored at the start of the message: ``NVRM: Xid
+#: (PCI:`` and the address as ``%04x:%02x:%02x``, MIG's ``GPU-I:``/``GPU-C:`` ids, the Xid,
+#: ``pid=`` (a number or ``'<unknown>'``), ``name=`` (drivers before R525 print none) and
+#: the driver's text.
 _XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})"
-    r"(?:\.([0-7]))?[^)]*\): ([0-9]{1,6})(?:,\s*(.*))?$"
+    r"NVRM: Xid \(PCI:([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?"
+    r"(?: GPU-I:[0-9a-f]{1,2})?(?: GPU-C:[0-9a-f]{1,2})?\): ([0-9]{1,3}), "
+    r"pid=([0-9]{1,10}|'[0-9]{1,10}'|'<unknown>'|<unknown>), "
+    r"(?:name=(.{0,16}?), )?(.*)"
 )
-_PID_RE = re.compile(r"pid=(?:([0-9]{1,10})|'?<unknown>'?|[^,]*),\s*")
-_NAME_RE = re.compile(r"name=([^,]*),\s*")
+#: Skip reasons of the kernel-log Xids (``nodescope_source_records_skipped_total{source="nvml"}``).
+SKIP_XID_UNPARSABLE = "xid_unparsable"
+SKIP_XID_NOT_KERNEL = "xid_not_from_kernel"
+SKIP_XID_LEVEL = "xid_not_driver_level"
+SKIP_XID_TOO_LONG = "xid_line_too_long"
+SKIP_XID_UNKNOWN_GPU = "xid_unknown_gpu"
+#: A line longer than this is no kernel record (``CONSOLE_EXT_LOG_MAX`` is 8 KiB).
+MAX_XID_LINE = 16384
+#: Characters of the driver's text (and of a process name) kept per Xid: it may reach a
+#: message, never a whole hostile line.
+XID_TEXT_CHARS = 160
 
 
 def sysfs_pci_address(domain: int, bus: int, device: int, function: int = 0) -> str:
@@ -515,39 +540,34 @@ def parse_bus_id(text: str, source: str = "nvml busId") -> str:
     return sysfs_pci_address(int(domain, 16), int(bus, 16), int(device, 16), int(function or 0))
 
 
-def parse_kmsg_xid(text: str, source: str = "/dev/kmsg") -> tuple[KernelXid, ...]:
+def parse_kmsg_xid(text: str, tally: SkipTally | None = None) -> tuple[KernelXid, ...]:
     """The ``NVRM: Xid`` records of a kernel log: ``/dev/kmsg`` records, ``dmesg`` output
-    (with or without ``[timestamp]``) or journal lines. Other lines are skipped; a line that
-    starts an Xid record but does not have its form raises :class:`ParseError`."""
+    (with or without ``[timestamp]``) or journal lines. Other lines are passed over. A line
+    that mentions an Xid is one only where its message *starts* with the driver's exact form
+    (:mod:`nodescope.sources.kernel_log`): one that does not, is longer than any kernel
+    record, was written from user space or has a level the driver never prints it at is
+    skipped and counted in ``tally``. Never raises on any text."""
+    tally = SkipTally() if tally is None else tally
     found: list[KernelXid] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        at = line.find("NVRM: Xid")
-        if at < 0:
+    for number, line in enumerate(text.split("\n"), start=1):
+        if "NVRM: Xid" not in line or is_dictionary_line(line):
             continue
-        sequence = usec = None
-        prefix = _KMSG_PREFIX_RE.match(line)
-        if prefix is not None and prefix.end() <= at:
-            sequence, usec = int(prefix.group(2)), int(prefix.group(3))
-        match = _XID_RE.match(line, at)
-        if match is None:
-            raise ParseError(
-                source, f"Xid line not in the form 'NVRM: Xid (PCI:D:B:D): N, …': {line!r}", number
+        if len(line) > MAX_XID_LINE:
+            tally.skip(SKIP_XID_TOO_LONG, line)
+            continue
+        parts = split_line(line.rstrip("\r"))
+        refused = refusal(parts.priority)
+        if refused is not None:
+            tally.skip(
+                SKIP_XID_NOT_KERNEL if refused == REFUSED_NOT_KERNEL else SKIP_XID_LEVEL, line
             )
-        domain, bus, device, function, xid, rest = match.groups()
-        if int(device, 16) > 0x1F:
-            raise ParseError(source, f"PCI device number out of range in {line!r}", number)
-        message = (rest or "").strip()
-        pid: int | None = None
-        process: str | None = None
-        pid_match = _PID_RE.match(message)
-        if pid_match is not None:
-            pid = int(pid_match.group(1)) if pid_match.group(1) else None
-            message = message[pid_match.end() :]
-            name_match = _NAME_RE.match(message)
-            if name_match is not None:
-                name = name_match.group(1).strip()
-                process = None if name in ("", "<unknown>") else name
-                message = message[name_match.end() :]
+            continue
+        match = _XID_RE.fullmatch(parts.message)
+        if match is None or int(match.group(3), 16) > 0x1F:  # a device number has five bits
+            tally.skip(SKIP_XID_UNPARSABLE, line)
+            continue
+        domain, bus, device, function, xid, pid, name, rest = match.groups()
+        process = None if name is None or name.strip() in ("", "<unknown>") else name.strip()
         found.append(
             KernelXid(
                 line=number,
@@ -555,11 +575,11 @@ def parse_kmsg_xid(text: str, source: str = "/dev/kmsg") -> tuple[KernelXid, ...
                     int(domain, 16), int(bus, 16), int(device, 16), int(function or 0)
                 ),
                 xid=int(xid),
-                pid=pid,
-                process=process,
-                message=message.strip(),
-                sequence=sequence,
-                kernel_usec=usec,
+                pid=int(pid.strip("'")) if pid.strip("'").isdigit() else None,
+                process=None if process is None else printable(process, XID_TEXT_CHARS),
+                message=printable(rest.strip(), XID_TEXT_CHARS),
+                sequence=parts.sequence,
+                kernel_usec=parts.usec,
             )
         )
     return tuple(found)
@@ -1039,8 +1059,10 @@ class NvmlSource:
         with self._lock:
             self._xid_source = source
 
-    def _read_kmsg(self, roots: Roots) -> bool:
-        """Count the Xids of the kernel-log records that arrived since the last call."""
+    def _read_kmsg(self, roots: Roots, tally: SkipTally) -> bool:
+        """Count the Xids of the kernel-log records that arrived since the last call; an Xid
+        line for an address that is no GPU NVML enumerated (or lost) is skipped and counted
+        in ``tally``, never a count of its own, so no invented address makes a series."""
         if self._kmsg is None:
             self._kmsg = KmsgReader(roots.dev / "kmsg")
         try:
@@ -1050,19 +1072,15 @@ class NvmlSource:
             self._kmsg.close()
             self._kmsg = None
             return False
+        if "NVRM: Xid" not in text:
+            return True
         by_address = {g.pci_address: g.index for g in self._gpus}
         by_address.update({lost.pci_address: lost.gpu for lost in self._lost})
-        path = str(self._kmsg.path)
-        for line in text.splitlines():
-            if "NVRM: Xid" not in line:
+        for record in parse_kmsg_xid(text, tally):
+            if record.pci_address not in by_address:
+                tally.skip(SKIP_XID_UNKNOWN_GPU, record.pci_address)
                 continue
-            try:
-                records = parse_kmsg_xid(line, source=path)
-            except ParseError as exc:
-                log.warning("source=nvml kmsg_parse_error=%r", str(exc))
-                continue
-            for record in records:
-                self.count_xid(by_address.get(record.pci_address), record.pci_address, record.xid)
+            self.count_xid(by_address[record.pci_address], record.pci_address, record.xid)
         return True
 
     # ---- collection ---------------------------------------------------------------------
@@ -1110,7 +1128,7 @@ class NvmlSource:
         watcher = self._watcher
         if watcher is None or watcher.unsupported.is_set():
             # No NVML event set delivers Xids: the kernel log does, where it can be read.
-            self.set_xid_source(XID_SOURCE_KMSG if self._read_kmsg(roots) else None)
+            self.set_xid_source(XID_SOURCE_KMSG if self._read_kmsg(roots, tally) else None)
         with self._lock:
             xid_source = self._xid_source
             xids = tuple(
@@ -1818,6 +1836,11 @@ __all__ = [
     "PCIE_THROUGHPUT_WINDOW_SECONDS",
     "REMOTE_TYPES",
     "SKIP_HEALTH_VALUE_IMPOSSIBLE",
+    "SKIP_XID_LEVEL",
+    "SKIP_XID_NOT_KERNEL",
+    "SKIP_XID_TOO_LONG",
+    "SKIP_XID_UNKNOWN_GPU",
+    "SKIP_XID_UNPARSABLE",
     "SLOW_EVERY",
     "XID_MEANINGS",
     "XID_SOURCE_EVENTS",

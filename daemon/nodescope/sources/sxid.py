@@ -18,8 +18,14 @@ start with a space (``Documentation/ABI/testing/dev-kmsg``). ``prio`` is ``facil
 level``; the kernel gives every record written to ``/dev/kmsg`` from user space a non-zero
 facility (``devkmsg_write``, ``kernel/printk/printk.c``: "to be able to reliably distinguish
 kernel-generated messages from userspace-injected ones"), so an SXid record with a facility
-is a forgery and is skipped. :func:`parse_kmsg_sxid` reads that form and plain ``dmesg`` or
-journal lines alike (tests, captures, the simulated node's regular file).
+is a forgery and is skipped. The kernel itself also writes text a user chose at facility 0
+(the file name of a crashing binary in its ``segfault at`` report, a mount option in a file
+system's error): an SXid is read only where the driver's exact line starts the message, at a
+level the driver prints it at (:mod:`nodescope.sources.kernel_log`), and counted only for an
+address that is an NVSwitch of this node in sysfs (:func:`is_nvswitch`; any other is skipped
+as ``sxid_unknown_nvswitch``, so no invented address makes a series).
+:func:`parse_kmsg_sxid` reads that form and plain ``dmesg`` or journal lines alike (tests,
+captures, the simulated node's regular file).
 
 The source reads what arrived since its last run, without blocking and about
 :data:`MAX_READ_BYTES` per run at most (a flood of kernel messages waits for the next run instead of
@@ -39,6 +45,13 @@ from pathlib import Path
 from nodescope.model.skips import SkipTally
 from nodescope.model.sxid import MESSAGE_CHARS, SXID, SxidCount, SxidData
 from nodescope.roots import Roots
+from nodescope.sources.kernel_log import (
+    REFUSED_NOT_KERNEL,
+    is_dictionary_line,
+    printable,
+    refusal,
+    split_line,
+)
 from nodescope.sources.nvml import KmsgReader
 
 NAME = SXID.name
@@ -57,19 +70,25 @@ MAX_LINE_BYTES = 16384
 #: each fit many times over, and a flood of distinct forged keys cannot grow memory.
 MAX_KEYS = 2048
 
+#: What sysfs says of an NVSwitch: NVIDIA's vendor id and the bridge class ``0x0680``.
+NVIDIA_VENDOR = b"0x10de"
+NVSWITCH_CLASS = b"0x0680"
+
 #: Skip reasons (``nodescope_source_records_skipped_total{source="sxid",reason}``).
 SKIP_UNPARSABLE = "sxid_unparsable"
 SKIP_NOT_KERNEL = "sxid_not_from_kernel"
 SKIP_TOO_LONG = "sxid_line_too_long"
+#: A kernel record at a level the driver never prints an SXid at (the kernel's segfault
+#: report of a binary whose file name holds an SXid line, for one).
+SKIP_LEVEL = "sxid_not_driver_level"
+#: An SXid line in the driver's form for an address that is no NVSwitch of this node.
+SKIP_UNKNOWN_NVSWITCH = "sxid_unknown_nvswitch"
 
-_KMSG_PREFIX_RE = re.compile(r"([0-9]{1,3}),([0-9]{1,20}),([0-9]{1,20}),[^;]*;")
-#: ``dmesg -r`` and syslog put the priority in angle brackets instead.
-_SYSLOG_PREFIX_RE = re.compile(r"<([0-9]{1,3})>")
-#: A ``/dev/kmsg`` dictionary line (`` SUBSYSTEM=pci``): part of the record above it.
-_KMSG_DICT_RE = re.compile(r" [A-Za-z0-9_]+=")
+#: The driver's line, anchored at the start of the message: ``nvidia-`` and the device's name,
+#: ``SXid (PCI:`` and the address as ``%04x:%02x:%02x.%x``, the code as ``%05d`` and ``, ``.
 _SXID_RE = re.compile(
-    r"nvidia-([A-Za-z0-9_]{1,32}): SXid \(PCI:([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2})"
-    r":([0-9a-fA-F]{1,2})\.([0-7])\): ([0-9]{1,6})(?:,[ \t]*(.*))?$"
+    r"nvidia-(nvswitch[0-9]{1,3}): SXid \(PCI:([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})"
+    r"\.([0-7])\): ([0-9]{5,6}), (.*)"
 )
 _SEVERITY_RE = re.compile(r"(Fatal|Non-fatal)(?:,[ \t]*|$)", re.IGNORECASE)
 _LINK_RE = re.compile(r"Link[ \t]+([0-9]{1,3})\b[ \t]*")
@@ -93,37 +112,41 @@ class KernelSxid:
     kernel_usec: int | None = None
 
 
-def _printable(text: str) -> str:
-    """``text`` cut to :data:`MESSAGE_CHARS`, control characters replaced: it ends up in an
-    alert's one-line message."""
-    cut = text[:MESSAGE_CHARS]
-    return cut if cut.isprintable() else "".join(c if c.isprintable() else "?" for c in cut)
+def is_nvswitch(roots: Roots, bdf: str) -> bool:
+    """Whether ``bdf`` is an NVSwitch of this node: a PCI function in sysfs of NVIDIA's vendor
+    id and of the bridge class ``0x0680`` (docs/datasources.md). Asked only for an SXid line
+    that passed every other check, so a few small reads at most per run."""
+    device = roots.sysfs / "bus" / "pci" / "devices" / bdf
+    try:
+        vendor = (device / "vendor").read_bytes()[:16].strip()
+        klass = (device / "class").read_bytes()[:16].strip()
+    except (OSError, ValueError):
+        return False
+    return vendor == NVIDIA_VENDOR and klass[:6] == NVSWITCH_CLASS
 
 
 def parse_kmsg_sxid(text: str, tally: SkipTally | None = None) -> tuple[KernelSxid, ...]:
     """The SXid lines of a kernel log: ``/dev/kmsg`` records, ``dmesg`` output (with or
     without ``[timestamp]`` or ``<prio>``) or journal lines. Other lines and the driver's
-    continuation lines are passed over; an SXid line that does not have its form, is longer
-    than any kernel record or was written from user space is skipped and counted in
-    ``tally``. Never raises on any text."""
+    continuation lines are passed over. A line that mentions an SXid is one only where its
+    message *starts* with the driver's exact form (:mod:`nodescope.sources.kernel_log`): one
+    that does not, is longer than any kernel record, was written from user space or has a
+    level the driver never prints it at is skipped and counted in ``tally``. Never raises on
+    any text."""
     tally = SkipTally() if tally is None else tally
     found: list[KernelSxid] = []
     for number, line in enumerate(text.split("\n"), start=1):
-        if "SXid (" not in line or _KMSG_DICT_RE.match(line):
+        if "SXid (" not in line or is_dictionary_line(line):
             continue
         if len(line) > MAX_LINE_BYTES:
             tally.skip(SKIP_TOO_LONG, line)
             continue
-        line = line.rstrip("\r")
-        sequence = usec = None
-        prefix = _KMSG_PREFIX_RE.match(line) or _SYSLOG_PREFIX_RE.match(line)
-        if prefix is not None:
-            if int(prefix.group(1)) >> 3 != 0:
-                tally.skip(SKIP_NOT_KERNEL, line)
-                continue
-            if prefix.re is _KMSG_PREFIX_RE:
-                sequence, usec = int(prefix.group(2)), int(prefix.group(3))
-        match = _SXID_RE.search(line, 0 if prefix is None else prefix.end())
+        parts = split_line(line.rstrip("\r"))
+        refused = refusal(parts.priority)
+        if refused is not None:
+            tally.skip(SKIP_NOT_KERNEL if refused == REFUSED_NOT_KERNEL else SKIP_LEVEL, line)
+            continue
+        match = _SXID_RE.fullmatch(parts.message)
         if match is None:
             tally.skip(SKIP_UNPARSABLE, line)
             continue
@@ -152,9 +175,9 @@ def parse_kmsg_sxid(text: str, tally: SkipTally | None = None) -> tuple[KernelSx
                 sxid=int(code),
                 fatal=fatal,
                 link=link,
-                message=_printable(rest.strip()),
-                sequence=sequence,
-                kernel_usec=usec,
+                message=printable(rest.strip(), MESSAGE_CHARS),
+                sequence=parts.sequence,
+                kernel_usec=parts.usec,
             )
         )
     return tuple(found)
@@ -295,7 +318,11 @@ class SxidSource:
             raise
         tally = SkipTally()
         for record in parse_kmsg_sxid(text, tally):
-            self._count(record)
+            # Only an address that is an NVSwitch of this node makes a count (and series).
+            if is_nvswitch(roots, record.nvswitch):
+                self._count(record)
+            else:
+                tally.skip(SKIP_UNKNOWN_NVSWITCH, record.nvswitch)
         if reader.long_lines:
             for _ in range(reader.long_lines):
                 tally.skip(SKIP_TOO_LONG, str(reader.path))
@@ -334,12 +361,15 @@ __all__ = [
     "MAX_LINE_BYTES",
     "MAX_READ_BYTES",
     "NAME",
+    "SKIP_LEVEL",
     "SKIP_NOT_KERNEL",
     "SKIP_TOO_LONG",
+    "SKIP_UNKNOWN_NVSWITCH",
     "SKIP_UNPARSABLE",
     "BoundedKmsgReader",
     "KernelSxid",
     "SxidSource",
+    "is_nvswitch",
     "make_source",
     "parse_kmsg_sxid",
 ]
