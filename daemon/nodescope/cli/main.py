@@ -17,6 +17,7 @@ from nodescope.cli.common import roots_parent
 COMMANDS = (
     "nodescope.cli.run",
     "nodescope.cli.snapshot",
+    "nodescope.cli.check",
     "nodescope.cli.topo",
     "nodescope.cli.iostat",
     "nodescope.cli.alerts",
