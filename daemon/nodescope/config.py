@@ -48,6 +48,7 @@ from nodescope.sources.registry import SOURCE_TABLE, SOURCES
 DEFAULT_PORT = 9839
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("logfmt", "json")
 
 #: The longest waits an option may ask for: an hour, a day.
 HOUR = 3600.0
@@ -215,6 +216,10 @@ def _listen(value: Any) -> str | None:
 
 def _log_level(value: Any) -> str | None:
     return None if value in LOG_LEVELS else f"must be one of {', '.join(LOG_LEVELS)}"
+
+
+def _log_format(value: Any) -> str | None:
+    return None if value in LOG_FORMATS else f"must be one of {', '.join(LOG_FORMATS)}"
 
 
 def _absolute(value: Any) -> str | None:
@@ -1084,6 +1089,12 @@ class Config:
         SECONDS_TICK,
     )
     log_level: str = option("info", "one of debug, info, warning, error", _log_level)
+    log_format: str = option(
+        "logfmt",
+        "log lines as logfmt (key=value) or json, one record a line; a time stamp leads each"
+        " unless stderr is the journal's",
+        _log_format,
+    )
     roots: Roots = field(default_factory=Roots)
     sources: Mapping[str, SourceSettings] = field(default_factory=_default_sources)
     alerts: AlertsSettings = field(default_factory=AlertsSettings)

@@ -573,7 +573,7 @@ class MetricsHTTPServer:
             self._quick_exits = self._quick_exits + 1 if lived < QUICK_EXIT_SECONDS else 0
             self._start_after = now + _backoff(self._quick_exits)
             log.error(
-                "event=serving_exited pid=%d %s lived_seconds=%.1f restart_in_seconds=%.0f",
+                "event=serving_exited pid=%d ended=%s lived_seconds=%.1f restart_in_seconds=%.0f",
                 process.pid, describe_status(status), lived, max(0.0, self._start_after - now),
             )  # fmt: skip
         if now < self._start_after:

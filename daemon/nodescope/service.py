@@ -32,6 +32,7 @@ from nodescope.errors import ConfigError
 from nodescope.hooks import Hooks
 from nodescope.hooks.jobdrain import JobDrain
 from nodescope.httpserver import JsonCache, MetricsHTTPServer
+from nodescope.roots import ROOT_NAMES
 from nodescope.sdnotify import Notifier
 from nodescope.selfstats import ProcessMeter
 from nodescope.webconfig import WebConfig
@@ -232,7 +233,7 @@ class Service:
         if collector is not None:
             self.collector.close()
             self.collector = collector
-        logs.set_level(new.log_level)
+        logs.setup(new.log_level, new.log_format)
         self.config = new
 
     def _survived(self, stage: str, exc: Exception) -> None:
@@ -397,7 +398,7 @@ def config_loader(path: str | None, overrides: dict[str, object]) -> ConfigLoade
 
     def load() -> Config:
         cfg = config_mod.load(path) if path else Config()
-        roots = {k: v for k, v in overrides.items() if k != "listen" and v is not None}
+        roots = {k: v for k, v in overrides.items() if k in ROOT_NAMES and v is not None}
         if roots:
             cfg = replace(cfg, roots=cfg.roots.with_overrides(**roots))  # type: ignore[arg-type]
         listen = overrides.get("listen")
@@ -407,6 +408,13 @@ def config_loader(path: str | None, overrides: dict[str, object]) -> ConfigLoade
             except ValueError as exc:
                 raise ConfigError("--listen", "listen", str(exc)) from None
             cfg = replace(cfg, listen=listen)
+        # The command line's log settings hold over the file's, through reloads too (argparse
+        # has checked them against the same choices).
+        level, form = overrides.get("log_level"), overrides.get("log_format")
+        if isinstance(level, str):
+            cfg = replace(cfg, log_level=level)
+        if isinstance(form, str):
+            cfg = replace(cfg, log_format=form)
         return cfg
 
     return load

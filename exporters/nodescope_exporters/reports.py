@@ -131,10 +131,10 @@ def _commit(dir_fd: int, temporary: str, name: str) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o640) -> None:
     """Replace ``path`` with ``data`` so that no reader ever sees a partial file. For files a
-    user asks for (``nodescope report --svg``): the directory is not checked, the temporary
-    file is still created exclusively and never through a link."""
+    user asks for (``nodescope report --svg``): the directory must exist (a mistyped path is
+    an error, not a new tree of directories) and is not checked; the temporary file is still
+    created exclusively and never through a link. Raises ``OSError``."""
     directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         _commit(dir_fd, _write_temporary(dir_fd, path.name, data, mode), path.name)

@@ -61,6 +61,22 @@ wheel=$work/dist/nodescope-$version-py3-none-any.whl
 
 unzip_to() { "$python" -m zipfile -e "$1" "$2"; }
 
+# changelog ROOT NAME: Debian's changelog of the package, one entry for this version, dated
+# by the commit (a binary package built without a source package still carries one).
+changelog() {
+    local root=$1 name=$2
+    local when maintainer
+    when=$(LC_ALL=C date -u -R -d "@$epoch")
+    maintainer=$(sed -n 's/^Maintainer: //p' "packaging/deb/$name/control.in")
+    {
+        echo "$name ($deb_version) unstable; urgency=medium"
+        echo
+        echo "  * nodescope $version."
+        echo
+        echo " -- $maintainer  $when"
+    } | gzip -9n >"$root/usr/share/doc/$name/changelog.Debian.gz"
+}
+
 # finish ROOT NAME: md5sums, Installed-Size, mtimes, permissions, then dpkg-deb.
 finish() {
     local root=$1 name=$2
@@ -124,6 +140,16 @@ install -m 644 exporters/prometheus/alerts.yml exporters/prometheus/records.yml 
     "$root/usr/share/nodescope/prometheus/"
 install -m 644 exporters/grafana/nodescope.json "$root/usr/share/nodescope/grafana/"
 install -m 644 packaging/deb/nodescope/copyright "$root/usr/share/doc/nodescope/copyright"
+changelog "$root" nodescope
+# Manual pages and shell completion, generated from the parser (python -m nodescope.clidocs).
+install -d "$root/usr/share/man/man1" "$root/usr/share/bash-completion/completions" \
+    "$root/usr/share/zsh/vendor-completions"
+for page in packaging/common/man/*.1; do
+    gzip -9n <"$page" >"$root/usr/share/man/man1/$(basename "$page").gz"
+done
+install -m 644 packaging/common/completion/nodescope.bash \
+    "$root/usr/share/bash-completion/completions/nodescope"
+install -m 644 packaging/common/completion/_nodescope "$root/usr/share/zsh/vendor-completions/"
 install -m 755 packaging/deb/nodescope/rtupdate \
     "$root/usr/share/python3/runtime.d/nodescope.rtupdate"
 control_from packaging/deb/nodescope/control.in "$root/DEBIAN/control"
@@ -148,6 +174,7 @@ cp -rL kmod/include "$kmod_dest/"
 install -m 644 systemd/modules-load.d/nvlink_counter.conf \
     "$root/usr/share/nodescope/examples/modules-load.d/"
 install -m 644 packaging/deb/nodescope-dkms/copyright "$root/usr/share/doc/nodescope-dkms/"
+changelog "$root" nodescope-dkms
 control_from packaging/deb/nodescope-dkms/control.in "$root/DEBIAN/control"
 for script in postinst prerm; do
     control_from "packaging/deb/nodescope-dkms/$script" "$root/DEBIAN/$script"

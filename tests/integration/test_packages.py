@@ -83,3 +83,40 @@ def test_packages_build_install_run_and_purge(capsys: pytest.CaptureFixture[str]
         print(f"\nnodescoped.service exposure (systemd-analyze security): {exposure}")
     assert exposure <= MAX_EXPOSURE
     assert (OUT / "verify.txt").read_text() == ""
+
+    # The packages test-packages.sh built and installed: what lintian says of them, and that
+    # the manual pages and shell completion are in them.
+    debs = sorted((REPO / "build" / "pkgtest" / "packages").glob("*.deb"))
+    assert len(debs) == 2, debs
+    _check_lintian(debs)
+    listing = subprocess.run(
+        ["dpkg", "-c", str(next(d for d in debs if d.name.startswith("nodescope_")))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for path in (
+        "./usr/share/man/man1/nodescope.1.gz",
+        "./usr/share/man/man1/nodescope-check.1.gz",
+        "./usr/share/bash-completion/completions/nodescope",
+        "./usr/share/zsh/vendor-completions/_nodescope",
+        "./usr/share/doc/nodescope/changelog.Debian.gz",
+    ):
+        assert path in listing, path
+
+
+def _check_lintian(debs: list[Path]) -> None:
+    lintian = shutil.which("lintian")
+    if lintian is None:
+        pytest.fail("lintian is not installed (scripts/lib.sh installs it)")
+    result = subprocess.run(
+        [lintian, "--fail-on", "none", *map(str, debs)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    tags = [line for line in result.stdout.splitlines() if re.match(r"^[EWIPX]: ", line)]
+    errors = [t for t in tags if t.startswith("E: ")]
+    assert not errors, "\n".join(errors)
+    assert not [t for t in tags if "no-manual-page" in t], tags

@@ -81,7 +81,7 @@ def test_a_killed_serving_process_is_replaced_within_a_cycle_or_two(daemon: Daem
         assert time.monotonic() - killed < 2 * 0.2 + 1.0
         assert (sample_value(body, "nodescope_cycles_total") or 0) >= 1
         wait_for(lambda: "event=serving_exited" in daemon.stderr(), 5, "the exit in the log")
-        assert f"pid={child} signal=SIGKILL" in daemon.stderr()
+        assert f'pid={child} ended="signal=SIGKILL"' in daemon.stderr()
         assert the_serving_process(daemon) != child
         # gzip as Prometheus asks for it, from the new process.
         request = urllib.request.Request(

@@ -77,3 +77,33 @@ def test_every_datasources_citation_in_the_code_names_a_section() -> None:
     assert cited, "no citation found: the pattern no longer matches how the code cites"
     missing = {number: sorted(paths) for number, paths in cited.items() if number not in headings}
     assert not missing
+
+
+def test_the_readme_says_which_commands_take_the_filesystem_roots() -> None:
+    from nodescope.cli.main import build_parser
+
+    parser = build_parser()
+    commands = next(
+        a
+        for a in parser._actions
+        if a.dest == "command"  # the subparsers action
+    ).choices
+    assert commands is not None
+    takes_roots = set()
+    for name, sub in commands.items():
+        options = {o for a in sub._actions for o in a.option_strings}
+        nested = [a for a in sub._actions if a.dest == "action"]
+        if nested and nested[0].choices:
+            options |= {
+                o for s in nested[0].choices.values() for a in s._actions for o in a.option_strings
+            }
+        if "--sysfs" in options:
+            takes_roots.add(name)
+    text = (REPO / "README.md").read_text()
+    said = re.search(r"The commands that read this node — (.+?) — accept", text, re.S)
+    assert said, "the README's sentence about --sysfs is gone"
+    named = set(re.findall(r"`([a-z]+)`", said.group(1)))
+    assert named == takes_roots
+    refused = re.search(r"to\s+read another tree instead .*?; (.+?) read no node", text, re.S)
+    assert refused
+    assert set(re.findall(r"`([a-z]+)`", refused.group(1))) == set(commands) - takes_roots

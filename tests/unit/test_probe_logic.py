@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodescope import progress
 from nodescope.config import PROBE_OPTIONS, ProbeSettings, from_mapping
 from nodescope.errors import ConfigError, ParseError
 from nodescope.model.probe import (
@@ -41,7 +42,7 @@ from nodescope.model.probe import (
     report_to_json,
 )
 from nodescope.model.snapshot import Snapshot, SourceSample
-from nodescope.probe import progress, table, verdict
+from nodescope.probe import table, verdict
 from nodescope.probe.links import NO_LINK, bdf_of, link_info, normalise_bdf
 from nodescope.probe.sweep import (
     FULL,

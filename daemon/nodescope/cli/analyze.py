@@ -77,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(analysis))
     if args.svg:
-        atomic_write_bytes(Path(args.svg), render_svg(analysis).encode(), 0o644)
+        try:
+            atomic_write_bytes(Path(args.svg), render_svg(analysis).encode(), 0o644)
+        except OSError as exc:
+            print(f"nodescope: cannot write {args.svg}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         if not args.json:
             print(f"bytes and waits drawn in {args.svg}")
     for report in analysis.files:

@@ -42,6 +42,7 @@ from nodescope import config as config_mod
 from nodescope import logs
 from nodescope.config import DEFAULT_LISTEN, parse_listen
 from nodescope.errors import ConfigError, ParseError
+from nodescope.progress import Progress
 
 #: Shows GPU copies and NVMe reads piling onto one root port within its first 30 s.
 DEFAULT_SCENARIO = "root-port-contention"
@@ -105,6 +106,11 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="with --nodes: write a Prometheus file_sd JSON file naming every node's address, "
         "its instance label set to the node's name",
     )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="list the bundled scenarios (and, with --nodes, the bundled fleets)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -115,6 +121,17 @@ MAX_NODES = 64
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.list:
+        if args.nodes is None:
+            from nodescope.cli.replay import list_scenarios
+
+            return list_scenarios(sys.stdout)
+        from nodescope.sim.fleet import bundled_fleets, load_fleet
+
+        for name in bundled_fleets():
+            summary = " ".join(load_fleet(name).description.split()).split(". ")[0]
+            print(f"{name}  {summary.rstrip('.')}")
+        return 0
     if args.nodes is not None:
         return run_fleet(args)
     if args.targets is not None:
@@ -591,13 +608,21 @@ class FleetRunner:
 
     def _watch(self) -> int:
         started = time.monotonic()
-        # Until every node serves (or has ended): building a DGX-class node takes seconds.
+        # Until every node serves (or has ended): building a DGX-class node takes seconds, a
+        # fleet of them ten or more; say so, as a bar on a terminal and a line otherwise.
+        progress = Progress(len(self.children), self.err)
+        if not progress.enabled:
+            print(f"nodescope demo: starting {len(self.children)} nodes", file=self.err, flush=True)
         while not self.stop.is_set():
             if not self._check_exits(started):
                 break
-            if all(c.serving() is not None or c.proc.poll() is not None for c in self.children):
+            ready = sum(c.serving() is not None or c.proc.poll() is not None for c in self.children)
+            progress.done = ready
+            progress.show(f"nodes serving, {time.monotonic() - started:.0f} s")
+            if ready == len(self.children):
                 break
             self.stop.wait(0.2)
+        progress.close()
         serving = [(c.spec.name, c.serving()) for c in self.children]
         targets = [(name, serving_address(url)) for name, url in serving if url is not None]
         if not self.stop.is_set():

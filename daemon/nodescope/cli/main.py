@@ -17,6 +17,7 @@ from nodescope.cli.common import roots_parent
 COMMANDS = (
     "nodescope.cli.run",
     "nodescope.cli.snapshot",
+    "nodescope.cli.check",
     "nodescope.cli.topo",
     "nodescope.cli.iostat",
     "nodescope.cli.alerts",
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nodescope",
         description="Node agent for GPU training clusters.",
     )
-    parser.add_argument("--version", action="version", version=f"nodescope {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"nodescope {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parents = [roots_parent()]
     for name in COMMANDS:

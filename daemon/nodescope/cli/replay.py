@@ -13,10 +13,11 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from nodescope import logs
 from nodescope.errors import ParseError
+from nodescope.progress import Progress
 
 if TYPE_CHECKING:
     from nodescope.sim.driver import ReplayResult
@@ -36,31 +37,54 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
         "scenarios", nargs="*", metavar="SCENARIO", help="bundled scenario name or file path"
     )
     parser.add_argument("--all", action="store_true", help="every bundled scenario")
+    parser.add_argument(
+        "--list", action="store_true", help="list the bundled scenarios with their descriptions"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 
 
-def run_one(scenario: Any) -> ReplayResult:
+def list_scenarios(out: TextIO) -> int:
+    """The bundled scenarios, one a line: name and the first sentence of its description."""
+    from nodescope.sim.scenario import bundled_scenarios, scenario_path
+
+    names = bundled_scenarios()
+    width = max(map(len, names), default=0)
+    for name in names:
+        # The description alone: validating every scenario would take seconds.
+        document = json.loads(scenario_path(name).read_text())
+        summary = " ".join(str(document.get("description", "")).split())
+        first = summary.split(". ")[0].rstrip(".")
+        out.write(f"{name:<{width}}  {first}\n")
+    return 0
+
+
+def run_one(scenario: Any, progress: Progress | None = None) -> ReplayResult:
     # The simulator is imported only by the commands that run it: `nodescope run` registers
     # every subcommand and should not carry the simulator in its memory.
     from nodescope.sim.driver import replay, temp_dir
 
+    def step(t: float, snapshot: object, body: bytes) -> None:
+        if progress is not None:
+            progress.step(f"{scenario.name} t={t:g}/{scenario.duration_seconds:g} s")
+
     with tempfile.TemporaryDirectory(prefix="nodescope-replay-", dir=temp_dir()) as root:
-        return replay(scenario, Path(root))
+        return replay(scenario, Path(root), on_cycle=step)
 
 
 def run(args: argparse.Namespace) -> int:
-    from nodescope.sim.driver import replay_document, replay_text
+    from nodescope.sim.driver import replay_document, replay_text, tick_times
     from nodescope.sim.scenario import bundled_scenarios, load_scenario
 
     logs.setup("error")  # source failures are in the timeline; no log noise on stderr
+    if args.list:
+        return list_scenarios(sys.stdout)
     names: list[str] = list(args.scenarios)
     if args.all:
         names += [n for n in bundled_scenarios() if n not in names]
     if not names:
         print(
-            "nodescope replay: name a scenario or use --all; bundled: "
-            + ", ".join(bundled_scenarios()),
+            "nodescope replay: name a scenario, or use --all (--list shows the bundled ones)",
             file=sys.stderr,
         )
         return 2
@@ -72,13 +96,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"nodescope replay: {exc}", file=sys.stderr)
             return 2
     results: list[ReplayResult] = []
+    # Simulated time runs as fast as the machine allows: seconds to minutes for a long one.
+    progress = Progress(
+        sum(len(tick_times(s.tick_seconds, s.duration_seconds)) for s in scenarios), sys.stderr
+    )
     for scenario in scenarios:
         try:
-            result = run_one(scenario)
+            result = run_one(scenario, progress)
         except ParseError as exc:
             print(f"nodescope replay: {exc}", file=sys.stderr)
             return 2
         results.append(result)
+        progress.close()
         if not args.json:
             sys.stdout.write(replay_text(result))
             if len(scenarios) > 1:

@@ -63,7 +63,11 @@ def run(args: argparse.Namespace) -> int:
         width = max(20, min(100, shutil.get_terminal_size((100, 24)).columns - 40))
         sys.stdout.write(render_text(document, width=width))
     if args.svg:
-        atomic_write_bytes(Path(args.svg), render_svg(document).encode(), 0o644)
+        try:
+            atomic_write_bytes(Path(args.svg), render_svg(document).encode(), 0o644)
+        except OSError as exc:
+            print(f"nodescope: cannot write {args.svg}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         if not args.json:
             print(f"timeline drawn in {args.svg}")
     return 0

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from nodescope import logs, webconfig
+from nodescope.config import LOG_FORMATS, LOG_LEVELS
 from nodescope.errors import ConfigError
 from nodescope.roots import ROOT_NAMES
 from nodescope.service import Service, config_loader
@@ -26,12 +27,24 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="TLS and basic auth for /metrics: a Prometheus exporter-toolkit web-config.yml",
     )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        help="override daemon.log_level (default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help="override daemon.log_format: logfmt (key=value) or json lines (default logfmt)",
+    )
     parser.set_defaults(func=run)
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, object]:
     values: dict[str, object] = {name: getattr(args, name, None) for name in ROOT_NAMES}
     values["listen"] = getattr(args, "listen", None)
+    values["log_level"] = getattr(args, "log_level", None)
+    values["log_format"] = getattr(args, "log_format", None)
     return values
 
 
@@ -49,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"nodescope: {exc}", file=sys.stderr)
             return 2
-    logs.setup(config.log_level)
+    logs.setup(config.log_level, config.log_format)
     try:
         # The service reads the file again, and it may have changed in between.
         service = Service(loader)

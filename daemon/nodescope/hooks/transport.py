@@ -290,7 +290,7 @@ class HookServer:
             grant(self.path, uid, 0o6)
         except OSError as exc:
             log.error(
-                "event=hook_acl_failed path=%s uid=%d error=%r: only root can use the socket",
+                "event=hook_acl_failed path=%s uid=%d error=%s only_root_can_use_the_socket=true",
                 directory, uid, str(exc),
             )  # fmt: skip
 

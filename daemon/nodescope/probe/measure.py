@@ -33,8 +33,8 @@ from nodescope.model.probe import (
 from nodescope.model.topology import Topology
 from nodescope.probe import allreduce
 from nodescope.probe.links import NO_LINK, LinkInfo, bdf_of, link_info, normalise_bdf
-from nodescope.probe.progress import Progress
 from nodescope.probe.sweep import Plan, alg_bandwidth, human_bytes
+from nodescope.progress import Progress
 
 #: Buffers the CPU stand-in uses as its "devices": two, so the pair matrix has a pair.
 STAND_IN_DEVICES = 2

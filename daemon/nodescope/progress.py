@@ -1,4 +1,5 @@
-"""A plain progress bar on stderr, drawn only when stderr is a terminal.
+"""A plain progress bar on stderr, drawn only when stderr is a terminal: the probe's copies,
+``nodescope replay``'s simulated time, a fleet's start.
 
 Logs and the prolog's captured stderr get nothing from it: carriage-return redraws are noise
 in a file.
