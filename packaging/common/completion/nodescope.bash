@@ -57,13 +57,13 @@ _nodescope() {
         "replay")
             case "$prev" in
             esac
-            COMPREPLY=($(compgen -W "-h --help --all --json" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-h --help --all --list --json" -- "$cur")) ;;
         "demo")
             case "$prev" in
                 --config|--targets) COMPREPLY=($(compgen -f -- "$cur")); return ;;
                 --listen|--duration|--nodes) COMPREPLY=(); return ;;
             esac
-            COMPREPLY=($(compgen -W "-h --help --listen --duration --no-tty --config --nodes --targets" -- "$cur")) ;;
+            COMPREPLY=($(compgen -W "-h --help --listen --duration --no-tty --config --nodes --targets --list" -- "$cur")) ;;
         "slurm")
             case "$prev" in
             esac
