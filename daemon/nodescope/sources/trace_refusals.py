@@ -115,7 +115,7 @@ class Refusals:
         self._trim()
         if interrupted:
             log.warning(
-                "event=trace_parse_interrupted files=%d: refused, not parsed again",
+                "event=trace_parse_interrupted files=%d refused=true retried=false",
                 len(interrupted),
             )
             self._save()

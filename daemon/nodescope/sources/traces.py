@@ -831,7 +831,7 @@ class TraceWorker:
         if answer is not None:
             if not answer.rlimits and not self._rlimits_warned:
                 self._rlimits_warned = True
-                log.warning("event=trace_parser_no_rlimits: only the object budgets hold it")
+                log.warning("event=trace_parser_no_rlimits bounded_by=object_budgets")
             for outcome in answer.files:
                 where = f"{work.directory}/{outcome.name}"
                 if outcome.skip == trace_refusals.OVER_BUDGET:
@@ -848,7 +848,7 @@ class TraceWorker:
         added = self.refusals.end(refused)
         for key in added:
             log.warning(
-                "event=trace_file_refused job=%s file=%s reason=%s: not parsed again",
+                "event=trace_file_refused job=%s file=%s reason=%s retried=false",
                 key.job_id,
                 key.name,
                 refused[key],
