@@ -98,12 +98,19 @@ def cgroup_v1_limits(pid: int, limits: dict[str, str]) -> Iterator[list[str]]:
         yield applied
     finally:
         for group in made:
-            # Back to the parent group (if still alive), or the directory cannot go.
+            remove_v1_group(group)
+
+
+def remove_v1_group(group: Path) -> None:
+    """Move what is left in a v1 cgroup back to its parent (or the directory cannot go), then
+    remove it, waiting a few seconds for the kernel to let go of it."""
+    with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):
-                (group.parent / "cgroup.procs").write_text(str(pid))
-            for _ in range(50):
-                try:
-                    group.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+                (group.parent / "cgroup.procs").write_text(pid)
+    for _ in range(50):
+        try:
+            group.rmdir()
+            break
+        except OSError:
+            time.sleep(0.1)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.adversarial.common import unit_limits
+from tests.adversarial.common import remove_v1_group, unit_limits
 from tests.adversarial.hostile_traces import flight_json_dump, flight_pickle_bomb
 from tests.hook_peers import hook_env, run_hook
 from tests.integration.daemon_harness import Daemon, sample_value, wait_for
@@ -72,15 +72,7 @@ def unit_cgroups(
         yield memory, born_inside
     finally:
         for group in (memory, cpu):
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (group.parent / "cgroup.procs").write_text(pid)
-            for _ in range(50):
-                try:
-                    group.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            remove_v1_group(group)
 
 
 def _oom_kills(group: Path) -> int:
