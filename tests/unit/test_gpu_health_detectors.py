@@ -278,7 +278,21 @@ def test_remap_failed_is_critical_and_says_replace() -> None:
     assert kinds(found) == [det.REMAP_FAILED, det.REMAP_PENDING]
     failed = next(f for f in found if f.kind == det.REMAP_FAILED)
     assert failed.severity is Severity.CRITICAL and "replace the GPU" in failed.message
-    assert "8 rows remapped for uncorrectable errors" in failed.message
+    assert "(remapped: 8 rows for uncorrectable errors)" in failed.message
+    assert "correctable errors" not in failed.message.replace("uncorrectable", "")
+
+
+def test_a_remap_for_correctable_errors_says_so() -> None:
+    # A row that kept correcting single-bit errors is remapped pre-emptively: NVML counts it
+    # among the correctable rows, and the message must not say "0 rows ... uncorrectable".
+    [pending] = Node().at(0.0, nvml(health(remap=RowRemap(1, 0, True, False))))
+    assert pending.kind == det.REMAP_PENDING
+    assert "(remapped: 1 row for correctable errors)" in pending.message
+    assert "uncorrectable" not in pending.message
+    [both] = Node().at(0.0, nvml(health(remap=RowRemap(2, 1, True, False))))
+    assert "(remapped: 2 rows for correctable errors and 1 row for uncorrectable errors)" in (
+        both.message
+    )
 
 
 def test_remapped_rows_without_a_pending_or_failed_remap_are_no_finding() -> None:

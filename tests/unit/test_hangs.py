@@ -302,3 +302,19 @@ def test_registered_with_alert_rules() -> None:
         disabled, detectors=dataclasses.replace(disabled.detectors, values=values)
     )
     assert hangs.detect(None, Snapshot(0, 0.0, 0.0), off) == []
+
+
+def test_a_lock_holder_outside_any_job_is_named_by_what_it_is() -> None:
+    from nodescope.model.locks import LockParty
+
+    service = LockParty(3017, "python3", "WRITE", "/system.slice/ckpt-sync.service")
+    assert hangs._holder_text(service, None) == (
+        "pid 3017 (python3) of ckpt-sync.service, not a job"
+        " (cgroup /system.slice/ckpt-sync.service)"
+    )
+    plain = LockParty(3017, "python3", "WRITE", "/")
+    assert hangs._holder_text(plain, None) == "pid 3017 (python3) in cgroup /, not a job"
+    unknown = LockParty(3017, None, "WRITE")
+    assert hangs._holder_text(unknown, None) == "pid 3017 (?, not a job)"
+    # A job's process is named by its job, whatever its cgroup.
+    assert hangs._holder_text(service, "81761") == "pid 3017 (python3, job 81761)"

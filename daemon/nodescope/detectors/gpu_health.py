@@ -72,6 +72,7 @@ from nodescope.model.gpu_health import (
     EccErrors,
     GpuHealth,
     Power,
+    RowRemap,
     clock_event_names,
 )
 from nodescope.model.nvml import NVML, GpuSample, NvmlData
@@ -288,6 +289,21 @@ def _ecc(previous: Snapshot | None, snapshot: Snapshot, gpus: Sequence[_Gpu]) ->
 # Row remapping and page retirement: flags that hold until a reset
 
 
+def _remap_cause(remap: RowRemap) -> str:
+    """What the rows were remapped for, as NVML counts them: correctable errors (a row that
+    kept correcting single-bit errors), uncorrectable ones, or both; a count of 0 is left
+    out, so a remap of a correctable row does not read as "0 rows ... uncorrectable"."""
+    causes = [
+        f"{count} row{'s' if count > 1 else ''} for {kind} errors"
+        for count, kind in (
+            (remap.correctable, "correctable"),
+            (remap.uncorrectable, "uncorrectable"),
+        )
+        if count
+    ]
+    return f" (remapped: {' and '.join(causes)})" if causes else ""
+
+
 def _flags(gpus: Iterable[_Gpu]) -> Iterable[Finding]:
     for gpu in gpus:
         remap = gpu.health.row_remap
@@ -300,11 +316,7 @@ def _flags(gpus: Iterable[_Gpu]) -> Iterable[Finding]:
                 )
                 if value is not None
             }
-            counted = (
-                f" ({remap.uncorrectable} rows remapped for uncorrectable errors)"
-                if remap.uncorrectable is not None
-                else ""
-            )
+            counted = _remap_cause(remap)
             if remap.failed:
                 yield Finding(
                     REMAP_FAILED,

@@ -60,7 +60,7 @@ from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.infiniband import INFINIBAND
 from nodescope.model.jobs import JobView
-from nodescope.model.locks import LOCKS, ContendedLock, LocksData
+from nodescope.model.locks import LOCKS, ContendedLock, LockParty, LocksData
 from nodescope.model.mountstats import MOUNTSTATS, MountstatsData, MountstatsRates, NfsMountRates
 from nodescope.model.nvml import NVML
 from nodescope.model.procs import PROCS, ProcsData
@@ -283,14 +283,25 @@ def _lock_text(lock: ContendedLock, waiter_pids: Sequence[int], job_of: Mapping[
     where = lock.mountpoint or (f"device {lock.device}" if lock.device else "no inode")
     mount = f" ({lock.fstype} {lock.mount_source})" if lock.fstype and lock.mount_source else ""
     path = f" {lock.path}" if lock.path else ""
-    holder = lock.holder
-    holder_job = job_of.get(holder.pid)
-    holder_text = f"pid {holder.pid}" + (f" ({holder.comm}" if holder.comm else " (")
-    holder_text += f", job {holder_job})" if holder_job else (")" if holder.comm else "not a job)")
     return (
         f"pid {waiter.pid} ({waiter.comm or '?'}) waits on {lock.kind} {waiter.access} lock on"
-        f" {where}{mount} inode {lock.inode}{path} held by {holder_text}"
+        f" {where}{mount} inode {lock.inode}{path} held by"
+        f" {_holder_text(lock.holder, job_of.get(lock.holder.pid))}"
     )
+
+
+def _holder_text(holder: LockParty, job: str | None) -> str:
+    """Who holds the lock: the job's process, or what a process outside any job is (its
+    systemd unit and cgroup: a backup service, a user's shell), as far as the node knows."""
+    name = f"pid {holder.pid} ({holder.comm or '?'}"
+    if job is not None:
+        return f"{name}, job {job})"
+    unit = holder.unit
+    if unit is not None:
+        return f"{name}) of {unit}, not a job (cgroup {holder.cgroup})"
+    if holder.cgroup:
+        return f"{name}) in cgroup {holder.cgroup}, not a job"
+    return f"{name}, not a job)"
 
 
 def _storage_finding(
@@ -333,6 +344,8 @@ def _storage_finding(
         holder_job = job_of.get(lock.holder.pid)
         if holder_job is not None:
             subjects["holder_job"] = holder_job
+        elif lock.holder.unit is not None:
+            subjects["holder_unit"] = lock.holder.unit
         parts.append(_lock_text(lock, sorted(pids), job_of))
         if len(waits) > 1:
             parts.append(f"and {len(waits) - 1} more contended lock(s)")
@@ -532,7 +545,7 @@ def _collective_finding(activity: JobGpuActivity, blocker: Finding | None) -> Fi
     # The storage analysis names what holds the job: the lock, its holder, the D-state
     # threads; its first part restates the GPUs, which this message already says.
     cause = blocker.message.split("; ", 1)[1] if "; " in blocker.message else blocker.message
-    for key in ("lock_inode", "lock_mount", "holder_pid", "holder_job"):
+    for key in ("lock_inode", "lock_mount", "holder_pid", "holder_job", "holder_unit"):
         if key in blocker.subjects:
             subjects[key] = blocker.subjects[key]
     evidence.update(
