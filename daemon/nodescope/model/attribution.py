@@ -513,6 +513,57 @@ def _peer_pairs(topology: Topology) -> tuple[_PeerPair, ...]:
     return tuple(pairs)
 
 
+@dataclass(frozen=True, slots=True)
+class AcsRedirect:
+    """Two functions whose paths meet inside a PCIe switch (at ``turn``), where switch ports
+    on the way down (``ports``) redirect peer-to-peer requests to the root complex (ACS "P2P
+    Request Redirect"): what they move between each other goes up through the root port
+    above and back down instead of turning in the switch."""
+
+    first: str
+    second: str
+    turn: str
+    ports: tuple[str, ...]
+
+
+#: Classes whose traffic between each other may turn inside a switch: GPUs among themselves
+#: (CUDA peer access), with a NIC (GPUDirect RDMA) or an NVMe drive (GPUDirect Storage).
+_PEER_CLASSES = (DeviceClass.GPU, DeviceClass.NVME, *_RDMA_CLASSES)
+
+
+def acs_redirects(topology: Topology, bdfs: Iterable[str]) -> tuple[AcsRedirect, ...]:
+    """The pairs of ``bdfs``, at least one a GPU, that sit below one PCIe switch and whose
+    peer-to-peer requests ACS redirects to the root complex (see :class:`AcsRedirect`). For
+    a finding's message: a link carries their traffic because of that setting."""
+    devices = [d for d in (topology.get(b) for b in sorted(set(bdfs))) if d is not None]
+    devices = [d for d in devices if d.device_class in _PEER_CLASSES]
+    found: list[AcsRedirect] = []
+    for i, first in enumerate(devices):
+        for second in devices[i + 1 :]:
+            if DeviceClass.GPU not in (first.device_class, second.device_class):
+                continue
+            depth = 0
+            for a, b in zip(first.chain, second.chain, strict=False):
+                if a != b:
+                    break
+                depth += 1
+            if depth == 0:
+                continue
+            turn = topology.get(first.chain[depth - 1])
+            if turn is None or turn.role not in _SWITCH_PORTS:
+                continue
+            ports = tuple(
+                bdf
+                for bdf in (*first.chain[depth:], *second.chain[depth:])
+                if (port := topology.get(bdf)) is not None
+                and port.role in _SWITCH_PORTS
+                and port.acs_redirect
+            )
+            if ports:
+                found.append(AcsRedirect(first.bdf, second.bdf, turn.bdf, tuple(sorted(ports))))
+    return tuple(found)
+
+
 def _peer_flows(
     pairs: tuple[_PeerPair, ...], flows_by_bdf: Mapping[str, EndpointFlow]
 ) -> tuple[PeerFlow, ...]:
