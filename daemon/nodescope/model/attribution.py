@@ -455,6 +455,22 @@ _SWITCH_PORTS = (PortRole.UPSTREAM_PORT, PortRole.DOWNSTREAM_PORT)
 _RDMA_CLASSES = (DeviceClass.INFINIBAND, DeviceClass.ETHERNET)
 
 
+def _switch_between(topology: Topology, a: PciDevice, b: PciDevice) -> tuple[int, PciDevice] | None:
+    """Where the paths of ``a`` and ``b`` meet when that is a PCIe switch port: the length of
+    their common chain and that port; ``None`` when they meet at the root or not at all."""
+    depth = 0
+    for x, y in zip(a.chain, b.chain, strict=False):
+        if x != y:
+            break
+        depth += 1
+    if depth == 0:
+        return None
+    turn = topology.get(a.chain[depth - 1])
+    if turn is None or turn.role not in _SWITCH_PORTS:
+        return None
+    return depth, turn
+
+
 def _peer_pairs(topology: Topology) -> tuple[_PeerPair, ...]:
     """Every GPU and NIC (GPUDirect RDMA) or NVMe drive (GPUDirect Storage, with ``nvidia_fs``
     loaded) whose paths meet inside a PCIe switch, where no port on the way down to either
@@ -479,16 +495,10 @@ def _peer_pairs(topology: Topology) -> tuple[_PeerPair, ...]:
     pairs: list[_PeerPair] = []
     for gpu in gpus:
         for peer in peers:
-            depth = 0
-            for a, b in zip(gpu.chain, peer.chain, strict=False):
-                if a != b:
-                    break
-                depth += 1
-            if depth == 0:
+            meeting = _switch_between(topology, gpu, peer)
+            if meeting is None:
                 continue
-            turn = topology.get(gpu.chain[depth - 1])
-            if turn is None or turn.role not in _SWITCH_PORTS:
-                continue
+            depth, turn = meeting
             below = [topology.get(b) for b in (*gpu.chain[depth:], *peer.chain[depth:])]
             acs = [d.acs_redirect for d in below if d is not None and d.role in _SWITCH_PORTS]
             if any(acs):
@@ -542,16 +552,10 @@ def acs_redirects(topology: Topology, bdfs: Iterable[str]) -> tuple[AcsRedirect,
         for second in devices[i + 1 :]:
             if DeviceClass.GPU not in (first.device_class, second.device_class):
                 continue
-            depth = 0
-            for a, b in zip(first.chain, second.chain, strict=False):
-                if a != b:
-                    break
-                depth += 1
-            if depth == 0:
+            meeting = _switch_between(topology, first, second)
+            if meeting is None:
                 continue
-            turn = topology.get(first.chain[depth - 1])
-            if turn is None or turn.role not in _SWITCH_PORTS:
-                continue
+            depth, turn = meeting
             ports = tuple(
                 bdf
                 for bdf in (*first.chain[depth:], *second.chain[depth:])
