@@ -739,6 +739,14 @@ class JobsSettings:
         " source, events/s",
         EVENT_RATE,
     )
+    memory_limit_thrash_stall_percent: float = option(
+        10.0,
+        "hitting memory.max is thrash only when the cgroup's tasks stalled on memory for at"
+        " least this share of the interval between two reads (growth of memory.pressure some"
+        " total, %), or the OOM killer struck there: page cache filling a limit makes nobody"
+        " wait (docs/thresholds.md)",
+        PERCENT,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -842,6 +850,14 @@ class GpuHealthSettings:
         "a thermal or power slowdown under load, or a hardware slowdown, must hold this long"
         " before a finding: boost clocks step down for moments under any heavy load",
         STALL_DURATION,
+    )
+    power_clock_fraction: float = option(
+        0.5,
+        "a GPU held by its power cap (sw_power_cap) under load at its default power limit is"
+        " a finding only when its SM clock falls below this fraction of its applications"
+        " clock (half: as slow as a hardware slowdown); a limit enforced below the board's"
+        " default is a finding at any clock (docs/thresholds.md)",
+        FRACTION,
     )
     fabric_grace_seconds: float = option(
         60.0,

@@ -295,15 +295,16 @@ POWER = metric(
 POWER_LIMIT = metric(
     "nodescope_gpu_power_limit_watts",
     "gauge",
-    "power limits of the board: the management limit set on it (management) and the limit "
-    "in force, the lowest of all (enforced)",
+    "power limits of the board: the management limit set on it (management), the limit "
+    "in force, the lowest of all (enforced), and the limit it ships with (default)",
     ("gpu", "limit"),
     area=AREA,
 )
 CLOCK = metric(
     "nodescope_gpu_clock_hertz",
     "gauge",
-    "current SM and memory clock (nvmlDeviceGetClockInfo, MHz x 1e6)",
+    "current SM and memory clock (nvmlDeviceGetClockInfo, MHz x 1e6), and the SM "
+    "applications clock the load is meant to run at (applications_sm)",
     ("gpu", "clock"),
     area=AREA,
 )
@@ -741,6 +742,8 @@ class _HealthSeries:
                 self.power_limit.add_metric([g, "management"], p.limit_watts)
             if p.enforced_limit_watts is not None:
                 self.power_limit.add_metric([g, "enforced"], p.enforced_limit_watts)
+            if p.default_limit_watts is not None:
+                self.power_limit.add_metric([g, "default"], p.default_limit_watts)
         c = health.clocks
         if c is not None:
             # MHz to hertz: Prometheus's base unit, so rules and panels need no scale factor.
@@ -748,6 +751,8 @@ class _HealthSeries:
                 self.clock.add_metric([g, "sm"], c.sm_mhz * 1_000_000)
             if c.memory_mhz is not None:
                 self.clock.add_metric([g, "memory"], c.memory_mhz * 1_000_000)
+            if c.applications_sm_mhz is not None:
+                self.clock.add_metric([g, "applications_sm"], c.applications_sm_mhz * 1_000_000)
             mask = c.event_reasons
             if mask is not None:
                 reasons = self.reasons

@@ -511,8 +511,17 @@ class Checker:
             "nvmlDeviceGetPowerUsage",
             "nvmlDeviceGetPowerManagementLimit",
             "nvmlDeviceGetEnforcedPowerLimit",
+            "nvmlDeviceGetPowerManagementDefaultLimit",
         ):
             ask(calls, function, function, h, show=lambda mw: f"{mw} mW")
+        ask(
+            calls,
+            "nvmlDeviceGetApplicationsClock:sm",
+            "nvmlDeviceGetApplicationsClock",
+            h,
+            pynvml.NVML_CLOCK_SM,
+            show=lambda mhz: f"{mhz} MHz",
+        )
         for name, clock in (("sm", pynvml.NVML_CLOCK_SM), ("mem", pynvml.NVML_CLOCK_MEM)):
             ask(
                 calls,

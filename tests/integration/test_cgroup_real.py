@@ -13,6 +13,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,8 @@ class Scratch:
     v2_root: Path
     base: Path
     processes: list[subprocess.Popen[str]] = field(default_factory=list)
+    #: cgroup v1 directories made beside the v2 ones (a hybrid host's memory controller)
+    v1_dirs: list[Path] = field(default_factory=list)
 
     def rel(self, directory: Path) -> str:
         return "/" + str(directory.relative_to(self.v2_root))
@@ -79,6 +82,8 @@ def scratch() -> Iterator[Scratch]:
             if proc.stdout is not None:
                 proc.stdout.close()
         remove_cgroup_tree(base)
+        for directory in s.v1_dirs:
+            remove_cgroup_tree(directory)
         assert not base.exists(), f"{base} left behind"
 
 
@@ -153,3 +158,75 @@ def test_walk_sees_one_thread_in_a_threaded_cgroup(scratch: Scratch) -> None:
     process_view = read_proc_cgroup(Roots(), proc.pid)
     assert thread_view is not None and thread_view.v2_path == scratch.rel(workers)
     assert process_view is not None and process_view.v2_path == scratch.rel(domain)
+
+
+# A process that moves itself into the cgroups named on its command line, then touches
+# three times its memory limit page by page: reclaim at the limit stalls it, then (no swap
+# on a test host, or swap used up) the OOM killer ends it.
+_MEMORY_HOG = """
+import sys
+for path in sys.argv[1:]:
+    with open(path, "w") as f:
+        f.write("0")
+size = 96 << 20
+block = bytearray(size)
+for i in range(0, size, 4096):
+    block[i] = 1
+"""
+_LIMIT = 32 << 20
+
+
+def _memory_limited(scratch: Scratch, leaf: Path) -> list[Path]:
+    """The ``cgroup.procs`` files a task writes to land in ``leaf`` with a 32 MiB memory
+    limit: ``memory.max`` where cgroup v2 has the memory controller, else (the hybrid
+    hierarchy) a v1 memory cgroup beside it, whose reclaim the task's v2 cgroup counts in
+    its ``memory.pressure`` all the same. Skips where neither can be set."""
+    root_subtree = (scratch.v2_root / "cgroup.subtree_control").read_text().split()
+    if "memory" in root_subtree:
+        (scratch.base / "cgroup.subtree_control").write_text("+memory")
+        (leaf / "memory.max").write_text(str(_LIMIT))
+        return [leaf / "cgroup.procs"]
+    v1 = scratch.v2_root.parent / "memory"
+    if not (v1 / "memory.limit_in_bytes").exists():
+        pytest.skip("no memory controller on cgroup v2 nor a v1 memory hierarchy")
+    memcg = v1 / scratch.base.name
+    memcg.mkdir()
+    scratch.v1_dirs.append(memcg)
+    (memcg / "memory.limit_in_bytes").write_text(str(_LIMIT))
+    return [leaf / "cgroup.procs", memcg / "cgroup.procs"]
+
+
+def test_memory_pressure_of_a_task_reclaiming_at_its_limit(scratch: Scratch) -> None:
+    from nodescope.detectors.jobs import _cost
+    from nodescope.sources.cgroup import parse_pressure
+
+    leaf = scratch.base / "hog"
+    leaf.mkdir()
+    procs_files = _memory_limited(scratch, leaf)
+    source = make_source()
+    before = source.collect(Roots()).get(scratch.rel(leaf))
+    assert before is not None and before.memory_pressure is not None
+    assert before.memory_pressure.some is not None and before.memory_pressure.full is not None
+
+    started = time.monotonic()
+    hog = subprocess.run(
+        [sys.executable, "-c", _MEMORY_HOG, *map(str, procs_files)], timeout=120, check=False
+    )
+    seconds = time.monotonic() - started
+    # Killed by the OOM killer, or done after reclaiming its way through.
+    assert hog.returncode in (0, -9), hog.returncode
+
+    raw = (leaf / "memory.pressure").read_text()
+    after = source.collect(Roots()).get(scratch.rel(leaf))
+    assert after is not None and after.memory_pressure is not None
+    # The walk's record is the file as the parser reads it (averages move between reads:
+    # the totals of a cgroup with no task left do not).
+    assert after.memory_pressure == parse_pressure(raw, "memory.pressure")
+    some, full = after.memory_pressure.some, after.memory_pressure.full
+    assert some is not None and full is not None
+    assert before.memory_pressure.some.total_usec <= some.total_usec
+    assert some.total_usec > 0, raw  # the task stalled in reclaim at its limit
+    assert full.total_usec <= some.total_usec  # one task: all stalled is some stalled
+    # What the thrash detector makes of the two reads: a stall share of the interval.
+    cost = _cost(before, after, seconds)
+    assert cost.some_percent is not None and 0 < cost.some_percent <= 100

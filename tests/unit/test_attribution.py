@@ -362,6 +362,46 @@ def test_acs_redirect_keeps_peer_traffic_on_the_root_port() -> None:
         assert rp is not None and rp.downstream.demand_bytes_per_second == pytest.approx(95e9)
 
 
+def test_acs_redirects_name_the_pairs_and_the_redirecting_ports() -> None:
+    from nodescope.model.attribution import AcsRedirect, acs_redirects
+
+    on = _with(frozenset({"nvidia_peermem"}), {HCA_PORT: True})
+    assert acs_redirects(on, [GPU_A, HCA, NVME]) == (
+        AcsRedirect(GPU_A, HCA, SWITCH_UP, (HCA_PORT,)),
+    )
+    # Read and clear, or not read: nothing redirects.
+    off = _with(frozenset({"nvidia_peermem"}), {GPU_PORT: False, HCA_PORT: False})
+    assert acs_redirects(off, [GPU_A, HCA, NVME]) == ()
+    assert acs_redirects(topology(), [GPU_A, HCA]) == ()
+    # Pairs without a GPU, or not below one switch, are none of its business.
+    assert acs_redirects(_with(redirect={HCA_PORT: True}), [NVME, HCA]) == ()
+    assert acs_redirects(_with(redirect={HCA_PORT: True}), [GPU_B, HCA]) == ()
+
+
+def test_contention_caused_by_acs_redirect_says_so() -> None:
+    from nodescope.detectors import contention
+
+    redirected = _with(frozenset({"nvidia_peermem"}), {HCA_PORT: True})
+    # 30 GB/s each way between the GPU and the HCA: redirected, 95 % of the root port.
+    flows = [
+        flow(GPU_A, "gpu0", DeviceClass.GPU, 30e9, 30e9),
+        flow(HCA, "mlx5_0", DeviceClass.INFINIBAND, 30e9, 30e9),
+    ]
+    links = attribute(redirected, flows).shared_links
+    [finding] = [
+        f for f in contention.evaluate(links, 0.6, 0.1, topology=redirected)
+        if f.subjects["link"] == RP_SHARED
+    ]  # fmt: skip
+    assert finding.evidence["acs_redirect"] == 1.0
+    assert f"ACS P2P Request Redirect is on at switch port {HCA_PORT}" in finding.message
+    assert f"gpu0↔mlx5_0 below switch port {SWITCH_UP}" in finding.message
+    # The same load without the topology (or without redirect) does not claim it.
+    [plain] = [
+        f for f in contention.evaluate(links, 0.6, 0.1) if f.subjects["link"] == RP_SHARED
+    ]  # fmt: skip
+    assert "ACS" not in plain.message and "acs_redirect" not in plain.evidence
+
+
 def test_acs_read_and_clear_is_said_in_the_basis() -> None:
     ports = {GPU_PORT: False, HCA_PORT: False}
     a = attribute(_with(frozenset({"nv_peer_mem"}), ports), GDR_FLOWS)

@@ -489,3 +489,56 @@ def test_readers_of_one_snapshot_asking_other_conditions_get_consistent_times() 
     # The next snapshot carries every condition asked of this one.
     third = stage.derive(_snap({}, t=3.0))
     assert third.derived.held_since("stalls", {"a", "b"}, 3.0, 2.0) == {"a": 1.0, "b": 2.0}
+
+
+# --- departed ranks ---------------------------------------------------------------------------
+
+
+def test_a_job_process_that_leaves_its_gpu_is_remembered_as_departed() -> None:
+    jobs = SourceSample("jobs", 90.0, 0.0, _jobs(_task(100, "81770"), _task(101, "81770")))
+    ib = SourceSample("infiniband", 90.0, 0.0, _ib(HCAS))
+    stage = DerivedStage()
+    before: float | None = None
+
+    def departed(t: float, pids: Mapping[int, tuple[int, ...]], keep: float = 60.0) -> object:
+        nonlocal before
+        snap = stage.derive(_snap({"jobs": jobs, "nvml": _nvml(pids), "infiniband": ib}, t=t))
+        found = snap.derived.departed_ranks(t, before, keep)
+        before = t
+        return found
+
+    both = {0: (100,), 1: (101,)}
+    assert departed(1.0, both) == ()
+    assert departed(2.0, both) == ()
+    # pid 101 (rank on GPU 1) is gone from NVML's compute processes at t=3.
+    gone = departed(3.0, {0: (100,)})
+    assert [(d.job_id, d.pid, d.comm, d.gpus, d.gone_at) for d in gone] == [  # type: ignore[attr-defined]
+        ("81770", 101, "python3", (1,), 3.0)
+    ]
+    # Remembered, with the time it was first missed, while it stays gone.
+    assert [d.gone_at for d in departed(30.0, {0: (100,)})] == [3.0]  # type: ignore[attr-defined]
+    # Forgotten after keep_seconds.
+    assert departed(64.0, {0: (100,)}) == ()
+
+
+def test_departed_ranks_start_again_when_a_snapshot_did_not_ask() -> None:
+    jobs = SourceSample("jobs", 90.0, 0.0, _jobs(_task(100, "81770"), _task(101, "81770")))
+    stage = DerivedStage()
+    snap = stage.derive(_snap({"jobs": jobs, "nvml": _nvml({0: (100,), 1: (101,)})}, t=1.0))
+    assert snap.derived.departed_ranks(1.0, None, 60.0) == ()
+    # A snapshot at t=2 that nobody asked: the one at t=3 has no memory to compare with.
+    stage.derive(_snap({"jobs": jobs, "nvml": _nvml({0: (100,), 1: (101,)})}, t=2.0))
+    snap = stage.derive(_snap({"jobs": jobs, "nvml": _nvml({0: (100,)})}, t=3.0))
+    assert snap.derived.departed_ranks(3.0, 2.0, 60.0) == ()
+
+
+def test_departed_ranks_are_bounded() -> None:
+    tasks = tuple(_task(1000 + i, "81770") for i in range(100))
+    jobs = SourceSample("jobs", 90.0, 0.0, _jobs(*tasks))
+    stage = DerivedStage()
+    every = {0: tuple(range(1000, 1100))}
+    snap = stage.derive(_snap({"jobs": jobs, "nvml": _nvml(every)}, t=1.0))
+    snap.derived.departed_ranks(1.0, None, 600.0)
+    snap = stage.derive(_snap({"jobs": jobs, "nvml": _nvml({})}, t=2.0))
+    gone = snap.derived.departed_ranks(2.0, 1.0, 600.0)
+    assert len(gone) == derived_module.MAX_DEPARTED

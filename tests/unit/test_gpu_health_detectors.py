@@ -17,6 +17,7 @@ from nodescope.model.gpu_health import (
     CLOCK_EVENT_GPU_IDLE,
     CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN,
     CLOCK_EVENT_HW_SLOWDOWN,
+    CLOCK_EVENT_HW_THERMAL_SLOWDOWN,
     CLOCK_EVENT_SW_POWER_CAP,
     CLOCK_EVENT_SW_THERMAL_SLOWDOWN,
     FABRIC_STATE_COMPLETED,
@@ -62,6 +63,8 @@ def health(
     power: Power | None = None,
     reasons: int | None = 0,
     fabric: Fabric | None = None,
+    sm_mhz: int = 1980,
+    applications_sm_mhz: int | None = 1980,
 ) -> GpuHealth:
     return gpu_health(
         index,
@@ -72,7 +75,7 @@ def health(
         row_remap=remap,
         temperatures=temps,
         power=power,
-        clocks=None if reasons is None else Clocks(1980, 2619, reasons),
+        clocks=None if reasons is None else Clocks(sm_mhz, 2619, reasons, applications_sm_mhz),
         fabric=fabric,
     )
 
@@ -275,7 +278,21 @@ def test_remap_failed_is_critical_and_says_replace() -> None:
     assert kinds(found) == [det.REMAP_FAILED, det.REMAP_PENDING]
     failed = next(f for f in found if f.kind == det.REMAP_FAILED)
     assert failed.severity is Severity.CRITICAL and "replace the GPU" in failed.message
-    assert "8 rows remapped for uncorrectable errors" in failed.message
+    assert "(remapped: 8 rows for uncorrectable errors)" in failed.message
+    assert "correctable errors" not in failed.message.replace("uncorrectable", "")
+
+
+def test_a_remap_for_correctable_errors_says_so() -> None:
+    # A row that kept correcting single-bit errors is remapped pre-emptively: NVML counts it
+    # among the correctable rows, and the message must not say "0 rows ... uncorrectable".
+    [pending] = Node().at(0.0, nvml(health(remap=RowRemap(1, 0, True, False))))
+    assert pending.kind == det.REMAP_PENDING
+    assert "(remapped: 1 row for correctable errors)" in pending.message
+    assert "uncorrectable" not in pending.message
+    [both] = Node().at(0.0, nvml(health(remap=RowRemap(2, 1, True, False))))
+    assert "(remapped: 2 rows for correctable errors and 1 row for uncorrectable errors)" in (
+        both.message
+    )
 
 
 def test_remapped_rows_without_a_pending_or_failed_remap_are_no_finding() -> None:
@@ -301,11 +318,20 @@ def run_slowdown(
     pids: tuple[int, ...] = (),
     temps: Temperatures = COOL,
     power: Power | None = None,
+    sm_mhz: int = 1980,
+    applications_sm_mhz: int | None = 1980,
 ) -> dict[float, list[Finding]]:
     """Cycles every second over ``seconds`` with ``reasons`` in force, health read every 5 s."""
     out = {}
     for t in seconds:
-        h = health(read_at=1000.0 + t - t % 5, reasons=reasons, temps=temps, power=power)
+        h = health(
+            read_at=1000.0 + t - t % 5,
+            reasons=reasons,
+            temps=temps,
+            power=power,
+            sm_mhz=sm_mhz,
+            applications_sm_mhz=applications_sm_mhz,
+        )
         out[float(t)] = node.at(float(t), nvml(h, samples=(sample(util=util, pids=pids),)))
     return out
 
@@ -374,33 +400,113 @@ def test_the_minimum_is_configured() -> None:
     found = run_slowdown(Node(config), range(0, 11), CLOCK_EVENT_SW_THERMAL_SLOWDOWN)
     assert found[9.0] == [] and kinds(found[10.0]) == [det.THERMAL]
     at_once = from_mapping({"detectors": {"gpu_health": {"min_slowdown_seconds": 0}}})
-    assert kinds(run_slowdown(Node(at_once), range(0, 1), CLOCK_EVENT_SW_POWER_CAP)[0.0]) == [
-        det.POWER
-    ]
+    capped = run_slowdown(Node(at_once), range(0, 1), CLOCK_EVENT_SW_POWER_CAP, power=CAPPED)
+    assert kinds(capped[0.0]) == [det.POWER]
 
 
-def test_power_slowdown_names_draw_and_limit() -> None:
-    power = Power(draw_watts=699.0, limit_watts=700.0, enforced_limit_watts=700.0)
-    found = run_slowdown(Node(), range(0, 31), CLOCK_EVENT_SW_POWER_CAP, power=power)
+#: Busy H100s at their normal operating point: drawing 694-698 W of the 700 W they ship
+#: with, the driver's power cap holding the SM clock a little under the 1,980 MHz
+#: applications clock.
+AT_DEFAULT = Power(
+    draw_watts=696.0, limit_watts=700.0, enforced_limit_watts=700.0, default_limit_watts=700.0
+)
+#: A 400 W limit enforced on a board that ships with 700 W.
+CAPPED = Power(
+    draw_watts=399.0, limit_watts=700.0, enforced_limit_watts=400.0, default_limit_watts=700.0
+)
+
+
+def test_busy_gpus_at_their_default_power_limit_are_healthy() -> None:
+    # The healthy control: eight GPUs drawing 694-698 W of 700 W with sw_power_cap, clocks
+    # at 1,755-1,830 MHz of 1,980, for two minutes: where an H100 runs when it works hard.
+    node = Node()
+    for t in range(0, 120):
+        read_at = 1000.0 + t - t % 5
+        gpus = tuple(
+            gpu_health(
+                i,
+                f"0000:{0x18 + i:02x}:00.0",
+                read_at,
+                ecc=HEALTHY_ECC,
+                temperatures=COOL,
+                power=Power(694.0 + i % 5, 700.0, 700.0, 700.0),
+                clocks=Clocks(1755 + 10 * i, 2619, CLOCK_EVENT_SW_POWER_CAP, 1980),
+            )
+            for i in range(8)
+        )
+        samples = tuple(
+            gen5_sample(
+                i,
+                f"0000:{0x18 + i:02x}:00.0",
+                gpu_util_percent=97,
+                memory_util_percent=60,
+                processes=(GpuProcess(4000 + i, None),),
+            )
+            for i in range(8)
+        )
+        assert node.at(float(t), nvml_data(samples, gpus)) == []
+
+
+def test_a_limit_enforced_below_the_default_is_a_finding_naming_both() -> None:
+    found = run_slowdown(Node(), range(0, 31), CLOCK_EVENT_SW_POWER_CAP, power=CAPPED, sm_mhz=1410)
+    assert found[29.0] == []
     [finding] = found[30.0]
     assert finding.kind == det.POWER and finding.severity is Severity.WARNING
-    assert finding.evidence["power_draw_watts"] == 699.0
-    assert finding.evidence["enforced_power_limit_watts"] == 700.0
-    assert "held to its power limit under load for 30 s: sw_power_cap" in finding.message
-    assert "drawing 699 W of an enforced 700 W" in finding.message
-    assert "lower cap" not in finding.message
+    assert finding.evidence["enforced_power_limit_watts"] == 400.0
+    assert finding.evidence["default_power_limit_watts"] == 700.0
+    assert finding.evidence["reason_sw_power_cap"] == 1.0
+    message = finding.message
+    assert "its power limit is set below the board's default" in message
+    assert "drawing 399 W of an enforced 400 W, below the board's 700 W default limit" in message
+    assert "SM clock 1410 MHz, 71% of its 1980 MHz applications clock" in message
+    assert "100 % utilisation" in message
 
 
-def test_a_power_cap_set_below_the_management_limit_is_said() -> None:
+def test_a_cap_is_judged_against_the_management_limit_when_no_default_is_answered() -> None:
     power = Power(draw_watts=399.0, limit_watts=700.0, enforced_limit_watts=400.0)
     [finding] = run_slowdown(Node(), range(0, 31), CLOCK_EVENT_SW_POWER_CAP, power=power)[30.0]
+    assert "below the board's 700 W management limit: a lower cap is set" in finding.message
+
+
+def test_a_clock_far_below_the_applications_clock_at_the_default_limit() -> None:
+    found = run_slowdown(
+        Node(), range(0, 31), CLOCK_EVENT_SW_POWER_CAP, power=AT_DEFAULT, sm_mhz=900
+    )
+    [finding] = found[30.0]
     assert finding.kind == det.POWER
-    assert "of an enforced 400 W, below the 700 W management limit" in finding.message
-    assert "a lower cap is set on it" in finding.message
+    assert finding.evidence["sm_clock_fraction"] == pytest.approx(900 / 1980)
+    assert finding.evidence["power_clock_fraction"] == 0.5
+    message = finding.message
+    assert "its SM clock is below 50% of its applications clock at its default power limit" in (
+        message
+    )
+    assert "SM clock 900 MHz, 45% of its 1980 MHz applications clock" in message
+    assert "100 % utilisation" in message and "lower cap" not in message
+
+
+def test_the_clock_fraction_is_configured_and_a_clock_above_it_is_healthy() -> None:
+    # 1,000 MHz is 51 % of 1,980: above the default half, below a stated 60 %.
+    kwargs = {"power": AT_DEFAULT, "sm_mhz": 1000}
+    assert run_slowdown(Node(), range(0, 60), CLOCK_EVENT_SW_POWER_CAP, **kwargs)[59.0] == []
+    config = from_mapping({"detectors": {"gpu_health": {"power_clock_fraction": 0.6}}})
+    found = run_slowdown(Node(config), range(0, 31), CLOCK_EVENT_SW_POWER_CAP, **kwargs)
+    assert kinds(found[30.0]) == [det.POWER]
+
+
+def test_no_applications_clock_answered_judges_only_the_limit() -> None:
+    found = run_slowdown(
+        Node(),
+        range(0, 60),
+        CLOCK_EVENT_SW_POWER_CAP,
+        power=AT_DEFAULT,
+        sm_mhz=500,
+        applications_sm_mhz=None,
+    )
+    assert all(f == [] for f in found.values())
 
 
 def test_power_reasons_while_idle_are_no_finding() -> None:
-    found = run_slowdown(Node(), range(0, 60), CLOCK_EVENT_SW_POWER_CAP, util=10)
+    found = run_slowdown(Node(), range(0, 60), CLOCK_EVENT_SW_POWER_CAP, util=10, power=CAPPED)
     assert all(f == [] for f in found.values())
 
 
@@ -420,15 +526,52 @@ def test_a_hardware_power_brake_is_one_hardware_finding() -> None:
     # The power brake is both a power and a hardware reason: under load it is reported once,
     # as the hardware slowdown, not as a power slowdown beside it.
     reasons = CLOCK_EVENT_HW_POWER_BRAKE_SLOWDOWN
-    found = run_slowdown(Node(), range(0, 31), reasons, power=Power(350.0, 700.0, 700.0))
+    found = run_slowdown(Node(), range(0, 31), reasons, power=Power(350.0, 700.0, 700.0, 700.0))
     [finding] = found[30.0]
     assert finding.kind == det.HW_SLOWDOWN and "hw_power_brake_slowdown" in finding.message
     assert "drawing 350 W" in finding.message
-    # With the driver's own cap as well, each kind names its own reasons.
-    both = run_slowdown(Node(), range(0, 31), reasons | CLOCK_EVENT_SW_POWER_CAP)[30.0]
-    assert kinds(both) == [det.HW_SLOWDOWN, det.POWER]
-    power = next(f for f in both if f.kind == det.POWER)
-    assert power.evidence["clock_event_reasons"] == float(CLOCK_EVENT_SW_POWER_CAP)
+    # With the driver's own cap under a lowered limit as well: still one finding, the
+    # hardware one, naming both reasons.
+    both = run_slowdown(Node(), range(0, 31), reasons | CLOCK_EVENT_SW_POWER_CAP, power=CAPPED)[
+        30.0
+    ]
+    [finding] = both
+    assert finding.kind == det.HW_SLOWDOWN
+    assert finding.evidence["reason_hw_power_brake_slowdown"] == 1.0
+    assert finding.evidence["reason_sw_power_cap"] == 1.0
+    assert "sw_power_cap, hw_power_brake_slowdown" in finding.message
+
+
+def test_one_thermal_fault_is_one_finding_with_every_reason() -> None:
+    # Heat past the board's limit sets the hardware thermal reason and the driver's own:
+    # one fault, one finding, the hardware kind, every reason in its evidence.
+    reasons = (
+        CLOCK_EVENT_HW_SLOWDOWN | CLOCK_EVENT_HW_THERMAL_SLOWDOWN | CLOCK_EVENT_SW_THERMAL_SLOWDOWN
+    )
+    found = run_slowdown(Node(), range(0, 45), reasons, temps=HOT, sm_mhz=990)
+    assert all(found[t] == [] for t in range(0, 30))
+    for t in range(30, 45):
+        [finding] = found[float(t)]
+        assert finding.kind == det.HW_SLOWDOWN and finding.severity is Severity.CRITICAL
+    evidence = found[44.0][0].evidence
+    for name in ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown"):
+        assert evidence[f"reason_{name}"] == 1.0
+    assert evidence["clock_event_reasons"] == float(reasons)
+    message = found[44.0][0].message
+    assert "hw_slowdown, sw_thermal_slowdown, hw_thermal_slowdown" in message
+    assert "GPU at 89 °C against a slowdown threshold of 87 °C" in message
+
+
+def test_a_driver_reason_held_longer_than_a_hardware_one_keeps_its_kind_until_both_hold() -> None:
+    # The driver's thermal slowdown from t=0, the board's from t=20: thermal from t=30, the
+    # hardware kind (naming both) from t=50, never both at once.
+    node = Node()
+    found = run_slowdown(node, range(0, 20), CLOCK_EVENT_SW_THERMAL_SLOWDOWN, temps=HOT)
+    both = CLOCK_EVENT_SW_THERMAL_SLOWDOWN | CLOCK_EVENT_HW_THERMAL_SLOWDOWN
+    found.update(run_slowdown(node, range(20, 55), both, temps=HOT))
+    assert all(found[t] == [] for t in range(0, 30))
+    assert all(kinds(found[float(t)]) == [det.THERMAL] for t in range(30, 50))
+    assert all(kinds(found[float(t)]) == [det.HW_SLOWDOWN] for t in range(50, 55))
 
 
 def test_slowdowns_of_two_gpus_are_held_apart() -> None:

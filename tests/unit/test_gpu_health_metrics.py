@@ -42,11 +42,17 @@ def health(index: int = 0) -> gh.GpuHealth:
         temperatures=gh.Temperatures(
             gpu=71, memory=80, slowdown=87, shutdown=92, gpu_max=85, memory_max=95
         ),
-        power=gh.Power(draw_watts=689.5, limit_watts=700.0, enforced_limit_watts=650.0),
+        power=gh.Power(
+            draw_watts=689.5,
+            limit_watts=700.0,
+            enforced_limit_watts=650.0,
+            default_limit_watts=700.0,
+        ),
         clocks=gh.Clocks(
             sm_mhz=1755,
             memory_mhz=2619,
             event_reasons=gh.CLOCK_EVENT_SW_POWER_CAP | gh.CLOCK_EVENT_HW_SLOWDOWN,
+            applications_sm_mhz=1980,
         ),
         framebuffer=gh.FrameBuffer(used_bytes=60 * 1024**3, total_bytes=80 * 1024**3),
         fabric=gh.Fabric(
@@ -144,7 +150,9 @@ def test_every_figure_lands_in_its_series_in_base_units() -> None:
     assert value(s, "nodescope_gpu_power_watts", gpu="0") == 689.5
     assert value(s, "nodescope_gpu_power_limit_watts", gpu="0", limit="management") == 700
     assert value(s, "nodescope_gpu_power_limit_watts", gpu="0", limit="enforced") == 650
+    assert value(s, "nodescope_gpu_power_limit_watts", gpu="0", limit="default") == 700
     assert value(s, "nodescope_gpu_clock_hertz", gpu="0", clock="sm") == 1_755_000_000
+    assert value(s, "nodescope_gpu_clock_hertz", gpu="0", clock="applications_sm") == 1.98e9
     assert value(s, "nodescope_gpu_clock_hertz", gpu="0", clock="memory") == 2_619_000_000
     assert value(s, "nodescope_gpu_framebuffer_used_bytes", gpu="0") == 60 * 1024**3
     assert value(s, "nodescope_gpu_framebuffer_size_bytes", gpu="0") == 80 * 1024**3

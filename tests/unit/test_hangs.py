@@ -302,3 +302,47 @@ def test_registered_with_alert_rules() -> None:
         disabled, detectors=dataclasses.replace(disabled.detectors, values=values)
     )
     assert hangs.detect(None, Snapshot(0, 0.0, 0.0), off) == []
+
+
+def test_a_lock_holder_outside_any_job_is_named_by_what_it_is() -> None:
+    from nodescope.model.locks import LockParty
+
+    service = LockParty(3017, "python3", "WRITE", "/system.slice/ckpt-sync.service")
+    assert hangs._holder_text(service, None) == (
+        "pid 3017 (python3) of ckpt-sync.service, not a job"
+        " (cgroup /system.slice/ckpt-sync.service)"
+    )
+    plain = LockParty(3017, "python3", "WRITE", "/")
+    assert hangs._holder_text(plain, None) == "pid 3017 (python3) in cgroup /, not a job"
+    unknown = LockParty(3017, None, "WRITE")
+    assert hangs._holder_text(unknown, None) == "pid 3017 (?, not a job)"
+    # A job's process is named by its job, whatever its cgroup.
+    assert hangs._holder_text(service, "81761") == "pid 3017 (python3, job 81761)"
+
+
+def test_a_collective_hang_counts_busy_and_idle_gpus_apart_and_names_a_gone_rank() -> None:
+    from nodescope.model.jobs import DepartedRank
+
+    activity = hangs.JobGpuActivity(
+        job_id="81840",
+        gpus=(0, 1, 2, 3),
+        mean_utilisation=0.75,
+        max_utilisation=1.0,
+        pcie_bytes_per_second=0.0,
+        nvlink_bytes_per_second=0.0,
+        idle_gpus=(3,),
+        lost_gpus=(),
+        quiet_gpus=(0, 1, 2, 3),
+    )
+    assert activity.spinning
+    finding = hangs._collective_finding(activity, None)
+    assert "GPUs 0,1,2 busy, GPU 3 idle (75% mean utilisation)" in finding.message
+    assert (finding.evidence["gpus_busy"], finding.evidence["gpus_idle"]) == (3.0, 1.0)
+    gone = [DepartedRank("81840", 4242, "python3", (7,), 100.0)]
+    with_rank = hangs._collective_finding(activity, None, gone, 125.0, oom_kills=None)
+    assert "rank gone: pid 4242 (python3) on GPU 7 exited 25 s ago (status unknown)" in (
+        with_rank.message
+    )
+    assert with_rank.evidence["ranks_gone"] == 1.0 and with_rank.evidence["gone_pid"] == 4242.0
+    oom = hangs._collective_finding(activity, None, gone, 125.0, oom_kills=1)
+    assert "the job's cgroup counts 1 OOM kill(s) in memory.events" in oom.message

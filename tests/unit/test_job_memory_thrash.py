@@ -1,15 +1,31 @@
 """``job_memory_limit_thrash``: the rate of ``memory.events`` ``max`` of a job's cgroups, named
-at the level whose limit is hit."""
+at the level whose limit is hit, a finding only when the reclaim costs the tasks time (memory
+PSI stall over the interval, OOM kills; pages refaulted where there is no PSI)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from nodescope.config import Config, from_mapping
 from nodescope.detectors import jobs as job_detectors
-from nodescope.model.cgroup import Cgroup, CpuStat, KeyValues, Limit, MemoryEvents
+from nodescope.model.cgroup import (
+    Cgroup,
+    CpuStat,
+    KeyValues,
+    Limit,
+    MemoryEvents,
+    Pressure,
+    PressureLine,
+)
 from nodescope.model.finding import Finding
 from nodescope.model.job_records import JobCgroup, JobsData, JobStep
 from nodescope.model.jobs import Job, build_registry
 from nodescope.model.snapshot import Snapshot, SourceSample
+from nodescope.sources.cgroup import parse_pressure
 
 GIB = 1 << 30
 JOB = "/system.slice/slurmstepd.scope/job_42"
@@ -56,9 +72,37 @@ def _registry(data: JobsData) -> tuple[Job, ...]:
     return build_registry(data, [])
 
 
+def _psi(data: JobsData, some_usec: int, full_usec: int = 0) -> JobsData:
+    """``data`` with every cgroup's ``memory.pressure`` totals set (averages 0: the detector
+    takes the totals' growth)."""
+    pressure = Pressure(PressureLine(0, 0, 0, some_usec), PressureLine(0, 0, 0, full_usec))
+
+    def with_psi(cg: Cgroup | None) -> Cgroup | None:
+        return None if cg is None else replace(cg, memory_pressure=pressure)
+
+    jobs = tuple(
+        replace(
+            j,
+            stats=with_psi(j.stats),
+            steps=tuple(replace(s, stats=with_psi(s.stats)) for s in j.steps),
+        )
+        for j in data.jobs
+    )
+    return replace(data, jobs=jobs)
+
+
 def _thrash(
-    before: JobsData, after: JobsData, seconds: float = 10.0, per_second: float = 50.0
+    before: JobsData,
+    after: JobsData,
+    seconds: float = 10.0,
+    per_second: float = 50.0,
+    stalled: float | None = 40.0,
 ) -> list[Finding]:
+    """Thrash findings between two reads; ``stalled``: the share of the interval (%) the
+    tasks stalled on memory, by PSI (``None``: no ``memory.pressure`` as given)."""
+    if stalled is not None:
+        before = _psi(before, 7_000_000)
+        after = _psi(after, 7_000_000 + round(stalled / 100 * seconds * 1e6))
     found = job_detectors.evaluate(_registry(before), _registry(after), 10.0, seconds, per_second)
     return [f for f in found if f.kind == job_detectors.THRASH]
 
@@ -126,15 +170,76 @@ def test_counter_resets_and_recreated_cgroups_give_no_rate() -> None:
     assert _thrash(before, after) == []
 
 
-def test_reclaim_of_pages_nobody_asks_for_again_is_no_thrash() -> None:
-    # Streaming reads fill the limit with page cache: memory.max is hit as often, but reclaim
-    # takes pages that are never refaulted.
+def test_without_psi_reclaim_of_pages_nobody_asks_for_again_is_no_thrash() -> None:
+    # No memory.pressure (cgroup v1): streaming reads fill the limit with page cache,
+    # memory.max is hit as often, but reclaim takes pages that are never refaulted.
     before = _data(_cg(JOB, 0, 0, limit=4 * GIB, refaults=500))
     cheap = _data(_cg(JOB, 5000, 5000, limit=4 * GIB, refaults=500))
-    assert _thrash(before, cheap) == []
+    assert _thrash(before, cheap, stalled=None) == []
     costly = _data(_cg(JOB, 5000, 5000, limit=4 * GIB, refaults=40500))
-    (found,) = _thrash(before, costly)
+    (found,) = _thrash(before, costly, stalled=None)
     assert found.evidence["refaults_per_second"] == 4000.0 and "refaulted" in found.message
+    assert "memory_some_stall_percent" not in found.evidence
+
+
+def test_without_psi_or_refaults_nothing_shows_a_cost() -> None:
+    before = _data(_cg(JOB, 0, 0, limit=4 * GIB))
+    after = _data(_cg(JOB, 5000, 5000, limit=4 * GIB))
+    assert _thrash(before, after, stalled=None) == []
+
+
+def test_page_cache_at_the_limit_without_stall_time_is_healthy() -> None:
+    # A job reading its data set through page cache: 500 limit hits a second, refaults too
+    # (pages read again after reclaim), but its tasks stalled on memory 0.3 % of the time.
+    before = _data(_cg(JOB, 0, 0, limit=4 * GIB, refaults=0))
+    after = _data(_cg(JOB, 5000, 5000, limit=4 * GIB, refaults=3000))
+    assert _thrash(before, after, stalled=0.3) == []
+    assert _thrash(before, after, stalled=9.9) == []
+
+
+def test_reclaim_that_stalls_the_tasks_is_thrash_naming_the_stall() -> None:
+    before = _data(_cg(JOB, 0, 0, limit=4 * GIB))
+    after = _data(_cg(JOB, 5000, 5000, limit=4 * GIB))
+    before, after = _psi(before, 1_000_000, 400_000), _psi(after, 4_500_000, 2_400_000)
+    found = job_detectors.evaluate(_registry(before), _registry(after), 10.0, 10.0, 50.0)
+    (thrash,) = [f for f in found if f.kind == job_detectors.THRASH]
+    assert thrash.evidence["memory_some_stall_percent"] == pytest.approx(35.0)
+    assert thrash.evidence["memory_full_stall_percent"] == pytest.approx(20.0)
+    assert "its tasks stalled on memory 35.0 % of those 10 s (memory.pressure some" in (
+        thrash.message
+    )
+    assert "all of them at once 20.0 %, full" in thrash.message
+
+
+def test_the_stall_threshold_is_configured() -> None:
+    before = _data(_cg(JOB, 0, 0, limit=4 * GIB))
+    after = _data(_cg(JOB, 5000, 5000, limit=4 * GIB))
+    assert len(_thrash(before, after, stalled=10.0)) == 1
+    b, a = _psi(before, 0), _psi(after, 2_000_000)  # 20 % of 10 s
+    found = job_detectors.evaluate(_registry(b), _registry(a), 10.0, 10.0, 50.0, 25.0)
+    assert [f for f in found if f.kind == job_detectors.THRASH] == []
+    found = job_detectors.evaluate(_registry(b), _registry(a), 10.0, 10.0, 50.0, 20.0)
+    assert [f.kind for f in found] == [job_detectors.THRASH]
+
+
+def test_oom_kills_at_the_limit_are_a_cost_without_stall_time() -> None:
+    def cg(events: int, kills: int) -> Cgroup:
+        return replace(
+            _cg(JOB, events, events, limit=4 * GIB),
+            memory_events=MemoryEvents(max=events, oom_kill=kills),
+        )
+
+    before, after = _data(cg(0, 0)), _data(cg(5000, 2))
+    found = _thrash(before, after, stalled=0.0)
+    (thrash,) = found
+    assert thrash.evidence["oom_kills"] == 2.0 and "the OOM killer killed 2" in thrash.message
+
+
+def test_a_pressure_total_that_went_back_is_no_stall() -> None:
+    before = _psi(_data(_cg(JOB, 0, 0, limit=4 * GIB)), 9_000_000)
+    after = _psi(_data(_cg(JOB, 5000, 5000, limit=4 * GIB)), 1_000)
+    found = job_detectors.evaluate(_registry(before), _registry(after), 10.0, 10.0, 50.0)
+    assert [f for f in found if f.kind == job_detectors.THRASH] == []
 
 
 def _snapshot(before: JobsData, after: JobsData, seconds: float) -> Snapshot:
@@ -145,10 +250,40 @@ def _snapshot(before: JobsData, after: JobsData, seconds: float) -> Snapshot:
 
 
 def test_detect_divides_by_the_time_between_reads_and_reads_the_threshold() -> None:
-    before = _data(_cg(JOB, 0, 0, limit=4 * GIB))
-    after = _data(_cg(JOB, 1500, 1500, limit=4 * GIB))
+    before = _psi(_data(_cg(JOB, 0, 0, limit=4 * GIB)), 0)
+    after = _psi(_data(_cg(JOB, 1500, 1500, limit=4 * GIB)), 30_000_000)
     kinds = [f.kind for f in job_detectors.detect(None, _snapshot(before, after, 15.0), Config())]
     assert kinds == [job_detectors.THRASH]  # 100/s
     assert job_detectors.detect(None, _snapshot(before, after, 60.0), Config()) == []  # 25/s
     high = from_mapping({"detectors": {"jobs": {"memory_limit_thrash_events_per_second": 200}}})
     assert job_detectors.detect(None, _snapshot(before, after, 15.0), high) == []
+
+
+_TOTAL = st.integers(0, 2**64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    some=st.tuples(_TOTAL, _TOTAL),
+    full=st.tuples(_TOTAL, _TOTAL),
+    seconds=st.floats(0.001, 3600.0),
+)
+def test_fuzz_the_stall_share_of_two_psi_reads(
+    some: tuple[int, int], full: tuple[int, int], seconds: float
+) -> None:
+    # Two memory.pressure files as the kernel writes them, through the source's parser: the
+    # share is None where a total went back (a cgroup made again), else within 0-100 %.
+    def read(i: int) -> Cgroup:
+        text = (
+            f"some avg10=0.00 avg60=0.00 avg300=0.00 total={some[i]}\n"
+            f"full avg10=0.00 avg60=0.00 avg300=0.00 total={full[i]}\n"
+        )
+        cg = _cg(JOB, 0, 0, limit=GIB)
+        return replace(cg, memory_pressure=parse_pressure(text, "memory.pressure"))
+
+    cost = job_detectors._cost(read(0), read(1), seconds)
+    for (old, new), share in ((some, cost.some_percent), (full, cost.full_percent)):
+        if new < old:
+            assert share is None
+        else:
+            assert share is not None and 0.0 <= share <= 100.0

@@ -243,6 +243,75 @@ def test_path_unresolved_when_the_holder_has_no_such_open_file(tmp_path: Path) -
     assert lock.path is None and lock.holder.comm == "rsync"
 
 
+def test_a_holder_outside_any_job_is_named_by_its_unit(tmp_path: Path) -> None:
+    # /proc/<pid>/cgroup of a hybrid host's system service: v1 lines, then the unified one.
+    locked = tmp_path / "f"
+    locked.write_text("")
+    roots = _tree(tmp_path, locked, holder=3017, waiter=2146)
+    (roots.procfs / "3017" / "cgroup").write_text(
+        "12:memory:/system.slice/rsync-backup.service\n"
+        "1:name=systemd:/system.slice/rsync-backup.service\n"
+        "0::/system.slice/rsync-backup.service\n"
+    )
+    [lock] = read_locks(roots).contended
+    assert lock.holder.cgroup == "/system.slice/rsync-backup.service"
+    assert lock.holder.unit == "rsync-backup.service"
+    # A user's shell: its session scope; a cgroup v1-only host: systemd's hierarchy.
+    (roots.procfs / "3017" / "cgroup").write_text(
+        "0::/user.slice/user-1000.slice/session-4.scope\n"
+    )
+    [lock] = read_locks(roots).contended
+    assert lock.holder.unit == "session-4.scope"
+    (roots.procfs / "3017" / "cgroup").write_text("1:name=systemd:/system.slice/cron.service\n")
+    [lock] = read_locks(roots).contended
+    assert lock.holder.cgroup == "/system.slice/cron.service"
+    # Unreadable or malformed: nothing claimed.
+    (roots.procfs / "3017" / "cgroup").write_text("garbage\n")
+    [lock] = read_locks(roots).contended
+    assert lock.holder.cgroup is None and lock.holder.unit is None
+    (roots.procfs / "3017" / "cgroup").unlink()
+    [lock] = read_locks(roots).contended
+    assert lock.holder.cgroup is None and lock.holder.comm == "rsync"
+
+
+def test_a_real_holder_s_cgroup_is_read_from_its_proc(tmp_path: Path) -> None:
+    """flock(1) holding a lock and another waiting on it, real processes on this host: the
+    holder's cgroup is what its /proc/<pid>/cgroup says."""
+    import shutil
+    import subprocess
+    import time
+
+    from nodescope.sources.cgroup import read_proc_cgroup
+
+    if shutil.which("flock") is None:
+        pytest.skip("no flock(1)")
+    locked = tmp_path / "held.lock"
+    locked.write_text("")
+    holder = subprocess.Popen(["flock", str(locked), "sleep", "60"])
+    waiter = None
+    try:
+        time.sleep(0.3)
+        waiter = subprocess.Popen(["flock", str(locked), "true"])
+        mine: list[object] = []
+        for _ in range(50):
+            data = read_locks(Roots())
+            mine = [c for c in data.contended if any(w.pid == waiter.pid for w in c.waiters)]
+            if mine:
+                break
+            time.sleep(0.1)
+        [lock] = mine
+        assert isinstance(lock, type(data.contended[0]))
+        seen = read_proc_cgroup(Roots(), lock.holder.pid)
+        assert seen is not None
+        assert lock.holder.cgroup == (seen.v2_path or seen.v1_path("name=systemd"))
+        assert lock.holder.cgroup is not None and lock.holder.cgroup.startswith("/")
+    finally:
+        for proc in (waiter, holder):
+            if proc is not None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
 def test_uncontended_locks_read_no_mountinfo(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "locks").write_text("1: POSIX  ADVISORY  WRITE 1 00:19:1 0 EOF\n")

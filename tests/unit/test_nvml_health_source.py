@@ -103,7 +103,9 @@ def test_every_value_lands_in_its_record_in_nodescope_units(
     gpu.temperature_slowdown, gpu.temperature_shutdown = 90, 95
     gpu.temperature_gpu_max, gpu.temperature_memory_max = 88, 105
     gpu.power_draw_mw, gpu.power_limit_mw, gpu.power_enforced_limit_mw = 651_250, 700_000, 650_000
+    gpu.power_default_limit_mw = 720_000
     gpu.sm_clock_mhz, gpu.memory_clock_mhz = 1410, 2619
+    gpu.applications_sm_clock_mhz = 1755
     gpu.clock_event_reasons = CLOCK_EVENT_SW_THERMAL_SLOWDOWN | CLOCK_EVENT_HW_SLOWDOWN
     gpu.fb_used_bytes, gpu.fb_total_bytes = 60 * 1024**3, 80 * 1024**3
     gpu.fabric_state, gpu.fabric_status = FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS
@@ -118,8 +120,8 @@ def test_every_value_lands_in_its_record_in_nodescope_units(
     assert health.retired_pages == RetiredPages(3, 1, True)
     assert health.row_remap == RowRemap(4, 1, True, False)
     assert health.temperatures == Temperatures(81, 77, 90, 95, 88, 105)
-    assert health.power == Power(651.25, 700.0, 650.0)
-    assert health.clocks == Clocks(1410, 2619, 0x28)
+    assert health.power == Power(651.25, 700.0, 650.0, 720.0)
+    assert health.clocks == Clocks(1410, 2619, 0x28, 1755)
     assert health.framebuffer == FrameBuffer(60 * 1024**3, 80 * 1024**3)
     assert health.fabric == Fabric(
         FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS, 7, HGX_H100_FABRIC_CLUSTER_UUID, True
@@ -128,7 +130,8 @@ def test_every_value_lands_in_its_record_in_nodescope_units(
     # The other GPU keeps the fake's defaults: an H100 at rest, registered with the fabric.
     other = data.health[0]
     assert other.temperatures == Temperatures(34, 38, 87, 92, 87, 95)
-    assert other.power == Power(72.0, 700.0, 700.0)
+    assert other.power == Power(72.0, 700.0, 700.0, 700.0)
+    assert other.clocks is not None and other.clocks.applications_sm_mhz == 1980
     assert other.fabric is not None and other.fabric.state == FABRIC_STATE_COMPLETED
     assert other.fabric.bandwidth_degraded is None  # health mask 0: not said
     assert data.skipped.counts == {}
@@ -272,6 +275,49 @@ def test_temperature_thresholds_are_asked_until_answered_then_carried(wall: Wall
     assert health.temperatures is not None and health.temperatures.slowdown == 87
 
 
+def test_the_default_power_limit_is_asked_until_answered_then_carried(wall: Wall) -> None:
+    fake = FakeNvml(hgx_h100(1, 1))
+    src = make_source(fake, wall, health_every=1)
+    read_health(src, wall, runs=3)
+    assert fake.calls["nvmlDeviceGetPowerManagementDefaultLimit"] == 1
+    # The applications clock can be changed (nvidia-smi -ac): it is read on every health read.
+    assert fake.calls["nvmlDeviceGetApplicationsClock"] == 3
+    fake.gpus[0].power_default_limit_mw = 500_000  # the board's constant: not read again
+    fake.gpus[0].applications_sm_clock_mhz = 1410
+    (health,) = read_health(src, wall).health
+    assert health.power is not None and health.power.default_limit_watts == 700.0
+    assert health.clocks is not None and health.clocks.applications_sm_mhz == 1410
+
+
+class WithoutLimitAndAppClock:
+    """A binding without ``nvmlDeviceGetPowerManagementDefaultLimit`` and
+    ``nvmlDeviceGetApplicationsClock`` (one that dropped the deprecated call)."""
+
+    missing = frozenset(
+        {"nvmlDeviceGetPowerManagementDefaultLimit", "nvmlDeviceGetApplicationsClock"}
+    )
+
+    def __init__(self, fake: FakeNvml) -> None:
+        self.fake = fake
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.missing:
+            raise AttributeError(name)
+        return getattr(self.fake, name)
+
+
+def test_a_binding_without_the_default_limit_or_applications_clock_leaves_them_none(
+    wall: Wall,
+) -> None:
+    fake = FakeNvml(hgx_h100(1, 1))
+    src = make_source(WithoutLimitAndAppClock(fake), wall, health_every=1)
+    (health,) = read_health(src, wall, runs=2).health
+    assert health.power == Power(72.0, 700.0, 700.0, None)
+    assert health.clocks is not None and health.clocks.applications_sm_mhz is None
+    assert health.clocks.sm_mhz == 1980
+    assert "nvmlDeviceGetApplicationsClock:sm" in health.unsupported
+
+
 def address(handle: Any) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
@@ -349,8 +395,8 @@ def test_impossible_values_are_dropped_and_counted_the_rest_kept(wall: Wall) -> 
     health = data.health[0]
     assert health.temperatures is not None
     assert (health.temperatures.gpu, health.temperatures.memory) == (None, 38)
-    assert health.power == Power(None, 700.0, 700.0)
-    assert health.clocks == Clocks(1980, 2619, None)
+    assert health.power == Power(None, 700.0, 700.0, 700.0)
+    assert health.clocks == Clocks(1980, 2619, None, 1980)
     assert health.ecc == EccErrors(None, 0, 0, 0)
     assert health.row_remap == RowRemap(0, 0, None, False)
     assert health.framebuffer is None

@@ -16,7 +16,11 @@ with at least two data-moving functions below it) is *contended* when
 
 Traffic that a GPU and a NIC or NVMe drive below one switch move between each other
 (GPUDirect RDMA and Storage: :mod:`nodescope.model.attribution`) turns inside the switch and
-is not in the root port's demand; the message names it. A direction whose demand is over
+is not in the root port's demand; the message names it. Where ACS "P2P Request Redirect" on
+a switch port sends such traffic (a GPU's with a NIC, a drive or another GPU below the same
+switch) up through the root complex instead, the message says so, names the ports and the
+pairs (``acs_redirect`` in the evidence): the setting, not the load, is why the link carries
+it. A direction whose demand is over
 ``IMPOSSIBLE_UTILISATION`` of the link is no contention: no link carries more than it can, so
 part of what its functions moved took another path (the attribution already takes a GPU's
 and a NIC's matching traffic below an overloaded switch as peer to peer, GPUDirect RDMA
@@ -52,10 +56,11 @@ from nodescope.model.attribution import (
     LinkLoad,
     PeerFlow,
     PeerKind,
+    acs_redirects,
 )
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.snapshot import Snapshot
-from nodescope.model.topology import DeviceClass, generation_of
+from nodescope.model.topology import PCI, DeviceClass, Topology, generation_of
 
 KIND = "pcie_contention"
 #: Its alert rule, declared here because :func:`detect` reports the keep band down to
@@ -153,6 +158,29 @@ def peer_text(flows: tuple[PeerFlow, ...]) -> str:
     return f"; peer to peer below it, not counted: {'; '.join(parts)}"
 
 
+def acs_text(topology: Topology | None, chosen: list[tuple[EndpointFlow, float]]) -> str:
+    """Why peer-to-peer traffic of the contending endpoints crosses the link, when ACS is the
+    reason: the pairs below one switch whose requests its ports redirect to the root
+    complex. Empty otherwise (no topology, no such pair)."""
+    if topology is None:
+        return ""
+    names = {f.bdf: f.name for f, _s in chosen}
+    redirects = acs_redirects(topology, names)
+    if not redirects:
+        return ""
+    ports = sorted({p for r in redirects for p in r.ports})
+    pairs = "; ".join(
+        f"{names[r.first]}↔{names[r.second]} below switch port {r.turn}" for r in redirects[:4]
+    )
+    return (
+        f"; ACS P2P Request Redirect is on at switch port{'s' if len(ports) > 1 else ''}"
+        f" {', '.join(ports)}: the peer-to-peer traffic of {pairs} goes up through the root"
+        " complex and back instead of turning in the switch, so this link carries it;"
+        " action: clear ACS redirect on those ports (BIOS or setpci) where the platform's"
+        " IOMMU policy allows"
+    )
+
+
 def evaluate(
     links: Iterable[LinkLoad],
     utilisation_ratio: float,
@@ -160,6 +188,7 @@ def evaluate(
     floor: float | None = None,
     jobs_by_bdf: dict[str, list[str]] | None = None,
     extra_evidence: dict[str, float] | None = None,
+    topology: Topology | None = None,
 ) -> list[Finding]:
     """Findings for every contended shared link. ``floor`` (default: the threshold) is the
     least utilisation reported; between it and the threshold a finding only keeps a firing
@@ -205,9 +234,12 @@ def evaluate(
         named = frozenset(f.bdf for f, _s in chosen)
         sides = [direction_text(d, min_share, owners, named) for d in (busier, other)]
         who = "; ".join(text for text in sides if text is not None)
+        acs = acs_text(topology, chosen)
+        if acs:
+            evidence["acs_redirect"] = 1.0
         message = (
             f"contention on {link_text(link)}: {who} (threshold {utilisation_ratio:.0%})"
-            f"{peer_text(link.peer_to_peer)}{tcp_text(extra)}"
+            f"{peer_text(link.peer_to_peer)}{acs}{tcp_text(extra)}"
         )
         findings.append(Finding(KIND, Severity.WARNING, {"link": link.name}, evidence, message))
     return findings
@@ -228,4 +260,5 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
         floor=emit_floor(config, KIND, RULE, threshold),
         jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
         extra_evidence=tcp_evidence(snapshot),
+        topology=snapshot.latest(PCI),
     )

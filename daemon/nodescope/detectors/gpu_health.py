@@ -21,17 +21,25 @@ is the GPU's). Kinds:
 ``gpu_page_retirement_pending`` (warning)
     while NVML says so: a remap (Ampere and later) or a page retirement (earlier GPUs) waits
     for the next GPU reset; a remap that failed left a bank with no spare row: replace the GPU.
-``gpu_thermal_slowdown``, ``gpu_power_slowdown`` (warning)
-    the driver's thermal (``sw_thermal_slowdown``) or power-cap (``sw_power_cap``) clock-event
-    reason while the GPU is under load (utilisation at least ``busy_util_percent``, or a
-    compute process on it), both held for ``min_slowdown_seconds``: the job runs slower than
-    the GPU can. A power cap whose enforced limit is below the management limit is reported
-    too, and the message says a lower cap is set.
+``gpu_thermal_slowdown`` (warning)
+    the driver's thermal reason (``sw_thermal_slowdown``) while the GPU is under load
+    (utilisation at least ``busy_util_percent``, or a compute process on it), held for
+    ``min_slowdown_seconds``: the job runs slower than the GPU can.
+``gpu_power_slowdown`` (warning)
+    the driver's power-cap reason (``sw_power_cap``) under load, held as long, and only when
+    the cap costs more than the GPU's normal operating point: its enforced limit is below the
+    board's default limit (the management limit where the default is not answered: a cap
+    someone set; the message names both), or its SM clock is below ``power_clock_fraction``
+    of its applications clock (the message names the load, the clock and the fraction). A
+    busy H100 drawing 695 W of its default 700 W with ``sw_power_cap`` is working as designed.
 ``gpu_hw_slowdown`` (critical)
     a reason the board asserts itself (``hw_slowdown``, ``hw_thermal_slowdown``,
     ``hw_power_brake_slowdown``: clocks cut hard until the signal clears) held for
-    ``min_slowdown_seconds``, loaded or not. These reasons are this kind's alone: the thermal
-    and power kinds above take the driver's reasons, so one fault is one finding.
+    ``min_slowdown_seconds``, loaded or not.
+
+One fault is one finding: a GPU gets at most one slowdown finding a cycle, the first of the
+hardware, thermal and power kinds held long enough, and its evidence lists every reason in
+force (``reason_<name>``) with the clock-event mask. Thresholds: docs/thresholds.md.
 ``gpu_fabric_degraded`` (critical)
     on a GPU whose fabric state is not ``not_supported``: its registration with the NVSwitch
     fabric unfinished for longer than ``fabric_grace_seconds``, finished with a status other
@@ -60,8 +68,11 @@ from nodescope.model.gpu_health import (
     NVML_SUCCESS,
     POWER_REASONS,
     THERMAL_REASONS,
+    Clocks,
     EccErrors,
     GpuHealth,
+    Power,
+    RowRemap,
     clock_event_names,
 )
 from nodescope.model.nvml import NVML, GpuSample, NvmlData
@@ -278,6 +289,21 @@ def _ecc(previous: Snapshot | None, snapshot: Snapshot, gpus: Sequence[_Gpu]) ->
 # Row remapping and page retirement: flags that hold until a reset
 
 
+def _remap_cause(remap: RowRemap) -> str:
+    """What the rows were remapped for, as NVML counts them: correctable errors (a row that
+    kept correcting single-bit errors), uncorrectable ones, or both; a count of 0 is left
+    out, so a remap of a correctable row does not read as "0 rows ... uncorrectable"."""
+    causes = [
+        f"{count} row{'s' if count > 1 else ''} for {kind} errors"
+        for count, kind in (
+            (remap.correctable, "correctable"),
+            (remap.uncorrectable, "uncorrectable"),
+        )
+        if count
+    ]
+    return f" (remapped: {' and '.join(causes)})" if causes else ""
+
+
 def _flags(gpus: Iterable[_Gpu]) -> Iterable[Finding]:
     for gpu in gpus:
         remap = gpu.health.row_remap
@@ -290,11 +316,7 @@ def _flags(gpus: Iterable[_Gpu]) -> Iterable[Finding]:
                 )
                 if value is not None
             }
-            counted = (
-                f" ({remap.uncorrectable} rows remapped for uncorrectable errors)"
-                if remap.uncorrectable is not None
-                else ""
-            )
+            counted = _remap_cause(remap)
             if remap.failed:
                 yield Finding(
                     REMAP_FAILED,
@@ -344,7 +366,40 @@ def _busy(sample: GpuSample | None, settings: GpuHealthSettings) -> bool:
     return bool(sample.processes) or (util is not None and util >= settings.busy_util_percent)
 
 
-def _conditions(gpu: _Gpu) -> dict[str, int]:
+def _capped_below_default(power: Power | None) -> tuple[float, float] | None:
+    """(enforced, reference) watts when the enforced limit is below the board's default
+    limit (its management limit where the default is not answered): a cap someone or
+    something set. ``None`` at the default, or when a limit is not answered."""
+    if power is None or power.enforced_limit_watts is None:
+        return None
+    reference = power.default_limit_watts
+    if reference is None:
+        reference = power.limit_watts
+    if reference is None or power.enforced_limit_watts >= reference:
+        return None
+    return power.enforced_limit_watts, reference
+
+
+def _clock_fraction(clocks: Clocks | None) -> float | None:
+    """The SM clock as a fraction of the applications clock; ``None`` when either is not
+    answered."""
+    if clocks is None or clocks.sm_mhz is None or not clocks.applications_sm_mhz:
+        return None
+    return clocks.sm_mhz / clocks.applications_sm_mhz
+
+
+def _power_limited(gpu: _Gpu, settings: GpuHealthSettings) -> bool:
+    """Whether the power cap costs this busy GPU more than its normal operating point: an
+    H100 working hard sits at its default limit with ``sw_power_cap`` set, and that is
+    healthy. A limit enforced below the default, or an SM clock pulled below
+    ``power_clock_fraction`` of the applications clock, is not."""
+    if _capped_below_default(gpu.health.power) is not None:
+        return True
+    fraction = _clock_fraction(gpu.health.clocks)
+    return fraction is not None and fraction < settings.power_clock_fraction
+
+
+def _conditions(gpu: _Gpu, settings: GpuHealthSettings) -> dict[str, int]:
     """Kind -> the reason bits (or fabric state) that hold for ``gpu`` in this snapshot."""
     held: dict[str, int] = {}
     clocks = gpu.health.clocks
@@ -352,7 +407,7 @@ def _conditions(gpu: _Gpu) -> dict[str, int]:
         reasons = clocks.event_reasons
         if gpu.busy and reasons & SOFTWARE_THERMAL:
             held[THERMAL] = reasons & SOFTWARE_THERMAL
-        if gpu.busy and reasons & SOFTWARE_POWER:
+        if gpu.busy and reasons & SOFTWARE_POWER and _power_limited(gpu, settings):
             held[POWER] = reasons & SOFTWARE_POWER
         if reasons & HARDWARE_REASONS:
             held[HW_SLOWDOWN] = reasons & HARDWARE_REASONS
@@ -365,18 +420,30 @@ def _conditions(gpu: _Gpu) -> dict[str, int]:
     return held
 
 
+#: The slowdown kinds, the one a GPU's finding takes first: a hardware reason says the most
+#: (the clocks are cut hard), then heat, then the power cap.
+_SLOWDOWNS = (HW_SLOWDOWN, THERMAL, POWER)
+
+
 def _held(
     snapshot: Snapshot, before: float | None, gpus: Sequence[_Gpu], settings: GpuHealthSettings
 ) -> list[Finding]:
-    conditions = [(gpu, _conditions(gpu)) for gpu in gpus]
+    conditions = [(gpu, _conditions(gpu, settings)) for gpu in gpus]
     keys: set[Hashable] = {(kind, gpu.health.uuid) for gpu, held in conditions for kind in held}
     since = snapshot.derived.held_since(_HELD, keys, snapshot.monotonic, before)
+    builders = {THERMAL: _thermal, POWER: _power, HW_SLOWDOWN: _hardware}
     findings: list[Finding] = []
     for gpu, held in conditions:
         seconds = {kind: snapshot.monotonic - since[(kind, gpu.health.uuid)] for kind in held}
-        for kind, build in ((THERMAL, _thermal), (POWER, _power), (HW_SLOWDOWN, _hardware)):
-            if kind in held and seconds[kind] >= settings.min_slowdown_seconds:
-                findings.append(build(gpu, held[kind], seconds[kind]))
+        # One fault, one finding: heat that trips the board's own slowdown sets a driver
+        # reason too. The GPU's finding is the first kind held long enough, and names
+        # every reason in force.
+        kind = next(
+            (k for k in _SLOWDOWNS if k in held and seconds[k] >= settings.min_slowdown_seconds),
+            None,
+        )
+        if kind is not None:
+            findings.append(builders[kind](gpu, _all_reasons(gpu), seconds[kind], settings))
         pending = seconds.get(_FABRIC_PENDING)
         fabric = _fabric(gpu, pending, settings.fabric_grace_seconds)
         if fabric is not None:
@@ -384,8 +451,15 @@ def _held(
     return findings
 
 
+def _all_reasons(gpu: _Gpu) -> int:
+    clocks = gpu.health.clocks
+    return 0 if clocks is None or clocks.event_reasons is None else clocks.event_reasons
+
+
 def _slowdown_evidence(gpu: _Gpu, reasons: int, held: float) -> dict[str, float]:
     evidence = {"clock_event_reasons": float(reasons), "held_seconds": held}
+    # Every reason in force, one key each, so a finding shows all of them.
+    evidence.update((f"reason_{name}", 1.0) for name in clock_event_names(reasons))
     if gpu.sample is not None:
         if gpu.sample.gpu_util_percent is not None:
             evidence["gpu_util_percent"] = float(gpu.sample.gpu_util_percent)
@@ -393,7 +467,12 @@ def _slowdown_evidence(gpu: _Gpu, reasons: int, held: float) -> dict[str, float]
     clocks, temps, power = gpu.health.clocks, gpu.health.temperatures, gpu.health.power
     read: tuple[tuple[str, float | None], ...] = ()
     if clocks is not None:
-        read += (("sm_clock_mhz", clocks.sm_mhz), ("memory_clock_mhz", clocks.memory_mhz))
+        read += (
+            ("sm_clock_mhz", clocks.sm_mhz),
+            ("memory_clock_mhz", clocks.memory_mhz),
+            ("applications_sm_clock_mhz", clocks.applications_sm_mhz),
+            ("sm_clock_fraction", _clock_fraction(clocks)),
+        )
     if temps is not None:
         read += (
             ("gpu_temperature_celsius", temps.gpu),
@@ -405,6 +484,7 @@ def _slowdown_evidence(gpu: _Gpu, reasons: int, held: float) -> dict[str, float]
             ("power_draw_watts", power.draw_watts),
             ("power_limit_watts", power.limit_watts),
             ("enforced_power_limit_watts", power.enforced_limit_watts),
+            ("default_power_limit_watts", power.default_limit_watts),
         )
     evidence.update((name, float(value)) for name, value in read if value is not None)
     return evidence
@@ -427,17 +507,33 @@ def _power_text(health: GpuHealth) -> str:
     if power is None or power.draw_watts is None:
         return ""
     text = f"drawing {power.draw_watts:.0f} W"
-    enforced, limit = power.enforced_limit_watts, power.limit_watts
-    if enforced is not None:
-        text += f" of an enforced {enforced:.0f} W"
-        if limit is not None and enforced < limit:
-            text += f", below the {limit:.0f} W management limit: a lower cap is set on it"
+    if power.enforced_limit_watts is not None:
+        text += f" of an enforced {power.enforced_limit_watts:.0f} W"
+        capped = _capped_below_default(power)
+        if capped is not None:
+            which = "default" if power.default_limit_watts is not None else "management"
+            text += f", below the board's {capped[1]:.0f} W {which} limit: a lower cap is set"
     return text
 
 
 def _sm_text(health: GpuHealth) -> str:
     clocks = health.clocks
-    return "" if clocks is None or clocks.sm_mhz is None else f"SM clock {clocks.sm_mhz} MHz"
+    if clocks is None or clocks.sm_mhz is None:
+        return ""
+    fraction = _clock_fraction(clocks)
+    if fraction is None:
+        return f"SM clock {clocks.sm_mhz} MHz"
+    return (
+        f"SM clock {clocks.sm_mhz} MHz, {fraction:.0%} of its {clocks.applications_sm_mhz} MHz"
+        " applications clock"
+    )
+
+
+def _load_text(gpu: _Gpu) -> str:
+    sample = gpu.sample
+    if sample is None or sample.gpu_util_percent is None:
+        return ""
+    return f"{sample.gpu_util_percent} % utilisation"
 
 
 def _details(*parts: str) -> str:
@@ -445,34 +541,49 @@ def _details(*parts: str) -> str:
     return f" ({'; '.join(shown)})" if shown else ""
 
 
-def _thermal(gpu: _Gpu, reasons: int, held: float) -> Finding:
+def _reason_names(reasons: int) -> str:
+    return ", ".join(clock_event_names(reasons)) or "no reason given"
+
+
+def _thermal(gpu: _Gpu, reasons: int, held: float, settings: GpuHealthSettings) -> Finding:
     health = gpu.health
     return Finding(
         THERMAL,
         Severity.WARNING,
         gpu.subjects,
         _slowdown_evidence(gpu, reasons, held),
-        f"{gpu.name} slowed by heat under load for {held:.0f} s:"
-        f" {', '.join(clock_event_names(reasons))}"
-        f"{_details(_temperature_text(health), _sm_text(health))}{gpu.used};"
+        f"{gpu.name} slowed by heat under load for {held:.0f} s: {_reason_names(reasons)}"
+        f"{_details(_temperature_text(health), _sm_text(health), _load_text(gpu))}{gpu.used};"
         " action: check its cooling (airflow, fans, inlet temperature)",
     )
 
 
-def _power(gpu: _Gpu, reasons: int, held: float) -> Finding:
+def _power(gpu: _Gpu, reasons: int, held: float, settings: GpuHealthSettings) -> Finding:
     health = gpu.health
+    if _capped_below_default(health.power) is not None:
+        why = "its power limit is set below the board's default"
+        action = "action: find what set the cap (nvidia-smi -pl, a power policy) and lift it"
+    else:
+        why = (
+            f"its SM clock is below {settings.power_clock_fraction:.0%} of its applications"
+            " clock at its default power limit"
+        )
+        action = "action: check what the board is drawing power for (its cooling, its firmware)"
     return Finding(
         POWER,
         Severity.WARNING,
         gpu.subjects,
-        _slowdown_evidence(gpu, reasons, held),
-        f"{gpu.name} held to its power limit under load for {held:.0f} s:"
-        f" {', '.join(clock_event_names(reasons))}"
-        f"{_details(_power_text(health), _sm_text(health))}{gpu.used}",
+        {
+            **_slowdown_evidence(gpu, reasons, held),
+            "power_clock_fraction": settings.power_clock_fraction,
+        },
+        f"{gpu.name} held back by its power cap under load for {held:.0f} s: {why};"
+        f" {_reason_names(reasons)}"
+        f"{_details(_power_text(health), _sm_text(health), _load_text(gpu))}{gpu.used}; {action}",
     )
 
 
-def _hardware(gpu: _Gpu, reasons: int, held: float) -> Finding:
+def _hardware(gpu: _Gpu, reasons: int, held: float, settings: GpuHealthSettings) -> Finding:
     health = gpu.health
     load = "under load" if gpu.busy else "while idle"
     return Finding(
@@ -480,8 +591,7 @@ def _hardware(gpu: _Gpu, reasons: int, held: float) -> Finding:
         Severity.CRITICAL,
         gpu.subjects,
         _slowdown_evidence(gpu, reasons, held),
-        f"hardware slowdown on {gpu.name} {load} for {held:.0f} s:"
-        f" {', '.join(clock_event_names(reasons))}"
+        f"hardware slowdown on {gpu.name} {load} for {held:.0f} s: {_reason_names(reasons)}"
         f"{_details(_temperature_text(health), _power_text(health), _sm_text(health))}"
         f"{gpu.used}; action: check the node's cooling and power supplies, drain the node"
         " if it persists",

@@ -23,7 +23,11 @@ progress whose GPUs are all idle (utilisation at most ``idle_utilisation_ratio``
 ``collective_hang`` (critical with a blocker, warning without)
     busy GPUs, nothing moving: NCCL's collectives wait for a rank that does not come; the
     blocker the storage analysis below finds for the job's processes (a lock, D-state
-    threads) is named.
+    threads) is named. The job's busy and idle GPUs are counted apart, and a rank that left
+    before the hang (a GPU process of the job that NVML and the job lost within
+    :data:`DEPARTED_KEEP_SECONDS`, remembered by ``Derived.departed_ranks``) is named with
+    its pid, name, GPUs and when; how it ended is "status unknown", as the node is not its
+    parent, with the OOM kills of the job's cgroup named beside as a fact.
 
 A stalled job is then, in this order:
 
@@ -59,8 +63,8 @@ from nodescope.model.cgroup import CGROUPS, Cgroup, CgroupTree
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.infiniband import INFINIBAND
-from nodescope.model.jobs import JobView
-from nodescope.model.locks import LOCKS, ContendedLock, LocksData
+from nodescope.model.jobs import DepartedRank, JobView
+from nodescope.model.locks import LOCKS, ContendedLock, LockParty, LocksData
 from nodescope.model.mountstats import MOUNTSTATS, MountstatsData, MountstatsRates, NfsMountRates
 from nodescope.model.nvml import NVML
 from nodescope.model.procs import PROCS, ProcsData
@@ -283,14 +287,25 @@ def _lock_text(lock: ContendedLock, waiter_pids: Sequence[int], job_of: Mapping[
     where = lock.mountpoint or (f"device {lock.device}" if lock.device else "no inode")
     mount = f" ({lock.fstype} {lock.mount_source})" if lock.fstype and lock.mount_source else ""
     path = f" {lock.path}" if lock.path else ""
-    holder = lock.holder
-    holder_job = job_of.get(holder.pid)
-    holder_text = f"pid {holder.pid}" + (f" ({holder.comm}" if holder.comm else " (")
-    holder_text += f", job {holder_job})" if holder_job else (")" if holder.comm else "not a job)")
     return (
         f"pid {waiter.pid} ({waiter.comm or '?'}) waits on {lock.kind} {waiter.access} lock on"
-        f" {where}{mount} inode {lock.inode}{path} held by {holder_text}"
+        f" {where}{mount} inode {lock.inode}{path} held by"
+        f" {_holder_text(lock.holder, job_of.get(lock.holder.pid))}"
     )
+
+
+def _holder_text(holder: LockParty, job: str | None) -> str:
+    """Who holds the lock: the job's process, or what a process outside any job is (its
+    systemd unit and cgroup: a backup service, a user's shell), as far as the node knows."""
+    name = f"pid {holder.pid} ({holder.comm or '?'}"
+    if job is not None:
+        return f"{name}, job {job})"
+    unit = holder.unit
+    if unit is not None:
+        return f"{name}) of {unit}, not a job (cgroup {holder.cgroup})"
+    if holder.cgroup:
+        return f"{name}) in cgroup {holder.cgroup}, not a job"
+    return f"{name}, not a job)"
 
 
 def _storage_finding(
@@ -333,6 +348,8 @@ def _storage_finding(
         holder_job = job_of.get(lock.holder.pid)
         if holder_job is not None:
             subjects["holder_job"] = holder_job
+        elif lock.holder.unit is not None:
+            subjects["holder_unit"] = lock.holder.unit
         parts.append(_lock_text(lock, sorted(pids), job_of))
         if len(waits) > 1:
             parts.append(f"and {len(waits) - 1} more contended lock(s)")
@@ -510,29 +527,69 @@ def data_moving(
     return moving
 
 
-def _collective_finding(activity: JobGpuActivity, blocker: Finding | None) -> Finding:
+def _gpus_text(gpus: Sequence[int], state: str) -> str:
+    return f"GPU{'s' if len(gpus) > 1 else ''} {_gpu_list(gpus)} {state}"
+
+
+def _departed_text(gone: Sequence[DepartedRank], now: float, oom_kills: int | None) -> str:
+    """The job's ranks that left before the hang: pid, name, GPUs, when. How each ended is
+    not known to the node (it is not their parent and the kernel logs only some deaths), so
+    it is said to be unknown; OOM kills the job's cgroup counted are named as a fact beside."""
+    ranks = []
+    for rank in gone[:4]:
+        on = f" on {_gpus_text(rank.gpus, '')}".rstrip() if rank.gpus else ""
+        ranks.append(
+            f"pid {rank.pid} ({rank.comm or '?'}){on} exited {now - rank.gone_at:.0f} s ago"
+            " (status unknown)"
+        )
+    more = f" and {len(gone) - 4} more" if len(gone) > 4 else ""
+    text = f"; rank gone: {', '.join(ranks)}{more}"
+    if oom_kills:
+        text += f" (the job's cgroup counts {oom_kills} OOM kill(s) in memory.events)"
+    return text
+
+
+def _collective_finding(
+    activity: JobGpuActivity,
+    blocker: Finding | None,
+    gone: Sequence[DepartedRank] = (),
+    now: float = 0.0,
+    oom_kills: int | None = None,
+) -> Finding:
     """Busy GPUs that move nothing: the job's collectives wait for a rank that does not come.
-    ``blocker``: what the storage analysis found holding one of its processes."""
+    ``blocker``: what the storage analysis found holding one of its processes; ``gone``: the
+    job's GPU processes that left before (a rank that died)."""
     job = activity.job_id
     traffic = (activity.pcie_bytes_per_second or 0.0) + (activity.nvlink_bytes_per_second or 0.0)
     util = activity.mean_utilisation or 0.0
+    idle = set(activity.idle_gpus)
+    busy = [g for g in activity.gpus if g not in idle]
     evidence: dict[str, float] = {
         "gpu_utilisation_ratio": util,
         "gpu_traffic_bytes_per_second": traffic,
         "gpus": float(len(activity.gpus)),
+        "gpus_busy": float(len(busy)),
+        "gpus_idle": float(len(idle)),
     }
     subjects = {"job": job}
+    # An idle GPU of the job (its rank stopped launching kernels) is no spinning one: the
+    # two are counted apart.
+    idle_text = f", {_gpus_text(activity.idle_gpus, 'idle')}" if idle else ""
     text = (
-        f"job {job} collective hang: GPUs {_gpu_list(activity.gpus)} busy ({util:.0%} mean"
+        f"job {job} collective hang: {_gpus_text(busy, 'busy')}{idle_text} ({util:.0%} mean"
         f" utilisation) while no data moves on NVLink, PCIe ({traffic / 1e6:.0f} MB/s) or"
         f" InfiniBand: kernels spin waiting for a peer"
     )
+    if gone:
+        text += _departed_text(gone, now, oom_kills)
+        evidence["ranks_gone"] = float(len(gone))
+        evidence["gone_pid"] = float(gone[0].pid)
     if blocker is None:
         return Finding(COLLECTIVE, Severity.WARNING, subjects, evidence, text)
     # The storage analysis names what holds the job: the lock, its holder, the D-state
     # threads; its first part restates the GPUs, which this message already says.
     cause = blocker.message.split("; ", 1)[1] if "; " in blocker.message else blocker.message
-    for key in ("lock_inode", "lock_mount", "holder_pid", "holder_job"):
+    for key in ("lock_inode", "lock_mount", "holder_pid", "holder_job", "holder_unit"):
         if key in blocker.subjects:
             subjects[key] = blocker.subjects[key]
     evidence.update(
@@ -553,7 +610,24 @@ def _job_process_maps(procs: ProcsData | None) -> tuple[dict[int, str], dict[str
     return job_of, pids_of
 
 
-def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
+#: Seconds a job's departed GPU process is remembered: a hang found within this long of a
+#: rank's exit names it (the hang needs min_stall_seconds, 20 s by default, to be a finding).
+DEPARTED_KEEP_SECONDS = 600.0
+
+
+def _oom_kills(snapshot: Snapshot, job_id: str) -> int | None:
+    """``oom_kill`` of the job cgroup's ``memory.events`` (v1: ``memory.oom_control``)."""
+    for job in snapshot.derived.jobs:
+        if job.job_id == job_id:
+            stats = job.stats
+            if stats is not None and stats.memory_events is not None:
+                return stats.memory_events.oom_kill
+    return None
+
+
+def evaluate(
+    snapshot: Snapshot, config: Config, departed: Sequence[DepartedRank] = ()
+) -> list[Finding]:
     activities = job_gpu_activity(
         snapshot,
         config.detectors.hangs.idle_utilisation_ratio,
@@ -597,7 +671,9 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
             else None
         )
         if silent and activity.spinning:
-            findings.append(_collective_finding(activity, storage))
+            gone = [d for d in departed if d.job_id == job]
+            oom = _oom_kills(snapshot, job) if gone else None
+            findings.append(_collective_finding(activity, storage, gone, snapshot.monotonic, oom))
             continue
         if storage is not None:
             findings.append(storage)
@@ -634,8 +710,15 @@ def evaluate(snapshot: Snapshot, config: Config) -> list[Finding]:
 def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
     if not config.detectors.hangs.enabled:
         return []
+    # Asked every cycle, so the memory of the ranks that left carries on: cheap while the
+    # jobs' GPU processes do not change.
+    departed = snapshot.derived.departed_ranks(
+        snapshot.monotonic,
+        None if previous is None else previous.monotonic,
+        DEPARTED_KEEP_SECONDS,
+    )
     return held_long_enough(
-        evaluate(snapshot, config),
+        evaluate(snapshot, config, departed),
         previous,
         snapshot,
         config.detectors.hangs.min_stall_seconds,

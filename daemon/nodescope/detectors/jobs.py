@@ -19,17 +19,24 @@ OOM kills and memory-limit thrash, of the sample before it and the seconds betwe
   ``memory_pressure_percent`` of the last minute (``memory.pressure`` ``full avg60``).
 * ``job_memory_limit_thrash``: the job cgroup or a step hits its own ``memory.max`` at
   ``memory_limit_thrash_events_per_second`` or more (``memory.events`` ``max``: a charge that
-  found the cgroup at its limit and had to reclaim first), the reclaim thrash that comes before
-  an OOM kill or instead of it. Named at the level whose limit is hit, with that cgroup's
-  ``memory.max`` and ``memory.current``.
+  found the cgroup at its limit and had to reclaim first) AND the reclaim costs its tasks
+  time: they stalled on memory for at least ``memory_limit_thrash_stall_percent`` of the
+  interval (the growth of ``memory.pressure`` ``some total``), or the OOM killer struck at
+  that level in the interval. Page cache filling a limit is how Linux uses memory: it hits
+  ``max`` as often and makes nobody wait. Where the cgroup has no ``memory.pressure`` (cgroup
+  v1, a kernel without PSI) the cost is judged by pages refaulted after reclaim
+  (``memory.stat`` ``workingset_refault*``), and without either nothing shows a cost: no
+  finding. Named at the level whose limit is hit, with that cgroup's ``memory.max`` and
+  ``memory.current``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from nodescope.config import Config
-from nodescope.model.cgroup import Cgroup
+from nodescope.model.cgroup import Cgroup, Pressure, PressureLine
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.job_records import JOBS
@@ -216,6 +223,9 @@ def _delta(before: int | None, now: int | None) -> int | None:
     return None if before is None or now is None else counter_delta(before, now)
 
 
+#: A cgroup without ``memory.pressure``: neither line read.
+_NO_PRESSURE = Pressure(None, None)
+
 _REFAULTS = ("workingset_refault_anon", "workingset_refault_file", "workingset_refault")
 
 
@@ -228,11 +238,55 @@ def _refaults(stats: Cgroup) -> int | None:
     return sum(values) if values else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Cost:
+    """What reclaim at a limit cost a cgroup's tasks over one interval: the share of it they
+    stalled on memory (``some``: at least one task, ``full``: all at once; ``None`` without
+    ``memory.pressure``), OOM kills, and pages refaulted after reclaim (``None``: unknown)."""
+
+    some_percent: float | None
+    full_percent: float | None
+    oom_kills: int
+    refaulted: int | None
+
+    def shown(self, stall_percent: float) -> bool:
+        """Whether the interval shows a cost worth a finding."""
+        if self.oom_kills:
+            return True
+        if self.some_percent is not None:
+            return self.some_percent >= stall_percent
+        # No pressure file: only pages brought back right after reclaim show tasks waited.
+        return bool(self.refaulted)
+
+
+def _stall_percent(
+    old: PressureLine | None, new: PressureLine | None, seconds: float
+) -> float | None:
+    """Share of ``seconds`` (%) a ``memory.pressure`` line counted as stalled: the growth of
+    its ``total`` (µs), exact over the interval where the averages decay over fixed windows.
+    ``None`` when either read lacks the line or the total went back (a cgroup made again)."""
+    if old is None or new is None or seconds <= 0 or new.total_usec < old.total_usec:
+        return None
+    return min(100.0, (new.total_usec - old.total_usec) / (seconds * 1e6) * 100.0)
+
+
+def _cost(old: Cgroup, new: Cgroup, seconds: float) -> _Cost:
+    before = old.memory_pressure or _NO_PRESSURE
+    now = new.memory_pressure or _NO_PRESSURE
+    return _Cost(
+        _stall_percent(before.some, now.some, seconds),
+        _stall_percent(before.full, now.full, seconds),
+        _delta(_oom_kills(old), _oom_kills(new)) or 0,
+        _delta(_refaults(old), _refaults(new)),
+    )
+
+
 def memory_limit_thrash(
-    previous: Job, current: Job, seconds: float, per_second: float
+    previous: Job, current: Job, seconds: float, per_second: float, stall_percent: float
 ) -> list[Finding]:
     """Each level of the job (the job cgroup, each step) whose own ``memory.max`` was hit at
-    ``per_second`` or more between two reads ``seconds`` apart."""
+    ``per_second`` or more between two reads ``seconds`` apart, with a cost to its tasks
+    (:class:`_Cost`, ``stall_percent`` of the interval stalled on memory)."""
     levels: list[tuple[str | None, Cgroup, int]] = []
     before_steps = {s.name: s for s in previous.steps}
     stepped = 0  # hierarchical max events of the steps, for a job without local counts
@@ -262,14 +316,14 @@ def memory_limit_thrash(
         if rate < per_second:
             continue
         old_stats = previous.stats if name is None else before_steps[name].stats
-        refaulted = _delta(
-            _refaults(old_stats) if old_stats is not None else None, _refaults(stats)
-        )
-        if refaulted == 0:
-            # Reclaim took only pages nobody asked for again (page cache of data read once):
-            # a job streaming through its limit hits memory.max as often and loses nothing.
+        if old_stats is None:
             continue
-        findings.append(_thrash_finding(current, name, stats, rate, events, seconds, refaulted))
+        cost = _cost(old_stats, stats, seconds)
+        if not cost.shown(stall_percent):
+            # Reclaim that made nobody wait (page cache of data read once, streaming
+            # through the limit): memory.max is hit as often and nothing is lost.
+            continue
+        findings.append(_thrash_finding(current, name, stats, rate, events, seconds, cost))
     return findings
 
 
@@ -280,7 +334,7 @@ def _thrash_finding(
     rate: float,
     events: int,
     seconds: float,
-    refaulted: int | None,
+    cost: _Cost,
 ) -> Finding:
     where = f"step {step} ({stats.path})" if step is not None else f"the job cgroup ({stats.path})"
     limit = stats.memory_max.value if stats.memory_max is not None else None
@@ -301,13 +355,22 @@ def _thrash_finding(
         f"job {job.job_id}: {where} hit its memory limit {rate:.0f} times/s over {seconds:.0f} s"
         f" ({at}; memory.events max): reclaim thrash at the limit"
     )
-    if refaulted is not None:
-        message += f", {refaulted / seconds:.0f} pages/s refaulted after reclaim"
-        evidence["refaults_per_second"] = refaulted / seconds
-    pressure = stats.memory_pressure
-    if pressure is not None and pressure.some is not None and pressure.some.avg10 > 0:
-        message += f"; tasks stalled on memory {pressure.some.avg10:.1f} % of the last 10 s"
-        evidence["memory_some_avg10_percent"] = pressure.some.avg10
+    if cost.some_percent is not None:
+        message += (
+            f"; its tasks stalled on memory {cost.some_percent:.1f} % of those {seconds:.0f} s"
+            " (memory.pressure some"
+        )
+        evidence["memory_some_stall_percent"] = cost.some_percent
+        if cost.full_percent is not None:
+            message += f"; all of them at once {cost.full_percent:.1f} %, full"
+            evidence["memory_full_stall_percent"] = cost.full_percent
+        message += ")"
+    if cost.refaulted is not None:
+        message += f", {cost.refaulted / seconds:.0f} pages/s refaulted after reclaim"
+        evidence["refaults_per_second"] = cost.refaulted / seconds
+    if cost.oom_kills:
+        message += f"; the OOM killer killed {cost.oom_kills} process(es) there"
+        evidence["oom_kills"] = float(cost.oom_kills)
     subjects = {"job": job.job_id, "step": step if step is not None else "job"}
     return Finding(THRASH, Severity.WARNING, subjects, evidence, message)
 
@@ -318,6 +381,7 @@ def evaluate(
     pressure_percent: float,
     seconds: float | None = None,
     thrash_per_second: float | None = None,
+    thrash_stall_percent: float = 10.0,
 ) -> list[Finding]:
     """The findings of the registries of two reads ``seconds`` apart; without ``seconds`` or
     ``thrash_per_second``, no thrash is looked for."""
@@ -331,7 +395,9 @@ def evaluate(
         if old is not None and old.running and job.running:
             findings.extend(oom_kills(old, job))
             if seconds is not None and thrash_per_second is not None and old.cgroup == job.cgroup:
-                findings.extend(memory_limit_thrash(old, job, seconds, thrash_per_second))
+                findings.extend(
+                    memory_limit_thrash(old, job, seconds, thrash_per_second, thrash_stall_percent)
+                )
     return findings
 
 
@@ -352,6 +418,7 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
         return []
     percent = settings.memory_pressure_percent
     thrash = settings.memory_limit_thrash_events_per_second
+    stall = settings.memory_limit_thrash_stall_percent
     derived = snapshot.derived
     before, current = derived.jobs_before, derived.jobs
     seconds = _interval(snapshot) if before is not None else None
@@ -360,6 +427,6 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
     return derived.reuse(
         "jobs",
         (before, current),
-        (percent, thrash, seconds),
-        lambda: evaluate(before, current, percent, seconds, thrash),
+        (percent, thrash, stall, seconds),
+        lambda: evaluate(before, current, percent, seconds, thrash, stall),
     )

@@ -455,6 +455,22 @@ _SWITCH_PORTS = (PortRole.UPSTREAM_PORT, PortRole.DOWNSTREAM_PORT)
 _RDMA_CLASSES = (DeviceClass.INFINIBAND, DeviceClass.ETHERNET)
 
 
+def _switch_between(topology: Topology, a: PciDevice, b: PciDevice) -> tuple[int, PciDevice] | None:
+    """Where the paths of ``a`` and ``b`` meet when that is a PCIe switch port: the length of
+    their common chain and that port; ``None`` when they meet at the root or not at all."""
+    depth = 0
+    for x, y in zip(a.chain, b.chain, strict=False):
+        if x != y:
+            break
+        depth += 1
+    if depth == 0:
+        return None
+    turn = topology.get(a.chain[depth - 1])
+    if turn is None or turn.role not in _SWITCH_PORTS:
+        return None
+    return depth, turn
+
+
 def _peer_pairs(topology: Topology) -> tuple[_PeerPair, ...]:
     """Every GPU and NIC (GPUDirect RDMA) or NVMe drive (GPUDirect Storage, with ``nvidia_fs``
     loaded) whose paths meet inside a PCIe switch, where no port on the way down to either
@@ -479,16 +495,10 @@ def _peer_pairs(topology: Topology) -> tuple[_PeerPair, ...]:
     pairs: list[_PeerPair] = []
     for gpu in gpus:
         for peer in peers:
-            depth = 0
-            for a, b in zip(gpu.chain, peer.chain, strict=False):
-                if a != b:
-                    break
-                depth += 1
-            if depth == 0:
+            meeting = _switch_between(topology, gpu, peer)
+            if meeting is None:
                 continue
-            turn = topology.get(gpu.chain[depth - 1])
-            if turn is None or turn.role not in _SWITCH_PORTS:
-                continue
+            depth, turn = meeting
             below = [topology.get(b) for b in (*gpu.chain[depth:], *peer.chain[depth:])]
             acs = [d.acs_redirect for d in below if d is not None and d.role in _SWITCH_PORTS]
             if any(acs):
@@ -511,6 +521,51 @@ def _peer_pairs(topology: Topology) -> tuple[_PeerPair, ...]:
             pairs.append(_PeerPair(kind, gpu.bdf, peer.bdf, turn.bdf, depth, basis, inferred))
     pairs.sort(key=lambda p: (-p.depth, p.gpu, p.peer))
     return tuple(pairs)
+
+
+@dataclass(frozen=True, slots=True)
+class AcsRedirect:
+    """Two functions whose paths meet inside a PCIe switch (at ``turn``), where switch ports
+    on the way down (``ports``) redirect peer-to-peer requests to the root complex (ACS "P2P
+    Request Redirect"): what they move between each other goes up through the root port
+    above and back down instead of turning in the switch."""
+
+    first: str
+    second: str
+    turn: str
+    ports: tuple[str, ...]
+
+
+#: Classes whose traffic between each other may turn inside a switch: GPUs among themselves
+#: (CUDA peer access), with a NIC (GPUDirect RDMA) or an NVMe drive (GPUDirect Storage).
+_PEER_CLASSES = (DeviceClass.GPU, DeviceClass.NVME, *_RDMA_CLASSES)
+
+
+def acs_redirects(topology: Topology, bdfs: Iterable[str]) -> tuple[AcsRedirect, ...]:
+    """The pairs of ``bdfs``, at least one a GPU, that sit below one PCIe switch and whose
+    peer-to-peer requests ACS redirects to the root complex (see :class:`AcsRedirect`). For
+    a finding's message: a link carries their traffic because of that setting."""
+    devices = [d for d in (topology.get(b) for b in sorted(set(bdfs))) if d is not None]
+    devices = [d for d in devices if d.device_class in _PEER_CLASSES]
+    found: list[AcsRedirect] = []
+    for i, first in enumerate(devices):
+        for second in devices[i + 1 :]:
+            if DeviceClass.GPU not in (first.device_class, second.device_class):
+                continue
+            meeting = _switch_between(topology, first, second)
+            if meeting is None:
+                continue
+            depth, turn = meeting
+            ports = tuple(
+                bdf
+                for bdf in (*first.chain[depth:], *second.chain[depth:])
+                if (port := topology.get(bdf)) is not None
+                and port.role in _SWITCH_PORTS
+                and port.acs_redirect
+            )
+            if ports:
+                found.append(AcsRedirect(first.bdf, second.bdf, turn.bdf, tuple(sorted(ports))))
+    return tuple(found)
 
 
 def _peer_flows(

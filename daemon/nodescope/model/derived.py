@@ -38,6 +38,7 @@ from nodescope.model.infiniband import (
 )
 from nodescope.model.job_records import JOBS
 from nodescope.model.jobs import (
+    DepartedRank,
     GpuUse,
     Job,
     JobView,
@@ -113,6 +114,38 @@ def sample_pair(
     if now is None or before is None or seconds <= 0:
         return None
     return SamplePair(prev, cur, before, now, seconds)
+
+
+#: Departed ranks one snapshot keeps (:meth:`Derived.departed_ranks`): a node runs a few
+#: jobs of at most a few dozen GPU processes; a churn of short jobs must not grow it.
+MAX_DEPARTED = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _Departed:
+    """What :meth:`Derived.departed_ranks` carries: the views its members were made from,
+    each GPU process of a job (pid -> job, name, GPUs), and the ranks gone."""
+
+    views: tuple[JobView, ...]
+    members: Mapping[int, tuple[str, str | None, tuple[int, ...]]]
+    departed: tuple[DepartedRank, ...]
+
+
+def _members(
+    views: tuple[JobView, ...], uses: tuple[GpuUse, ...], registry: tuple[Job, ...]
+) -> dict[int, tuple[str, str | None, tuple[int, ...]]]:
+    """pid -> (job, name, GPUs) of every GPU process of a job view."""
+    gpus_of: dict[int, list[int]] = {}
+    for use in uses:
+        for pid in use.pids:
+            gpus_of.setdefault(pid, []).append(use.index)
+    comm_of = {t.pid: t.comm for job in registry for t in job.tasks}
+    return {
+        pid: (view.job_id, comm_of.get(pid), tuple(sorted(gpus_of[pid])))
+        for view in views
+        for pid in view.pids
+        if pid in gpus_of
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +268,45 @@ class Derived:
             if key not in held.since:
                 held.since[key] = held.earlier.get(key, now)
         return MappingProxyType({key: held.since[key] for key in keys})
+
+    def departed_ranks(
+        self, now: float, before: float | None, keep_seconds: float
+    ) -> tuple[DepartedRank, ...]:
+        """The GPU processes of jobs that left in the last ``keep_seconds``: a pid of a job's
+        GPU view in the snapshot taken at ``before`` that no job's view has now. Carried from
+        snapshot to snapshot like :meth:`held_since` (a snapshot that does not ask starts the
+        memory again), at most :data:`MAX_DEPARTED` of them, the latest kept. Cheap while the
+        views are the same objects: the members are then last cycle's."""
+        figure = "departed_ranks"
+        known = self._figures.get(figure)
+        if known is not None and known.equal == now:
+            return cast(_Departed, known.value).departed
+        last = self._carried.pop(figure, None)
+        views = self.job_views
+        prior = (
+            cast(_Departed, last.value)
+            if last is not None and before is not None and last.equal == before
+            else None
+        )
+        if prior is not None and prior.views is views:
+            members = prior.members
+        else:
+            members = _members(views, self.gpu_uses, self.jobs)
+        departed: list[DepartedRank] = []
+        if prior is not None:
+            departed = [
+                d
+                for d in prior.departed
+                if now - d.gone_at <= keep_seconds and d.pid not in members
+            ]
+            departed.extend(
+                DepartedRank(job, pid, comm, gpus, now)
+                for pid, (job, comm, gpus) in prior.members.items()
+                if pid not in members
+            )
+        kept = tuple(departed[-MAX_DEPARTED:])
+        self._figures[figure] = Figure((), now, _Departed(views, members, kept))
+        return kept
 
     # -- rates between each source's two latest reads ------------------------------------
 

@@ -152,22 +152,28 @@ class Temperatures:
 
 @dataclass(frozen=True, slots=True)
 class Power:
-    """Watts: the board's draw, the management limit set on it and the limit enforced (the
-    lowest of every limit in force)."""
+    """Watts: the board's draw, the management limit set on it, the limit enforced (the
+    lowest of every limit in force) and the board's default limit
+    (``nvmlDeviceGetPowerManagementDefaultLimit``, the limit it ships with: a GPU working
+    hard draws close to it, and an enforced limit below it is a cap someone set)."""
 
     draw_watts: float | None
     limit_watts: float | None
     enforced_limit_watts: float | None
+    default_limit_watts: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Clocks:
-    """MHz of the SM and memory clocks and the clock-event reasons in force (bit mask of
-    :data:`CLOCK_EVENT_REASONS`; ``None`` when not answered)."""
+    """MHz of the SM and memory clocks, the clock-event reasons in force (bit mask of
+    :data:`CLOCK_EVENT_REASONS`; ``None`` when not answered) and the SM clock the GPU's
+    applications are meant to run at (``nvmlDeviceGetApplicationsClock``, the target the
+    driver boosts to when power and heat allow)."""
 
     sm_mhz: int | None
     memory_mhz: int | None
     event_reasons: int | None
+    applications_sm_mhz: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,20 @@ class JobProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class DepartedRank:
+    """A process of a job that ran on GPUs and is gone: NVML stopped listing it as a compute
+    process of any GPU and the job lost it. ``gone_at`` is the snapshot time it was first
+    missed; ``comm`` is its name while it ran (``None``: the job registry had not seen it).
+    How it ended is not known here: the node agent is not its parent, so no exit status."""
+
+    job_id: str
+    pid: int
+    comm: str | None
+    gpus: tuple[int, ...]
+    gone_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class GpuUse:
     """A GPU and the pids NVML lists as its compute processes."""
 

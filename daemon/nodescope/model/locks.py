@@ -17,11 +17,27 @@ from nodescope.model.source_key import SourceKey
 @dataclass(frozen=True, slots=True)
 class LockParty:
     """A process on one side of a contended lock: pid, ``comm`` (``None``: not readable or
-    not a local process) and the type it holds or asks for."""
+    not a local process) and the type it holds or asks for. ``cgroup`` (the holder's only)
+    is its cgroup as ``/proc/<pid>/cgroup`` gives it (the unified hierarchy's path, or on a
+    v1-only host systemd's ``name=systemd`` one): what names a holder outside any job, a
+    system service's unit."""
 
     pid: int
     comm: str | None
     access: str
+    cgroup: str | None = None
+
+    @property
+    def unit(self) -> str | None:
+        """The systemd unit the process runs in: the last ``.service`` or ``.scope``
+        component of its cgroup (``/system.slice/rsync-backup.service`` ->
+        ``rsync-backup.service``), ``None`` outside any."""
+        if not self.cgroup:
+            return None
+        for part in reversed(self.cgroup.split("/")):
+            if part.endswith((".service", ".scope")):
+                return part
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,9 +208,16 @@ class FakeGpu:
     power_draw_mw: int = 72_000
     power_limit_mw: int = 700_000
     power_enforced_limit_mw: int = 700_000
+    #: nvmlDeviceGetPowerManagementDefaultLimit: the limit the board ships with (an H100
+    #: SXM's 700 W)
+    power_default_limit_mw: int = 700_000
     #: MHz: nvmlDeviceGetClockInfo(NVML_CLOCK_SM / NVML_CLOCK_MEM)
     sm_clock_mhz: int = 1980
     memory_clock_mhz: int = 2619
+    #: MHz: nvmlDeviceGetApplicationsClock(NVML_CLOCK_SM / NVML_CLOCK_MEM), the clocks the
+    #: applications run at when power and heat allow (an H100 SXM's defaults)
+    applications_sm_clock_mhz: int = 1980
+    applications_memory_clock_mhz: int = 2619
     #: nvmlDeviceGetCurrentClocksEventReasons' bit mask (nvmlClocksEventReason*)
     clock_event_reasons: int = pynvml.nvmlClocksEventReasonGpuIdle
     #: bytes: nvmlDeviceGetMemoryInfo
@@ -638,6 +645,19 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
         return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit")[1].power_enforced_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetPowerManagementDefaultLimit")[1]
+        return gpu.power_default_limit_mw
+
+    def nvmlDeviceGetApplicationsClock(self, handle: Any, type: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetApplicationsClock")[1]
+        if type in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
+            return gpu.applications_sm_clock_mhz
+        if type == pynvml.NVML_CLOCK_MEM:
+            return gpu.applications_memory_clock_mhz
+        _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 0
 
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetClockInfo")[1]

@@ -412,9 +412,11 @@ class _HealthyGpu:
     power_draw_mw: int
     power_limit_mw: int
     power_enforced_limit_mw: int
+    power_default_limit_mw: int
     sm_clock_mhz: int
     memory_clock_mhz: int
     clock_event_reasons: int
+    applications_sm_clock_mhz: int
     fabric_state: int
     fabric_status: int
     fabric_health_mask: int
@@ -741,9 +743,11 @@ class SimulatedNode:
                     power_draw_mw=fake.power_draw_mw,
                     power_limit_mw=fake.power_limit_mw,
                     power_enforced_limit_mw=fake.power_enforced_limit_mw,
+                    power_default_limit_mw=fake.power_default_limit_mw,
                     sm_clock_mhz=fake.sm_clock_mhz,
                     memory_clock_mhz=fake.memory_clock_mhz,
                     clock_event_reasons=fake.clock_event_reasons,
+                    applications_sm_clock_mhz=fake.applications_sm_clock_mhz,
                     fabric_state=fake.fabric_state,
                     fabric_status=fake.fabric_status,
                     fabric_health_mask=fake.fabric_health_mask,
@@ -1973,6 +1977,10 @@ class SimulatedNode:
                     + (_LOADED_MEMORY_CELSIUS - healthy.temperature_memory) * load
                 ),
             )
+            default = values.get(("gpu_power", "default_limit_watts"))
+            fake.power_default_limit_mw = (
+                healthy.power_default_limit_mw if default is None else round(default * 1000)
+            )
             limit = values.get(("gpu_power", "limit_watts"))
             fake.power_limit_mw = healthy.power_limit_mw if limit is None else round(limit * 1000)
             enforced = values.get(("gpu_power", "enforced_limit_watts"))
@@ -1989,6 +1997,9 @@ class SimulatedNode:
                 else round(draw * 1000)
             )
             fake.sm_clock_mhz = values.get(("gpu_clocks", "sm_mhz"), healthy.sm_clock_mhz)
+            fake.applications_sm_clock_mhz = values.get(
+                ("gpu_clocks", "applications_sm_mhz"), healthy.applications_sm_clock_mhz
+            )
             fake.memory_clock_mhz = values.get(
                 ("gpu_clocks", "memory_mhz"), healthy.memory_clock_mhz
             )

@@ -1543,12 +1543,14 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "draw_watts": ("number", None),
         "limit_watts": ("number", None),
         "enforced_limit_watts": ("number", None),
+        "default_limit_watts": ("number", None),
     },
     "gpu_clocks": {
         "gpu": ("gpu", ...),
         "sm_mhz": ("integer", None),
         "memory_mhz": ("integer", None),
         "reasons": ("reasons", None),
+        "applications_sm_mhz": ("integer", None),
     },
     "gpu_fabric": {
         "gpu": ("gpu", ...),

@@ -14,9 +14,10 @@ Reads, under the injected roots:
   line above it with the same id and one level less;
 * ``<procfs>/self/mountinfo`` (``Documentation/filesystems/proc.rst`` §3.5) once per run and
   only when a lock is contended: the mount whose ``MAJ:MIN`` (decimal there) is the lock's;
-* for the holder of a contended lock only: ``<procfs>/<pid>/comm`` and the ``stat`` of its
-  ``fd/*`` links (the open file's device and inode) to find the path of the locked file, and
-  the ``comm`` of each waiter.
+* for the holder of a contended lock only: ``<procfs>/<pid>/comm``, ``<procfs>/<pid>/cgroup``
+  (what names a holder outside any job: its systemd unit) and the ``stat`` of its ``fd/*``
+  links (the open file's device and inode) to find the path of the locked file, and the
+  ``comm`` of each waiter.
 
 Uncontended locks are counted, not resolved: a node holds thousands of them.
 
@@ -40,6 +41,7 @@ from nodescope.model.locks import LOCKS, ContendedLock, LockParty, LocksData
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_text
+from nodescope.sources.cgroup import read_proc_cgroup
 
 NAME = LOCKS.name
 
@@ -350,6 +352,21 @@ def locked_path(roots: Roots, pid: int, st_dev: int, inode: int) -> str | None:
     return None
 
 
+def _cgroup(roots: Roots, pid: int) -> str | None:
+    """The cgroup of a lock holder (``/proc/<pid>/cgroup``): the unified hierarchy's path,
+    else systemd's v1 one; ``None`` for a remote owner, a process gone, a file that does not
+    parse."""
+    if pid <= 0:
+        return None
+    try:
+        seen = read_proc_cgroup(roots, pid)
+    except ParseError:
+        return None
+    if seen is None:
+        return None
+    return seen.v2_path or seen.v1_path("name=systemd")
+
+
 def resolve(
     roots: Roots, entries: tuple[LockEntry, ...], mounts: tuple[MountInfo, ...] | None
 ) -> tuple[ContendedLock, ...]:
@@ -359,7 +376,9 @@ def resolve(
         lock = ContendedLock(
             id=holder.id,
             kind=holder.kind,
-            holder=LockParty(holder.pid, _comm(roots, holder.pid), holder.access),
+            holder=LockParty(
+                holder.pid, _comm(roots, holder.pid), holder.access, _cgroup(roots, holder.pid)
+            ),
             waiters=tuple(LockParty(w.pid, _comm(roots, w.pid), w.access) for w in waiters),
             major=holder.major,
             minor=holder.minor,

@@ -34,15 +34,18 @@ The call surface and the formats are those of ``pynvml.py`` (nvidia-ml-py 13.615
 * Health is read every ``health_every`` runs (:data:`HEALTH_EVERY`) and carried in the
   records between reads (``NvmlData.health``, each GPU's record dated by its read): about 20
   calls a GPU, none on the runs between. A health read due on a slow run waits one run, so
-  no run pays for both; the cadences then stay apart. The temperature thresholds are the
-  board's constants: asked until answered, then kept. The memory temperature is field
-  ``NVML_FI_DEV_MEMORY_TEMP``, asked in a call of its own. The fabric comes from
-  ``nvmlDeviceGetGpuFabricInfoV`` with pynvml's ``c_nvmlGpuFabricInfoV_t`` passed by
-  reference, or, where the binding or driver lacks it, ``nvmlDeviceGetGpuFabricInfo`` with
-  ``c_nvmlGpuFabricInfo_t`` (no health mask); the clock-event reasons likewise fall back to
-  ``nvmlDeviceGetCurrentClocksThrottleReasons``. A value no GPU can answer (a negative
-  count, a temperature above 200 °C, a draw above 10 kW, a mask wider than 64 bits) is
-  dropped and counted in ``NvmlData.skipped``; the rest of the read stands.
+  no run pays for both; the cadences then stay apart. The temperature thresholds and the
+  default power limit are the board's constants: asked until answered, then kept. The
+  memory temperature is field ``NVML_FI_DEV_MEMORY_TEMP``, asked in a call of its own. The
+  fabric comes from ``nvmlDeviceGetGpuFabricInfoV`` with pynvml's
+  ``c_nvmlGpuFabricInfoV_t`` passed by reference, or, where the binding or driver lacks it,
+  ``nvmlDeviceGetGpuFabricInfo`` with ``c_nvmlGpuFabricInfo_t`` (no health mask); the
+  clock-event reasons likewise fall back to ``nvmlDeviceGetCurrentClocksThrottleReasons``. A
+  value no GPU can answer (a negative count, a temperature above 200 °C, a draw above 10 kW,
+  a mask wider than 64 bits) is dropped and counted in ``NvmlData.skipped``; the rest of the
+  read stands. The default power limit and the SM applications clock
+  (``nvmlDeviceGetPowerManagementDefaultLimit``, ``nvmlDeviceGetApplicationsClock``) are
+  looked up by name: a binding without them leaves them unanswered.
 * GPM (Hopper and later) is sampled on a health run every ``gpm_every`` runs
   (:data:`GPM_EVERY`): ``nvmlGpmQueryDeviceSupport`` once per GPU, two buffers from
   ``nvmlGpmSampleAlloc`` used in turn, ``nvmlGpmSampleGet`` each time, then
@@ -300,6 +303,8 @@ _K_MEMORY_TEMP = "nvmlDeviceGetFieldValues:NVML_FI_DEV_MEMORY_TEMP"
 _K_POWER = "nvmlDeviceGetPowerUsage"
 _K_LIMIT = "nvmlDeviceGetPowerManagementLimit"
 _K_ENFORCED = "nvmlDeviceGetEnforcedPowerLimit"
+_K_DEFAULT_LIMIT = "nvmlDeviceGetPowerManagementDefaultLimit"
+_K_APP_CLOCK = "nvmlDeviceGetApplicationsClock:sm"
 _K_SM_CLOCK = "nvmlDeviceGetClockInfo:sm"
 _K_MEM_CLOCK = "nvmlDeviceGetClockInfo:mem"
 _K_EVENTS = "nvmlDeviceGetCurrentClocksEventReasons"
@@ -324,6 +329,8 @@ _HEALTH_KEYS = frozenset(
         _K_POWER,
         _K_LIMIT,
         _K_ENFORCED,
+        _K_DEFAULT_LIMIT,
+        _K_APP_CLOCK,
         _K_SM_CLOCK,
         _K_MEM_CLOCK,
         _K_EVENTS,
@@ -461,6 +468,8 @@ class NvmlAdapter(Protocol):
     def nvmlDeviceGetPowerUsage(self, handle: Any, /) -> int: ...
     def nvmlDeviceGetPowerManagementLimit(self, handle: Any, /) -> int: ...
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any, /) -> int: ...
+    def nvmlDeviceGetApplicationsClock(self, handle: Any, type: int, /) -> int: ...
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int, /) -> int: ...
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, /) -> int: ...
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any, /) -> int: ...
@@ -778,7 +787,8 @@ class _Gpu:
     missing_calls: set[str] = field(default_factory=set)
     #: the last health read, carried in the records until the next one
     health: GpuHealth | None = None
-    #: temperature thresholds answered so far: constants of the board, asked until answered
+    #: temperature thresholds and the default power limit answered so far: constants of the
+    #: board, asked until answered
     thresholds: dict[str, int] = field(default_factory=dict)
     #: whether the GPU has GPM (nvmlGpmQueryDeviceSupport); None until it answered
     gpm_supported: bool | None = None
@@ -1491,10 +1501,11 @@ class NvmlSource:
             read(_K_POWER, nvml.nvmlDeviceGetPowerUsage, h, bounds=MILLIWATTS_RANGE),
             read(_K_LIMIT, nvml.nvmlDeviceGetPowerManagementLimit, h, bounds=MILLIWATTS_RANGE),
             read(_K_ENFORCED, nvml.nvmlDeviceGetEnforcedPowerLimit, h, bounds=MILLIWATTS_RANGE),
+            self._default_limit(gpu, tally),
         )
         power = (
             None
-            if milliwatts.count(None) == 3
+            if milliwatts.count(None) == 4
             else Power(*(None if mw is None else mw / 1000.0 for mw in milliwatts))
         )
 
@@ -1509,10 +1520,15 @@ class NvmlSource:
             # Drivers before the rename (and older bindings) have only the old name.
             throttle_fn = getattr(nvml, _K_THROTTLE, None)
             reasons = read(_K_THROTTLE, throttle_fn, h, bounds=COUNT_RANGE)
+        # The applications clock is what the load is meant to run at: the measure of how far
+        # a power cap pulls the SM clock down. Looked up by name, as newer bindings may drop
+        # it (its NVML call is deprecated in favour of locked clocks).
+        app_fn = getattr(nvml, "nvmlDeviceGetApplicationsClock", None)
+        app_mhz = read(_K_APP_CLOCK, app_fn, h, pynvml.NVML_CLOCK_SM, bounds=MHZ_RANGE)
         clocks = (
             None
-            if sm_mhz is None and mem_mhz is None and reasons is None
-            else Clocks(sm_mhz, mem_mhz, reasons)
+            if sm_mhz is None and mem_mhz is None and reasons is None and app_mhz is None
+            else Clocks(sm_mhz, mem_mhz, reasons, app_mhz)
         )
 
         return GpuHealth(
@@ -1531,6 +1547,20 @@ class NvmlSource:
             gpm=self._read_gpm(gpu, tally) if gpm else gpu.gpm,
             unsupported=tuple(sorted(gpu.unsupported_calls & _HEALTH_KEYS)),
         )
+
+    def _default_limit(self, gpu: _Gpu, tally: SkipTally) -> int | None:
+        """``nvmlDeviceGetPowerManagementDefaultLimit`` in mW: the board's constant, asked
+        until answered, then kept (in ``thresholds``, with the temperature limits)."""
+        kept = gpu.thresholds.get(_K_DEFAULT_LIMIT)
+        if kept is not None:
+            return kept
+        fn = getattr(self.nvml, _K_DEFAULT_LIMIT, None)
+        value = self._read_value(
+            gpu, tally, _K_DEFAULT_LIMIT, fn, gpu.handle, bounds=MILLIWATTS_RANGE
+        )
+        if value is not None:
+            gpu.thresholds[_K_DEFAULT_LIMIT] = value
+        return value
 
     def _read_row_remap(self, gpu: _Gpu, tally: SkipTally) -> RowRemap | None:
         """``nvmlDeviceGetRemappedRows``: (correctable, uncorrectable, pending, failure)."""
