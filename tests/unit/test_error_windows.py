@@ -23,7 +23,7 @@ from nodescope.derive import DerivedStage
 from nodescope.detectors import errors
 from nodescope.errors import ConfigError, ParseError
 from nodescope.model import error_windows as ew
-from nodescope.model.error_thresholds import BY_COUNTER, THRESHOLDS, default_of
+from nodescope.model.error_thresholds import BY_COUNTER, THRESHOLDS, default_of, markdown_table
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.gpu_health import EccErrors
 from nodescope.model.infiniband import ERROR_COUNTERS, InfinibandData
@@ -480,3 +480,31 @@ def test_the_configured_bounds_are_the_tables() -> None:
         from_mapping({"detectors": {"errors": {"pcie_replays_warning_per_minute": 500}}})
     with pytest.raises(ConfigError, match="ib_symbol_ber_warning"):
         from_mapping({"detectors": {"errors": {"ib_symbol_ber_warning": 0}}})
+
+
+def test_docs_table_is_the_codes() -> None:
+    text = (REPO / "docs/thresholds.md").read_text()
+    begin, end = "<!-- BEGIN thresholds -->\n", "<!-- END thresholds -->"
+    shown = text[text.index(begin) + len(begin) : text.index(end)]
+    assert shown == markdown_table()
+
+
+def test_the_shipped_rules_use_the_tables_bounds() -> None:
+    rules = (REPO / "exporters/prometheus/alerts.yml").read_text()
+
+    def bounds(family: str, counter: str) -> tuple[str, str]:
+        (row,) = (r for r in BY_COUNTER[(family, counter)] if r.window_seconds == ew.MINUTE)
+        return f"{row.warning:g}", f"{row.critical:g}"
+
+    warn, crit = bounds(ew.AER, "correctable")
+    assert f'rate5m{{severity="correctable"}} * 60 >= {warn} < {crit}' in rules
+    assert f'rate5m{{severity="correctable"}} * 60 >= {crit}\n' in rules
+    warn, crit = bounds(ew.PCIE_REPLAY, "replays")
+    assert f"nodescope:gpu_pcie_replays:rate5m * 60 >= {warn} < {crit}" in rules
+    warn, crit = bounds(ew.NVLINK, "crc_flit")
+    assert f'counter=~"crc_flit|crc_data"}} * 60 >= {warn} < {crit})' in rules
+    warn, crit = bounds(ew.IB, "port_xmit_discards")
+    assert f'counter="port_xmit_discards"}} * 60 >= {warn} < {crit})' in rules
+    for row in BY_COUNTER[(ew.IB, "symbol_error")]:
+        bound = row.warning if row.warning is not None else row.critical
+        assert f">= {bound:.0e}" in rules

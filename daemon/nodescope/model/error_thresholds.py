@@ -369,3 +369,39 @@ BANDS: tuple[tuple[str, str], ...] = (
     ("nvlink_crc_warning_per_minute", "nvlink_crc_critical_per_minute"),
     ("ib_symbol_ber_warning", "ib_symbol_ber_critical"),
 )
+
+
+_FAMILY_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        AER: "PCIe AER",
+        PCIE_REPLAY: "GPU PCIe",
+        NVLINK: "NVLink",
+        IB: "InfiniBand",
+        IB_HW: "InfiniBand hw_counters",
+        ECC: "GPU memory",
+    }
+)
+
+
+def _bound_text(value: float | None, per_bit: bool) -> str:
+    if value is None:
+        return "—"
+    return f"BER {value:.0e}" if per_bit else f"{value:g}"
+
+
+def markdown_table() -> str:
+    """The table as ``docs/thresholds.md`` shows it (a test keeps the two the same)."""
+    lines = [
+        "| family | counter | what is judged | window | warning from | critical from | why"
+        " | reference |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in THRESHOLDS:
+        keys = [f"`{k}`" for k in (r.warning_key, r.critical_key) if k is not None]
+        configured = f" (config: {', '.join(keys)})" if keys else ""
+        lines.append(
+            f"| {_FAMILY_NAMES[r.family]} | `{r.counter}` | {r.judged} | {r.window}"
+            f" | {_bound_text(r.warning, r.per_bit)} | {_bound_text(r.critical, r.per_bit)}"
+            f" | {r.why}{configured} | {r.reference} |"
+        )
+    return "\n".join(lines) + "\n"
