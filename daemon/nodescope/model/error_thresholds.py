@@ -95,21 +95,22 @@ THRESHOLDS: tuple[Threshold, ...] = (
         AER,
         "nonfatal",
         "uncorrectable non-fatal AER errors of one PCI function",
-        HOUR,
+        MINUTE,
         1,
         None,
         "a transaction was lost (completion timeout, poisoned or malformed TLP): the driver"
-        " may recover, the data it carried is gone",
+        " may recover, the data it carried is gone; the alert rule keeps it 10 minutes",
         PCIE_SPEC,
     ),
     Threshold(
         AER,
         "fatal",
         "uncorrectable fatal AER errors of one PCI function",
-        HOUR,
+        MINUTE,
         None,
         1,
-        "the link or device is unreliable until reset: the kernel resets the link",
+        "the link or device is unreliable until reset: the kernel resets the link; the"
+        " alert rule keeps it 10 minutes",
         PCIE_SPEC,
     ),
     Threshold(
