@@ -42,6 +42,8 @@ from tests.unit.json_strategy import json_paths
 CAPTURE = FIXTURES / "captures" / "hgx-h100" / "lspci-vvv.hgx-h100"
 IB_CAPTURE = FIXTURES / "captures" / "h100-node-infiniband" / "sys" / "class" / "infiniband"
 BUNDLED = (
+    "aer-correctable-flood-root-port",
+    "aer-correctable-isolated-control",
     "allreduce-hang-nfs-lock",
     "allreduce-spin-nfs-lock",
     "busy-gpus-host-network",
@@ -67,9 +69,15 @@ BUNDLED = (
     "gpudirect-rdma-dmabuf",
     "gpudirect-rdma-line-rate",
     "hca-numa-mismatch",
+    "ib-port-errors-isolated-control",
+    "ib-symbol-errors-failing-link",
+    "ib-symbol-errors-healthy-control",
+    "ib-xmit-discards-flood",
     "job-memory-limit-thrash",
     "job-memory-limit-warmup",
     "link-downtrained",
+    "nvlink-crc-storm",
+    "nvlink-crc-trickle-control",
     "nvlink-nvml-busy-control",
     "nvlink-saturation-nvml",
     "nvlink-stall-blip",
@@ -81,6 +89,8 @@ BUNDLED = (
     "nvswitch-sxid-fatal",
     "nvswitch-sxid-forged-control",
     "nvswitch-sxid-nonfatal",
+    "pcie-replay-busy-control",
+    "pcie-replay-storm",
     "pcie-saturation-a100",
     "root-port-contention",
     "xid13-application-fault",

@@ -66,9 +66,6 @@ IB_ERRORS = "ib_port_errors"
 ECC_CORRECTED = "gpu_ecc_corrected"
 IB_XMIT_WAIT = "ib_xmit_wait"
 
-#: NVML NVLink DL counters that count errors at a rate, and the one that counts events.
-NVLINK_RATE_COUNTERS = ("crc_flit", "crc_data", "replay")
-NVLINK_EVENT_COUNTERS = ("recovery",)
 #: The line rate assumed for a port whose ``rate`` the kernel did not give: EDR, the slowest
 #: rate the fabric of a GPU node runs, so its bit error ratio is not understated.
 DEFAULT_LINE_GBPS = 100.0
