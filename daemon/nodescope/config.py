@@ -40,6 +40,8 @@ from typing import Any
 from nodescope import fileio
 from nodescope.errors import ConfigError
 from nodescope.model.collectives import SpoolSettings
+from nodescope.model.error_thresholds import BANDS as ERROR_BANDS
+from nodescope.model.error_thresholds import default_of
 from nodescope.model.link_events import LinkEventsOptions
 from nodescope.model.netdev import MAX_LINKS, NetdevOptions
 from nodescope.roots import ROOT_NAMES, Roots
@@ -635,26 +637,51 @@ class DowntrainingSettings:
 @dataclass(frozen=True, slots=True)
 class ErrorsSettings:
     enabled: bool = option(True, "report PCIe, NVLink and InfiniBand error rates")
-    aer_correctable_per_second: float = option(
-        0.0,
-        "correctable AER errors per second above which a function is reported (non-fatal and"
-        " fatal errors always are)",
+    # The defaults are the thresholds table's (nodescope.model.error_thresholds, also
+    # docs/thresholds.md): the one place the numbers and their references are kept.
+    aer_correctable_warning_per_minute: float = option(
+        default_of("aer_correctable_warning_per_minute"),
+        "correctable AER errors of one PCI function in a minute from which it is a warning"
+        " (non-fatal errors always are, fatal ones critical)",
         EVENT_RATE,
     )
-    pcie_replays_per_second: float = option(
-        0.1, "GPU PCIe replays per second from which a GPU is reported", EVENT_RATE
-    )
-    nvlink_errors_per_second: float = option(
-        1.0,
-        "NVLink CRC (flit, data) or replay errors per second from which a link is reported"
-        " (recoveries always are)",
+    aer_correctable_critical_per_minute: float = option(
+        default_of("aer_correctable_critical_per_minute"),
+        "correctable AER errors of one PCI function in a minute from which it is critical",
         EVENT_RATE,
     )
-    ib_symbol_errors_per_second: float = option(
-        1 / 60,
-        "InfiniBand symbol errors per second from which a port is reported (link_downed"
-        " increments always are)",
+    pcie_replays_warning_per_minute: float = option(
+        default_of("pcie_replays_warning_per_minute"),
+        "GPU PCIe replays in a minute from which a GPU's link is a warning (DCGM: 8)",
         EVENT_RATE,
+    )
+    pcie_replays_critical_per_minute: float = option(
+        default_of("pcie_replays_critical_per_minute"),
+        "GPU PCIe replays in a minute from which a GPU's link is critical",
+        EVENT_RATE,
+    )
+    nvlink_crc_warning_per_minute: float = option(
+        default_of("nvlink_crc_warning_per_minute"),
+        "NVLink CRC (flit or data) errors of one link in a minute from which it is a warning"
+        " (DCGM: 100 a second)",
+        EVENT_RATE,
+    )
+    nvlink_crc_critical_per_minute: float = option(
+        default_of("nvlink_crc_critical_per_minute"),
+        "NVLink CRC (flit or data) errors of one link in a minute from which it is critical",
+        EVENT_RATE,
+    )
+    ib_symbol_ber_warning: float = option(
+        default_of("ib_symbol_ber_warning"),
+        "InfiniBand symbol errors over an hour as a bit error ratio of the port's line rate"
+        " from which the port is a warning",
+        Range(0, 1, low_open=True),
+    )
+    ib_symbol_ber_critical: float = option(
+        default_of("ib_symbol_ber_critical"),
+        "InfiniBand symbol errors over a minute as a bit error ratio of the port's line rate"
+        " from which the port is critical (the IBTA's limit: 1e-12)",
+        Range(0, 1, low_open=True),
     )
     ib_xmit_wait_per_second: float = option(
         1e6,
@@ -1367,6 +1394,9 @@ def _detectors(path: str, table: Any) -> DetectorsSettings:
     for low, high in NVLINK_BANDS:
         if getattr(settings.nvlink, low) > getattr(settings.nvlink, high):
             raise ConfigError(path, f"detectors.nvlink.{low}", f"must be at most {high}")
+    for low, high in ERROR_BANDS:
+        if getattr(settings.errors, low) > getattr(settings.errors, high):
+            raise ConfigError(path, f"detectors.errors.{low}", f"must be at most {high}")
     return settings
 
 

@@ -347,7 +347,7 @@ def test_detector_tables_replaced_by_name_keep_the_typed_attributes_in_step() ->
     partial = config.DetectorsSettings({"nvlink": {"utilisation_warning_ratio": 0.5}})
     assert partial.nvlink.utilisation_warning_ratio == 0.5
     assert partial.values["nvlink"]["utilisation_critical_ratio"] == 0.9
-    assert partial.errors.pcie_replays_per_second == 0.1
+    assert partial.errors.pcie_replays_warning_per_minute == 8.0
 
 
 def test_source_settings_take_their_sources_interval() -> None:

@@ -188,35 +188,49 @@ def _aer_topology(fatal: int) -> object:
     return topology(aer={GPU_A: (AerRecord("fatal", (AerCounter("x", fatal),), fatal),)})
 
 
-def test_aer_findings_follow_the_pci_pair() -> None:
+def test_aer_windows_follow_the_pci_reads_through_the_stage() -> None:
+    config = Config()
+    stage = DerivedStage()
+
+    def aer(t: float, cur: SourceSample, prev: SourceSample) -> list[float]:
+        snap = stage.derive(Snapshot(1, t, t, current={"pci": cur}, previous={"pci": prev}))
+        found = errors.detect(None, snap, config)
+        return [f.evidence["fatal_errors_1h"] for f in found if f.kind == errors.AER]
+
     before = SourceSample("pci", 70.0, 0.0, _aer_topology(0))
     after = SourceSample("pci", 100.0, 0.0, _aer_topology(1))
-    config = Config()
-
-    def aer(cur: SourceSample, prev: SourceSample) -> list[Finding]:
-        snap = Snapshot(1, 101.0, 101.0, current={"pci": cur}, previous={"pci": prev})
-        return [f for f in errors.detect(None, snap, config) if f.kind == errors.AER]
-
-    first = aer(after, before)
-    assert [f.evidence["errors"] for f in first] == [1.0]
-    assert aer(after, before) == first
-    # The pci source read again: two more fatal errors.
+    # One fatal error is critical at once, and stays counted while the same read is latest.
+    assert aer(101.0, after, before) == [1.0]
+    assert aer(102.0, after, before) == [1.0]
+    # The pci source read again: two more, counted once, added to the hour's.
     later = SourceSample("pci", 130.0, 0.0, _aer_topology(3))
-    assert [f.evidence["errors"] for f in aer(later, after)] == [2.0]
-    assert aer(SourceSample("pci", 160.0, 0.0, _aer_topology(3)), later) == []
+    assert aer(131.0, later, after) == [3.0]
+    assert aer(161.0, SourceSample("pci", 160.0, 0.0, _aer_topology(3)), later) == [3.0]
+    # A snapshot made without the stage counts its own pair: the increase between the reads.
+    snap = Snapshot(1, 131.0, 131.0, current={"pci": later}, previous={"pci": after})
+    assert [f.evidence["fatal_errors_1h"] for f in errors.detect(None, snap, config)] == [2.0]
 
 
-def test_nvlink_error_counters_that_did_not_move_are_no_finding() -> None:
+def test_nvlink_error_counters_that_did_not_move_count_nothing() -> None:
+    from nodescope.model.error_windows import NVLINK, CounterKey
     from tests.unit.test_detectors import _link
 
-    def nvml(**counts: int) -> NvmlData:
-        return NvmlData(
+    def nvml(t: float, **counts: int) -> SourceSample:
+        data = NvmlData(
             1, (_gpu(0, GPU_A, nvlinks=(_link(0, **counts), _link(1))),), (), (), None, ()
         )
+        return SourceSample("nvml", t, t, data)
 
-    assert errors.nvml_findings(nvml(crc_flit=5), nvml(crc_flit=5), 1.0, 1.0, 1.0) == []
-    (moved,) = errors.nvml_findings(nvml(crc_flit=5), nvml(crc_flit=9), 1.0, 1.0, 1.0)
-    assert moved.evidence["crc_flit_errors"] == 4.0
+    uuid = nvml(0.0).data.gpus[0].uuid  # type: ignore[union-attr]
+    key = CounterKey(NVLINK, (uuid, "0"), "crc_flit")
+    still = Snapshot(1, 2.0, 2.0, current={"nvml": nvml(2, crc_flit=5)},
+                     previous={"nvml": nvml(1, crc_flit=5)})  # fmt: skip
+    assert still.derived.error_windows.windows == {}
+    moved = Snapshot(1, 2.0, 2.0, current={"nvml": nvml(2, crc_flit=9)},
+                     previous={"nvml": nvml(1, crc_flit=5)})  # fmt: skip
+    assert moved.derived.error_windows.count(key, 60.0, 2.0) == 4
+    # Four CRC errors are far from DCGM's 100 a second: no finding.
+    assert errors.detect(None, moved, Config()) == []
 
 
 # --- hangs ----------------------------------------------------------------------------------

@@ -78,37 +78,72 @@ class _Run:
         try:
             for second in range(seconds + 1):
                 self.t = float(second)
-                # Per second: 3 CRC flit errors on GPU 0 link 1, one PCIe replay on GPU 1,
-                # 2 symbol errors on the HCA port; 1 GB of traffic.
-                self.fake.gpus[0].links[1].errors[CRC_FLIT] = 3 * second
+                # Per second: 700 CRC flit errors on GPU 0 link 1, one PCIe replay on GPU 1,
+                # 4 symbol errors on the HCA port; 1 GB of traffic.
+                self.fake.gpus[0].links[1].errors[CRC_FLIT] = 700 * second
                 self.fake.gpus[1].replay_counter = second
-                _hca(self.root / "sys", 2 * second, 250_000_000 * second)
+                _hca(self.root / "sys", 4 * second, 250_000_000 * second)
                 yield self.t, self.analyzer.analyze(self.collector.run_cycle(force=True))
         finally:
             self.collector.close()
             self.analyzer.close()
 
 
-def _rates(snapshot: Snapshot) -> dict[str, float]:
+def _counts(snapshot: Snapshot) -> dict[str, tuple[float, str]]:
+    """Each kind's minute count and severity."""
     found = {f.kind: f for f in snapshot.findings}
+    names = {
+        errors.NVLINK: "crc_flit_errors_1m",
+        errors.REPLAYS: "replays_errors_1m",
+        errors.IB_ERRORS: "symbol_error_errors_1m",
+    }
     return {
-        errors.NVLINK: found[errors.NVLINK].evidence["crc_flit_errors_per_second"],
-        errors.REPLAYS: found[errors.REPLAYS].evidence["replays_per_second"],
-        errors.IB_ERRORS: found[errors.IB_ERRORS].evidence["symbol_errors_per_second"],
+        kind: (found[kind].evidence[name], found[kind].severity.name.lower())
+        for kind, name in names.items()
+        if kind in found
     }
 
 
-EXPECTED = {errors.NVLINK: 3.0, errors.REPLAYS: 1.0, errors.IB_ERRORS: 2.0}
+#: Severities of the steady rates: 700 CRC flit errors a second (over DCGM's 100/s: a
+#: warning), a PCIe replay a second (60 a minute, over DCGM's 8: a warning), four symbol errors
+#: a second on a 400 Gb/s port (a bit error ratio of 1e-11 over a minute: critical).
+SEVERITIES = {errors.NVLINK: "warning", errors.REPLAYS: "warning", errors.IB_ERRORS: "critical"}
+
+
+def _expected(t: float) -> dict[str, tuple[float, str]]:
+    """The minute counts at a time the two cadences both read: every increase since the
+    first read, once (the minute's first bucket starts at 0 until t = 65)."""
+    return {
+        errors.NVLINK: (700.0 * t, "warning"),
+        errors.REPLAYS: (1.0 * t, "warning"),
+        errors.IB_ERRORS: (4.0 * t, "critical"),
+    }
+
+
+def test_windows_count_each_increase_once_at_either_cadence(tmp_path: Path) -> None:
+    seen: dict[int, dict[float, dict[str, tuple[float, str]]]] = {}
+    for slow_every in (1, 10):
+        run = _Run(tmp_path / str(slow_every), slow_every=slow_every)
+        seen[slow_every] = {t: _counts(snapshot) for t, snapshot in run.cycles(60)}
+    for t in (10.0, 20.0, 30.0, 40.0, 50.0, 60.0):
+        # The same counts at every read of the slow cadence, whichever cadence read them.
+        assert seen[10][t] == seen[1][t] == _expected(t), t
+    # Between slow reads the windows hold the last read's counts: nothing is added twice.
+    assert seen[10][19.0] == seen[10][10.0]
+    # Before the errors reach a bound there is no finding: 3 replays in 3 s is no rate yet.
+    assert errors.REPLAYS not in seen[1][3.0]
+    assert seen[1][8.0][errors.REPLAYS] == (8.0, "warning")
 
 
 def test_production_cadence_finds_steady_errors_every_cycle_and_fires(tmp_path: Path) -> None:
     run = _Run(tmp_path, slow_every=10)
     fired: dict[str, float] = {}
     for t, snapshot in run.cycles(75):
-        if t < 10:  # one slow read so far: no span to take a change over
+        if t < 10:  # one slow read so far: a baseline, nothing counted
             assert not snapshot.findings, t
             continue
-        assert _rates(snapshot) == EXPECTED, t
+        counts = _counts(snapshot)
+        assert {k: severity for k, (_, severity) in counts.items()} == SEVERITIES, t
         states = {a.kind: a.state for a in snapshot.alerts}
         assert set(states) == set(KINDS), t
         assert AlertState.RESOLVED not in states.values(), t
@@ -119,23 +154,14 @@ def test_production_cadence_finds_steady_errors_every_cycle_and_fires(tmp_path: 
                 assert kind not in fired, (kind, t)  # once firing, it stays firing
         if t == 10:
             message = next(f.message for f in snapshot.findings if f.kind == errors.NVLINK)
-            assert "crc_flit +30 (3.00/s) in 10 s" in message
+            assert "NVLink 1" in message
+            assert "crc_flit 7000 in 1 min (warning from 6000)" in message
             ib_message = next(f.message for f in snapshot.findings if f.kind == errors.IB_ERRORS)
-            assert ib_message.endswith("2.00 symbol errors/s in 10 s")
+            assert ib_message.startswith("mlx5_0 port 1")
+            assert "symbol_error 40 in 1 min (bit error ratio 1.7e-12, critical from 1e-12)" in (
+                ib_message
+            )
     assert fired == dict.fromkeys(KINDS, 40.0)
-
-
-def test_slow_every_1_finds_the_same_rates_from_the_second_cycle(tmp_path: Path) -> None:
-    run = _Run(tmp_path, slow_every=1)
-    for t, snapshot in run.cycles(35):
-        if t == 0:
-            assert not snapshot.findings
-            continue
-        assert _rates(snapshot) == EXPECTED, t
-        if t == 1:
-            message = next(f.message for f in snapshot.findings if f.kind == errors.NVLINK)
-            assert "crc_flit +3 (3.00/s) in 1 s" in message
-    assert {a.kind: a.state for a in snapshot.alerts} == dict.fromkeys(KINDS, AlertState.FIRING)
 
 
 def test_builtin_rules_of_these_kinds_fire_at_once() -> None:

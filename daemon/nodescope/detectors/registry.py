@@ -78,6 +78,7 @@ DETECTORS: tuple[DetectorInfo, ...] = (
                 errors.REPLAYS: AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
                 errors.NVLINK: AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
                 errors.IB_ERRORS: AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
+                errors.ECC_CORRECTED: AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
             }
         ),
     ),

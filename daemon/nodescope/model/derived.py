@@ -26,6 +26,15 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from nodescope.model.attribution import Attribution, LinkIndex, attribute
 from nodescope.model.disks import DISKS, IostatReport, iostat_figures
+from nodescope.model.error_windows import (
+    IB_ERRORS,
+    NO_WINDOWS,
+    NVML_ECC,
+    NVML_LINKS,
+    PCI_ERRORS,
+    ErrorWindows,
+    count_reads,
+)
 from nodescope.model.infiniband import (
     INFINIBAND,
     InfinibandData,
@@ -308,6 +317,27 @@ class Derived:
         self._figures[figure] = Figure((), now, _Departed(views, members, kept))
         return kept
 
+    @property
+    def error_windows(self) -> ErrorWindows:
+        """Every error counter's increases over the last minute and hour
+        (:mod:`nodescope.model.error_windows`): the windows of the snapshot before, carried
+        over, with what this snapshot's new reads add. Without them (a fixture, a one-shot
+        command) the previous samples are the baseline and the current ones add their
+        increase over them."""
+        samples = tuple(self._current.get(key.name) for key in _WINDOWED)
+        known = self._figures.get(_WINDOWS)
+        if known is not None and known.made_of(samples, None):
+            return cast(ErrorWindows, known.value)
+        last = self._carried.pop(_WINDOWS, None)
+        if last is not None and last.made_of(samples, None):
+            value = cast(ErrorWindows, last.value)
+        else:
+            state = NO_WINDOWS if last is None else cast(ErrorWindows, last.value)
+            reads = [] if last is not None else list(_error_reads(self._previous))
+            value = count_reads(state, [*reads, *_error_reads(self._current)])
+        self._figures[_WINDOWS] = Figure(samples, None, value)
+        return value
+
     # -- rates between each source's two latest reads ------------------------------------
 
     @property
@@ -443,6 +473,25 @@ class Derived:
         return self._figure(
             "job_views", (data,), (gpus, hcas), lambda: job_processes_views(data, gpus, hcas)
         )
+
+
+#: The sources whose error counters are counted over windows, and the figure's name.
+_WINDOWED = (PCI, NVML, INFINIBAND)
+_WINDOWS = "error-windows"
+
+
+def _error_reads(samples: Mapping[str, SourceSample]) -> Iterable[tuple[str, object, float]]:
+    """The reads of error counters in ``samples``: (kind, record, time of the sample)."""
+    for key, kinds in (
+        (PCI, (PCI_ERRORS,)),
+        (NVML, (NVML_LINKS, NVML_ECC)),
+        (INFINIBAND, (IB_ERRORS,)),
+    ):
+        sample = samples.get(key.name)
+        record = None if sample is None else key.of(sample.data)
+        if sample is not None and record is not None:
+            for kind in kinds:
+                yield kind, record, sample.monotonic
 
 
 _RATES: Mapping[str, Callable[[Derived], object | None]] = MappingProxyType(
