@@ -105,7 +105,7 @@ def test_a_flood_of_registrations_is_capped_counted_and_parsed_once(
     snapshot = one_cycle(roots, source, timeout=10.0)
     first = time.monotonic() - start
     data = snapshot.latest(JOBS)
-    assert data is not None, snapshot.sources[jobs.NAME]
+    assert data is not None, snapshot.current[jobs.NAME].error
     assert len(data.registrations) == DEFAULT_MAX_REGISTRATIONS
     # The newest job ids are kept; every one left out is counted.
     assert data.registrations[-1].job_id == str(FLOOD)

@@ -224,6 +224,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.locks",
         10.0,
         "/proc/locks; contended locks resolved to mount, path, holder and waiters",
+        _with_cgroup_walk,
     ),
     SourceInfo(
         "threads",
