@@ -103,9 +103,9 @@ LOCKS_BLOCKED = metric(
 LOCK_HOLDER_LOCKS = metric(
     "nodescope_lock_holder_locks",
     "gauge",
-    "granted file locks a user holds when they flood /proc/locks (4,096 or more, or the most"
-    " when the table was read only in part): at least this many, from the part read; at most"
-    " 8 users",
+    "granted file locks a user holds when they flood /proc/locks (4,096 or more, or an eighth"
+    " of the part read when the table was read only in part): at least this many; at most 8"
+    " users",
     ("uid",),
     area=AREA,
 )

@@ -485,13 +485,14 @@ def flood_holders(
     roots: Roots, entries: tuple[LockEntry, ...], truncated: bool
 ) -> tuple[LockHolder, ...]:
     """The users holding :data:`FLOOD_LOCKS` granted locks or more among ``entries`` (when
-    the table was cut, the users holding the most of the part read, whatever their count): at
+    the table was cut, also those holding an eighth of the part read or more: what cut it): at
     most :data:`MAX_FLOOD_HOLDERS`, the most first. OFD locks carry no pid in the table and
     are not attributed."""
     by_pid = Counter(e.pid for e in entries if e.depth == 0 and e.pid > 0)
+    least = min(FLOOD_LOCKS, max(1, len(entries) // 8)) if truncated else FLOOD_LOCKS
     by_uid: Counter[int] = Counter()
     for pid, count in by_pid.most_common(MAX_PIDS_ATTRIBUTED):
-        if count < FLOOD_LOCKS and not truncated:
+        if count < least // MAX_PIDS_ATTRIBUTED:
             break
         try:
             by_uid[os.stat(roots.procfs / str(pid)).st_uid] += count
@@ -500,7 +501,7 @@ def flood_holders(
     return tuple(
         LockHolder(uid, count)
         for uid, count in by_uid.most_common(MAX_FLOOD_HOLDERS)
-        if count >= FLOOD_LOCKS or truncated
+        if count >= least
     )
 
 
