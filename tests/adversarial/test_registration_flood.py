@@ -45,7 +45,7 @@ from nodescope_exporters import job_metrics
 from nodescope_exporters.prometheus import render
 from tests.adversarial.common import one_cycle, skipped_metric
 from tests.hook_peers import hook_env, run_hook
-from tests.integration.slurm_harness import SlurmCluster, missing_binaries
+from tests.integration.slurm_harness import SlurmCluster, skip_reason
 
 FLOOD = 20_000
 ROOT = Peer(os.getpid(), 0, 0)
@@ -211,21 +211,9 @@ def test_without_slurm_a_registration_without_cgroup_expires_at_its_age_limit(
     assert sorted(p.name for p in directory.iterdir()) == ["1.json", "3.json", "4.json"]
 
 
-def _slurm_skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "Slurm daemons need root"
-    missing = missing_binaries()
-    if missing:
-        return f"not installed: {', '.join(missing)} (Debian: slurm-wlm munge)"
-    for controller in ("memory", "freezer"):
-        if not (Path("/sys/fs/cgroup") / controller / "cgroup.procs").exists():
-            return f"no cgroup v1 {controller} hierarchy for Slurm's cgroup/v1"
-    return None
-
-
 @pytest.fixture
 def cluster() -> Iterator[SlurmCluster]:
-    reason = _slurm_skip_reason()
+    reason = skip_reason()
     if reason:
         pytest.skip(reason)
     work = Path(tempfile.mkdtemp(prefix="nodescope-regs-", dir="/tmp"))
