@@ -72,8 +72,9 @@ MAX_FDS_SCANNED = 4096
 MAX_CONTENDED = 64
 #: ``/proc/locks`` is read at most this far per run (about 15,000 locks)...
 MAX_TABLE_BYTES = 1 << 20
-#: ... and for at most this long (see :func:`read_table`).
-TABLE_SECONDS = 0.5
+#: ... and for at most this long (see :func:`read_table`): a safety net, the bytes bound the
+#: read; well within the source's deadline, so that parsing and resolving still fit.
+TABLE_SECONDS = 2.0
 #: Job processes whose system call is read per run for a lock wait.
 MAX_JOB_PROCESSES = 1024
 #: A user holding this many granted locks is named (:attr:`LocksData.flood_holders`).
