@@ -206,6 +206,7 @@ class Collector:
                     spool=spool_settings(config),
                     netdev=netdev_options(config),
                     link_events=link_events_options(config),
+                    max_registrations=config.slurm.max_registrations,
                 )
             for name, wanted in config.sources.items():
                 if wanted.enabled:

@@ -42,6 +42,7 @@ from nodescope.errors import ConfigError
 from nodescope.model.collectives import SpoolSettings
 from nodescope.model.error_thresholds import BANDS as ERROR_BANDS
 from nodescope.model.error_thresholds import default_of
+from nodescope.model.job_records import DEFAULT_MAX_REGISTRATIONS
 from nodescope.model.link_events import LinkEventsOptions
 from nodescope.model.netdev import MAX_LINKS, NetdevOptions
 from nodescope.roots import ROOT_NAMES, Roots
@@ -1041,6 +1042,19 @@ class SlurmSettings:
     )
     run_probe: bool = option(
         False, "run `nodescope probe --quick` (when installed) and fail on its exit status"
+    )
+    max_registrations: int = option(
+        DEFAULT_MAX_REGISTRATIONS,
+        "jobs registered on the node at most (<run>/nodescope/jobs/<id>.json): past it the"
+        " prolog registers no more (it says so; the job still runs) once registrations of"
+        " ended jobs are expired, and the jobs source reads no more",
+        Range(1, 65536, integer=True),
+    )
+    registration_max_age_seconds: float = option(
+        DAY,
+        "a registration whose job has no cgroup on the node is removed when Slurm (scontrol"
+        " show job) no longer knows the job or, when Slurm does not answer, once it is this old",
+        Range(HOUR, 30 * DAY),
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +148,35 @@ def read_bytes(
                 raise FileTooLarge(_too_large(path, kind, f"more than {limit} bytes"))
             chunks.append(chunk)
         return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_prefix(path: Path | str, max_bytes: int, seconds: float) -> tuple[bytes, bool]:
+    """The start of the regular file ``path``: read until its end, ``max_bytes`` or
+    ``seconds`` (checked between reads), whichever comes first; and whether more was left.
+
+    For a procfs table whose every read costs more than the last (``/proc/locks``): a
+    caller that can use part of it takes the part its budget allows. Refuses what
+    :func:`read_bytes` refuses.
+    """
+    deadline = time.monotonic() + seconds
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotARegularFile(
+                f"{os.fspath(path)}: {_file_type(info.st_mode)}, not a regular file; refused"
+            )
+        chunks: list[bytes] = []
+        total = 0
+        while chunk := os.read(fd, READ_CHUNK):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total >= max_bytes or time.monotonic() >= deadline:
+                # Cut only when more is there: a file that ends here was read whole.
+                return b"".join(chunks), bool(os.read(fd, 1))
+        return b"".join(chunks), False
     finally:
         os.close(fd)
 

@@ -100,6 +100,15 @@ LOCKS_BLOCKED = metric(
     "lock requests waiting behind a granted lock in /proc/locks",
     area=AREA,
 )
+LOCK_HOLDER_LOCKS = metric(
+    "nodescope_lock_holder_locks",
+    "gauge",
+    "granted file locks a user holds when they flood /proc/locks (4,096 or more, or an eighth"
+    " of the part read when the table was read only in part): at least this many; at most 8"
+    " users",
+    ("uid",),
+    area=AREA,
+)
 JOB_THREADS = metric(
     "nodescope_job_threads",
     "gauge",
@@ -213,6 +222,11 @@ def _hangs(snapshot: Snapshot) -> Iterator[Metric]:
         blocked = LOCKS_BLOCKED.family()
         blocked.add_metric([], locks.blocked)
         yield from (family, blocked)
+        if locks.flood_holders:
+            holders = LOCK_HOLDER_LOCKS.family()
+            for holder in locks.flood_holders:
+                holders.add_metric([str(holder.uid)], holder.locks)
+            yield holders
     threads = snapshot.latest(THREADS)
     if threads is not None:
         family = JOB_THREADS.family()

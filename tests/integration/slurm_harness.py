@@ -40,6 +40,19 @@ def missing_binaries() -> list[str]:
     return [name for name in BINARIES if find_binary(name) is None]
 
 
+def skip_reason() -> str | None:
+    """Why a single-node cluster cannot run here (``None``: it can)."""
+    if os.geteuid() != 0:
+        return "Slurm daemons need root"
+    missing = missing_binaries()
+    if missing:
+        return f"not installed: {', '.join(missing)} (Debian: slurm-wlm munge)"
+    for controller in ("memory", "freezer"):
+        if not (Path("/sys/fs/cgroup") / controller / "cgroup.procs").exists():
+            return f"no cgroup v1 {controller} hierarchy for Slurm's cgroup/v1"
+    return None
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

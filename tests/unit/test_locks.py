@@ -14,11 +14,13 @@ from nodescope.errors import ParseError
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.locks import (
+    LOCK_SYSCALLS,
     SKIP_LOCK_LINE_UNPARSABLE,
     SKIP_LOCK_WAITER_ORPHANED,
     SKIP_MOUNTINFO_LINE_UNPARSABLE,
     LockEntry,
     LocksData,
+    LockWait,
     MountInfo,
     contended,
     make_source,
@@ -27,7 +29,9 @@ from nodescope.sources.locks import (
     parse_locks,
     parse_mountinfo,
     parse_mountinfo_line,
+    parse_syscall,
     read_locks,
+    read_table,
     unescape_mount_field,
 )
 
@@ -389,3 +393,57 @@ def test_parse_mountinfo_fuzz(text: str) -> None:
 def test_parse_comm_fuzz(text: str) -> None:
     name = parse_comm(text)
     assert name + "\n" == text or (name == text and not text.endswith("\n"))
+
+
+# --- /proc/<pid>/syscall and the table's budget --------------------------------------------
+
+X86 = LOCK_SYSCALLS["x86_64"]
+
+
+@pytest.mark.parametrize(
+    ("line", "wait"),
+    [
+        # Read from processes of this machine blocked in fcntl(F_SETLKW), fcntl(F_OFD_SETLKW)
+        # and flock(LOCK_EX): the kernel's own lines.
+        ("72 0x3 0x7 0x7fff5ca6b410 0x7f3dd440ea78 0x0 0x0 0x7fff5ca6b390 0x7f3dd4316810\n",
+         LockWait(3, "POSIX", None, 0x7FFF5CA6B410)),
+        ("72 0x3 0x26 0x7ffcee1ecaa0 0x0 0x0 0x0 0x7ffcee1eca10 0x7f237dd16810\n",
+         LockWait(3, "OFDLCK", None, 0x7FFCEE1ECAA0)),
+        ("73 0x5 0x2 0x0 0x0 0x0 0x0 0x7ffd1 0x7f1\n", LockWait(5, "FLOCK", "WRITE", None)),
+        ("73 0x5 0x1 0x0 0x0 0x0 0x0 0x7ffd1 0x7f1\n", LockWait(5, "FLOCK", "READ", None)),
+        # Not a wait: LOCK_NB, F_SETLK, another call, running, outside a call.
+        ("73 0x5 0x6 0x0 0x0 0x0 0x0 0x7ffd1 0x7f1\n", None),
+        ("72 0x3 0x6 0x7fff5ca6b410 0x0 0x0 0x0 0x7ffd1 0x7f1\n", None),
+        ("7 0x7ffd 0x1 0xffffffff 0x0 0x0 0x0 0x7ffd1 0x7f1\n", None),
+        ("running\n", None),
+        ("-1 0x7ffd1 0x7f1\n", None),
+    ],
+)  # fmt: skip
+def test_parse_syscall(line: str, wait: LockWait | None) -> None:
+    assert parse_syscall(line, X86) == wait
+
+
+@pytest.mark.parametrize("line", ["", "72 0x3\n", "72 0x3 0x7 zz 0x0 0x0 0x0 0x1 0x2\n"])
+def test_parse_syscall_refuses_what_the_kernel_does_not_write(line: str) -> None:
+    with pytest.raises(ParseError):
+        parse_syscall(line, X86)
+
+
+@given(st.text(max_size=200))
+def test_parse_syscall_never_fails_otherwise(text: str) -> None:
+    try:
+        wait = parse_syscall(text, X86)
+    except ParseError:
+        return
+    assert wait is None or wait.kind in ("POSIX", "OFDLCK", "FLOCK")
+
+
+def test_read_table_stops_at_its_budget_on_a_whole_line(tmp_path: Path) -> None:
+    line = "1: POSIX  ADVISORY  WRITE 4242 fd:00:123 0 EOF\n"
+    table = tmp_path / "locks"
+    table.write_text(line * 100_000)
+    text, cut = read_table(str(table), 70_000, 10.0)
+    assert cut and 0 < len(text) <= 70_000 + 65536 and text.endswith("\n")
+    assert len(parse_locks(text)) == len(text) // len(line)
+    whole, cut = read_table(str(table), 1 << 30, 10.0)
+    assert not cut and whole == line * 100_000

@@ -68,6 +68,7 @@ from nodescope.hooks import (
     write_registration,
 )
 from nodescope.hooks.health import gate_causes
+from nodescope.hooks.registrations import RegistrationRefused, make_room
 from nodescope.hooks.stops import (
     GateStop,
     checks_of,
@@ -210,6 +211,9 @@ def _daemon_gate(config: Config, job: JobRequest, hold_alerts: bool = False) -> 
         return _Gate(f"nodescope: prolog refused: {response.get('error')}"[:200])
     if not response.get("ok"):
         raise HookUnavailable(str(response.get("error")))
+    refused = response.get("registration_refused")
+    if isinstance(refused, str):
+        _say(refused[:300])
     return _Gate(
         response.get("reason") if not response.get("fit", True) else None,
         checks_of(response.get("checks")),
@@ -225,7 +229,11 @@ def _local_gate(config: Config, job: JobRequest) -> _Gate:
         return _Gate(reason, checks, gate_causes(checks, ()))
     now = time.time()
     try:
+        # The daemon is not answering: no cgroup view to expire by, only the cap's check.
+        make_room(config.roots, job.job_id, config.slurm, None, now)
         write_registration(config.roots, job, local_sample(config.roots, now), now)
+    except RegistrationRefused as err:
+        _say(str(err))
     except OSError as err:
         _say(f"nodescope: cannot register job {job.job_id}: {err}")
     return _Gate(None, checks)

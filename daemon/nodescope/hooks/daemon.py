@@ -15,6 +15,7 @@ from typing import Any
 
 from nodescope.config import Config
 from nodescope.hooks.auth import Peer, allowed_uids, slurm_uid
+from nodescope.hooks.registrations import RegistrationExpiry
 from nodescope.hooks.stops import gate_stops_dir, remove_stale_gate_stops
 from nodescope.hooks.tracker import JobTracker
 from nodescope.hooks.transport import HookServer, Request, Response, run_dir, socket_path
@@ -33,6 +34,7 @@ class Hooks:
 
     def __init__(self, config: Callable[[], Config]) -> None:
         self.tracker = JobTracker(config)
+        self.expiry = RegistrationExpiry(config)
         self._config = config
         self.server = HookServer(
             socket_path(config().roots),
@@ -98,6 +100,7 @@ class Hooks:
         from nodescope.analysis import alert_json
 
         self.tracker.observe(snapshot)
+        self.expiry.observe(snapshot)
         self._firing = tuple(alert_json(a) for a in snapshot.alerts if a.state is AlertState.FIRING)
         self._firing_wall = snapshot.wall_time
 

@@ -41,6 +41,7 @@ from nodescope.hooks.health import (
     unfit_reason,
     write_gate_state,
 )
+from nodescope.hooks.registrations import RegistrationRefused, cgroup_jobs_of, make_room
 from nodescope.hooks.reports import JobWindow, build_report, collective_figures
 from nodescope.hooks.request import JobRequest, holders_of
 from nodescope.hooks.stops import problem_json, read_gate_stop, remove_gate_stop
@@ -412,11 +413,18 @@ class JobTracker:
         if alerts.detail.startswith("dry run"):
             log.info("event=prolog_dry_run job=%s says=%r", job.job_id, alerts.detail)
         causes = None if reason is None else gate_causes(checks, draining(policy, firing))
+        refused: str | None = None
         if reason is None:
             # Registered only once fit: a job on the node is what lets the daemon drain it
             # during a job (:mod:`nodescope.hooks.jobdrain`), and a job the gate stops never
             # runs here (Slurm requeues it).
-            write_registration(config.roots, job, sample, now)
+            try:
+                make_room(config.roots, job.job_id, config.slurm, cgroup_jobs_of(snapshot), now)
+            except RegistrationRefused as exc:
+                refused = str(exc)
+                log.warning("event=registration_refused job=%s why=%r", job.job_id, refused)
+            else:
+                write_registration(config.roots, job, sample, now)
         else:
             remove_registration(config.roots, job.job_id)
         log.info(
@@ -436,6 +444,8 @@ class JobTracker:
             # the hook records the drain with them, so that health resumes the node once
             # they have cleared (null: the hook does not record it, a person resumes).
             "causes": None if causes is None else [problem_json(p) for p in causes],
+            # Set when the job runs unregistered (the registrations cap): the hook says why.
+            "registration_refused": refused,
         }
 
     def firing(self) -> list[Problem]:

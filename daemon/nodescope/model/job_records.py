@@ -22,6 +22,12 @@ from nodescope.model.source_key import SourceKey
 #: they write (JSON, ``format`` ``nodescope-registration/1``).
 RUN_SUBDIR = "nodescope"
 REGISTRATION_FORMAT = "nodescope-registration/1"
+#: Registrations a node keeps at most (``[slurm] max_registrations``): the prolog refuses to
+#: register past it and the ``jobs`` source reads no more, so neither the daemon's work per
+#: run nor the job series grow with registrations an epilog never removed. A GPU node runs a
+#: handful of jobs at a time (Slurm starts at most one per allocatable CPU): the default
+#: leaves room for shared nodes and for leaked registrations until they expire.
+DEFAULT_MAX_REGISTRATIONS = 256
 
 #: The character major of NVIDIA GPUs (``/dev/nvidia<N>`` is 195:N; 255 is nvidiactl).
 NVIDIA_MAJOR = 195

@@ -75,13 +75,28 @@ class ContendedLock:
 
 
 @dataclass(frozen=True, slots=True)
+class LockHolder:
+    """A user holding a flood of locks: the uid of the processes and how many granted locks
+    they hold in the part of ``/proc/locks`` that was read (more when it was cut)."""
+
+    uid: int
+    locks: int
+
+
+@dataclass(frozen=True, slots=True)
 class LocksData:
     """Counts of every lock by kind (granted ones only), the number of blocked requests, and
-    the contended locks resolved."""
+    the contended locks resolved, those with a job process on either side first.
+
+    ``truncated``: ``/proc/locks`` was read only in part (its byte or time budget ran out;
+    the counts are of that part); ``flood_holders``: the users holding the most locks when
+    that happened or when one holds a flood of them."""
 
     counts: tuple[tuple[str, int], ...]
     blocked: int
     contended: tuple[ContendedLock, ...]
+    truncated: bool = False
+    flood_holders: tuple[LockHolder, ...] = ()
     #: lines of /proc/locks and mountinfo left out of this run as malformed
     skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 

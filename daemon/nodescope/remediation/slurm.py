@@ -215,6 +215,16 @@ def node_view(
 # Running scontrol
 
 
+#: Job states after which a job never runs again on its nodes (``scontrol show job``'s
+#: ``JobState``, Slurm's ``job_state_string``).
+ENDED_JOB_STATES = frozenset(
+    {
+        "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+        "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
+    }
+)  # fmt: skip
+
+
 class SlurmError(Exception):
     """scontrol could not be run, did not finish in time, or said no."""
 
@@ -265,6 +275,28 @@ class Scontrol:
 
     def resume(self, node: str) -> None:
         self._update(node, "state=resume")
+
+    def job_active(self, job: str) -> bool:
+        """Whether Slurm still knows ``job`` as not ended (``scontrol show job``): ``False``
+        when it answers that the id is invalid (an ended job is purged after ``MinJobAge``)
+        or shows only ended states; :class:`SlurmError` when it gives no answer."""
+        if not JOB_ID.fullmatch(job):
+            raise SlurmError(f"not a job id: {job[:40]!r}")
+        try:
+            out = self.run(["show", "job", "--oneliner", job])
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return False
+            raise
+        states = {
+            token.partition("=")[2]
+            for line in out.splitlines()
+            for token in line.split()
+            if token.startswith("JobState=")
+        }
+        if not states:
+            raise SlurmError(f"scontrol show job {job}: no JobState in the answer")
+        return not states <= ENDED_JOB_STATES
 
     def requeue(self, job: str) -> None:
         if not JOB_ID.fullmatch(job):

@@ -55,6 +55,7 @@ from typing import Any
 from nodescope.errors import ParseError
 from nodescope.fileio import CGROUP_LIST, CGROUP_STAT, PROC_PROCESS
 from nodescope.model.job_records import (
+    DEFAULT_MAX_REGISTRATIONS,
     JOBS,
     NVIDIA_CTL_MINOR,
     NVIDIA_MAJOR,
@@ -71,7 +72,7 @@ from nodescope.model.job_records import (
     parse_gpu_list,
     registrations_dir,
 )
-from nodescope.model.skips import SkipTally
+from nodescope.model.skips import Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import Environ, EnvironMemo, kept_environ, read_optional
 from nodescope.sources.cgroup import (
@@ -147,6 +148,9 @@ THREAD_UNPARSABLE = "thread_unparsable"
 JOB_UNPARSABLE = "job_unparsable"
 LIMIT_UNPARSABLE = "limit_unparsable"
 REGISTRATION_UNPARSABLE = "registration_unparsable"
+#: a registration past ``[slurm] max_registrations`` (the ones of jobs with cgroups and the
+#: newest are kept), left unread
+REGISTRATION_OVER_CAP = "registration_over_cap"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -851,27 +855,85 @@ def read_others_v1(
     return _read_others(hierarchy, skip, "memory.limit_in_bytes", parse_v1_limit, tally)
 
 
-def read_registrations(roots: Roots, tally: SkipTally | None = None) -> tuple[Registration, ...]:
-    """The prolog's registrations; a file that is not one is skipped, counted in ``tally``."""
-    tally = SkipTally() if tally is None else tally
-    directory = registrations_dir(roots)
-    found: list[Registration] = []
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return ()
-    for name in names:
-        if not name.endswith(".json") or name.startswith("."):
-            continue
-        path = directory / name
-        text = read_optional(path)
-        if text is None:
-            continue  # removed by the epilog meanwhile
+def _registration_rank(name: str, known: frozenset[str]) -> tuple[bool, int, str]:
+    """The order in which registrations are kept past the cap: jobs with cgroups on the node
+    first, then the newest job ids."""
+    job = name[: -len(".json")]
+    return (job not in known, -int(job) if job.isdigit() and len(job) < 19 else 0, name)
+
+
+class RegistrationReader:
+    """The prolog's registrations, each file parsed once: a file is read again only when its
+    inode, size or modification time changes (the hooks replace a registration by renaming a
+    new file over it). At most ``cap`` files are looked at per run, the jobs with cgroups on
+    the node first, then the newest job ids; the rest are counted as skipped
+    (:data:`REGISTRATION_OVER_CAP`). The kept parses are those of this run's files only."""
+
+    def __init__(self, cap: int = DEFAULT_MAX_REGISTRATIONS) -> None:
+        self.cap = cap
+        self._parsed: dict[str, tuple[tuple[int, int, int], Registration | str]] = {}
+
+    def read(
+        self, roots: Roots, tally: SkipTally, known: frozenset[str] = frozenset()
+    ) -> tuple[Registration, ...]:
+        directory = str(registrations_dir(roots))
         try:
-            found.append(parse_registration(text, str(path)))
-        except ParseError as exc:
-            tally.skip(REGISTRATION_UNPARSABLE, str(exc))
-    return tuple(sorted(found, key=lambda r: _job_order(r.job_id)))
+            with os.scandir(directory) as entries:
+                names = [
+                    e.name
+                    for e in entries
+                    if e.name.endswith(".json") and not e.name.startswith(".")
+                ]
+        except OSError:
+            self._parsed = {}
+            return ()
+        if len(names) > self.cap:
+            names.sort(key=lambda n: _registration_rank(n, known))
+            left = len(names) - self.cap
+            tally.merge(
+                Skipped(
+                    {REGISTRATION_OVER_CAP: left},
+                    {REGISTRATION_OVER_CAP: f"{directory}: {left} past the cap of {self.cap}"},
+                )
+            )
+            del names[self.cap :]
+        parsed: dict[str, tuple[tuple[int, int, int], Registration | str]] = {}
+        found: list[Registration] = []
+        for name in names:
+            path = f"{directory}/{name}"
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue  # removed by the epilog meanwhile
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            cached = self._parsed.get(name)
+            if cached is not None and cached[0] == key:
+                value = cached[1]
+            else:
+                text = read_optional(path)
+                if text is None:
+                    continue
+                try:
+                    value = parse_registration(text, path)
+                except ParseError as exc:
+                    value = str(exc)
+            parsed[name] = (key, value)
+            if isinstance(value, str):
+                tally.skip(REGISTRATION_UNPARSABLE, value)
+            else:
+                found.append(value)
+        self._parsed = parsed
+        return tuple(sorted(found, key=lambda r: _job_order(r.job_id)))
+
+
+def read_registrations(
+    roots: Roots,
+    tally: SkipTally | None = None,
+    cap: int = DEFAULT_MAX_REGISTRATIONS,
+) -> tuple[Registration, ...]:
+    """The prolog's registrations (at most ``cap``); a file that is not one is skipped,
+    counted in ``tally``."""
+    return RegistrationReader(cap).read(roots, SkipTally() if tally is None else tally)
 
 
 def _job_order(job: str) -> tuple[int, str]:
@@ -879,27 +941,33 @@ def _job_order(job: str) -> tuple[int, str]:
 
 
 def read_jobs(
-    roots: Roots, tree: CgroupTree | None = None, environ_memo: EnvironMemo | None = None
+    roots: Roots,
+    tree: CgroupTree | None = None,
+    environ_memo: EnvironMemo | None = None,
+    registrations: RegistrationReader | None = None,
 ) -> JobsData:
     """Every job of the node. ``tree``: a whole walk of the v2 hierarchy with the id lists
-    (read here when not given); ``environ_memo``: kept environments of known processes.
+    (read here when not given); ``environ_memo``: kept environments of known processes;
+    ``registrations``: the reader that keeps the parsed registrations between runs.
 
     A job, cgroup, thread or registration that cannot be read or parsed is left out and
     counted in the record's ``skipped`` (with what the walk skipped): one job's junk file or
     refused directory never hides the other jobs.
     """
     tally = SkipTally()
-    registrations = read_registrations(roots, tally)
+    reader = RegistrationReader() if registrations is None else registrations
     if tree is None:
         tree = read_tree(roots, keep_pids=True)
     hierarchy = find_v2_root(roots.cgroupfs)
     jobs: list[JobCgroup] = []
 
     def data(layout: str, others: tuple[OtherCgroup, ...], truncated: bool) -> JobsData:
+        known = frozenset(j.job_id for j in jobs if j.job_id is not None)
+        kept = reader.read(roots, tally, known)
         skipped = tally.freeze()
         if layout == "v2" and tree is not None:
             skipped = tree.skipped + skipped
-        return JobsData(layout, tuple(_sorted(jobs)), registrations, others, truncated, skipped)
+        return JobsData(layout, tuple(_sorted(jobs)), kept, others, truncated, skipped)
 
     if hierarchy.path is not None and tree.mode != "none" and not tree.truncated:
         jobs, any_found, others = _v2_from_tree(roots, tree, environ_memo, tally)
@@ -951,6 +1019,7 @@ class JobsSource:
         slow_every: int = SLOW_EVERY,
         walk: CycleWalk | None = None,
         publish: Callable[[JobsData], None] | None = None,
+        max_registrations: int = DEFAULT_MAX_REGISTRATIONS,
     ) -> None:
         self.walk = CycleWalk() if walk is None else walk
         # Where each record also goes: the traces source checks spool directories against
@@ -959,6 +1028,7 @@ class JobsSource:
         self.walk.needed_by(self.name)
         self.slow_every = slow_every
         self._environ = EnvironMemo(parse_environ)
+        self._registrations = RegistrationReader(max_registrations)
         self._runs = 0
 
     @property
@@ -975,7 +1045,7 @@ class JobsSource:
     def collect(self, roots: Roots) -> JobsData:
         self._environ.refresh = self._runs % max(1, self.slow_every) == 0
         self._runs += 1
-        data = read_jobs(roots, self.walk.tree(roots), self._environ)
+        data = read_jobs(roots, self.walk.tree(roots), self._environ, self._registrations)
         self._environ.end_run()
         if self._publish is not None:
             self._publish(data)
@@ -983,15 +1053,19 @@ class JobsSource:
 
     def close(self) -> None:
         self._environ = EnvironMemo(parse_environ)
+        self._registrations = RegistrationReader(self._registrations.cap)
         self._runs = 0
 
 
 def make_source(
-    walk: CycleWalk | None = None, publish: Callable[[JobsData], None] | None = None
+    walk: CycleWalk | None = None,
+    publish: Callable[[JobsData], None] | None = None,
+    max_registrations: int = DEFAULT_MAX_REGISTRATIONS,
 ) -> JobsSource:
     """The source; ``walk``: the cgroup walk it shares with the other cgroup sources;
-    ``publish``: called with every record it returns."""
-    return JobsSource(walk=walk, publish=publish)
+    ``publish``: called with every record it returns; ``max_registrations``: registrations
+    read at most (``[slurm] max_registrations``)."""
+    return JobsSource(walk=walk, publish=publish, max_registrations=max_registrations)
 
 
 __all__ = [
@@ -1007,6 +1081,7 @@ __all__ = [
     "NVIDIA_CTL_MINOR",
     "NVIDIA_MAJOR",
     "REGISTRATION_FORMAT",
+    "REGISTRATION_OVER_CAP",
     "REGISTRATION_UNPARSABLE",
     "RUN_SUBDIR",
     "THREAD_UNPARSABLE",
@@ -1020,6 +1095,7 @@ __all__ = [
     "Layout",
     "OtherCgroup",
     "Registration",
+    "RegistrationReader",
     "find_v1_jobs",
     "find_v2_jobs",
     "is_sluid_dir",

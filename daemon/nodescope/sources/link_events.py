@@ -17,7 +17,9 @@ Two inputs:
 Per link the record counts transitions to up and to down since the source started, and the
 transitions within the last :data:`WINDOW_SECONDS` (the flap detector's input). Virtual
 links (veth, bridges, tunnels: containers make them by the thousand) are left out unless the
-source is told to include them, so the ``interface`` label stays bounded. The records the
+source is told to include them, so the ``interface`` label stays bounded; a removed link is
+forgotten one window after its removal, and at most :data:`MAX_LINKS` are followed, physical
+ones first (:class:`FlapCounter`). The records the
 source hands on are declared in :mod:`nodescope.model.link_events`.
 """
 
@@ -97,6 +99,9 @@ class LinkEvent:
     kind: str
     state: str
     monotonic: float
+    #: a network device without a software link kind (``IFLA_INFO_KIND``: hardware NICs have
+    #: none) or an InfiniBand port: followed before virtual links when the table is full
+    physical: bool = True
 
 
 def parse_link_event(
@@ -106,9 +111,10 @@ def parse_link_event(
     link = parse_link(message, source)
     if link.name == "lo" or (not include_virtual and link.kind in VIRTUAL_KINDS):
         return None
+    physical = link.kind is None
     if message.get("event") == "RTM_DELLINK":
-        return LinkEvent(link.name, "netdev", "removed", monotonic)
-    return LinkEvent(link.name, "netdev", link_state(link), monotonic)
+        return LinkEvent(link.name, "netdev", "removed", monotonic, physical)
+    return LinkEvent(link.name, "netdev", link_state(link), monotonic, physical)
 
 
 # Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
@@ -120,48 +126,105 @@ SKIP_IB_STATE_UNPARSABLE = "ib_state_unparsable"
 SKIP_FILE_REFUSED = "file_refused"
 
 
+@dataclass(slots=True)
+class _Tracked:
+    """What the counter keeps of one link; ``removed_at``: when it was deleted (``None``
+    while it exists)."""
+
+    kind: str
+    state: str
+    physical: bool
+    times: deque[float]
+    up: int = 0
+    down: int = 0
+    removed_at: float | None = None
+
+
 class FlapCounter:
     """Link states over time: counts a transition when a link's state differs from the last
-    one seen; the first state seen of a link is no transition."""
+    one seen; the first state seen of a link is no transition.
+
+    At most ``max_links`` links are followed. A removed link keeps its counts for one window
+    (its flaps still count, and a link deleted and made again under its name carries on) and
+    is then forgotten, so containers making and deleting links leave no series behind. When
+    the table is full, a new link takes the place of a removed one; a physical link (a
+    network device without a software link kind, an InfiniBand port) takes the place of a
+    virtual one, so churn of veths never pushes a NIC out; otherwise the new link is counted
+    as ``untracked``.
+    """
 
     def __init__(self, window_seconds: float = WINDOW_SECONDS, max_links: int = MAX_LINKS) -> None:
         self.window_seconds = window_seconds
         self.max_links = max_links
-        self._state: dict[str, tuple[str, str]] = {}  # interface -> (kind, state)
-        self._totals: dict[tuple[str, str], int] = {}  # (interface, to) -> count
-        self._times: dict[str, deque[float]] = {}
+        self._links: dict[str, _Tracked] = {}
         self.untracked = 0
+
+    def _forget_removed(self, now: float) -> None:
+        gone = [
+            name
+            for name, link in self._links.items()
+            if link.removed_at is not None and now - link.removed_at > self.window_seconds
+        ]
+        for name in gone:
+            del self._links[name]
+
+    def _make_room(self, physical: bool, now: float) -> bool:
+        """Room for one more link: the expired removed links forgotten, else the one removed
+        longest ago, else (for a physical link) the virtual link followed longest."""
+        self._forget_removed(now)
+        if len(self._links) < self.max_links:
+            return True
+        removed = [(link.removed_at, name) for name, link in self._links.items()
+                   if link.removed_at is not None]  # fmt: skip
+        if removed:
+            del self._links[min(removed)[1]]
+            return True
+        if physical:
+            # Dicts keep insertion order: the first virtual one is the one followed longest.
+            victim = next((n for n, link in self._links.items() if not link.physical), None)
+            if victim is not None:
+                del self._links[victim]
+                return True
+        return False
 
     def observe(self, event: LinkEvent) -> None:
         name = event.interface
+        link = self._links.get(name)
         if event.state == "removed":
-            self._state.pop(name, None)
+            if link is not None and link.removed_at is None:
+                link.state = "removed"
+                link.removed_at = event.monotonic
             return
-        old = self._state.get(name)
-        if old is None and name not in self._times and len(self._times) >= self.max_links:
-            self.untracked += 1
+        if link is None:
+            if len(self._links) >= self.max_links and not self._make_room(
+                event.physical, event.monotonic
+            ):
+                self.untracked += 1
+                return
+            self._links[name] = _Tracked(
+                event.kind, event.state, event.physical, deque(maxlen=MAX_RECENT)
+            )
             return
-        self._state[name] = (event.kind, event.state)
-        times = self._times.setdefault(name, deque(maxlen=MAX_RECENT))
-        if old is not None and old[1] != event.state:
-            self._totals[(name, event.state)] = self._totals.get((name, event.state), 0) + 1
-            times.append(event.monotonic)
+        if link.removed_at is not None:
+            # Made again under the same name: its first state is no transition.
+            link.removed_at = None
+            link.kind, link.state, link.physical = event.kind, event.state, event.physical
+            return
+        if link.state != event.state:
+            if event.state == "up":
+                link.up += 1
+            else:
+                link.down += 1
+            link.times.append(event.monotonic)
+        link.state = event.state
 
     def snapshot(self, now: float, monitor: bool) -> LinkEventsData:
+        self._forget_removed(now)
         links = []
-        for name in sorted(self._times):
-            kind, state = self._state.get(name, ("netdev", "removed"))
-            recent = sum(1 for t in self._times[name] if now - t <= self.window_seconds)
-            links.append(
-                LinkTransitions(
-                    name,
-                    kind,
-                    state,
-                    self._totals.get((name, "up"), 0),
-                    self._totals.get((name, "down"), 0),
-                    recent,
-                )
-            )
+        for name in sorted(self._links):
+            link = self._links[name]
+            recent = sum(1 for t in link.times if now - t <= self.window_seconds)
+            links.append(LinkTransitions(name, link.kind, link.state, link.up, link.down, recent))
         return LinkEventsData(tuple(links), self.window_seconds, monitor, self.untracked)
 
 
@@ -273,7 +336,7 @@ class NetlinkMonitor:
 class LinkEventsSource:
     """``netlink``: run the rtnetlink monitor (``netns`` as for the ``netdev`` source);
     ``include_virtual``: follow veth and other virtual links too. ``clock`` stamps the
-    transitions (monotonic seconds)."""
+    transitions (monotonic seconds); ``max_links``: links followed at most."""
 
     name = NAME
 
@@ -284,12 +347,13 @@ class LinkEventsSource:
         include_virtual: bool = False,
         window_seconds: float = WINDOW_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        max_links: int = MAX_LINKS,
     ) -> None:
         self.netns = netns
         self.netlink = netlink
         self.include_virtual = include_virtual
         self.clock = clock
-        self.counter = FlapCounter(window_seconds)
+        self.counter = FlapCounter(window_seconds, max_links)
         self._lock = threading.Lock()
         self._queue: deque[LinkEvent] = deque(maxlen=65536)
         #: link messages the monitor could not parse since the last run, and the latest fault

@@ -21,6 +21,24 @@ Reads, under the injected roots:
 
 Uncontended locks are counted, not resolved: a node holds thousands of them.
 
+Any user can take locks by the hundred thousand, and the kernel hands ``/proc/locks`` out a
+page per ``read``, walking its list from the start for each: the cost of reading the whole
+table grows with the square of its length. The table is therefore read within a budget
+(:data:`MAX_TABLE_BYTES`, :data:`TABLE_SECONDS`; a cut is counted), and the lock waits of
+the jobs' processes are read from the processes themselves, wherever the cut falls:
+
+* ``<procfs>/<pid>/syscall`` of each process of a job (``fs/proc/base.c``
+  ``proc_pid_syscall``): a process blocked in ``fcntl(fd, F_SETLKW | F_OFD_SETLKW, &flock)``
+  or ``flock(fd, LOCK_SH | LOCK_EX)`` waits on the file open as ``fd`` (``fd/<fd>``: device,
+  inode and path); the range and type of an ``fcntl`` request are read from its ``struct
+  flock`` in ``<procfs>/<pid>/mem``;
+* the holder: the lock of that file in the part of the table read, else the ``lock:`` lines
+  of the job's other processes' ``<procfs>/<pid>/fdinfo/<fd>`` (``fs/locks.c``
+  ``show_fd_locks``: the locks taken through that open file, in the table's own format).
+
+The contended locks with a job process on either side are resolved first; a user holding a
+flood of locks is named by uid (:func:`flood_holders`).
+
 A line of ``/proc/locks`` or ``mountinfo`` that does not parse (a kernel with a new lock
 class, say) is left out and counted in ``LocksData.skipped``; only a ``/proc/locks`` that
 cannot be read at all takes the source down. A process name is whatever its process chose
@@ -31,17 +49,21 @@ rejected. The records the source hands on are declared in :mod:`nodescope.model.
 from __future__ import annotations
 
 import os
+import platform
 import re
+import struct
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from nodescope.errors import ParseError
-from nodescope.fileio import PROC_PROCESS, PROC_TABLE
-from nodescope.model.locks import LOCKS, ContendedLock, LockParty, LocksData
-from nodescope.model.skips import SkipTally
+from nodescope.fileio import PROC_PROCESS, PROC_TABLE, read_prefix
+from nodescope.model.locks import LOCKS, ContendedLock, LockHolder, LockParty, LocksData
+from nodescope.model.skips import Skipped, SkipTally
 from nodescope.roots import Roots
-from nodescope.sources.base import read_optional, read_text
-from nodescope.sources.cgroup import read_proc_cgroup
+from nodescope.sources.base import read_optional
+from nodescope.sources.cgroup import CycleWalk, read_proc_cgroup
+from nodescope.sources.threads import job_pids
 
 NAME = LOCKS.name
 
@@ -49,6 +71,18 @@ NAME = LOCKS.name
 MAX_FDS_SCANNED = 4096
 #: At most this many contended locks are resolved per run (each costs a holder fd scan).
 MAX_CONTENDED = 64
+#: ``/proc/locks`` is read at most this far per run (about 15,000 locks)...
+MAX_TABLE_BYTES = 1 << 20
+#: ... and for at most this long (see :func:`read_table`): a safety net, the bytes bound the
+#: read; well within the source's deadline, so that parsing and resolving still fit.
+TABLE_SECONDS = 2.0
+#: Job processes whose system call is read per run for a lock wait.
+MAX_JOB_PROCESSES = 1024
+#: A user holding this many granted locks is named (:attr:`LocksData.flood_holders`).
+FLOOD_LOCKS = 4096
+#: Users named at most, and processes whose owner is looked up to name them.
+MAX_FLOOD_HOLDERS = 8
+MAX_PIDS_ATTRIBUTED = 64
 
 _ID = re.compile(r"[0-9]{1,19}")
 _DEVICE = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,8}):([0-9]{1,20})")
@@ -65,6 +99,12 @@ SKIP_LOCK_LINE_UNPARSABLE = "lock_line_unparsable"
 SKIP_LOCK_WAITER_ORPHANED = "lock_waiter_orphaned"
 #: a mountinfo line that does not parse (only read when a lock is contended)
 SKIP_MOUNTINFO_LINE_UNPARSABLE = "mountinfo_line_unparsable"
+#: /proc/locks left unread past its byte or time budget (one a run)
+SKIP_LOCK_TABLE_TRUNCATED = "lock_table_truncated"
+#: a contended lock past MAX_CONTENDED, left unresolved (the job's are kept first)
+SKIP_LOCK_CONTENDED_DROPPED = "lock_contended_dropped"
+#: a job process's /proc/<pid>/syscall that is not in the kernel's form
+SKIP_SYSCALL_UNPARSABLE = "syscall_unparsable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,19 +407,46 @@ def _cgroup(roots: Roots, pid: int) -> str | None:
     return seen.v2_path or seen.v1_path("name=systemd")
 
 
+def _party(roots: Roots, entry: LockEntry) -> LockParty:
+    return LockParty(entry.pid, _comm(roots, entry.pid), entry.access)
+
+
 def resolve(
-    roots: Roots, entries: tuple[LockEntry, ...], mounts: tuple[MountInfo, ...] | None
+    roots: Roots,
+    entries: tuple[LockEntry, ...],
+    mounts: tuple[MountInfo, ...] | None,
+    job_pids: frozenset[int] = frozenset(),
+    tally: SkipTally | None = None,
 ) -> tuple[ContendedLock, ...]:
-    """The contended locks of ``entries`` with mount, path and process names."""
+    """The contended locks of ``entries`` with mount, path and process names: at most
+    :data:`MAX_CONTENDED`, those with a process of ``job_pids`` on either side first; each
+    one left out is counted in ``tally`` (:data:`SKIP_LOCK_CONTENDED_DROPPED`)."""
+    found = contended(entries)
+    if len(found) > MAX_CONTENDED:
+        # Stable: the job's locks first, each group in the table's order.
+        found.sort(
+            key=lambda pair: (
+                not (pair[0].pid in job_pids or any(w.pid in job_pids for w in pair[1]))
+            )
+        )
+        if tally is not None:
+            left = len(found) - MAX_CONTENDED
+            tally.merge(
+                Skipped(
+                    {SKIP_LOCK_CONTENDED_DROPPED: left},
+                    {SKIP_LOCK_CONTENDED_DROPPED: f"{left} contended locks past {MAX_CONTENDED}"},
+                )
+            )
+        del found[MAX_CONTENDED:]
     out: list[ContendedLock] = []
-    for holder, waiters in contended(entries)[:MAX_CONTENDED]:
+    for holder, waiters in found:
         lock = ContendedLock(
             id=holder.id,
             kind=holder.kind,
             holder=LockParty(
                 holder.pid, _comm(roots, holder.pid), holder.access, _cgroup(roots, holder.pid)
             ),
-            waiters=tuple(LockParty(w.pid, _comm(roots, w.pid), w.access) for w in waiters),
+            waiters=tuple(_party(roots, w) for w in waiters),
             major=holder.major,
             minor=holder.minor,
             inode=holder.inode,
@@ -387,14 +454,7 @@ def resolve(
             end=holder.end,
         )
         if holder.major is not None and holder.minor is not None and holder.inode is not None:
-            mount = mount_of(mounts or (), holder.major, holder.minor)
-            if mount is not None:
-                lock = replace(
-                    lock,
-                    mountpoint=mount.mountpoint,
-                    fstype=mount.fstype,
-                    mount_source=mount.source,
-                )
+            lock = _placed(lock, mounts)
             path = locked_path(
                 roots, holder.pid, os.makedev(holder.major, holder.minor), holder.inode
             )
@@ -410,53 +470,361 @@ def resolve(
     return tuple(out)
 
 
-def read_locks(roots: Roots) -> LocksData:
-    """The locks of ``/proc/locks``; raises only when the file cannot be read at all."""
+def _placed(lock: ContendedLock, mounts: tuple[MountInfo, ...] | None) -> ContendedLock:
+    if lock.major is None or lock.minor is None:
+        return lock
+    mount = mount_of(mounts or (), lock.major, lock.minor)
+    if mount is None:
+        return lock
+    return replace(
+        lock, mountpoint=mount.mountpoint, fstype=mount.fstype, mount_source=mount.source
+    )
+
+
+# --- the table, read within a budget -------------------------------------------------------
+
+
+def read_table(path: str, max_bytes: int, seconds: float) -> tuple[str, bool]:
+    """``/proc/locks`` up to ``max_bytes`` or ``seconds``, whichever ends first, cut at its
+    last whole line; and whether it was cut.
+
+    The kernel's ``seq_file`` serves the table a page per ``read`` and walks the lock list
+    from its start again on each one, so reading the whole of a table of ``n`` locks costs in
+    the square of ``n`` (100,000 locks, 7 s): a prefix costs in the square of its own length
+    only (1 MiB, about 15,000 locks, 0.1 s), whatever the rest holds.
+    """
+    data, cut = read_prefix(path, max_bytes, seconds)
+    text = data.decode("utf-8", errors="replace")
+    if cut:
+        text = text[: text.rfind("\n") + 1]
+    return text, cut
+
+
+def flood_holders(
+    roots: Roots, entries: tuple[LockEntry, ...], truncated: bool
+) -> tuple[LockHolder, ...]:
+    """The users holding :data:`FLOOD_LOCKS` granted locks or more among ``entries`` (when
+    the table was cut, also those holding an eighth of the part read or more: what cut it): at
+    most :data:`MAX_FLOOD_HOLDERS`, the most first. OFD locks carry no pid in the table and
+    are not attributed."""
+    by_pid = Counter(e.pid for e in entries if e.depth == 0 and e.pid > 0)
+    least = min(FLOOD_LOCKS, max(1, len(entries) // 8)) if truncated else FLOOD_LOCKS
+    by_uid: Counter[int] = Counter()
+    for pid, count in by_pid.most_common(MAX_PIDS_ATTRIBUTED):
+        if count < least // MAX_PIDS_ATTRIBUTED:
+            break
+        try:
+            by_uid[os.stat(roots.procfs / str(pid)).st_uid] += count
+        except OSError:
+            continue  # exited since
+    return tuple(
+        LockHolder(uid, count)
+        for uid, count in by_uid.most_common(MAX_FLOOD_HOLDERS)
+        if count >= least
+    )
+
+
+# --- the lock waits of job processes --------------------------------------------------------
+
+#: ``fcntl`` and ``flock`` system call numbers (``arch/x86/entry/syscalls/syscall_64.tbl``,
+#: ``include/uapi/asm-generic/unistd.h`` for arm64).
+LOCK_SYSCALLS: dict[str, tuple[int, int]] = {"x86_64": (72, 73), "aarch64": (25, 32)}
+#: ``fcntl`` commands that wait for a lock (``include/uapi/asm-generic/fcntl.h``).
+F_SETLKW = 7
+F_OFD_SETLKW = 38
+#: ``flock`` operations (``include/uapi/asm-generic/fcntl.h``).
+LOCK_SH, LOCK_EX, LOCK_NB = 1, 2, 4
+#: ``struct flock``'s ``l_type`` values.
+_FLOCK_TYPES = {0: "READ", 1: "WRITE"}
+_SYSCALL_FIELD = re.compile(r"-?[0-9]{1,10}|0x[0-9a-f]{1,16}")
+
+
+@dataclass(frozen=True, slots=True)
+class LockWait:
+    """A process blocked in a lock request: its ``fd``, the class the request is of
+    (``POSIX``, ``OFDLCK``, ``FLOCK``), its type when known and, for ``fcntl``, the address
+    of its ``struct flock``."""
+
+    fd: int
+    kind: str
+    access: str | None
+    flock_address: int | None
+
+
+def parse_syscall(text: str, calls: tuple[int, int], source: str = "syscall") -> LockWait | None:
+    """``/proc/<pid>/syscall`` (``fs/proc/base.c`` ``proc_pid_syscall``: the number and six
+    arguments in hex, then the stack and program counters; ``running``, or ``-1`` and the two
+    counters outside a system call): the lock request it is blocked in, else ``None``.
+    :class:`ParseError` when the line is not in that form."""
+    fields = text.split()
+    if fields == ["running"] or (fields and fields[0] == "-1"):
+        return None
+    if len(fields) != 9 or not all(_SYSCALL_FIELD.fullmatch(f) for f in fields):
+        raise ParseError(source, f"not a syscall line: {text[:80]!r}")
+    number = int(fields[0])
+    args = [int(f, 16) for f in fields[1:7]]
+    fcntl_nr, flock_nr = calls
+    fd = args[0] & 0xFFFFFFFF
+    if number == fcntl_nr and args[1] in (F_SETLKW, F_OFD_SETLKW):
+        kind = "POSIX" if args[1] == F_SETLKW else "OFDLCK"
+        return LockWait(fd, kind, None, args[2])
+    if number == flock_nr and not args[1] & LOCK_NB and args[1] & (LOCK_SH | LOCK_EX):
+        return LockWait(fd, "FLOCK", "WRITE" if args[1] & LOCK_EX else "READ", None)
+    return None
+
+
+def _flock_request(roots: Roots, pid: int, address: int) -> tuple[str | None, int, int | None]:
+    """The type, start and end of the ``struct flock`` a process passed to ``fcntl``, read
+    from its memory (``l_type``, ``l_whence``, ``l_start``, ``l_len``); unknown parts when it
+    cannot be read or the range is not from the file's start."""
+    try:
+        fd = os.open(roots.procfs / str(pid) / "mem", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None, 0, None
+    try:
+        raw = os.pread(fd, 24, address)
+    except (OSError, OverflowError, ValueError):
+        return None, 0, None
+    finally:
+        os.close(fd)
+    if len(raw) != 24:
+        return None, 0, None
+    l_type, l_whence, l_start, l_len = struct.unpack("=hh4xqq", raw)
+    access = _FLOCK_TYPES.get(l_type)
+    if l_whence != 0 or l_start < 0 or l_len < 0:
+        return access, 0, None
+    return access, l_start, None if l_len == 0 else l_start + l_len - 1
+
+
+def _fd_holders(
+    roots: Roots, pids: Iterable[int], st_dev: int, inode: int, budget: list[int]
+) -> LockParty | None:
+    """A process of ``pids`` holding a lock on the file (``fdinfo``'s ``lock:`` lines, which
+    the kernel prints for the locks taken through that open file): at most ``budget[0]`` open
+    files are looked at, all calls together."""
+    for pid in pids:
+        fd_dir = roots.procfs / str(pid) / "fd"
+        try:
+            with os.scandir(fd_dir) as it:
+                names = [e.name for e in it]
+        except OSError:
+            continue
+        for name in names:
+            if budget[0] <= 0:
+                return None
+            budget[0] -= 1
+            try:
+                st = os.stat(fd_dir / name)
+            except OSError:
+                continue
+            if st.st_ino != inode or st.st_dev != st_dev:
+                continue
+            text = read_optional(roots.procfs / str(pid) / "fdinfo" / name, PROC_PROCESS)
+            for line in (text or "").splitlines():
+                if not line.startswith("lock:"):
+                    continue
+                try:
+                    entry = _parse_entry(line[len("lock:") :].strip(), 1, "fdinfo")
+                except ParseError:
+                    continue
+                return LockParty(pid, _comm(roots, pid), entry.access, _cgroup(roots, pid))
+    return None
+
+
+def job_lock_waits(
+    roots: Roots,
+    pids: Iterable[int],
+    calls: tuple[int, int] | None,
+    known: tuple[ContendedLock, ...],
+    entries: tuple[LockEntry, ...],
+    mounts: Callable[[], tuple[MountInfo, ...] | None],
+    tally: SkipTally,
+) -> tuple[ContendedLock, ...]:
+    """``known`` with the lock waits of the processes ``pids`` added, read from each
+    process's ``syscall``: a wait on a file of a known contended lock joins its waiters, any
+    other becomes a contended lock of its own, its holder taken from ``entries`` (the part of
+    the table read) or from the other processes' ``fdinfo`` (pid 0 when neither has it).
+    This finds a job's waits wherever the table's cut falls, and OFD waits, which the table
+    lists with pid -1. ``mounts`` gives the mount table, read only when a wait is found."""
+    if calls is None:
+        return known
+    out = list(known)
+    listed = {w.pid for lock in known for w in lock.waiters}
+    candidates = [pid for pid in pids if pid not in listed][:MAX_JOB_PROCESSES]
+    budget = [MAX_FDS_SCANNED]
+    for pid in candidates:
+        path = roots.procfs / str(pid) / "syscall"
+        text = read_optional(path, PROC_PROCESS)
+        if text is None:
+            continue
+        try:
+            wait = parse_syscall(text, calls, str(path))
+        except ParseError as exc:
+            tally.skip(SKIP_SYSCALL_UNPARSABLE, str(exc))
+            continue
+        if wait is None:
+            continue
+        link = roots.procfs / str(pid) / "fd" / str(wait.fd)
+        try:
+            st = os.stat(link)
+            target: str | None = os.readlink(link)
+        except OSError:
+            continue  # the wait ended, or the process did
+        access, start, end = wait.access, 0, None
+        if wait.flock_address is not None:
+            access, start, end = _flock_request(roots, pid, wait.flock_address)
+        waiter = LockParty(pid, _comm(roots, pid), access or "UNKNOWN")
+        major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+        index = next(
+            (i for i, c in enumerate(out)
+             if (c.major, c.minor, c.inode) == (major, minor, st.st_ino)),
+            None,
+        )  # fmt: skip
+        if index is not None:
+            out[index] = replace(out[index], waiters=(*out[index].waiters, waiter))
+            continue
+        holder_entry = next(
+            (e for e in entries
+             if e.depth == 0 and (e.major, e.minor, e.inode) == (major, minor, st.st_ino)),
+            None,
+        )  # fmt: skip
+        others = [p for p in candidates if p != pid]
+        holder = (
+            _party(roots, holder_entry)
+            if holder_entry is not None
+            else _fd_holders(roots, others, st.st_dev, st.st_ino, budget)
+        ) or LockParty(0, None, "UNKNOWN")
+        lock = ContendedLock(
+            id=holder_entry.id if holder_entry is not None else 0,
+            kind=wait.kind,
+            holder=holder,
+            waiters=(waiter,),
+            major=major,
+            minor=minor,
+            inode=st.st_ino,
+            start=start,
+            end=end,
+            path=target,
+        )
+        out.append(_placed(lock, mounts()))
+    return tuple(out)
+
+
+# --- the source -----------------------------------------------------------------------------
+
+
+def read_locks(
+    roots: Roots,
+    job_pids: Iterable[int] | Callable[[], Iterable[int]] = (),
+    calls: tuple[int, int] | None = None,
+    max_bytes: int = MAX_TABLE_BYTES,
+    seconds: float = TABLE_SECONDS,
+) -> LocksData:
+    """The locks of ``/proc/locks`` (read within ``max_bytes`` and ``seconds``) with the lock
+    waits of the processes ``job_pids`` (``calls``: this machine's ``fcntl`` and ``flock``
+    numbers; ``None``: not looked for); raises only when the table cannot be read at all.
+
+    ``job_pids`` may be a function, called only when the table alone may not show every wait
+    of a job: it was cut, a waiter has no pid there (OFD locks, remote owners), or more locks
+    are contended than are resolved. A table read whole with no such line costs no more than
+    the table itself."""
     path = roots.procfs / "locks"
     tally = SkipTally()
-    entries = parse_locks(read_text(path, PROC_TABLE), str(path), tally)
+    text, truncated = read_table(str(path), max_bytes, seconds)
+    if truncated:
+        tally.skip(
+            SKIP_LOCK_TABLE_TRUNCATED,
+            f"{path}: {len(text)} bytes read within {max_bytes} bytes and {seconds:g} s,"
+            " the rest left unread",
+        )
+    entries = parse_locks(text, str(path), tally)
     counts = Counter(e.kind for e in entries if e.depth == 0)
-    mounts: tuple[MountInfo, ...] | None = None
-    if any(e.blocker is not None for e in entries):
-        info_path = roots.procfs / "self" / "mountinfo"
-        text = read_optional(info_path, PROC_TABLE)
-        mounts = None if text is None else parse_mountinfo(text, str(info_path), tally)
+    waiters = [e for e in entries if e.blocker is not None]
+    pids: frozenset[int] = frozenset()
+    if (
+        truncated
+        or any(e.pid <= 0 for e in waiters)
+        or len({e.id for e in waiters}) > MAX_CONTENDED
+    ):
+        pids = frozenset(job_pids() if callable(job_pids) else job_pids)
+    read: list[tuple[MountInfo, ...] | None] = []
+
+    def mounts() -> tuple[MountInfo, ...] | None:
+        # Read once, and only when a lock is contended: most runs find none.
+        if not read:
+            info_path = roots.procfs / "self" / "mountinfo"
+            info = read_optional(info_path, PROC_TABLE)
+            read.append(None if info is None else parse_mountinfo(info, str(info_path), tally))
+        return read[0]
+
+    locks = resolve(roots, entries, mounts() if waiters else None, pids, tally)
+    if pids:
+        locks = job_lock_waits(roots, sorted(pids), calls, locks, entries, mounts, tally)
     return LocksData(
         counts=tuple(sorted(counts.items())),
-        blocked=sum(1 for e in entries if e.depth > 0),
-        contended=resolve(roots, entries, mounts),
+        blocked=len(waiters),
+        contended=locks,
         skipped=tally.freeze(),
+        truncated=truncated,
+        flood_holders=flood_holders(roots, entries, truncated),
     )
 
 
 class LocksSource:
+    """``/proc/locks`` within its budget, and, when the table may not show them all, the lock
+    waits of the processes of the jobs (their pids from the cgroup walk it shares with the
+    other cgroup sources, when one runs in the same cycle; else read from the job cgroups'
+    ``cgroup.procs``)."""
+
     name = NAME
 
+    def __init__(self, walk: CycleWalk | None = None) -> None:
+        self.walk = CycleWalk() if walk is None else walk
+        self.calls = LOCK_SYSCALLS.get(platform.machine())
+
     def collect(self, roots: Roots) -> LocksData:
-        return read_locks(roots)
+        tally = SkipTally()
+
+        def pids() -> list[int]:
+            jobs = job_pids(roots, self.walk.if_shared(roots), tally)
+            return [pid for group in jobs.values() for pid in group]
+
+        data = read_locks(roots, pids, self.calls)
+        return replace(data, skipped=tally.freeze() + data.skipped) if tally else data
 
     def close(self) -> None:
         return None
 
 
-def make_source() -> LocksSource:
-    return LocksSource()
+def make_source(walk: CycleWalk | None = None) -> LocksSource:
+    return LocksSource(walk)
 
 
 __all__ = [
+    "FLOOD_LOCKS",
+    "LOCK_SYSCALLS",
     "MAX_CONTENDED",
     "MAX_FDS_SCANNED",
+    "MAX_TABLE_BYTES",
     "NAME",
+    "SKIP_LOCK_CONTENDED_DROPPED",
     "SKIP_LOCK_LINE_UNPARSABLE",
+    "SKIP_LOCK_TABLE_TRUNCATED",
     "SKIP_LOCK_WAITER_ORPHANED",
     "SKIP_MOUNTINFO_LINE_UNPARSABLE",
+    "SKIP_SYSCALL_UNPARSABLE",
+    "TABLE_SECONDS",
     "ContendedLock",
     "LockEntry",
+    "LockHolder",
     "LockParty",
+    "LockWait",
     "LocksData",
     "LocksSource",
     "MountInfo",
     "contended",
+    "flood_holders",
+    "job_lock_waits",
     "locked_path",
     "make_source",
     "mount_of",
@@ -464,7 +832,9 @@ __all__ = [
     "parse_locks",
     "parse_mountinfo",
     "parse_mountinfo_line",
+    "parse_syscall",
     "read_locks",
+    "read_table",
     "resolve",
     "unescape_mount_field",
 ]

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from nodescope.model.collectives import SpoolSettings
-from nodescope.model.job_records import JobsData
+from nodescope.model.job_records import DEFAULT_MAX_REGISTRATIONS, JobsData
 from nodescope.model.link_events import LinkEventsOptions
 from nodescope.model.netdev import NetdevOptions
 from nodescope.sources.base import Source, TopologyGeneration
@@ -63,7 +63,9 @@ class SourceInputs:
     * ``jobs``: the ``jobs`` source's latest record, for the ``traces`` source;
     * ``spool``: the ``traces`` source's settings (``[sources.traces]``), None when unset;
     * ``netdev`` and ``link_events``: how those sources read (``[sources.netdev]``,
-      ``[sources.link_events]``).
+      ``[sources.link_events]``);
+    * ``max_registrations``: the prolog registrations the ``jobs`` source reads at most
+      (``[slurm] max_registrations``).
     """
 
     topology: TopologyGeneration = field(default_factory=TopologyGeneration)
@@ -72,6 +74,7 @@ class SourceInputs:
     spool: SpoolSettings | None = None
     netdev: NetdevOptions = field(default_factory=NetdevOptions)
     link_events: LinkEventsOptions = field(default_factory=LinkEventsOptions)
+    max_registrations: int = DEFAULT_MAX_REGISTRATIONS
 
     def begin_cycle(self, due: Iterable[str]) -> None:
         """A collection cycle starts in which the sources named ``due`` run."""
@@ -98,7 +101,11 @@ def _with_cgroup_walk(module: ModuleType, inputs: SourceInputs) -> Source:
 
 
 def _jobs_published(module: ModuleType, inputs: SourceInputs) -> Source:
-    source: Source = module.make_source(walk=inputs.cgroup_walk, publish=inputs.jobs.publish)
+    source: Source = module.make_source(
+        walk=inputs.cgroup_walk,
+        publish=inputs.jobs.publish,
+        max_registrations=inputs.max_registrations,
+    )
     return source
 
 
@@ -217,6 +224,7 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         "nodescope.sources.locks",
         10.0,
         "/proc/locks; contended locks resolved to mount, path, holder and waiters",
+        _with_cgroup_walk,
     ),
     SourceInfo(
         "threads",
