@@ -1019,6 +1019,8 @@ class Server:
         for conn in list(self.connections.values()):
             self._close(conn)
         self.selector.close()
+        if self.checks is not None:
+            self.checks.close()
 
     # -- documents -----------------------------------------------------------------------
     def _on_control(self) -> None:
