@@ -22,7 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.adversarial.test_http import P99_SECONDS, REPO, percentile, serving, throttling
+from tests.adversarial.test_http import (
+    P99_SECONDS,
+    REPO,
+    finish,
+    percentile,
+    serving,
+    throttling,
+)
 
 MODULE = "tests.adversarial.test_auth_flood"
 USER = "prometheus"
@@ -91,15 +98,6 @@ def start_guessing(port: int, seconds: float) -> subprocess.Popen[str]:
         text=True,
         cwd=REPO,
     )
-
-
-def finish(process: subprocess.Popen[str]) -> str:
-    try:
-        out, _ = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        out, _ = process.communicate()
-    return out.strip()
 
 
 # --------------------------------------------------------------------------------------------
