@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from nodescope import logs
 from nodescope.errors import ParseError
+from nodescope.text import sanitize_lines
 
 if TYPE_CHECKING:
     from nodescope.sim.driver import ReplayResult
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         results.append(result)
         if not args.json:
-            sys.stdout.write(replay_text(result))
+            sys.stdout.write(sanitize_lines(replay_text(result)))  # messages name processes
             if len(scenarios) > 1:
                 sys.stdout.write("\n")
             sys.stdout.flush()

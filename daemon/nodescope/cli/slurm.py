@@ -537,5 +537,6 @@ def health(args: argparse.Namespace) -> int:
         return 0
     prefix = "dry run: " if outcome.dry_run else ""
     for line in outcome.lines:
-        print(prefix + line if not line.startswith("  ") else line, flush=True)
+        # A line may quote a finding's message, and so a process name.
+        print(sanitize(prefix + line if not line.startswith("  ") else line), flush=True)
     return 0
