@@ -702,7 +702,11 @@ def client_key(address: object) -> str:
 class CheckThread:
     """The bcrypt checks, run one at a time in a thread of their own (bcrypt releases the
     GIL while it hashes), so that the loop goes on serving meanwhile. The loop submits a
-    check with a token of its own and learns of finished ones through a pipe it selects on."""
+    check with a token of its own and learns of finished ones through a pipe it selects on.
+
+    Made (its modules imported) before the process gives up root, started after: a thread
+    has credentials of its own (capability sets, the bounding set, no-new-privs), and one
+    started first would keep root's."""
 
     def __init__(self, auth: BasicAuth) -> None:
         import queue
@@ -715,6 +719,8 @@ class CheckThread:
         #: Submitted and not yet collected (the loop's count: only the loop changes it).
         self.pending = 0
         self._thread = threading.Thread(target=self._run, name="bcrypt", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def submit(self, token: object, authorization: str) -> bool:
@@ -752,7 +758,8 @@ class CheckThread:
 
     def close(self) -> None:
         self._todo.put(None)
-        self._thread.join(1.0)
+        if self._thread.is_alive():
+            self._thread.join(1.0)
         os.close(self.wakeup)
         os.close(self._signal)
 
@@ -1613,6 +1620,8 @@ def build_server(
         # Serving on beats not serving: the daemon's unit may withhold what the change needs
         # (CAP_SETUID, CAP_SETGID and the set*id system calls); say so on every start.
         log(f"event=privileges_kept user={user} reason={reason!r}")
+    if checks is not None:
+        checks.start()
     return server
 
 

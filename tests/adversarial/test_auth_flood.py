@@ -218,3 +218,25 @@ if __name__ == "__main__":
         guess(int(rest[0]), int(rest[1]), float(rest[2]))
     else:
         raise SystemExit(f"unknown attack {kind!r}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the serving process gives up root only as root")
+def test_every_thread_of_the_serving_process_gives_up_root(tmp_path: Path) -> None:
+    """With basic auth the serving process has a second thread (the bcrypt checks), and a
+    thread's credentials are its own: each one runs as nobody, with no capability and
+    no-new-privs."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    with serving(web_config=web_config(tmp_path), unit=False) as served:
+        assert Scraper(served.port).scrape()[0] == 200  # the check ran in that thread
+        tasks = {}
+        for task in Path(f"/proc/{served.pid}/task").iterdir():
+            lines = (task / "status").read_text().splitlines()
+            tasks[task.name] = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+    assert len(tasks) == 2, tasks.keys()
+    for fields in tasks.values():
+        assert fields["Uid"].split() == [str(nobody.pw_uid)] * 4
+        for capability_set in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert int(fields[capability_set], 16) == 0, (fields["Name"], capability_set)
+        assert fields["NoNewPrivs"].strip() == "1", fields["Name"]
