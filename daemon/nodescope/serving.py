@@ -505,6 +505,8 @@ BCRYPT_CLIENTS = 4096
 #: Checks queued for the checking thread at most: beyond them a request is refused unchecked,
 #: so that many guessing addresses together cannot queue work without a bound.
 BCRYPT_PENDING = 16
+#: The nice value of the thread that runs the bcrypt checks.
+CHECK_NICE = 10
 #: How long a request refused without a check (its client's budget spent) waits for its 401:
 #: a guessing client's connections then spend their time waiting, not the loop's time on
 #: refusals as fast as they can be sent. About when its budget has a check again.
@@ -719,6 +721,7 @@ class CheckThread:
         #: Submitted and not yet collected (the loop's count: only the loop changes it).
         self.pending = 0
         self._thread = threading.Thread(target=self._run, name="bcrypt", daemon=True)
+        self._native_id = threading.get_native_id
 
     def start(self) -> None:
         self._thread.start()
@@ -743,6 +746,10 @@ class CheckThread:
         return finished
 
     def _run(self) -> None:
+        # Below the loop's priority (a nice value is a thread's own on Linux): when the CPU
+        # is short, answering requests goes first and checking passwords waits.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, self._native_id(), CHECK_NICE)
         while True:
             job = self._todo.get()
             if job is None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from nodescope.serving import CHECK_NICE
 from tests.adversarial.test_http import (
     P99_SECONDS,
     REPO,
@@ -231,10 +232,16 @@ def test_every_thread_of_the_serving_process_gives_up_root(tmp_path: Path) -> No
     with serving(web_config=web_config(tmp_path), unit=False) as served:
         assert Scraper(served.port).scrape()[0] == 200  # the check ran in that thread
         tasks = {}
+        nice = {}
         for task in Path(f"/proc/{served.pid}/task").iterdir():
             lines = (task / "status").read_text().splitlines()
             tasks[task.name] = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+            # stat(5): field 19 is the nice value; the name (field 2) may hold blanks.
+            nice[task.name] = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
     assert len(tasks) == 2, tasks.keys()
+    # The checks run below the loop's priority.
+    main = nice.pop(str(served.pid))
+    assert len(nice) == 1 and all(v >= max(main, CHECK_NICE) for v in nice.values()), nice
     for fields in tasks.values():
         assert fields["Uid"].split() == [str(nobody.pw_uid)] * 4
         for capability_set in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
