@@ -210,7 +210,7 @@ def local_gate_inputs(config: Config) -> GateInputs:
     roots = config.roots
     return GateInputs(
         gpu_count=count_dev_gpus(roots),
-        gpu_count_source=f"{roots.dev}/nvidia<N>",
+        gpu_count_source=f"{roots.dev}/nvidia devices",  # in a drain reason: no < >
         xids=read_gate_state(roots),
         links=None,
         missing_modules=missing_modules(roots, config.slurm.required_modules),
