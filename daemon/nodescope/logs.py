@@ -5,12 +5,15 @@ error=%s"``), so a record is a list of fields, not prose. The formatter reads th
 the call's template and arguments and writes each value by one quoting rule, whatever the call
 used (``%s`` or ``%r``):
 
-* ``logfmt``: a value is written bare when it is a non-empty run of printable characters without
-  space, ``"`` or ``=``; otherwise in double quotes, with ``\\``, ``"`` and control characters
-  escaped (``\\n``, ``\\t``, ``\\xNN``, ``\\uNNNN``, ``\\UNNNNNNNN``). A process name or
-  a path a user chose therefore stays one field on one line and carries no escape sequence to a
-  terminal.
-* ``json``: one object per line, the same fields as strings (numbers as the call formatted them).
+* ``logfmt``: each value as :func:`nodescope.text.escape` writes it — bare when it is a
+  non-empty run of printable characters without space, ``"`` or ``=``; otherwise in double
+  quotes with ``\\``, ``"`` and every character that is not printable escaped. A process name
+  or a path a user chose therefore stays one field on one line, carries no escape sequence to a
+  terminal, and reads back exactly (the evidence a log is for).
+* ``json``: one object per line, the same fields as strings (numbers as the call formatted them),
+  ``json`` escaping every character outside ASCII.
+
+A value is cut at :data:`MAX_VALUE` characters.
 
 ``time`` (RFC 3339, UTC, milliseconds) leads every line unless stderr is journald's stream
 (``JOURNAL_STREAM`` names stderr's device and inode, as systemd sets it), which stamps each line
@@ -27,6 +30,8 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
+from nodescope.text import cut, escape
+
 LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -34,10 +39,11 @@ LEVELS = {
     "error": logging.ERROR,
 }
 FORMATS = ("logfmt", "json")
+#: The longest value of one field: a log line stays a line a reader can take in.
+MAX_VALUE = 4000
 
 #: One ``%`` directive of a template: flags, width, precision and the conversion.
 _DIRECTIVE = re.compile(r"%[-#0 +]*(?:\d+)?(?:\.\d+)?[sdrifgex]")
-_BARE = re.compile(r"[^\s\"=\\]+")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
@@ -70,32 +76,6 @@ def fields(record: logging.LogRecord) -> list[tuple[str, str]]:
     return out
 
 
-def quote(value: str) -> str:
-    """``value`` as one logfmt value (see the module's rule)."""
-    if value and value.isprintable() and _BARE.fullmatch(value):
-        return value
-    escaped = []
-    for char in value:
-        if char in '"\\':
-            escaped.append("\\" + char)
-        elif char == "\n":
-            escaped.append("\\n")
-        elif char == "\t":
-            escaped.append("\\t")
-        elif not char.isprintable():
-            code = ord(char)
-            escaped.append(
-                f"\\x{code:02x}"
-                if code < 0x100
-                else f"\\u{code:04x}"
-                if code < 0x10000
-                else f"\\U{code:08x}"
-            )
-        else:
-            escaped.append(char)
-    return '"' + "".join(escaped) + '"'
-
-
 def rfc3339(created: float) -> str:
     stamp = datetime.fromtimestamp(created, tz=UTC)
     return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z"
@@ -118,8 +98,8 @@ class FieldFormatter(logging.Formatter):
         if record.exc_info:
             body.append(("exception", self.formatException(record.exc_info)))
         if self.form == "json":
-            return json.dumps(dict(head + body), ensure_ascii=True)
-        return " ".join(f"{key}={quote(value)}" for key, value in head + body)
+            return json.dumps({k: cut(v, MAX_VALUE) for k, v in head + body}, ensure_ascii=True)
+        return " ".join(f"{key}={escape(value, MAX_VALUE)}" for key, value in head + body)
 
 
 def under_journald(stream: TextIO | None = None) -> bool:

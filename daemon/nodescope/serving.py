@@ -5,7 +5,8 @@ interpreter (a collection cycle holds its GIL for tens of milliseconds).
 The daemon (:class:`nodescope.httpserver.MetricsHTTPServer`) binds the listening socket and
 runs this file as a script, ``python -I -S serving.py --listen-fd N --control-fd M
 [--settings-fd S]``: the standard library only (and ``bcrypt`` when basic auth is configured),
-nothing else of nodescope, one thread and one :mod:`selectors` loop.
+nothing else of nodescope, one :mod:`selectors` loop in one thread (and, with basic auth, a
+thread that runs the bcrypt checks, :class:`CheckThread`, so that a check never holds the loop).
 
 Settings come as one JSON document read from ``--settings-fd`` (a memfd, not the command line:
 ``/proc/<pid>/cmdline`` is readable by every user and the settings hold password hashes): the
@@ -485,15 +486,31 @@ def parse_request(buffer: bytes | bytearray) -> tuple[Request, int] | None:
 
 #: exporter-toolkit's version names (web-config.yml ``min_version``/``max_version``).
 TLS_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
-#: Successful credentials remembered (the Authorization value), so that a scraper pays one
-#: bcrypt check, not one per scrape; only a correct password adds an entry.
+#: Successful credentials remembered, so that a scraper pays one bcrypt check, not one per
+#: scrape; only a correct password adds an entry. Keyed by a SHA-256 of the user, the hash it
+#: was checked against and the password (as exporter-toolkit keys its cache), so no password
+#: is kept here in the clear; the oldest entry goes first when it is full.
 VERIFIED_CREDENTIALS = 64
-#: bcrypt checks of unremembered credentials: a burst of this many, then this many per second.
-#: One check at cost 10 holds the loop for about 60 ms, so wrong passwords sent as fast as a
-#: client can send them would otherwise take the loop from every scraper; beyond the budget a
-#: request is refused without a check (the client cannot tell the difference).
+#: bcrypt checks of unremembered credentials, per client address (an IPv6 client by its /64):
+#: a burst of this many, then this many per second. One check at cost 10 takes about 60 ms of
+#: a core, so wrong passwords sent as fast as a client can send them are refused without a
+#: check beyond the budget (the client cannot tell the difference), and a client that guesses
+#: spends its own budget only: the scraper's first request after a restart is checked at once.
 BCRYPT_CHECKS_PER_SECOND = 2.0
 BCRYPT_BURST = 4.0
+#: Client addresses whose budgets are kept; the one unused longest goes first (a new address
+#: starts with a full burst, so a table at its bound costs an attacker with many addresses no
+#: more than its addresses already give it).
+BCRYPT_CLIENTS = 4096
+#: Checks queued for the checking thread at most: beyond them a request is refused unchecked,
+#: so that many guessing addresses together cannot queue work without a bound.
+BCRYPT_PENDING = 16
+#: The nice value of the thread that runs the bcrypt checks.
+CHECK_NICE = 10
+#: How long a request refused without a check (its client's budget spent) waits for its 401:
+#: a guessing client's connections then spend their time waiting, not the loop's time on
+#: refusals as fast as they can be sent. About when its budget has a check again.
+REFUSAL_DELAY_SECONDS = 1.0 / BCRYPT_CHECKS_PER_SECOND
 #: What a 401 asks for (RFC 7617).
 AUTHENTICATE = 'WWW-Authenticate: Basic realm="nodescope", charset="UTF-8"\r\n'
 
@@ -574,7 +591,12 @@ def peer_allowed(peer: object, allowed_sans: list[str]) -> bool:
 
 
 class BasicAuth:
-    """RFC 7617 basic auth against bcrypt hashes (web-config.yml ``basic_auth_users``)."""
+    """RFC 7617 basic auth against bcrypt hashes (web-config.yml ``basic_auth_users``).
+
+    :meth:`decide` answers at once what needs no bcrypt (remembered, malformed, over the
+    client's budget) and otherwise leaves the check (:meth:`check`, the slow part) to the
+    caller: the loop hands it to :class:`CheckThread`, so that no request waits for a check it
+    did not ask for. :meth:`allows` does both in line."""
 
     def __init__(
         self,
@@ -588,20 +610,32 @@ class BasicAuth:
         # An unknown user is checked against a real hash too, so the time a refusal takes
         # does not tell which user names exist.
         self._decoy = next(iter(users.values()))
-        self._verified: dict[str, str] = {}
-        self._tokens = BCRYPT_BURST
-        self._refilled = clock()
+        import hashlib  # here, before the process gives up root: only with basic auth
+
+        self._sha256 = hashlib.sha256
+        self._verified: dict[bytes, None] = {}
+        #: client key -> [tokens, when last refilled]; the least recently used first.
+        self._budgets: dict[str, list[float]] = {}
         #: Checks refused for want of budget (for the tests and the log).
         self.throttled = 0
 
-    def allows(self, authorization: str) -> bool:
-        if authorization in self._verified:
-            return True
+    def decide(self, authorization: str, client: str = "") -> bool | None:
+        """True: remembered; False: refused without a check (not basic credentials, or the
+        client's budget is spent); None: a check is due (the budget paid for it)."""
         user_password = _basic_credentials(authorization)
         if user_password is None:
             return False
-        if not self._take_token():
+        if self._key(*user_password) in self._verified:
+            return True
+        if not self._take_token(client):
             self.throttled += 1
+            return False
+        return None
+
+    def check(self, authorization: str) -> bool:
+        """The bcrypt check (any thread may run it: it changes nothing here)."""
+        user_password = _basic_credentials(authorization)
+        if user_password is None:
             return False
         user, password = user_password
         hashed = self.users.get(user, self._decoy)
@@ -609,22 +643,132 @@ class BasicAuth:
             matched = self._checkpw(password, hashed)
         except ValueError:  # a password bcrypt refuses (e.g. a NUL byte)
             matched = False
-        if not (matched and user in self.users):
-            return False
+        return matched and user in self.users
+
+    def remember(self, authorization: str) -> None:
+        """A credential :meth:`check` accepted: later requests with it need no check."""
+        user_password = _basic_credentials(authorization)
+        if user_password is None:
+            return
         if len(self._verified) >= VERIFIED_CREDENTIALS:
-            self._verified.clear()
-        self._verified[authorization] = user
+            del self._verified[next(iter(self._verified))]
+        self._verified[self._key(*user_password)] = None
+
+    def allows(self, authorization: str, client: str = "") -> bool:
+        """:meth:`decide`, with the check done here when one is due."""
+        decided = self.decide(authorization, client)
+        if decided is not None:
+            return decided
+        if not self.check(authorization):
+            return False
+        self.remember(authorization)
         return True
 
-    def _take_token(self) -> bool:
+    def _key(self, user: str, password: bytes) -> bytes:
+        hashed = self.users.get(user, b"")
+        return self._sha256(b"\0".join((user.encode(), hashed, password))).digest()
+
+    def _take_token(self, client: str) -> bool:
         now = self._clock()
-        elapsed = max(0.0, now - self._refilled)
-        self._refilled = now
-        self._tokens = min(BCRYPT_BURST, self._tokens + elapsed * BCRYPT_CHECKS_PER_SECOND)
-        if self._tokens < 1.0:
+        budget = self._budgets.pop(client, None)
+        if budget is None:
+            budget = [BCRYPT_BURST, now]
+            while len(self._budgets) >= BCRYPT_CLIENTS:
+                del self._budgets[next(iter(self._budgets))]
+        self._budgets[client] = budget  # most recently used last
+        elapsed = max(0.0, now - budget[1])
+        budget[1] = now
+        budget[0] = min(BCRYPT_BURST, budget[0] + elapsed * BCRYPT_CHECKS_PER_SECOND)
+        if budget[0] < 1.0:
             return False
-        self._tokens -= 1.0
+        budget[0] -= 1.0
         return True
+
+
+def client_key(address: object) -> str:
+    """Whose budget a connection spends: the peer's IPv4 address, an IPv6 peer's /64 (one
+    host usually holds a whole /64), an IPv4-mapped IPv6 address as the IPv4 one."""
+    if not isinstance(address, tuple) or not address or not isinstance(address[0], str):
+        return ""
+    host = address[0]
+    if ":" not in host:
+        return host
+    if host.startswith("::ffff:") and "." in host:
+        return host[7:]
+    try:
+        return socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0])[:8].hex() + "::/64"
+    except (OSError, ValueError):
+        return host
+
+
+class CheckThread:
+    """The bcrypt checks, run one at a time in a thread of their own (bcrypt releases the
+    GIL while it hashes), so that the loop goes on serving meanwhile. The loop submits a
+    check with a token of its own and learns of finished ones through a pipe it selects on.
+
+    Made (its modules imported) before the process gives up root, started after: a thread
+    has credentials of its own (capability sets, the bounding set, no-new-privs), and one
+    started first would keep root's."""
+
+    def __init__(self, auth: BasicAuth) -> None:
+        import queue
+        import threading
+
+        self.auth = auth
+        self._todo: queue.SimpleQueue[tuple[object, str] | None] = queue.SimpleQueue()
+        self._done: deque[tuple[object, str, bool]] = deque()
+        self.wakeup, self._signal = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        #: Submitted and not yet collected (the loop's count: only the loop changes it).
+        self.pending = 0
+        self._thread = threading.Thread(target=self._run, name="bcrypt", daemon=True)
+        self._native_id = threading.get_native_id
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, token: object, authorization: str) -> bool:
+        """Queue a check; False when :data:`BCRYPT_PENDING` are queued already."""
+        if self.pending >= BCRYPT_PENDING:
+            return False
+        self.pending += 1
+        self._todo.put((token, authorization))
+        return True
+
+    def collect(self) -> list[tuple[object, str, bool]]:
+        """The checks finished since the last call: (token, authorization, accepted)."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wakeup, 4096):
+                pass
+        finished: list[tuple[object, str, bool]] = []
+        while self._done:
+            finished.append(self._done.popleft())
+        self.pending -= len(finished)
+        return finished
+
+    def _run(self) -> None:
+        # Below the loop's priority (a nice value is a thread's own on Linux): when the CPU
+        # is short, answering requests goes first and checking passwords waits.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, self._native_id(), CHECK_NICE)
+        while True:
+            job = self._todo.get()
+            if job is None:
+                return
+            token, authorization = job
+            try:
+                accepted = self.auth.check(authorization)
+            except Exception:  # never a crash of the thread: a refusal
+                accepted = False
+            self._done.append((token, authorization, accepted))
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._signal, b"\0")
+
+    def close(self) -> None:
+        self._todo.put(None)
+        if self._thread.is_alive():
+            self._thread.join(1.0)
+        os.close(self.wakeup)
+        os.close(self._signal)
 
 
 def _basic_credentials(authorization: str) -> tuple[str, bytes] | None:
@@ -717,12 +861,18 @@ def drop_privileges(user: str) -> str:
 
 class Connection:
     __slots__ = (
-        "close_after", "events", "handshaking", "inbuf", "last", "out", "sock", "started",
-        "tls", "waiting", "wants_write",
+        "client", "close_after", "events", "handshaking", "held", "inbuf", "last", "out",
+        "sock", "started", "tls", "waiting", "wants_write",
     )  # fmt: skip
 
-    def __init__(self, sock: socket.socket, now: float, tls: bool = False) -> None:
+    def __init__(
+        self, sock: socket.socket, now: float, tls: bool = False, client: str = ""
+    ) -> None:
         self.sock = sock
+        #: Whose bcrypt budget this connection spends (:func:`client_key`).
+        self.client = client
+        #: Its request waits for a delayed 401 (:data:`REFUSAL_DELAY_SECONDS`).
+        self.held = False
         self.inbuf = bytearray()
         self.out: deque[memoryview | FileRange] = deque()
         self.last = now
@@ -730,7 +880,8 @@ class Connection:
         #: for its first request), or None between requests.
         self.started: float | None = now
         self.close_after = False
-        #: A request parked until the gzip form of what it asks for is ready.
+        #: A request parked until the gzip form of what it asks for is ready, the documents
+        #: are rendered, or its credentials are checked.
         self.waiting: Request | None = None
         self.events = selectors.EVENT_READ
         #: An ssl.SSLSocket: bodies are sent through it, never with sendfile(2).
@@ -743,7 +894,9 @@ class Connection:
         """Which connection makes room first at the limit: the longest idle, then the one
         whose unfinished request (or silent start) began first, then a response whose client
         stopped reading longest ago. A parked request waits on this process, not on its client:
-        it goes last."""
+        it goes last, except one held for a delayed refusal, which goes first."""
+        if self.held:
+            return (-1, self.last)
         if self.waiting is not None:
             return (3, self.last)
         if self.out:
@@ -755,6 +908,7 @@ class Connection:
 
 _LISTEN = "listen"
 _CONTROL = "control"
+_CHECKED = "checked"
 
 
 class Server:
@@ -771,6 +925,7 @@ class Server:
         tls: object | None = None,
         allowed_sans: list[str] | None = None,
         auth: BasicAuth | None = None,
+        checks: CheckThread | None = None,
         headers: str = "",
         max_connections: int | None = None,
         stale_after: float | None = None,
@@ -784,6 +939,8 @@ class Server:
         self.tls = tls
         self.allowed_sans = allowed_sans or []
         self.auth = auth
+        #: Where credentials are checked off the loop (None: in line, by ``auth``).
+        self.checks = checks
         self.headers = headers
         self.max_connections = max_connections
         listener.setblocking(False)
@@ -791,6 +948,8 @@ class Server:
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, _LISTEN)
         self.selector.register(control, selectors.EVENT_READ, _CONTROL)
+        if checks is not None:
+            self.selector.register(checks.wakeup, selectors.EVENT_READ, _CHECKED)
         self.listening = True
         self.connections: dict[int, Connection] = {}
         self.current = Documents(None, None)
@@ -798,6 +957,8 @@ class Server:
         self.pending: Documents | None = None
         self.job: Compression | None = None
         self.parked: list[Connection] = []
+        #: Connections whose 401 is delayed, with when it is due (in that order).
+        self.held: deque[tuple[float, Connection]] = deque()
         self.gzip_requested_at = -EAGER_SECONDS
         #: The newest generation the daemon announced (OUTDATED or PUBLISH).
         self.latest_generation = 0
@@ -813,7 +974,12 @@ class Server:
 
     def run(self) -> None:
         while self.running:
-            self.turn(0.0 if self.job is not None else SWEEP_SECONDS)
+            timeout = SWEEP_SECONDS
+            if self.job is not None:
+                timeout = 0.0
+            elif self.held:
+                timeout = max(0.0, min(timeout, self.held[0][0] - self.clock()))
+            self.turn(timeout)
         self.close()
 
     def turn(self, timeout: float) -> None:
@@ -827,6 +993,8 @@ class Server:
                 self._on_control()
             elif key.data == _LISTEN:
                 self._on_accept()
+            elif key.data == _CHECKED:
+                self._on_checked()
             else:
                 conn: Connection = key.data
                 if conn.sock.fileno() == -1:
@@ -850,6 +1018,13 @@ class Server:
         if self.want_sent_at is not None and now - self.want_sent_at > RENDER_WAIT_SECONDS:
             # The daemon did not render in time: the waiting requests get what is here.
             self._resume_parked()
+        while self.held and self.held[0][0] <= now:
+            conn = self.held.popleft()[1]
+            request, conn.waiting, conn.held = conn.waiting, None, False
+            if request is not None and conn.sock.fileno() != -1:
+                self._refuse(conn, request)
+                if conn.sock.fileno() != -1:
+                    self._process_input(conn)
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_SECONDS
             self._sweep(now)
@@ -858,6 +1033,8 @@ class Server:
         for conn in list(self.connections.values()):
             self._close(conn)
         self.selector.close()
+        if self.checks is not None:
+            self.checks.close()
 
     # -- documents -----------------------------------------------------------------------
     def _on_control(self) -> None:
@@ -1007,7 +1184,7 @@ class Server:
     def _on_accept(self) -> None:
         for _ in range(64):
             try:
-                sock, _addr = self.listener.accept()
+                sock, address = self.listener.accept()
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -1033,7 +1210,7 @@ class Server:
                 except OSError:
                     sock.close()
                     continue
-            conn = Connection(sock, now, tls=self.tls is not None)
+            conn = Connection(sock, now, tls=self.tls is not None, client=client_key(address))
             self.connections[sock.fileno()] = conn
             self.selector.register(sock, selectors.EVENT_READ, conn)
 
@@ -1154,13 +1331,32 @@ class Server:
         return parsed
 
     def _respond(self, conn: Connection, request: Request) -> None:
-        if self.auth is not None and not self.auth.allows(request.authorization):
-            body = Body(b"unauthorized\n", TEXT_TYPE)
-            self._send(
-                conn, 401, body, False, request.method == "HEAD", AUTHENTICATE,
-                keep_alive=request.keep_alive, http10=request.http10,
-            )  # fmt: skip
-            return
+        if self.auth is not None:
+            throttled = self.auth.throttled
+            allowed = self.auth.decide(request.authorization, conn.client)
+            if allowed is None:
+                if self.checks is None:
+                    allowed = self.auth.check(request.authorization)
+                    if allowed:
+                        self.auth.remember(request.authorization)
+                elif self.checks.submit(conn, request.authorization):
+                    # Parked until the check is done: the loop serves the others meanwhile.
+                    conn.waiting = request
+                    self._set_events(conn)
+                    return
+                else:
+                    self.auth.throttled += 1
+                    allowed = False
+            if not allowed:
+                if self.checks is not None and self.auth.throttled > throttled:
+                    # Refused unchecked: the 401 comes later, so the client waits, not the
+                    # loop (a delayed answer is one a password guesser can do nothing with).
+                    conn.waiting, conn.held = request, True
+                    self.held.append((self.clock() + REFUSAL_DELAY_SECONDS, conn))
+                    self._set_events(conn)
+                    return
+                self._refuse(conn, request)
+                return
         document = request.path in _DOCUMENTS and request.method in ("GET", "HEAD")
         if document and self._wait_for_render(conn, request):
             return
@@ -1179,6 +1375,32 @@ class Server:
             conn, status, body, gzip, request.method == "HEAD", extra,
             keep_alive=request.keep_alive, http10=request.http10,
         )  # fmt: skip
+
+    def _refuse(self, conn: Connection, request: Request) -> None:
+        body = Body(b"unauthorized\n", TEXT_TYPE)
+        self._send(
+            conn, 401, body, False, request.method == "HEAD", AUTHENTICATE,
+            keep_alive=request.keep_alive, http10=request.http10,
+        )  # fmt: skip
+
+    def _on_checked(self) -> None:
+        """Answer the requests whose credentials were checked."""
+        assert self.checks is not None and self.auth is not None
+        for token, authorization, accepted in self.checks.collect():
+            if accepted:
+                self.auth.remember(authorization)
+            conn = token
+            if not isinstance(conn, Connection) or conn.sock.fileno() == -1:
+                continue  # closed meanwhile
+            request, conn.waiting = conn.waiting, None
+            if request is None:
+                continue
+            if accepted:
+                self._respond(conn, request)  # remembered now: no second check
+            else:
+                self._refuse(conn, request)
+            if conn.sock.fileno() != -1:
+                self._process_input(conn)
 
     def _compress_now_or_park(self, conn: Connection, body: Body, request: Request) -> bool:
         """Whether ``body.gzip`` is ready now; otherwise the request waits for it."""
@@ -1378,6 +1600,7 @@ def build_server(
     tls = tls_context(tls_settings) if isinstance(tls_settings, dict) else None
     allowed = tls_settings.get("client_allowed_sans", []) if isinstance(tls_settings, dict) else []
     auth = None
+    checks = None
     users = settings.get("users")
     if isinstance(users, dict) and users:
         bcrypt_path = settings.get("bcrypt_path")
@@ -1386,6 +1609,7 @@ def build_server(
         import bcrypt
 
         auth = BasicAuth({str(k): str(v).encode() for k, v in users.items()}, bcrypt.checkpw)
+        checks = CheckThread(auth)
     headers = settings.get("headers")
     extra = ""
     if isinstance(headers, dict):
@@ -1393,6 +1617,7 @@ def build_server(
     stale_after = settings.get("stale_after")
     server = Server(
         listener, control, tls=tls, allowed_sans=[str(n) for n in allowed], auth=auth,
+        checks=checks,
         headers=extra, max_connections=max_connections,
         stale_after=float(stale_after) if isinstance(stale_after, int | float) else None,
     )  # fmt: skip
@@ -1402,6 +1627,8 @@ def build_server(
         # Serving on beats not serving: the daemon's unit may withhold what the change needs
         # (CAP_SETUID, CAP_SETGID and the set*id system calls); say so on every start.
         log(f"event=privileges_kept user={user} reason={reason!r}")
+    if checks is not None:
+        checks.start()
     return server
 
 

@@ -21,12 +21,10 @@ backwards (a driver reload) gives no delta rather than a guess.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import math
 import os
-import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -36,6 +34,8 @@ from nodescope.model.counters import counter_delta
 from nodescope.model.disks import DisksData
 from nodescope.model.infiniband import ERROR_COUNTERS, InfinibandData
 from nodescope.model.nvml import NvmlData
+from nodescope.safedir import UnsafeDirectory as UnsafeDirectory  # callers catch it from here
+from nodescope.safedir import open_directory
 
 REPORT_FORMAT = "nodescope-job-report/1"
 SECTOR = 512
@@ -56,44 +56,18 @@ TEMPORARY_SUFFIX = ".tmp"
 ORPHAN_SECONDS = 3600.0
 
 
-class UnsafeDirectory(OSError):
-    """A directory that others could change under the writer: not owned by the writer, or
-    writable by group or others, or a symbolic link."""
-
-
 class StaleReport(Exception):
     """The report on disk comes from a later hook call than this one, or the caller's
     deadline passed before the report could be put in place."""
 
 
 def open_private_directory(directory: Path, create: bool = True) -> int:
-    """A descriptor of ``directory`` after checking that only its owner, this process's
-    user, can change it. Every later step works relative to this descriptor, so that the
-    path cannot be swapped for a symbolic link between the check and the write."""
-    if create:
-        os.makedirs(directory, mode=0o750, exist_ok=True)
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and directory.is_symlink():
-            raise UnsafeDirectory(
-                exc.errno, f"{directory} is a symbolic link: refusing to write there"
-            ) from None
-        raise
-    info = os.fstat(fd)
-    problem = None
-    if info.st_uid != os.geteuid():
-        problem = f"is owned by uid {info.st_uid}, not {os.geteuid()}"
-    elif info.st_mode & 0o022:
-        problem = f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})"
-    if problem is not None:
-        os.close(fd)
-        raise UnsafeDirectory(
-            errno.EPERM,
-            f"{directory} {problem}: refusing to write there; make it a directory of its own"
-            " (chown root, chmod 0750)",
-        )
-    return fd
+    """A descriptor of ``directory``, reached from ``/`` without following a link another
+    user made and through directories only root or this user can change, the directory
+    itself this user's alone (:func:`nodescope.safedir.open_directory`). Every later step
+    works relative to this descriptor, so that no component can be swapped for a link between
+    the check and the write."""
+    return open_directory(directory, create=create)
 
 
 def _write_temporary(dir_fd: int, name: str, data: bytes, mode: int) -> str:

@@ -144,7 +144,7 @@ def test_hooks_without_a_daemon(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
     assert result.returncode == 1, result.stderr
     assert result.stdout.strip().splitlines() == [
-        f"nodescope: expected 8 GPUs, found 0 ({tmp_path / 'dev'}/nvidia<N>)"
+        f"nodescope: expected 8 GPUs, found 0 ({tmp_path / 'dev'}/nvidia devices)"
     ]
     assert "daemon not answering" in result.stderr
     # Unfit: the job will not run here, so it is not registered.

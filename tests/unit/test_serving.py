@@ -654,3 +654,39 @@ def test_an_announced_cycle_keeps_healthz_healthy(harness: Harness) -> None:
         assert harness.get("/healthz").status == 200
     harness.clock.now += 6.0
     assert harness.get("/healthz").text.startswith("stale")
+
+
+def test_each_client_address_has_its_own_bcrypt_budget() -> None:
+    clock = Clock()
+    check = CountingCheck()
+    auth = serving.BasicAuth({"prom": b"hash-of-secret"}, check, clock)
+    for i in range(50):
+        assert not auth.allows(basic("prom", f"guess{i}"), "10.0.0.9")
+    assert len(check.calls) == int(serving.BCRYPT_BURST)
+    # The guesser spent its own budget: the scraper's first request is checked and passes.
+    assert auth.allows(basic("prom", "secret"), "10.0.0.1")
+    # The table of budgets is bounded: the address unused longest goes first.
+    for i in range(serving.BCRYPT_CLIENTS + 10):
+        auth.decide(basic("prom", "x"), f"client-{i}")
+    assert len(auth._budgets) == serving.BCRYPT_CLIENTS
+
+
+def test_remembered_credentials_are_hashed_and_evicted_one_at_a_time() -> None:
+    check = CountingCheck()
+    users = {f"u{i}": f"hash-of-p{i}".encode() for i in range(serving.VERIFIED_CREDENTIALS + 1)}
+    auth = serving.BasicAuth(users, check, Clock())
+    for i in range(serving.VERIFIED_CREDENTIALS + 1):
+        auth.remember(basic(f"u{i}", f"p{i}"))
+    assert len(auth._verified) == serving.VERIFIED_CREDENTIALS
+    assert all(len(key) == 32 and b"p1" not in key for key in auth._verified)
+    assert auth.decide(basic("u0", "p0"), "a") is None  # the oldest went
+    assert auth.decide(basic("u1", "p1"), "a") is True  # the others stayed
+
+
+def test_client_keys() -> None:
+    assert serving.client_key(("192.0.2.7", 80)) == "192.0.2.7"
+    assert serving.client_key(("::ffff:192.0.2.7", 80, 0, 0)) == "192.0.2.7"
+    one = serving.client_key(("2001:db8:1:2::5", 80, 0, 0))
+    assert one == serving.client_key(("2001:db8:1:2:ffff::9", 80, 0, 0))
+    assert one != serving.client_key(("2001:db8:1:3::5", 80, 0, 0))
+    assert serving.client_key("") == ""

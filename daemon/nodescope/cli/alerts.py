@@ -11,6 +11,7 @@ or its answer was not understood; 2 on a bad configuration file.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from datetime import UTC, datetime
@@ -19,6 +20,7 @@ from typing import Any, TextIO
 
 from nodescope import config as config_mod
 from nodescope.errors import ConfigError
+from nodescope.text import sanitize, sanitize_lines
 
 DEFAULT_CONFIG = "/etc/nodescope/nodescope.toml"
 
@@ -116,6 +118,14 @@ def format_actions(document: dict[str, Any], shown: set[str], out: TextIO) -> No
 
 
 def format_alerts(document: dict[str, Any], out: TextIO) -> None:
+    """The alerts document for a terminal. Every line goes through the sanitiser: messages and
+    subjects name processes, files and devices that users name."""
+    buffer = io.StringIO()
+    _format_alerts(document, buffer)
+    out.write(sanitize_lines(buffer.getvalue()))
+
+
+def _format_alerts(document: dict[str, Any], out: TextIO) -> None:
     alerts = document.get("alerts", [])
     now = float(document.get("wall_time", 0.0))
     actions: dict[str, Any] = {}
@@ -173,10 +183,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         document = fetch(url, args.timeout)
     except urllib.error.HTTPError as exc:
-        print(f"nodescope: {url}/api/v1/alerts: HTTP {exc.code} {exc.reason}", file=sys.stderr)
+        print(
+            sanitize(f"nodescope: {url}/api/v1/alerts: HTTP {exc.code} {exc.reason}"),
+            file=sys.stderr,
+        )
         return 1
     except (OSError, ValueError) as exc:
-        print(f"nodescope: cannot ask the daemon at {url}: {exc}", file=sys.stderr)
+        print(sanitize(f"nodescope: cannot ask the daemon at {url}: {exc}"), file=sys.stderr)
         return 1
     if args.json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")

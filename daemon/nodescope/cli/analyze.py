@@ -65,6 +65,7 @@ def _expand(names: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from nodescope.collectives import Limits, analyze_files
     from nodescope.collectives.render import render_svg, render_text, to_document
+    from nodescope.text import sanitize_lines
     from nodescope_exporters.reports import atomic_write_bytes
 
     if args.max_file_mib <= 0:
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_document(analysis), indent=2))
     else:
-        sys.stdout.write(render_text(analysis))
+        sys.stdout.write(sanitize_lines(render_text(analysis)))  # names come from the job
     if args.svg:
         try:
             atomic_write_bytes(Path(args.svg), render_svg(analysis).encode(), 0o644)

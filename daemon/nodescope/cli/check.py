@@ -30,6 +30,7 @@ from typing import Any, TextIO
 from nodescope import __version__, jsonout, logs
 from nodescope.errors import ConfigError, ParseError
 from nodescope.model.finding import Finding
+from nodescope.text import sanitize
 
 DEFAULT_CONFIG = "/etc/nodescope/nodescope.toml"
 #: Long enough for rates and a slow read of every source; short enough for a prolog.
@@ -230,12 +231,6 @@ def verdict_document(
     }
 
 
-def terminal_text(text: str) -> str:
-    """``text`` with control characters shown as ``\\xNN``: process names and kernel text in
-    findings are anyone's to choose, and an escape sequence must not reach the terminal."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
-
-
 def format_verdict(document: Mapping[str, Any], out: TextIO) -> None:
     daemon = document["daemon"]
     if daemon:
@@ -243,27 +238,25 @@ def format_verdict(document: Mapping[str, Any], out: TextIO) -> None:
     else:
         asked = ", no daemon answered" if document["daemon_asked"] else ""
     out.write(
-        f"nodescope check on {terminal_text(document['node'])}: watched"
+        f"nodescope check on {sanitize(document['node'])}: watched"
         f" {document['seconds']:g} s{asked}\n"
     )
     width = max((len(c["title"]) for c in document["components"]), default=10)
     for component in document["components"]:
         status = component["status"].upper()
         facts = "; ".join(component["facts"])
-        out.write(
-            f"  {status:<8}  {terminal_text(component['title']):<{width}}  {terminal_text(facts)}\n"
-        )
+        out.write(f"  {status:<8}  {sanitize(component['title']):<{width}}  {sanitize(facts)}\n")
         if component["unchecked"]:
-            out.write(f"            not checked: {terminal_text(component['unchecked'])}\n")
+            out.write(f"            not checked: {sanitize(component['unchecked'])}\n")
         for concern in component["concerns"]:
             origin = " (daemon)" if concern["origin"] == "daemon" else ""
             out.write(
                 f"            {concern['severity']} {concern['kind']}{origin}:"
-                f" {terminal_text(concern['message'])}\n"
+                f" {sanitize(concern['message'])}\n"
             )
             evidence = ", ".join(f"{k}={v:.4g}" for k, v in sorted(concern["evidence"].items()))
             if evidence:
-                out.write(f"              evidence: {terminal_text(evidence)}\n")
+                out.write(f"              evidence: {sanitize(evidence)}\n")
             out.write(f"              action: {concern['action']}\n")
     counts = {"failed": 0, "degraded": 0, "healthy": 0}
     for component in document["components"]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from nodescope import logs
 from nodescope.errors import ParseError
 from nodescope.progress import Progress
+from nodescope.text import sanitize_lines
 
 if TYPE_CHECKING:
     from nodescope.sim.driver import ReplayResult
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         results.append(result)
         progress.close()
         if not args.json:
-            sys.stdout.write(replay_text(result))
+            sys.stdout.write(sanitize_lines(replay_text(result)))  # messages name processes
             if len(scenarios) > 1:
                 sys.stdout.write("\n")
             sys.stdout.flush()

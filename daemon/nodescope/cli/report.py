@@ -18,6 +18,7 @@ from typing import Any
 from nodescope import config as config_mod
 from nodescope.config import Config
 from nodescope.errors import ConfigError
+from nodescope.text import sanitize, sanitize_lines
 from nodescope_exporters.reports import atomic_write_bytes, read_report, render_svg, render_text
 
 DEFAULT_CONFIG = "/etc/nodescope/nodescope.toml"
@@ -55,13 +56,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"nodescope: no report for job {args.job} in {directory}", file=sys.stderr)
         return 1
     except (ValueError, OSError) as exc:
-        print(f"nodescope: {exc}", file=sys.stderr)
+        print(sanitize(f"nodescope: {exc}"), file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
         width = max(20, min(100, shutil.get_terminal_size((100, 24)).columns - 40))
-        sys.stdout.write(render_text(document, width=width))
+        # A report names the job's processes, and a process names itself: every line goes
+        # through the sanitiser before it reaches the terminal.
+        sys.stdout.write(sanitize_lines(render_text(document, width=width)))
     if args.svg:
         try:
             atomic_write_bytes(Path(args.svg), render_svg(document).encode(), 0o644)

@@ -79,7 +79,10 @@ from nodescope.hooks.stops import (
     write_gate_stop,
 )
 from nodescope.hooks.tracker import actions_during
+from nodescope.remediation.gateway import Applied, Verb, apply, drain_text
 from nodescope.remediation.policy import Problem
+from nodescope.remediation.slurm import Scontrol
+from nodescope.text import sanitize
 from nodescope_exporters.reports import StaleReport, write_report
 
 DEFAULT_CONFIG = "/etc/nodescope/nodescope.toml"
@@ -123,33 +126,28 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    # The message may hold a process name, a path or an error a user caused.
+    print(sanitize(message), file=sys.stderr, flush=True)
 
 
-def drain(config: Config, reason: str) -> bool:
-    """Drain this node with ``reason`` (best effort: Slurm drains it anyway on exit 1);
-    whether scontrol did."""
-    node = os.environ.get("SLURMD_NODENAME")
-    if not config.slurm.scontrol or not node:
-        return False
-    try:
-        result = subprocess.run(
-            [
-                config.slurm.scontrol,
-                "update",
-                f"nodename={node}",
-                "state=drain",
-                f"reason={reason}",
-            ],
-            timeout=5,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        _say(f"nodescope: cannot drain {node}: {exc}")
-        return False
-    return result.returncode == 0
+def drain(config: Config, reason: str) -> Applied | None:
+    """Drain this node with ``reason`` through the gateway (dry run, cool-down, partition
+    guard); ``None`` when nodescope cannot drain here (no scontrol or no node name: Slurm
+    drains the node itself on the hook's exit 1)."""
+    node = os.environ.get("SLURMD_NODENAME") or ""
+    if not config.remediation.dry_run and (not config.slurm.scontrol or not node):
+        return None
+    timeout = min(config.remediation.scontrol_timeout_seconds, GATE_SCONTROL_SECONDS)
+    applied = apply(config, Verb.DRAIN, node, reason, tool=Scontrol(config.slurm.scontrol, timeout))
+    if not applied.done:
+        _say(f"nodescope: {applied.describe()}")
+    return applied
+
+
+def _holds(applied: Applied | None) -> bool:
+    """Whether the drain was held back (a dry run, the cool-down, the partition guard): the
+    hook then exits 0, since Slurm drains the node itself on any other status."""
+    return applied is not None and (applied.dry_run or bool(applied.held))
 
 
 def _prepare(args: argparse.Namespace) -> tuple[Config, JobRequest] | None:
@@ -314,7 +312,22 @@ def prolog(args: argparse.Namespace) -> int:
         # A record left by an earlier start of this job (requeued) is not about this one.
         remove_gate_stop(config.roots, job.job_id)
         return 0
-    reason = gate.reason
+    # One form of the reason for the drain, the record of the stop and the job's output: the
+    # one the gateway hands to scontrol.
+    reason = drain_text(gate.reason)
+    applied = None
+    if not (drained or slurm_down):
+        applied = drain(config, reason)
+        if _holds(applied):
+            # Held back (or a dry run): the job runs, as on a node the gate passed.
+            _say(f"nodescope: the gate failed ({reason}), the drain is held back: the job runs")
+            now = time.time()
+            try:
+                write_registration(config.roots, job, local_sample(config.roots, now), now)
+            except OSError as err:
+                _say(f"nodescope: cannot register job {job.job_id}: {err}")
+            remove_gate_stop(config.roots, job.job_id)
+            return 0
     # The job will not run here: it has no registration, and its epilog finds instead when
     # and why it was stopped, for its report.
     stopped_at = time.time()
@@ -323,11 +336,11 @@ def prolog(args: argparse.Namespace) -> int:
         write_gate_stop(config.roots, GateStop(job.job_id, stopped_at, reason, gate.checks))
     except OSError as err:
         _say(f"nodescope: cannot record why job {job.job_id} was stopped: {err}")
-    print(reason, flush=True)
+    print(sanitize(reason), flush=True)
     if drained or slurm_down:
         return 1  # drained and recorded by the policy's pass, or Slurm is not answering
     causes = gate.causes
-    if drain(config, reason) and causes and job.node and not config.remediation.dry_run:
+    if applied is not None and applied.done and causes and job.node:
         try:
             record_gate_drain(
                 config.roots, job.node, reason, causes, stopped_at, GATE_RECORD_WAIT_SECONDS
@@ -386,12 +399,13 @@ def epilog(args: argparse.Namespace) -> int:
     if verdict.get("ok", True):
         return 0
     reason = str(verdict.get("reason") or f"nodescope: job {job.job_id} epilog failed")
-    print(reason, flush=True)
+    print(sanitize(reason), flush=True)
     if not held:
         # The prolog gate stopped the job: the node is drained already, with the gate's
         # reason, which a second drain would only overwrite.
         return 0
-    drain(config, reason)
+    if _holds(drain(config, reason)):
+        return 0  # a dry run, or the guards held the drain back: so must the exit status
     return 1
 
 
@@ -531,5 +545,6 @@ def health(args: argparse.Namespace) -> int:
         return 0
     prefix = "dry run: " if outcome.dry_run else ""
     for line in outcome.lines:
-        print(prefix + line if not line.startswith("  ") else line, flush=True)
+        # A line may quote a finding's message, and so a process name.
+        print(sanitize(prefix + line if not line.startswith("  ") else line), flush=True)
     return 0

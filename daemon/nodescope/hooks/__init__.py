@@ -15,9 +15,9 @@ the job's report and the job tracker.
   epilog, and what the daemon remembers of a job in between (:class:`JobTracker`);
 * :mod:`~nodescope.hooks.daemon`: the server and the tracker as the service starts and feeds
   them (:class:`Hooks`);
-* :mod:`~nodescope.hooks.jobdrain`: the daemon draining the node on a finding during a job
-  (imported by the service, not here: it imports the remediation, which imports this
-  package).
+* :mod:`~nodescope.hooks.jobdrain`: the daemon draining the node on a finding during a job,
+  through the remediation's pass and gateway (imported by the service, not here). The
+  remediation imports nothing of the hooks: the hooks call it, never the other way.
 
 When the daemon is down, :mod:`nodescope.cli.slurm` calls the same functions with what it can
 read itself.

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodescope.config import SlurmSettings
+from nodescope.safedir import ensure_directory
 
 _UCRED = struct.Struct("3i")
 
@@ -85,33 +86,9 @@ def grant(path: Path, uid: int, permissions: int) -> None:
 
 
 def prepare_directory(directory: Path) -> bool:
-    """Create ``directory`` root-only (0750) or check the existing one: owned by this
-    process's user and writable by nobody else, else :class:`PermissionError`. Returns
-    whether it was created here."""
-    made = False
-    try:
-        os.mkdir(directory, 0o750)
-        made = True
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        os.makedirs(directory.parent, exist_ok=True)
-        # Two writers (a hook and the daemon, two hook threads) may both find the parent
-        # missing: the loser of the second mkdir checks the winner's directory below.
-        try:
-            os.mkdir(directory, 0o750)
-            made = True
-        except FileExistsError:
-            pass
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode):
-        raise PermissionError(f"{directory}: not a directory (a link?): refusing the socket")
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise PermissionError(
-            f"{directory}: owned by uid {info.st_uid} with mode"
-            f" {stat.S_IMODE(info.st_mode):04o}: must be owned by uid {os.geteuid()} and"
-            " writable by nobody else"
-        )
-    if made:
-        os.chmod(directory, 0o750)  # whatever the umask
-    return made
+    """Create ``directory`` root-only (0750) or check the existing one, reached from ``/``
+    through directories nobody else can change and no link another user made
+    (:func:`nodescope.safedir.ensure_directory`): owned by this process's user and writable
+    by nobody else, else :class:`~nodescope.safedir.UnsafeDirectory` (a PermissionError).
+    Returns whether it was created here."""
+    return ensure_directory(directory)

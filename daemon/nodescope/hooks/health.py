@@ -29,6 +29,7 @@ from nodescope.hooks.request import MAX_GPU_INDEX, is_int
 from nodescope.hooks.transport import run_dir
 from nodescope.model.job_records import NVIDIA_MAJOR
 from nodescope.model.nvml import NvmlData
+from nodescope.remediation.act import problems_from_checks
 from nodescope.remediation.policy import REASON_PREFIX, Policy, Problem, drain_reason
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
@@ -151,10 +152,6 @@ def gate_causes(checks: Iterable[Check], alerts: Sequence[Problem]) -> list[Prob
     slurm health`` will look for (the failed checks as ``gate_<name>``, the firing ``alerts``
     that failed it); ``None`` when one of them is a check health does not run, so that it
     never resumes a node it cannot see clear."""
-    # Imported here: the remediation's passes import the hooks package, which imports this
-    # module.
-    from nodescope.remediation.act import problems_from_checks
-
     failed = [c for c in checks if not c.ok and c.name != "alerts"]
     if any(c.name not in WATCHED_CHECKS for c in failed):
         return None
@@ -213,7 +210,7 @@ def local_gate_inputs(config: Config) -> GateInputs:
     roots = config.roots
     return GateInputs(
         gpu_count=count_dev_gpus(roots),
-        gpu_count_source=f"{roots.dev}/nvidia<N>",
+        gpu_count_source=f"{roots.dev}/nvidia devices",  # in a drain reason: no < >
         xids=read_gate_state(roots),
         links=None,
         missing_modules=missing_modules(roots, config.slurm.required_modules),

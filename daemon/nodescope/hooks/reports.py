@@ -15,16 +15,14 @@ from typing import Any
 from nodescope.hooks.request import JobRequest
 from nodescope.hooks.stops import GateStop
 from nodescope.model.collectives import JobCollectives
+from nodescope.text import sanitize
 from nodescope_exporters.reports import REPORT_FORMAT, counter_deltas
 
+#: A process name as the verdict quotes it, at most (the kernel's comm is 15 bytes; a name
+#: from elsewhere may be longer).
+MAX_COMM = 64
 #: The most samples a job's timeline keeps; a longer job's timeline is thinned.
 MAX_SAMPLES = 720
-
-
-def _printable(name: str) -> str:
-    """A process name as one line of text: its user chose it, newlines and escapes included,
-    and it lands in Slurm's reason and the job's output."""
-    return name.encode("unicode_escape").decode("ascii")
 
 
 def build_report(
@@ -65,7 +63,7 @@ def build_report(
     reason = None
     if holders:
         shown = ", ".join(
-            f"pid {h['pid']} ({_printable(h.get('comm') or '?')}) on GPU {h['gpu']}"
+            f"pid {h['pid']} ({sanitize(h.get('comm') or '?', MAX_COMM)}) on GPU {h['gpu']}"
             for h in holders
         )
         reason = f"nodescope: job {job.job_id} GPU(s) still held after the job: {shown}"[:200]

@@ -35,7 +35,8 @@ from nodescope.hooks.auth import prepare_directory
 from nodescope.hooks.health import Check
 from nodescope.hooks.transport import run_dir
 from nodescope.model.finding import Severity
-from nodescope.remediation.policy import Problem
+from nodescope.remediation.policy import Memory, Problem, StepKind
+from nodescope.remediation.state import Entry, locked, read_record, write_record
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
 from nodescope_exporters.reports import open_private_directory, write_private
@@ -120,10 +121,6 @@ def record_gate_drain(
     they have cleared (and the partition guard and cool-down count it). Raises ``OSError``
     (:class:`~nodescope.remediation.state.RecordBusy` when another writer holds the record
     past ``timeout``)."""
-    # Imported here: the record imports the hooks package, which imports this module.
-    from nodescope.remediation.policy import Memory, StepKind
-    from nodescope.remediation.state import Entry, locked, read_record, write_record
-
     identities = tuple(dict.fromkeys(p.identity for p in causes))
     memory = Memory(
         drained_reason=reason,

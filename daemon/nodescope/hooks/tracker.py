@@ -367,7 +367,7 @@ class JobTracker:
                     for g in nvml.gpus
                 )
             else:
-                count, source = count_dev_gpus(config.roots), f"{config.roots.dev}/nvidia<N>"
+                count, source = count_dev_gpus(config.roots), f"{config.roots.dev}/nvidia devices"
                 links = None
             return GateInputs(
                 gpu_count=count,

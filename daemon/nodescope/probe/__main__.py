@@ -9,10 +9,10 @@ stdout instead of the table; the progress bar goes to stderr when that is a term
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +25,7 @@ from nodescope.model.topology import Topology
 from nodescope.probe import table, verdict
 from nodescope.probe.sweep import FULL, QUICK, SIZES_HELP, sizes_argument, with_sizes
 from nodescope.roots import ROOT_NAMES, Roots
+from nodescope.safedir import open_directory
 
 if TYPE_CHECKING:
     from nodescope.sources.nvml import NvmlAdapter
@@ -66,17 +67,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def write_atomically(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``."""
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``. The
+    directory is reached from ``/`` without following a link another user made
+    (:func:`nodescope.safedir.open_directory`: root writes the daemon's copy under the run
+    root), and both names are used relative to it."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    dir_fd = open_directory(target.parent, create=True, private=False)
+    temporary = f".{target.name}.{os.getpid()}.{os.urandom(6).hex()}"
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temporary, flags, 0o644, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+            os.replace(temporary, target.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
 
 
 def _topology(roots: Roots) -> Topology | None:

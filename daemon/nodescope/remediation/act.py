@@ -16,16 +16,28 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from nodescope.config import Config
-from nodescope.hooks.health import Check
 from nodescope.model.finding import Severity
+from nodescope.remediation.gateway import Verb, apply
 from nodescope.remediation.policy import Decision, Policy, Problem, StepKind, decide
 from nodescope.remediation.slurm import JOB_ID, Scontrol, SlurmError
 from nodescope.remediation.state import Entry, locked, read_record, write_record
 
 _SEVERITIES = {s.label: s for s in Severity}
+
+
+class Check(Protocol):
+    """A gate check as :func:`problems_from_checks` reads it (``nodescope.hooks.health.Check``;
+    named by its shape, so that the remediation does not import the hooks)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def detail(self) -> str: ...
 
 
 def problems_from_alerts(alerts: Iterable[Any]) -> list[Problem]:
@@ -132,32 +144,35 @@ def remediate(
             if step.action in (StepKind.DRAIN, StepKind.DRAIN_REQUEUE) and not step.repeat:
                 if not drained:
                     lines.append(_describe(step.action, node, step.reason, dry))
-                    if not dry:
-                        try:
-                            tool.drain(node, step.reason)
-                        except SlurmError as exc:
-                            error, failed = str(exc), True
+                    applied = apply(
+                        config, Verb.DRAIN, node, step.reason,
+                        tool=tool, view=view, memory=memory, now=wall, dry_run=dry,
+                    )  # fmt: skip
+                    if not (applied.done or applied.dry_run):
+                        error, failed = applied.error or applied.held, True
                     drained = True
                 lines.append(f"  for {step.kind} {step.subject}: {step.message}".rstrip())
                 for job in step.jobs:
-                    if dry:
+                    if error:
+                        continue
+                    requeued = apply(config, Verb.REQUEUE, job, tool=tool, dry_run=dry)
+                    if requeued.dry_run:
                         lines.append(f"  would requeue job {job}")
-                    elif not error:
-                        try:
-                            tool.requeue(job)
-                            lines.append(f"  requeued job {job}")
-                        except SlurmError as exc:
-                            lines.append(f"  job {job} not requeued: {exc}")
-                            error = f"requeue {job}: {exc}"
+                    elif requeued.done:
+                        lines.append(f"  requeued job {job}")
+                    else:
+                        lines.append(f"  job {job} not requeued: {requeued.error}")
+                        error = f"requeue {job}: {requeued.error}"
                 if step.action is StepKind.DRAIN_REQUEUE and not step.jobs:
                     lines.append("  no job named by the finding: nothing to requeue")
             elif step.action is StepKind.RESUME:
                 lines.append(_describe(step.action, node, "", dry) + f" ({step.message})")
-                if not dry:
-                    try:
-                        tool.resume(node)
-                    except SlurmError as exc:
-                        error, failed = str(exc), True
+                applied = apply(
+                    config, Verb.RESUME, node,
+                    tool=tool, view=view, memory=memory, now=wall, dry_run=dry,
+                )  # fmt: skip
+                if not (applied.done or applied.dry_run):
+                    error, failed = applied.error or applied.held, True
             elif step.action is StepKind.HELD:
                 lines.append(
                     f"held{' (already said)' if step.repeat else ''}: {step.kind}"

@@ -28,13 +28,13 @@ caller logs and counts each action once, not at every health check.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from nodescope.config import RemediationRuleSettings, RemediationSettings
 from nodescope.model.finding import Severity
+from nodescope.text import sanitize as text_sanitize
 
 #: The prefix of every drain reason nodescope sets; the partition guard counts the drains that
 #: carry it, whoever in nodescope set them (the prolog gate too).
@@ -223,19 +223,12 @@ def _rule_actions(rule: RemediationRuleSettings) -> dict[Severity, Action]:
 # ---------------------------------------------------------------------------------------------
 # The drain reason
 
-#: What a drain reason may hold. The reason travels as one argument of scontrol and is shown by
-#: ``sinfo`` and ``scontrol show node``: printable ASCII without quotes, backslashes or
-#: anything a shell, scontrol's own parser or a terminal could read as more than text (a
-#: finding's message may name a process, and a process names itself).
-_UNSAFE = re.compile(r"[^A-Za-z0-9 _.,:;=/+()#%@-]+")
-
 
 def sanitize(text: str, limit: int = MAX_REASON) -> str:
-    """``text`` with every run of unsafe characters as one ``?``, runs of blanks as one
-    space, at most ``limit`` characters."""
-    cleaned = _UNSAFE.sub("?", text.replace("\t", " ").replace("\n", " "))
-    cleaned = " ".join(cleaned.split())
-    return cleaned[:limit].rstrip()
+    """``text`` as a drain reason may hold it: :func:`nodescope.text.sanitize`'s ASCII form
+    (the reason travels as one argument of scontrol and is shown by ``sinfo``), at most
+    ``limit`` characters."""
+    return text_sanitize(text, limit, ascii_only=True)
 
 
 def drain_reason(problem: Problem, more: int = 0) -> str:
@@ -266,6 +259,26 @@ def _step(action: StepKind, problem: Problem, memory: Memory, **extra: object) -
         repeat=repeat,
         **extra,  # type: ignore[arg-type]
     )
+
+
+def held_back(
+    policy: Policy, node: NodeView, memory: Memory, now: float, *, drain: bool
+) -> str | None:
+    """Why a new drain (``drain``) or a resume must wait now, or ``None``: the cool-down
+    after nodescope's last change of the node, and for a drain the partition guard. The one
+    rule :func:`decide` and :func:`nodescope.remediation.gateway.apply` both apply."""
+    last = memory.last_change
+    if last is not None and now - last < policy.cooldown_seconds:
+        if drain:
+            return (
+                f"cool-down: nodescope resumed the node {now - last:.0f} s ago,"
+                f" a new drain waits {policy.cooldown_seconds:.0f} s"
+            )
+        return (
+            f"cool-down: drained {now - last:.0f} s ago,"
+            f" resume waits {policy.cooldown_seconds:.0f} s"
+        )
+    return _guard(policy, node) if drain else None
 
 
 def _guard(policy: Policy, node: NodeView) -> str | None:
@@ -367,12 +380,7 @@ def decide(
                 drained_reason, causes, last_change = None, (), now
     elif drainers:
         worst = drainers[0]
-        held = (
-            f"cool-down: nodescope resumed the node {now - (last_change or now):.0f} s ago,"
-            f" a new drain waits {policy.cooldown_seconds:.0f} s"
-            if cooling
-            else _guard(policy, node)
-        )
+        held = held_back(policy, node, memory, now, drain=True)
         if held is not None:
             steps.extend(_step(StepKind.HELD, p, memory, why=held) for p in drainers)
         else:

@@ -41,10 +41,10 @@ from types import MappingProxyType
 from typing import Any
 
 from nodescope.fileio import FileKind, read_bytes
-from nodescope.hooks.auth import prepare_directory
 from nodescope.model.job_records import RUN_SUBDIR
 from nodescope.remediation.policy import Memory, Step
 from nodescope.roots import Roots
+from nodescope.safedir import ensure_directory as prepare_directory
 
 STATE_NAME = "remediation.json"
 LOCK_NAME = "remediation.lock"
