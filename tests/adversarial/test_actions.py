@@ -273,7 +273,7 @@ PROGRAM_RUNNERS = {
     ("cli/probe.py", "run"): "the probe command",
     ("cli/slurm.py", "_probe"): "the quick probe at the prolog",
     ("cli/demo.py", "Child.__init__"): "the demo's daemon",
-    ("sources/traces.py", "parse_in_child"): "the trace parser's process",
+    ("sources/traces.py", "parse_job"): "the trace parser's process",
 }
 _RUNNER_CALLS = {
     "run", "Popen", "call", "check_call", "check_output", "getoutput", "getstatusoutput",
