@@ -554,27 +554,31 @@ class SimulatedNode:
         if not math.isfinite(t) or t < self.t:
             raise ValueError(f"cannot go from t={self.t:g} to t={t:g}")
         t0, self.t = self.t, t
-        self._integrate(t0, t)
-        self._fire_events(t0, t)
-        self._apply_states(t)
+        # Several readers of one cycle move to the same second: the state of that second was
+        # made by the first of them; the others only have their parts written.
+        if t > t0 or not self._started:
+            self._integrate(t0, t)
+            self._fire_events(t0, t)
+            self._apply_states(t)
         self._render(parts)
         if Part.NVLINK_WINDOW in parts:
             self.write_nvlink_snapshot()
         self._started = True
 
-    def sources(
-        self, slow_every: int | None = 1, inputs: SourceInputs | None = None
-    ) -> list[Source]:
+    def sources(self, inputs: SourceInputs | None = None) -> list[Source]:
         """The daemon's sources for this node: the tree sources of the registry, the kernel
         log's (``sxid``), the NVML source over the fake NVML and the nvlink_counter
         snapshot's (no netlink: the simulated node has no network namespace).
 
-        Sources that read their slowly-changing files only every so many runs have a
-        ``slow_every`` attribute. ``slow_every=1`` (the default, what ``replay`` uses) makes
-        them read everything on every run, so a counter that moves at ``t`` shows at ``t``;
-        ``None`` keeps each source's production cadence (``demo`` and the benchmark).
-        ``inputs``: what the sources share (the cgroup walk of a cycle, the topology
-        generation); hand the same to the collector that runs them.
+        Each is built as the daemon builds it, with its production cadence: the registry's
+        makers for the tree sources, and for the three that read what the node has no real
+        device for (NVML, the udev and rtnetlink monitors) the same class with the same
+        cadence defaults (``slow_every``, ``health_every``, ``gpm_every``) as the registry's
+        ``make_source``; only what they read from is the node's, and NVML's Xid thread waits
+        50 ms instead of 2 s so a replay closes at once (a wait returns at an event anyway).
+        tests/unit/test_replay_cadence.py holds the two to the same cadences. ``inputs``:
+        what the sources share (the cgroup walk of a cycle, the topology generation); hand
+        the same to the collector that runs them.
         """
         from nodescope.sources.infiniband import InfinibandSource
         from nodescope.sources.link_events import LinkEventsSource
@@ -608,10 +612,6 @@ class SimulatedNode:
                 # Its slow counters' span is timed on the node's clock, as NVML's is: replay
                 # and the soak run simulated time faster than real time.
                 source.clock = self.wall_clock
-        if slow_every is not None:
-            for source in sources:
-                if hasattr(source, "slow_every"):
-                    source.slow_every = slow_every
         return sources
 
     def wall_clock(self) -> float:
