@@ -280,6 +280,8 @@ class _Task:
     cpu_share: float = 0.0
     utime: float = 0.0  # ticks
     stime: float = 0.0
+    #: the cgroup the thread sits in when it is not its process's (``thread_cgroups``)
+    cgroup: str | None = None
 
 
 @dataclass
@@ -308,6 +310,10 @@ class _Cgroup:
     procs: list[int] = field(default_factory=list)
     memory_max: int | None = None
     events: dict[str, float] = field(default_factory=dict)
+    #: threads placed here whose processes live in another cgroup, as (pid, tid)
+    threads: list[tuple[int, int]] = field(default_factory=list)
+    #: a threaded cgroup (``cgroup.type`` ``threaded``): it holds threads, never processes
+    threaded: bool = False
 
 
 #: systemd units of a GPU training node: (unit, comm, processes, threads per process)
@@ -951,11 +957,29 @@ class SimulatedNode:
                 )
                 for task in proc.tasks:
                     task.state, task.wchan = spec.state, spec.wchan
+                self._place_threads(proc, spec, cgroup)
                 proc.job, proc.spec, proc.replica, proc.gpu = job, spec, replica, gpu
                 proc.cpu_percent = spec.cpu_percent
                 procs.append(proc)
             self._by_key[spec.key] = procs
         cgroup(job_cg)
+
+    def _place_threads(
+        self, proc: _Proc, spec: ProcessSpec, cgroup: Callable[[str], _Cgroup]
+    ) -> None:
+        """Move the threads ``thread_cgroups`` names into their cgroup: a threaded cgroup,
+        below the process's own for a relative path (its threaded subtree) or elsewhere for
+        an absolute one, whose ``cgroup.threads`` lists them and not the process's."""
+        placed = dict(spec.thread_cgroups)
+        for task in proc.tasks[1:]:
+            where = placed.get(task.comm)
+            if where is None:
+                continue
+            path = where if where.startswith("/") else f"{proc.cgroup}/{where}"
+            target = cgroup(path)
+            target.threaded = True
+            target.threads.append((proc.pid, task.tid))
+            task.cgroup = path
 
     # ---- sysfs --------------------------------------------------------------------------
 
@@ -1177,7 +1201,9 @@ class SimulatedNode:
             usage[path] = sum(
                 (t.utime + t.stime) * (1_000_000 / CLK_TCK) for p in procs for t in p.tasks
             ) + sum(usage[c] for c in cg.children)
-            tasks[path] = sum(len(p.tasks) for p in procs) + sum(tasks[c] for c in cg.children)
+            own_threads = sum(1 for p in procs for t in p.tasks if t.cgroup is None)
+            placed = sum(1 for pid, _ in cg.threads if pid in self._procs)
+            tasks[path] = own_threads + placed + sum(tasks[c] for c in cg.children)
             merged = dict(cg.events)
             for child in cg.children:
                 for key, value in events[child].items():
@@ -1203,10 +1229,12 @@ class SimulatedNode:
             if not initial and path not in dirty:
                 continue
             procs = [self._procs[pid] for pid in cg.procs]
-            files.write(directory / "cgroup.procs", "".join(f"{p.pid}\n" for p in procs))
-            files.write(
-                directory / "cgroup.threads", "".join(f"{t.tid}\n" for p in procs for t in p.tasks)
-            )
+            if not cg.threaded:
+                # A threaded cgroup refuses to list processes (EOPNOTSUPP): no file to read.
+                files.write(directory / "cgroup.procs", "".join(f"{p.pid}\n" for p in procs))
+            own = [t.tid for p in procs for t in p.tasks if t.cgroup is None]
+            here = [tid for pid, tid in cg.threads if pid in self._procs]
+            files.write(directory / "cgroup.threads", "".join(f"{tid}\n" for tid in own + here))
             files.write(
                 directory / "cgroup.subtree_control",
                 f"{CHILD_CONTROLLERS}\n" if cg.children else "\n",
@@ -1226,7 +1254,7 @@ class SimulatedNode:
                 files.write(directory / "memory.stat", _memory_stat(memory[path]))
                 continue
             files.write(directory / "cgroup.controllers", f"{CHILD_CONTROLLERS}\n")
-            files.write(directory / "cgroup.type", "domain\n")
+            files.write(directory / "cgroup.type", f"{self._cgroup_type(cg)}\n")
             files.write(
                 directory / "cgroup.events", f"populated {1 if tasks[path] else 0}\nfrozen 0\n"
             )
@@ -1237,6 +1265,16 @@ class SimulatedNode:
             files.write(directory / "memory.stat", _memory_stat(memory[path]))
             files.write(directory / "pids.current", f"{tasks[path]}\n")
             files.write(directory / "pids.max", "max\n")
+
+    def _cgroup_type(self, cg: _Cgroup) -> str:
+        """``threaded`` for a cgroup of threads, ``domain threaded`` for the root of a
+        threaded subtree (a process's cgroup with threaded cgroups below it), else
+        ``domain`` (Documentation/admin-guide/cgroup-v2.rst, "Threads")."""
+        if cg.threaded:
+            return "threaded"
+        if any(self._cgroups[c].threaded for c in cg.children):
+            return "domain threaded"
+        return "domain"
 
     def _pressure(self, path: str, resource: str) -> str:
         """``<resource>.pressure`` (kernel/sched/psi.c ``psi_show``): the share of time some or
@@ -1279,6 +1317,10 @@ class SimulatedNode:
             files.write(task_dir / "wchan", task.wchan)
             if initial:
                 files.write(task_dir / "comm", f"{task.comm}\n")
+                if proc.job is not None:
+                    # Where each thread of a job process sits (what the jobs source reads of
+                    # a thread missing from the job's cgroup.threads).
+                    files.write(task_dir / "cgroup", f"0::{task.cgroup or proc.cgroup}\n")
         if initial:
             files.write(directory / "comm", f"{proc.comm}\n")
             files.write(
@@ -1661,6 +1703,11 @@ class SimulatedNode:
         to_gpu, from_gpu = to_rate * seconds, from_rate * seconds
         self._add(("gpu", gpu, "rx"), to_gpu)
         self._add(("gpu", gpu, "tx"), from_gpu)
+        if isinstance(peer, int):
+            # CUDA peer to peer over PCIe: what one GPU sends the other receives.
+            self._add(("gpu", peer, "rx"), from_gpu)
+            self._add(("gpu", peer, "tx"), to_gpu)
+            return
         if any(d.disk == peer for d in self.hardware.nvme):
             # GPUDirect Storage: the drive reads into the GPU and writes what comes from it.
             self._integrate_drive(peer, seconds, to_rate, from_rate)
@@ -1741,12 +1788,13 @@ class SimulatedNode:
         self._overridden.discard(proc.pid)
         cg = self._cgroups[proc.cgroup]
         cg.procs.remove(proc.pid)
-        path = proc.cgroup
-        while True:
-            self._dirty_cgroups.add(path)
-            if path == "/":
-                break
-            path = path.rsplit("/", 1)[0] or "/"
+        # Its cgroup and those its threads were placed in, with their ancestors.
+        for path in {proc.cgroup, *(t.cgroup for t in proc.tasks if t.cgroup is not None)}:
+            while True:
+                self._dirty_cgroups.add(path)
+                if path == "/":
+                    break
+                path = path.rsplit("/", 1)[0] or "/"
         self._files.remove_tree(self.roots.procfs / str(proc.pid))
         if proc.gpu is not None:
             self._gpu_processes[proc.gpu] = tuple(
@@ -1980,6 +2028,9 @@ class SimulatedNode:
             elif activity.kind == "gpu_peer":
                 rates[get("gpu")][2] += get("from_gpu_bytes_per_second")
                 rates[get("gpu")][3] += get("to_gpu_bytes_per_second")
+                if isinstance(get("peer"), int):
+                    rates[get("peer")][2] += get("to_gpu_bytes_per_second")
+                    rates[get("peer")][3] += get("from_gpu_bytes_per_second")
         return rates
 
     def _pressure_averages(self, t: float) -> dict[tuple[str, str], tuple[float, ...]]:

@@ -220,6 +220,9 @@ class ProcessSpec:
     rss_bytes: int | None = None
     #: a kernel thread (system processes only): no command line, no memory of its own
     kernel: bool = False
+    #: threads (by name) in a cgroup of their own: a path relative to the process's cgroup
+    #: (a threaded cgroup below it) or an absolute one
+    thread_cgroups: tuple[tuple[str, str], ...] = ()
 
     @property
     def thread_count(self) -> int:
@@ -1323,6 +1326,12 @@ def _process(
     threads = tuple((name, int(n)) for name, n in spec.get("threads", {}).items())
     if sum(n for _, n in threads) >= _MAX_THREADS:
         raise source.fail(f"{pointer}/threads", f"at most {_MAX_THREADS} threads per process")
+    thread_cgroups = tuple(spec.get("thread_cgroups", {}).items())
+    for name, path in thread_cgroups:
+        if name not in dict(threads):
+            raise source.fail(f"{pointer}/thread_cgroups/{name}", "no such thread in threads")
+        if any(part in (".", "..") for part in path.split("/")):
+            raise source.fail(f"{pointer}/thread_cgroups/{name}", "no . or .. in a cgroup path")
     gpu_value = spec.get("gpu")
     gpu: int | None
     if gpu_value is None:
@@ -1348,6 +1357,7 @@ def _process(
         gpu_memory_bytes=_optional_int(memory),
         cpu_percent=float(spec.get("cpu_percent", 0.0)),
         environ=tuple(spec.get("environ", {}).items()),
+        thread_cgroups=thread_cgroups,
         rss_bytes=_optional_int(rss),
     )
 
@@ -1688,6 +1698,12 @@ def _param(
     if kind_of == "nic":
         return _nic_ref(source, raw, where, hardware)
     if kind_of == "peer":
+        if isinstance(raw, int):
+            # Another GPU: CUDA peer-to-peer copies over PCIe.
+            peer_gpu = _gpu_ref(source, raw, where, hardware)
+            if peer_gpu == entry.get("gpu"):
+                raise source.fail(where, "a GPU is not its own peer")
+            return peer_gpu
         if raw in {d.disk for d in hardware.nvme} or raw in {n.name for n in hardware.nics}:
             return raw
         raise source.fail(where, f"no NIC or disk {raw!r}")
