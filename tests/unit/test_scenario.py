@@ -46,6 +46,8 @@ BUNDLED = (
     "allreduce-spin-nfs-lock",
     "busy-gpus-host-network",
     "checkpoint-sync-write",
+    "collective-balanced-traces-control",
+    "collective-straggler-traces",
     "dgx-h100",
     "epoch-boundary-pause",
     "escaped-nccl-thread-cgroup",

@@ -6,7 +6,9 @@ threaded cgroup inside the job is not)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,3 +160,64 @@ def test_peer_copies_count_on_both_gpus(tmp_path: Path, base: Path) -> None:
     moved = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before, strict=True)]
     # GPU 0 receives 4 GB/s from GPU 1 and sends it 1 GB/s, for two seconds.
     assert moved == [pytest.approx((8e9, 2e9), abs=2), pytest.approx((2e9, 8e9), abs=2)]
+
+
+# --------------------------------------------------------------------------------------------
+# Collective traces dropped in the spool
+
+
+FIXTURE_TRACES = Path(__file__).resolve().parent.parent / "fixtures" / "torch-traces"
+SIM_DATA = Path(load_scenario.__code__.co_filename).parent / "data"
+
+
+def _trace(tmp_path: Path, path: str, file: str = "rank0.json") -> dict[str, Any]:
+    (tmp_path / "t.json").write_text("{}")
+    return {"kind": "trace", "from": 2, "job": 900, "file": file, "path": path}
+
+
+@pytest.mark.parametrize(
+    ("path", "file", "reason"),
+    [
+        ("missing.json", "rank0.json", "no file 'missing.json'"),
+        ("t.json", "../rank0.json", "file"),
+        ("t.json", ".hidden", "file"),
+    ],
+)
+def test_a_trace_names_an_existing_file_and_a_plain_name(
+    tmp_path: Path, path: str, file: str, reason: str
+) -> None:
+    with pytest.raises(ParseError, match=reason):
+        _load(tmp_path, _document({}, [_trace(tmp_path, path, file)]))
+
+
+def test_the_packaged_traces_are_the_fixtures(tmp_path: Path) -> None:
+    for rank in range(4):
+        packaged = SIM_DATA / f"torch-trace-late-rank3-0.2s-rank{rank}.json"
+        assert packaged.read_bytes() == (FIXTURE_TRACES / f"rank{rank}.json").read_bytes()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the job's files are chowned to its uid")
+def test_a_trace_appears_in_the_jobs_spool_directory_at_its_time(
+    tmp_path: Path, base: Path
+) -> None:
+    source = FIXTURE_TRACES / "rank3.json"
+    doc = _document({}, [_trace(tmp_path, str(source), "rank3.json")])
+    node = SimulatedNode(_load(tmp_path, doc), base / "n")
+    node.materialise()
+    assert node.spool_dir is not None
+    assert stat.S_IMODE(node.spool_dir.stat().st_mode) == 0o1733
+    node.advance_to(1.0)
+    assert not (node.spool_dir / "900").exists()
+    node.advance_to(2.0)
+    dropped = node.spool_dir / "900" / "rank3.json"
+    assert dropped.read_bytes() == source.read_bytes()
+    assert dropped.stat().st_uid == dropped.parent.stat().st_uid == 1200
+    assert sorted(p.name for p in dropped.parent.iterdir()) == ["rank3.json"]
+    # The daemon's traces source runs on the node only when its spool is configured.
+    names = [s.name for s in node.sources(SourceInputs())]
+    assert "traces" not in names
+
+
+def test_a_node_without_traces_has_no_spool(tmp_path: Path, base: Path) -> None:
+    node = SimulatedNode(_load(tmp_path, _document({}, [])), base / "n")
+    assert node.spool_dir is None

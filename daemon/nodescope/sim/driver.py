@@ -38,6 +38,7 @@ up, GPUs lost, Xid errors, findings appearing and clearing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -54,7 +55,13 @@ from typing import Any, Protocol, TextIO
 
 from nodescope.analysis import Analyzer
 from nodescope.collect import Collector, ScheduledSource
-from nodescope.config import Config
+from nodescope.config import (
+    Config,
+    link_events_options,
+    netdev_options,
+    spool_settings,
+)
+from nodescope.config import from_mapping as config_from_mapping
 from nodescope.detectors.registry import DetectorInfo
 from nodescope.model.disks import DISKS
 from nodescope.model.infiniband import INFINIBAND
@@ -162,6 +169,16 @@ def replay_steps(
     cycles = set(tick_times(daemon_tick, duration_seconds))
     scrapes = set(tick_times(scenario_tick, duration_seconds))
     return [ReplayStep(t, t in cycles, t in scrapes) for t in sorted(cycles | scrapes)]
+
+
+def replay_config(node: NodeLike) -> Config:
+    """The daemon's default configuration over the node's trees, and the node's traces spool
+    (``[sources.traces] spool_dir``) where it has one."""
+    spool = getattr(node, "spool_dir", None)
+    if spool is None:
+        return Config(roots=node.roots)
+    configured = config_from_mapping({"sources": {"traces": {"spool_dir": str(spool)}}})
+    return dataclasses.replace(configured, roots=node.roots)
 
 
 def replay_schedule(
@@ -358,9 +375,14 @@ def replay(
     node.materialise()
     clock = SimClock()
     wall_base = time.time()
-    # The daemon's configuration as it starts without a file: its tick and source intervals.
-    config = Config(roots=node.roots)
-    inputs = SourceInputs()
+    # The daemon's configuration as it starts without a file: its tick and source intervals;
+    # with the node's spool as [sources.traces] spool_dir when the scenario drops traces.
+    config = replay_config(node)
+    inputs = SourceInputs(
+        spool=spool_settings(config),
+        netdev=netdev_options(config),
+        link_events=link_events_options(config),
+    )
     # Each source moves the node to the cycle's second and has what it reads written just
     # before it reads, as in the demo: a cycle writes what its due sources read, not every
     # file of the node (counters are integrated over time, so no value changes).

@@ -171,8 +171,16 @@ PARTS_READ_BY: Mapping[str, frozenset[Part]] = MappingProxyType(
         # The kernel log is appended to when the timeline's events fire, at every move.
         "sxid": frozenset(),
         "nvlink_kmod": frozenset({Part.NVLINK_WINDOW}),
+        # The spool's files are dropped when the timeline's events fire, at every move.
+        "traces": frozenset(),
     }
 )
+
+
+def _own(path: Path, uid: int) -> None:
+    """Give ``path`` to ``uid`` (as root); left as it is for a simulator run by another user."""
+    if os.geteuid() == 0:
+        os.chown(path, uid, uid, follow_symlinks=False)
 
 
 def parts_read_by(reader: str | None) -> frozenset[Part]:
@@ -491,6 +499,11 @@ class SimulatedNode:
         self.nvlink_module = SimulatedModule(self.hardware, scenario.timeline)
         #: The kernel log (``/dev/kmsg``) and the sequence number of its next record.
         self.kmsg_path = self.roots.dev / "kmsg"
+        #: The traces spool (``[sources.traces] spool_dir``) when the timeline drops traces:
+        #: the daemon then runs its ``traces`` source on it, as one configured with it does.
+        self.spool_dir: Path | None = (
+            self.root / "spool" if any(a.kind == "trace" for a in scenario.timeline) else None
+        )
         self._kmsg_sequence = 0
         self._build_processes()
         #: each GPU's processes as NVML lists them, fixed once the processes are built; the
@@ -538,6 +551,11 @@ class SimulatedNode:
         self._write_proc_files()
         # Empty: the kernel log of a healthy node holds nothing the daemon counts.
         _write_bytes(self.kmsg_path, b"")
+        if self.spool_dir is not None:
+            # Mode 1733, as the traces source's documentation asks of a spool: anyone makes
+            # a directory, nobody lists it.
+            self.spool_dir.mkdir()
+            self.spool_dir.chmod(0o1733)
         self._files.atomic = True
         self.write_nvlink_snapshot()
 
@@ -613,6 +631,10 @@ class SimulatedNode:
             nvml,
             SOURCES["nvlink_kmod"].make(inputs),
         ]
+        if inputs.spool is not None:
+            # Configured with a spool (the node's, when its timeline drops traces); after
+            # ``jobs``, whose record of the cycle it reads, as in the registry.
+            sources.append(SOURCES["traces"].make(inputs))
         for source in tree:
             if isinstance(source, InfinibandSource):
                 # Its slow counters' span is timed on the node's clock, as NVML's is: replay
@@ -1746,8 +1768,28 @@ class SimulatedNode:
                 # Counted from the timeline at every move (_apply_gpu_health), as the other
                 # GPU health counters are.
                 continue
+            elif activity.kind == "trace":
+                self._drop_trace(activity)
             else:
                 self._remove_function(activity.get("pci"))
+
+    def _drop_trace(self, activity: Activity) -> None:
+        """The job writes a trace into ``<spool>/<job id>/<file>``: the directory and the file
+        owned by the job's user (what the traces source accepts), the file complete when it
+        appears (written beside it, then renamed). Owning them needs root; a simulator run
+        by another user leaves them its own, and the traces source skips them as a real one
+        would (``job_dir_wrong_owner``)."""
+        assert self.spool_dir is not None
+        job = next(j for j in self.scenario.jobs if j.id == activity.get("job"))
+        directory = self.spool_dir / str(job.id)
+        if not directory.exists():
+            directory.mkdir(mode=0o700)
+            _own(directory, job.uid)
+        data = Path(activity.get("path")).read_bytes()
+        staged = directory / f".{activity.get('file')}.part"
+        staged.write_bytes(data)
+        _own(staged, job.uid)
+        os.replace(staged, directory / activity.get("file"))
 
     def _log_sxid(self, activity: Activity) -> None:
         """Append an ``sxid`` activity's records to the kernel log: per SXid, the line of

@@ -1512,6 +1512,12 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "to_gpu_bytes_per_second": ("number", 0.0),
         "from_gpu_bytes_per_second": ("number", 0.0),
     },
+    # A collective trace dropped in a job's spool directory at ``from``.
+    "trace": {
+        "job": ("job", ...),
+        "file": ("text", ...),
+        "path": ("trace_file", ...),
+    },
     # GPU health. Counts are added once, at ``from``, and never taken back (a real counter
     # only grows); every other value holds while the activity is active, ``None`` leaving
     # the GPU's own value (idle or loaded, see docs/scenarios.md).
@@ -1568,8 +1574,13 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
     },
 }
 
+#: The largest trace file a ``trace`` activity drops: the traces source's default bound.
+MAX_TRACE_BYTES = 16 << 20
+
 #: Kinds that happen once, at ``from``.
-INSTANT_KINDS = frozenset({"xid", "sxid", "hot_unplug", "driver_rebind", "process_exit", "gpu_ecc"})
+INSTANT_KINDS = frozenset(
+    {"xid", "sxid", "hot_unplug", "driver_rebind", "process_exit", "gpu_ecc", "trace"}
+)
 
 #: The GPU health kinds: what the simulated node applies to its fake GPUs' health fields.
 GPU_HEALTH_KINDS = frozenset(
@@ -1732,6 +1743,14 @@ def _param(
         if raw not in {j.id for j in named.jobs}:
             raise source.fail(where, f"no job {raw}")
         return int(raw)
+    if kind_of == "trace_file":
+        # Read when the trace is dropped; checked now so a typo fails the load, not the run.
+        path = (source.directory / raw).resolve()
+        if not path.is_file():
+            raise source.fail(where, f"no file {raw!r} (relative to {source.directory})")
+        if path.stat().st_size > MAX_TRACE_BYTES:
+            raise source.fail(where, f"larger than {MAX_TRACE_BYTES} bytes")
+        return str(path)
     if kind_of == "reasons":
         # The names are checked by the schema; the node keeps NVML's bit mask.
         mask = 0
