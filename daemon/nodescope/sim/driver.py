@@ -813,8 +813,13 @@ class ViewCache(MetricsCache):
 
 
 def _live_collector(config: Config, live: WallClockNode) -> Collector:
-    """The collector of the live node's sources, built to share one set of inputs."""
-    inputs = SourceInputs()
+    """The collector of the live node's sources, built to share one set of inputs (the
+    traces spool among them, as the daemon's collector builds them)."""
+    inputs = SourceInputs(
+        spool=spool_settings(config),
+        netdev=netdev_options(config),
+        link_events=link_events_options(config),
+    )
     return Collector.from_config(config, live.sources(inputs), inputs)
 
 
@@ -875,12 +880,16 @@ def _demo(
     node.materialise()
     node.advance_to(0.0)
     live = WallClockNode(node)
+    sources = dict(settings.sources)
+    if getattr(node, "spool_dir", None) is not None and spool_settings(settings) is None:
+        # The scenario drops traces: the daemon reads the node's spool, as in a replay.
+        sources["traces"] = replay_config(node).sources["traces"]
     config = Config(
         listen=listen,
         tick_seconds=1.0,
         log_level="warning",
         roots=node.roots,
-        sources=settings.sources,
+        sources=sources,
         alerts=settings.alerts,
         detectors=settings.detectors,
     )
