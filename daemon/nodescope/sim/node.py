@@ -309,6 +309,8 @@ class _Proc:
     gpu: int | None = None
     starttime: int = 0
     cpu_percent: float = 0.0
+    #: how many of its threads sit in another cgroup (``thread_cgroups``)
+    placed: int = 0
 
 
 @dataclass
@@ -1002,6 +1004,7 @@ class SimulatedNode:
             target.threaded = True
             target.threads.append((proc.pid, task.tid))
             task.cgroup = path
+            proc.placed += 1
 
     # ---- sysfs --------------------------------------------------------------------------
 
@@ -1223,8 +1226,8 @@ class SimulatedNode:
             usage[path] = sum(
                 (t.utime + t.stime) * (1_000_000 / CLK_TCK) for p in procs for t in p.tasks
             ) + sum(usage[c] for c in cg.children)
-            own_threads = sum(1 for p in procs for t in p.tasks if t.cgroup is None)
-            placed = sum(1 for pid, _ in cg.threads if pid in self._procs)
+            own_threads = sum(len(p.tasks) - p.placed for p in procs)
+            placed = sum(1 for pid, _ in cg.threads if pid in self._procs) if cg.threads else 0
             tasks[path] = own_threads + placed + sum(tasks[c] for c in cg.children)
             merged = dict(cg.events)
             for child in cg.children:
@@ -1254,7 +1257,7 @@ class SimulatedNode:
             if not cg.threaded:
                 # A threaded cgroup refuses to list processes (EOPNOTSUPP): no file to read.
                 files.write(directory / "cgroup.procs", "".join(f"{p.pid}\n" for p in procs))
-            own = [t.tid for p in procs for t in p.tasks if t.cgroup is None]
+            own = [t.tid for p in procs for t in p.tasks if not p.placed or t.cgroup is None]
             here = [tid for pid, tid in cg.threads if pid in self._procs]
             files.write(directory / "cgroup.threads", "".join(f"{tid}\n" for tid in own + here))
             files.write(
