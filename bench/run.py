@@ -1104,7 +1104,7 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
         config = Config(roots=node.roots)
         # One set of shared inputs, as the daemon builds its sources (one cgroup walk a cycle).
         inputs = SourceInputs()
-        sources = node.sources(slow_every=None, inputs=inputs)
+        sources = node.sources(inputs=inputs)
         per_source: dict[str, float] = dict.fromkeys((s.name for s in sources), 0.0)
         for source in sources:
             time_calls(source, "collect", per_source, source.name)

@@ -1,10 +1,11 @@
 """Replay on the simulated node: every fault scenario of the PCIe detectors yields exactly its
 expected findings, the alert fires no later than one cycle after its ``for``, and the healthy
-DGX H100 yields no finding over one simulated hour.
+DGX H100 yields no finding over ten simulated minutes.
 
 Each scenario is a DGX-class node (about 2,000 processes); they run in parallel worker
-processes. The hour runs with a one-minute tick: the baseline's traffic is steady, so a
-coarser tick changes no rate, and 61 cycles cost what a one-minute replay does.
+processes. A replay runs the daemon's cycle every second, as the daemon does; the ten minutes
+(600 cycles: twenty reads of the PCIe tree, sixty slow reads of the error counters) are
+scraped once a minute.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 FAULTS = ("root-port-contention", "link-downtrained", "pcie-saturation-a100", "hca-numa-mismatch")
-HOUR = ("dgx-h100", 60.0, 3600.0)
+HOUR = ("dgx-h100", 60.0, 600.0)
 # Windows of 5 s hold ten 100 ms bursts each: the same maxima and averages as 1 s ticks.
 BURSTS = ("nvlink-stall-bursts", 5.0, 40.0)
 
@@ -119,7 +120,9 @@ def test_contention_names_devices_jobs_and_fires_after_for(
 def test_downtrained_and_saturated_gpu(runs: dict[str, dict[str, Any]]) -> None:
     cycles = runs["link-downtrained"]["cycles"]
     assert _first(cycles, "pcie_link_downtrained{device=0000:5d:00.0,gpu=3}") == 10
-    assert _first(cycles, "pcie_link_downtrained{device=0000:cb:00.0,gpu=6}") == 15
+    # GPU 6 retrains at t=15; the NVML source reads link width on its first run and every
+    # tenth after it, as the daemon's does: the t=20 read is the first to see it.
+    assert _first(cycles, "pcie_link_downtrained{device=0000:cb:00.0,gpu=6}") == 20
     late = next(c for c in cycles if c["t"] == 30)
     (saturated,) = [f for f in late["findings"] if f[0].startswith("pcie_saturation")]
     # 3.6 GB/s host-to-device on a Gen1 x16 link of 4 GB/s per direction
@@ -135,10 +138,13 @@ def test_a100_saturation_evidence(runs: dict[str, dict[str, Any]]) -> None:
     assert "A100" in message and "job 81744" in message
 
 
-def test_healthy_baseline_has_no_finding_over_an_hour(runs: dict[str, dict[str, Any]]) -> None:
+def test_healthy_baseline_has_no_finding_over_ten_minutes(
+    runs: dict[str, dict[str, Any]],
+) -> None:
     run = runs["dgx-h100"]
     doc = run["doc"]
-    assert doc["duration_seconds"] == 3600 and doc["cycles"] == 61
+    assert doc["duration_seconds"] == 600 and doc["cycles"] == 601
+    assert len(run["cycles"]) == 11
     assert [c for c in run["cycles"] if c["findings"]] == []
     assert [c for c in run["cycles"] if c["alerts"]] == []
     assert doc["summary"]["passed"], doc["expectations"]

@@ -53,7 +53,7 @@ def test_the_benchmark_runs_the_simulated_nodes_sources(
     write_state(path, state_document(node.nvml, node.t, node.wall_clock() - node.t, []))
     mirror = MirroredNvml(path)
     ours = daemon.node_sources(mirror, SourceInputs())
-    theirs = SimulatedNode.sources(node, slow_every=None, inputs=SourceInputs())
+    theirs = SimulatedNode.sources(node, inputs=SourceInputs())
     try:
         # The one source more: the interface dump, which the simulated node has no namespace
         # for; link_events' monitor reads this machine's links where the node's cannot.

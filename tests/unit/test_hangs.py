@@ -93,7 +93,10 @@ def test_the_finding_names_lock_holder_and_stalled_job(
 
 def test_sources_read_the_nodes_trees(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
     _, snapshots = replayed
-    before, after = snapshots[19.0], snapshots[21.0]
+    # The lock and the D state start at t=20; the threads, locks and NFS sources run every
+    # 10 s as the daemon's do (at t=9, 19, 29 …: a tenth of their interval early), so t=30 is
+    # the first cycle after t=20 whose reads of them show it.
+    before, after = snapshots[19.0], snapshots[30.0]
     threads = after.latest(THREADS)
     assert threads is not None
     job = threads.job(JOB)
@@ -162,7 +165,7 @@ def test_idle_without_any_signal_is_a_stall_of_unknown_cause(
 
 def test_d_state_on_nfs_alone_is_storage(replayed: tuple[Any, dict[float, Snapshot]]) -> None:
     _, snapshots = replayed
-    snapshot = snapshots[22.0]
+    snapshot = snapshots[30.0]  # the first cycle whose threads and locks reads show t=20
     locks = snapshot.latest(LOCKS)
     assert locks is not None
     [finding] = hangs.evaluate(
@@ -179,7 +182,7 @@ def test_busy_gpus_that_move_nothing_are_a_collective_hang(
     """Spinning NCCL kernels keep utilisation up while no byte moves: not an idle stall, but
     a collective hang, which names the lock that holds the job."""
     _, snapshots = replayed
-    snapshot = snapshots[22.0]
+    snapshot = snapshots[30.0]  # the first cycle whose threads and locks reads show t=20
     nvml = snapshot.latest(NVML)
     assert nvml is not None
     busy = dataclasses.replace(

@@ -112,9 +112,7 @@ class ToyNode:
     def refresh(self, t: float, reader: str | None = None) -> None:
         self.advance_to(t)
 
-    def sources(
-        self, slow_every: int | None = 1, inputs: SourceInputs | None = None
-    ) -> list[Source]:
+    def sources(self, inputs: SourceInputs | None = None) -> list[Source]:
         self.made = [diskstats.make_source(), FlakySource(self)]
         return self.made
 
@@ -181,12 +179,15 @@ def test_replay_passes_and_reads_rates_in_simulated_time(tmp_path: Path) -> None
     assert rate.cycles_evaluated == 8
     assert rate.observed_min == rate.observed_max == READ_BYTES_PER_SECOND
     assert [m.cycles_evaluated for m in result.metrics[1:]] == [2, 4]
-    assert node.advanced == [float(t) for t in range(9)]
+    # Each of the two sources moves the node to the cycle's second before it reads.
+    assert node.advanced == [float(t) for t in range(9) for _ in range(2)]
     assert result.sources == ("disks", "flaky")
     assert all(getattr(s, "closed", True) for s in node.made)
 
 
-def test_every_source_runs_every_tick_at_the_simulated_time(tmp_path: Path) -> None:
+def test_the_daemons_cycle_runs_every_second_of_its_tick_whatever_the_scrapes(
+    tmp_path: Path,
+) -> None:
     seen: list[tuple[float, float, float, int]] = []
 
     def on_cycle(t: float, snapshot: Snapshot, body: bytes) -> None:
@@ -196,7 +197,15 @@ def test_every_source_runs_every_tick_at_the_simulated_time(tmp_path: Path) -> N
 
     sc = ToyScenario(tick_seconds=0.5, duration_seconds=2.0)
     replay(sc, tmp_path / "r", node_factory=ToyNode, on_cycle=on_cycle)
-    assert seen == [(t, t, t, i + 1) for i, t in enumerate([0.0, 0.5, 1.0, 1.5, 2.0])]
+    # Scraped every half second, collected every second (the daemon's tick): a scrape between
+    # two cycles shows the last one, as the daemon's /metrics does.
+    assert seen == [
+        (0.0, 0.0, 0.0, 1),
+        (0.5, 0.0, 0.0, 1),
+        (1.0, 1.0, 1.0, 2),
+        (1.5, 1.0, 1.0, 2),
+        (2.0, 2.0, 2.0, 3),
+    ]
 
 
 def test_failing_expectation_names_itself_and_the_observed_values(tmp_path: Path) -> None:

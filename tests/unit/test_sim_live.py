@@ -201,7 +201,7 @@ def test_the_wall_clock_node_never_goes_back() -> None:
         def refresh(self, t: float, reader: str | None = None) -> None:
             moved.append((t, reader))
 
-        def sources(self, slow_every: int | None = 1, inputs: object = None) -> list[object]:
+        def sources(self, inputs: object = None) -> list[object]:
             return []
 
     clock = FakeClock(50.0)

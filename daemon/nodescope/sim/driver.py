@@ -6,15 +6,23 @@ files the node writes under a temporary root, the :class:`~nodescope.collect.Col
 analysis step (detectors and alert engine, :mod:`nodescope.analysis`), the Prometheus
 exposition — so what passes here is what a scrape of a real node would show.
 
-``replay`` runs as fast as it can. For each tick ``t = 0, tick, 2·tick … duration`` it
-advances the node to ``t``, runs one collection cycle with a clock that reads ``t`` (rates,
-sample times and alert durations are in simulated seconds), analyses it, renders /metrics
-and evaluates the scenario's expectations on it (:mod:`nodescope.sim.expect`). Every source
-runs on every tick: the tick is the scenario's resolution, and the production intervals
-(10 s for the PCIe tree, 5 s for cgroups) would only subsample it and leave cycles whose
-counters did not move, so a ``rate`` expectation between two consecutive cycles always spans
-one tick of fresh reads, and a link that retrains at ``t`` shows at ``t``. Xid events reach
-the NVML source on its own thread, as on a real node, so one can be counted a tick late.
+``replay`` runs as fast as it can, on the daemon's own cadences: its collector is built by
+:meth:`~nodescope.collect.Collector.from_config` from the daemon's default configuration, as
+the daemon's composition root (:class:`~nodescope.service.Service`) builds it, so every
+source runs at its configured interval, and each source reads its slow files (NVLink and PCIe
+error counters, InfiniBand error counters, GPU health, the cgroup tree's static files) every
+so many runs exactly as the daemon's sources do: the simulated node builds them with the
+registry's own makers and defaults (:meth:`SimulatedNode.sources`). A counter a scenario
+raises is therefore seen when the daemon would see it, not earlier (:func:`replay_schedule`).
+One cycle runs every ``tick_seconds`` of the daemon's configuration (1 s) with a clock that
+reads the simulated second (rates, sample times and alert durations are in simulated seconds)
+and is analysed like the daemon's. Each source moves the node to the cycle's second just before
+it reads and has only what it reads written (:class:`~nodescope.sim.live.ReadTimeSource`, as
+in the demo). At each tick of the scenario /metrics is rendered — a scrape — and the
+scenario's expectations are evaluated on it (:mod:`nodescope.sim.expect`); findings are
+looked at after every cycle. Runs happen in the caller's thread (no deadline: in simulated
+time nothing blocks). Xid events reach the NVML source on its own thread, as on a real node,
+so one can be counted a cycle late.
 
 ``demo`` runs the daemon's :class:`~nodescope.service.Service` with its configured source
 intervals and real clocks on a node in wall time (:class:`~nodescope.sim.live.WallClockNode`):
@@ -30,6 +38,7 @@ up, GPUs lost, Xid errors, findings appearing and clearing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -46,7 +55,13 @@ from typing import Any, Protocol, TextIO
 
 from nodescope.analysis import Analyzer
 from nodescope.collect import Collector, ScheduledSource
-from nodescope.config import Config
+from nodescope.config import (
+    Config,
+    link_events_options,
+    netdev_options,
+    spool_settings,
+)
+from nodescope.config import from_mapping as config_from_mapping
 from nodescope.detectors.registry import DetectorInfo
 from nodescope.model.disks import DISKS
 from nodescope.model.infiniband import INFINIBAND
@@ -64,7 +79,7 @@ from nodescope.sim.expect import (
     check_catalog,
     number,
 )
-from nodescope.sim.live import WallClockNode
+from nodescope.sim.live import ReadTimeSource, WallClockNode
 from nodescope.sources.base import Source
 from nodescope.sources.registry import SourceInputs
 from nodescope_exporters.catalog import CATALOG
@@ -107,9 +122,7 @@ class NodeLike(Protocol):
 
     def refresh(self, t: float, reader: str | None = None) -> None: ...
 
-    def sources(
-        self, slow_every: int | None = 1, inputs: SourceInputs | None = None
-    ) -> list[Source]: ...
+    def sources(self, inputs: SourceInputs | None = None) -> list[Source]: ...
 
 
 NodeFactory = Callable[[Any, Path], NodeLike]
@@ -135,6 +148,50 @@ def tick_times(tick_seconds: float, duration_seconds: float) -> list[float]:
     drift by float accumulation over a long scenario."""
     count = int(duration_seconds / tick_seconds + 1e-9)
     return [round(i * tick_seconds, 9) for i in range(count + 1)]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayStep:
+    """One second of a replay: the node moves to ``t``; ``collect``: the daemon runs a cycle
+    (its tick); ``scrape``: /metrics is rendered and the expectations are evaluated (the
+    scenario's tick)."""
+
+    t: float
+    collect: bool
+    scrape: bool
+
+
+def replay_steps(
+    scenario_tick: float, daemon_tick: float, duration_seconds: float
+) -> list[ReplayStep]:
+    """The seconds a replay visits: the daemon's cycles every ``daemon_tick`` and the
+    scenario's scrapes every ``scenario_tick``, merged in time order."""
+    cycles = set(tick_times(daemon_tick, duration_seconds))
+    scrapes = set(tick_times(scenario_tick, duration_seconds))
+    return [ReplayStep(t, t in cycles, t in scrapes) for t in sorted(cycles | scrapes)]
+
+
+def replay_config(node: NodeLike) -> Config:
+    """The daemon's default configuration over the node's trees, and the node's traces spool
+    (``[sources.traces] spool_dir``) where it has one."""
+    spool = getattr(node, "spool_dir", None)
+    if spool is None:
+        return Config(roots=node.roots)
+    configured = config_from_mapping({"sources": {"traces": {"spool_dir": str(spool)}}})
+    return dataclasses.replace(configured, roots=node.roots)
+
+
+def replay_schedule(
+    config: Config, sources: Sequence[Source], inputs: SourceInputs
+) -> list[ScheduledSource]:
+    """The replay's schedule of the node's ``sources``: the daemon's, built by the function
+    the daemon builds it with (:meth:`Collector.from_config`: each source's configured
+    interval), run in the caller's thread without a deadline (a deadline bounds real
+    waiting; a replay's clock is simulated and its node never blocks)."""
+    scheduled = Collector.from_config(config, sources, inputs).scheduled
+    for item in scheduled:
+        item.timeout = None
+    return scheduled
 
 
 def format_t(t: float) -> str:
@@ -248,6 +305,7 @@ class ReplayResult:
     tick_seconds: float
     duration_seconds: float
     cycles: int
+    daemon_tick_seconds: float
     elapsed_seconds: float
     sources: tuple[str, ...]
     timeline: tuple[TimelineEvent, ...]
@@ -304,7 +362,8 @@ def replay(
     names a metric or label nodescope does not export. Each cycle goes through the daemon's
     analysis step (detectors, alert engine) like :class:`~nodescope.service.Service` runs
     it; ``detectors`` replaces the registry's. ``builders`` narrows the exposition (tests);
-    ``on_cycle`` sees every cycle's analysed snapshot and rendered body.
+    ``on_cycle`` sees the analysed snapshot and rendered body of every scrape (every tick of
+    the scenario).
     """
     source_path = None if scenario.source_path is None else str(scenario.source_path)
     cache = MetricsCache(SnapshotCollector(builders))
@@ -316,33 +375,50 @@ def replay(
     node.materialise()
     clock = SimClock()
     wall_base = time.time()
-    inputs = SourceInputs()
-    sources = node.sources(inputs=inputs)
+    # The daemon's configuration as it starts without a file: its tick and source intervals;
+    # with the node's spool as [sources.traces] spool_dir when the scenario drops traces.
+    config = replay_config(node)
+    inputs = SourceInputs(
+        spool=spool_settings(config),
+        netdev=netdev_options(config),
+        link_events=link_events_options(config),
+    )
+    # Each source moves the node to the cycle's second and has what it reads written just
+    # before it reads, as in the demo: a cycle writes what its due sources read, not every
+    # file of the node (counters are integrated over time, so no value changes).
+    sources = [
+        ReadTimeSource(source, lambda name: node.refresh(clock.now, name))
+        for source in node.sources(inputs=inputs)
+    ]
     collector = Collector(
         roots=node.roots,
-        scheduled=[ScheduledSource(s, scenario.tick_seconds) for s in sources],
+        scheduled=replay_schedule(config, sources, inputs),
         clock=clock,
         wall_clock=lambda: wall_base + clock.now,
         inputs=inputs,
     )
-    analyzer = Analyzer.from_config(Config(roots=node.roots), detectors)
+    analyzer = Analyzer.from_config(config, detectors)
     evaluator = Evaluator(scenario.expect)
     timeline = Timeline()
-    times = tick_times(scenario.tick_seconds, scenario.duration_seconds)
+    steps = replay_steps(scenario.tick_seconds, config.tick_seconds, scenario.duration_seconds)
+    snapshot: Snapshot | None = None
+    cycles = 0
     try:
-        for i, t in enumerate(times):
-            node.advance_to(t)
+        for step in steps:
+            t = step.t
             clock.now = t
-            snapshot = collector.run_cycle(force=True)
-            if i == 0:
-                _wait_for_xid_watcher(node)
-            snapshot = analyzer.analyze(snapshot)
-            body = cache.update(snapshot)
-            timeline.update(t, snapshot)
-            evaluator.observe(t, body.decode("utf-8"))
-            evaluator.observe_findings(t, snapshot.findings)
-            if on_cycle is not None:
-                on_cycle(t, snapshot, body)
+            if step.collect:
+                snapshot = analyzer.analyze(collector.run_cycle())
+                if cycles == 0:
+                    _wait_for_xid_watcher(node)
+                cycles += 1
+                timeline.update(t, snapshot)
+                evaluator.observe_findings(t, snapshot.findings)
+            if step.scrape and snapshot is not None:
+                body = cache.update(snapshot)
+                evaluator.observe(t, body.decode("utf-8"))
+                if on_cycle is not None:
+                    on_cycle(t, snapshot, body)
     finally:
         collector.close()
         analyzer.close()
@@ -352,7 +428,8 @@ def replay(
         source_path=source_path,
         tick_seconds=scenario.tick_seconds,
         duration_seconds=scenario.duration_seconds,
-        cycles=len(times),
+        cycles=cycles,
+        daemon_tick_seconds=config.tick_seconds,
         elapsed_seconds=time.monotonic() - started,
         sources=tuple(s.name for s in sources),
         timeline=tuple(timeline.events),
@@ -429,6 +506,7 @@ def replay_document(result: ReplayResult) -> dict[str, Any]:
         "tick_seconds": result.tick_seconds,
         "duration_seconds": result.duration_seconds,
         "cycles": result.cycles,
+        "daemon_tick_seconds": result.daemon_tick_seconds,
         "elapsed_seconds": round(result.elapsed_seconds, 3),
         "sources": list(result.sources),
         "timeline": [
@@ -454,8 +532,9 @@ def replay_text(result: ReplayResult) -> str:
     """The human report: header, timeline, one line per expectation, summary."""
     lines = [
         f"scenario {result.scenario}: {result.description}",
-        f"  {result.cycles} cycles over {number(result.duration_seconds)} s simulated "
-        f"(tick {number(result.tick_seconds)} s) in {result.elapsed_seconds:.1f} s; "
+        f"  {result.cycles} cycles of the daemon (every {number(result.daemon_tick_seconds)} s)"
+        f" over {number(result.duration_seconds)} s simulated, scraped every"
+        f" {number(result.tick_seconds)} s, in {result.elapsed_seconds:.1f} s; "
         f"sources: {', '.join(result.sources)}",
         "",
         "timeline:",
@@ -734,8 +813,13 @@ class ViewCache(MetricsCache):
 
 
 def _live_collector(config: Config, live: WallClockNode) -> Collector:
-    """The collector of the live node's sources, built to share one set of inputs."""
-    inputs = SourceInputs()
+    """The collector of the live node's sources, built to share one set of inputs (the
+    traces spool among them, as the daemon's collector builds them)."""
+    inputs = SourceInputs(
+        spool=spool_settings(config),
+        netdev=netdev_options(config),
+        link_events=link_events_options(config),
+    )
     return Collector.from_config(config, live.sources(inputs), inputs)
 
 
@@ -796,11 +880,16 @@ def _demo(
     node.materialise()
     node.advance_to(0.0)
     live = WallClockNode(node)
+    sources = dict(settings.sources)
+    if getattr(node, "spool_dir", None) is not None and spool_settings(settings) is None:
+        # The scenario drops traces: the daemon reads the node's spool, as in a replay.
+        sources["traces"] = replay_config(node).sources["traces"]
     config = Config(
         listen=listen,
         tick_seconds=1.0,
         log_level="warning",
         roots=node.roots,
+        sources=sources,
         alerts=settings.alerts,
         detectors=settings.detectors,
     )

@@ -35,9 +35,7 @@ class RefreshableNode(Protocol):
 
     def refresh(self, t: float, reader: str | None = None) -> None: ...
 
-    def sources(
-        self, slow_every: int | None = 1, inputs: SourceInputs | None = None
-    ) -> list[Source]: ...
+    def sources(self, inputs: SourceInputs | None = None) -> list[Source]: ...
 
 
 class WallClockNode:
@@ -77,22 +75,21 @@ class WallClockNode:
     def sources(self, inputs: SourceInputs | None = None) -> list[Source]:
         """The node's sources at their production cadence, each refreshing what it reads
         just before it reads it; ``inputs``: what they share, for their collector."""
-        return [
-            ReadTimeSource(source, self)
-            for source in self.node.sources(slow_every=None, inputs=inputs)
-        ]
+        return [ReadTimeSource(source, self.refresh) for source in self.node.sources(inputs=inputs)]
 
 
 class ReadTimeSource:
-    """A source of the simulated node that moves the node to the present before it reads."""
+    """A source of the simulated node that moves the node to the present before it reads:
+    ``refresh(name)`` writes what the source named ``name`` reads, at the present of whoever
+    drives the node (the wall clock's in a demo, the simulated cycle's in a replay)."""
 
-    def __init__(self, source: Source, node: WallClockNode) -> None:
+    def __init__(self, source: Source, refresh: Callable[[str], object]) -> None:
         self.source = source
         self.name = source.name
-        self._node = node
+        self._refresh = refresh
 
     def collect(self, roots: Roots) -> Any:
-        self._node.refresh(self.name)
+        self._refresh(self.name)
         return self.source.collect(roots)
 
     def close(self) -> None:

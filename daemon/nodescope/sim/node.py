@@ -173,8 +173,16 @@ PARTS_READ_BY: Mapping[str, frozenset[Part]] = MappingProxyType(
         # The kernel log is appended to when the timeline's events fire, at every move.
         "sxid": frozenset(),
         "nvlink_kmod": frozenset({Part.NVLINK_WINDOW}),
+        # The spool's files are dropped when the timeline's events fire, at every move.
+        "traces": frozenset(),
     }
 )
+
+
+def _own(path: Path, uid: int) -> None:
+    """Give ``path`` to ``uid`` (as root); left as it is for a simulator run by another user."""
+    if os.geteuid() == 0:
+        os.chown(path, uid, uid, follow_symlinks=False)
 
 
 def parts_read_by(reader: str | None) -> frozenset[Part]:
@@ -282,6 +290,8 @@ class _Task:
     cpu_share: float = 0.0
     utime: float = 0.0  # ticks
     stime: float = 0.0
+    #: the cgroup the thread sits in when it is not its process's (``thread_cgroups``)
+    cgroup: str | None = None
 
 
 @dataclass
@@ -301,6 +311,8 @@ class _Proc:
     gpu: int | None = None
     starttime: int = 0
     cpu_percent: float = 0.0
+    #: how many of its threads sit in another cgroup (``thread_cgroups``)
+    placed: int = 0
 
 
 @dataclass
@@ -310,6 +322,10 @@ class _Cgroup:
     procs: list[int] = field(default_factory=list)
     memory_max: int | None = None
     events: dict[str, float] = field(default_factory=dict)
+    #: threads placed here whose processes live in another cgroup, as (pid, tid)
+    threads: list[tuple[int, int]] = field(default_factory=list)
+    #: a threaded cgroup (``cgroup.type`` ``threaded``): it holds threads, never processes
+    threaded: bool = False
 
 
 #: systemd units of a GPU training node: (unit, comm, processes, threads per process)
@@ -489,6 +505,11 @@ class SimulatedNode:
         self.nvlink_module = SimulatedModule(self.hardware, scenario.timeline)
         #: The kernel log (``/dev/kmsg``) and the sequence number of its next record.
         self.kmsg_path = self.roots.dev / "kmsg"
+        #: The traces spool (``[sources.traces] spool_dir``) when the timeline drops traces:
+        #: the daemon then runs its ``traces`` source on it, as one configured with it does.
+        self.spool_dir: Path | None = (
+            self.root / "spool" if any(a.kind == "trace" for a in scenario.timeline) else None
+        )
         self._kmsg_sequence = 0
         self._build_processes()
         #: each GPU's processes as NVML lists them, fixed once the processes are built; the
@@ -536,6 +557,11 @@ class SimulatedNode:
         self._write_proc_files()
         # Empty: the kernel log of a healthy node holds nothing the daemon counts.
         _write_bytes(self.kmsg_path, b"")
+        if self.spool_dir is not None:
+            # Mode 1733, as the traces source's documentation asks of a spool: anyone makes
+            # a directory, nobody lists it.
+            self.spool_dir.mkdir()
+            self.spool_dir.chmod(0o1733)
         self._files.atomic = True
         self.write_nvlink_snapshot()
 
@@ -558,27 +584,31 @@ class SimulatedNode:
         if not math.isfinite(t) or t < self.t:
             raise ValueError(f"cannot go from t={self.t:g} to t={t:g}")
         t0, self.t = self.t, t
-        self._integrate(t0, t)
-        self._fire_events(t0, t)
-        self._apply_states(t)
+        # Several readers of one cycle move to the same second: the state of that second was
+        # made by the first of them; the others only have their parts written.
+        if t > t0 or not self._started:
+            self._integrate(t0, t)
+            self._fire_events(t0, t)
+            self._apply_states(t)
         self._render(parts)
         if Part.NVLINK_WINDOW in parts:
             self.write_nvlink_snapshot()
         self._started = True
 
-    def sources(
-        self, slow_every: int | None = 1, inputs: SourceInputs | None = None
-    ) -> list[Source]:
+    def sources(self, inputs: SourceInputs | None = None) -> list[Source]:
         """The daemon's sources for this node: the tree sources of the registry, the kernel
         log's (``sxid``), the NVML source over the fake NVML and the nvlink_counter
         snapshot's (no netlink: the simulated node has no network namespace).
 
-        Sources that read their slowly-changing files only every so many runs have a
-        ``slow_every`` attribute. ``slow_every=1`` (the default, what ``replay`` uses) makes
-        them read everything on every run, so a counter that moves at ``t`` shows at ``t``;
-        ``None`` keeps each source's production cadence (``demo`` and the benchmark).
-        ``inputs``: what the sources share (the cgroup walk of a cycle, the topology
-        generation); hand the same to the collector that runs them.
+        Each is built as the daemon builds it, with its production cadence: the registry's
+        makers for the tree sources, and for the three that read what the node has no real
+        device for (NVML, the udev and rtnetlink monitors) the same class with the same
+        cadence defaults (``slow_every``, ``health_every``, ``gpm_every``) as the registry's
+        ``make_source``; only what they read from is the node's, and NVML's Xid thread waits
+        50 ms instead of 2 s so a replay closes at once (a wait returns at an event anyway).
+        tests/unit/test_replay_cadence.py holds the two to the same cadences. ``inputs``:
+        what the sources share (the cgroup walk of a cycle, the topology generation); hand
+        the same to the collector that runs them.
         """
         from nodescope.sources.infiniband import InfinibandSource
         from nodescope.sources.link_events import LinkEventsSource
@@ -607,15 +637,15 @@ class SimulatedNode:
             nvml,
             SOURCES["nvlink_kmod"].make(inputs),
         ]
+        if inputs.spool is not None:
+            # Configured with a spool (the node's, when its timeline drops traces); after
+            # ``jobs``, whose record of the cycle it reads, as in the registry.
+            sources.append(SOURCES["traces"].make(inputs))
         for source in tree:
             if isinstance(source, InfinibandSource):
                 # Its slow counters' span is timed on the node's clock, as NVML's is: replay
                 # and the soak run simulated time faster than real time.
                 source.clock = self.wall_clock
-        if slow_every is not None:
-            for source in sources:
-                if hasattr(source, "slow_every"):
-                    source.slow_every = slow_every
         return sources
 
     def wall_clock(self) -> float:
@@ -962,11 +992,30 @@ class SimulatedNode:
                 )
                 for task in proc.tasks:
                     task.state, task.wchan = spec.state, spec.wchan
+                self._place_threads(proc, spec, cgroup)
                 proc.job, proc.spec, proc.replica, proc.gpu = job, spec, replica, gpu
                 proc.cpu_percent = spec.cpu_percent
                 procs.append(proc)
             self._by_key[spec.key] = procs
         cgroup(job_cg)
+
+    def _place_threads(
+        self, proc: _Proc, spec: ProcessSpec, cgroup: Callable[[str], _Cgroup]
+    ) -> None:
+        """Move the threads ``thread_cgroups`` names into their cgroup: a threaded cgroup,
+        below the process's own for a relative path (its threaded subtree) or elsewhere for
+        an absolute one, whose ``cgroup.threads`` lists them and not the process's."""
+        placed = dict(spec.thread_cgroups)
+        for task in proc.tasks[1:]:
+            where = placed.get(task.comm)
+            if where is None:
+                continue
+            path = where if where.startswith("/") else f"{proc.cgroup}/{where}"
+            target = cgroup(path)
+            target.threaded = True
+            target.threads.append((proc.pid, task.tid))
+            task.cgroup = path
+            proc.placed += 1
 
     # ---- sysfs --------------------------------------------------------------------------
 
@@ -1189,7 +1238,9 @@ class SimulatedNode:
             usage[path] = sum(
                 (t.utime + t.stime) * (1_000_000 / CLK_TCK) for p in procs for t in p.tasks
             ) + sum(usage[c] for c in cg.children)
-            tasks[path] = sum(len(p.tasks) for p in procs) + sum(tasks[c] for c in cg.children)
+            own_threads = sum(len(p.tasks) - p.placed for p in procs)
+            placed = sum(1 for pid, _ in cg.threads if pid in self._procs) if cg.threads else 0
+            tasks[path] = own_threads + placed + sum(tasks[c] for c in cg.children)
             merged = dict(cg.events)
             for child in cg.children:
                 for key, value in events[child].items():
@@ -1215,10 +1266,12 @@ class SimulatedNode:
             if not initial and path not in dirty:
                 continue
             procs = [self._procs[pid] for pid in cg.procs]
-            files.write(directory / "cgroup.procs", "".join(f"{p.pid}\n" for p in procs))
-            files.write(
-                directory / "cgroup.threads", "".join(f"{t.tid}\n" for p in procs for t in p.tasks)
-            )
+            if not cg.threaded:
+                # A threaded cgroup refuses to list processes (EOPNOTSUPP): no file to read.
+                files.write(directory / "cgroup.procs", "".join(f"{p.pid}\n" for p in procs))
+            own = [t.tid for p in procs for t in p.tasks if not p.placed or t.cgroup is None]
+            here = [tid for pid, tid in cg.threads if pid in self._procs]
+            files.write(directory / "cgroup.threads", "".join(f"{tid}\n" for tid in own + here))
             files.write(
                 directory / "cgroup.subtree_control",
                 f"{CHILD_CONTROLLERS}\n" if cg.children else "\n",
@@ -1238,7 +1291,7 @@ class SimulatedNode:
                 files.write(directory / "memory.stat", _memory_stat(memory[path]))
                 continue
             files.write(directory / "cgroup.controllers", f"{CHILD_CONTROLLERS}\n")
-            files.write(directory / "cgroup.type", "domain\n")
+            files.write(directory / "cgroup.type", f"{self._cgroup_type(cg)}\n")
             files.write(
                 directory / "cgroup.events", f"populated {1 if tasks[path] else 0}\nfrozen 0\n"
             )
@@ -1249,6 +1302,16 @@ class SimulatedNode:
             files.write(directory / "memory.stat", _memory_stat(memory[path]))
             files.write(directory / "pids.current", f"{tasks[path]}\n")
             files.write(directory / "pids.max", "max\n")
+
+    def _cgroup_type(self, cg: _Cgroup) -> str:
+        """``threaded`` for a cgroup of threads, ``domain threaded`` for the root of a
+        threaded subtree (a process's cgroup with threaded cgroups below it), else
+        ``domain`` (Documentation/admin-guide/cgroup-v2.rst, "Threads")."""
+        if cg.threaded:
+            return "threaded"
+        if any(self._cgroups[c].threaded for c in cg.children):
+            return "domain threaded"
+        return "domain"
 
     def _pressure(self, path: str, resource: str) -> str:
         """``<resource>.pressure`` (kernel/sched/psi.c ``psi_show``): the share of time some or
@@ -1291,6 +1354,10 @@ class SimulatedNode:
             files.write(task_dir / "wchan", task.wchan)
             if initial:
                 files.write(task_dir / "comm", f"{task.comm}\n")
+                if proc.job is not None:
+                    # Where each thread of a job process sits (what the jobs source reads of
+                    # a thread missing from the job's cgroup.threads).
+                    files.write(task_dir / "cgroup", f"0::{task.cgroup or proc.cgroup}\n")
         if initial:
             files.write(directory / "comm", f"{proc.comm}\n")
             files.write(
@@ -1675,6 +1742,11 @@ class SimulatedNode:
         to_gpu, from_gpu = to_rate * seconds, from_rate * seconds
         self._add(("gpu", gpu, "rx"), to_gpu)
         self._add(("gpu", gpu, "tx"), from_gpu)
+        if isinstance(peer, int):
+            # CUDA peer to peer over PCIe: what one GPU sends the other receives.
+            self._add(("gpu", peer, "rx"), from_gpu)
+            self._add(("gpu", peer, "tx"), to_gpu)
+            return
         if any(d.disk == peer for d in self.hardware.nvme):
             # GPUDirect Storage: the drive reads into the GPU and writes what comes from it.
             self._integrate_drive(peer, seconds, to_rate, from_rate)
@@ -1720,8 +1792,28 @@ class SimulatedNode:
                 # Counted from the timeline at every move (_apply_gpu_health), as the other
                 # GPU health counters are.
                 continue
+            elif activity.kind == "trace":
+                self._drop_trace(activity)
             else:
                 self._remove_function(activity.get("pci"))
+
+    def _drop_trace(self, activity: Activity) -> None:
+        """The job writes a trace into ``<spool>/<job id>/<file>``: the directory and the file
+        owned by the job's user (what the traces source accepts), the file complete when it
+        appears (written beside it, then renamed). Owning them needs root; a simulator run
+        by another user leaves them its own, and the traces source skips them as a real one
+        would (``job_dir_wrong_owner``)."""
+        assert self.spool_dir is not None
+        job = next(j for j in self.scenario.jobs if j.id == activity.get("job"))
+        directory = self.spool_dir / str(job.id)
+        if not directory.exists():
+            directory.mkdir(mode=0o700)
+            _own(directory, job.uid)
+        data = Path(activity.get("path")).read_bytes()
+        staged = directory / f".{activity.get('file')}.part"
+        staged.write_bytes(data)
+        _own(staged, job.uid)
+        os.replace(staged, directory / activity.get("file"))
 
     def _log_sxid(self, activity: Activity) -> None:
         """Append an ``sxid`` activity's records to the kernel log: per SXid, the line of
@@ -1792,12 +1884,13 @@ class SimulatedNode:
         self._overridden.discard(proc.pid)
         cg = self._cgroups[proc.cgroup]
         cg.procs.remove(proc.pid)
-        path = proc.cgroup
-        while True:
-            self._dirty_cgroups.add(path)
-            if path == "/":
-                break
-            path = path.rsplit("/", 1)[0] or "/"
+        # Its cgroup and those its threads were placed in, with their ancestors.
+        for path in {proc.cgroup, *(t.cgroup for t in proc.tasks if t.cgroup is not None)}:
+            while True:
+                self._dirty_cgroups.add(path)
+                if path == "/":
+                    break
+                path = path.rsplit("/", 1)[0] or "/"
         self._files.remove_tree(self.roots.procfs / str(proc.pid))
         if proc.gpu is not None:
             self._gpu_processes[proc.gpu] = tuple(
@@ -2038,6 +2131,9 @@ class SimulatedNode:
             elif activity.kind == "gpu_peer":
                 rates[get("gpu")][2] += get("from_gpu_bytes_per_second")
                 rates[get("gpu")][3] += get("to_gpu_bytes_per_second")
+                if isinstance(get("peer"), int):
+                    rates[get("peer")][2] += get("to_gpu_bytes_per_second")
+                    rates[get("peer")][3] += get("from_gpu_bytes_per_second")
         return rates
 
     def _pressure_averages(self, t: float) -> dict[tuple[str, str], tuple[float, ...]]:

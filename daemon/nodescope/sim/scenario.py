@@ -220,6 +220,9 @@ class ProcessSpec:
     rss_bytes: int | None = None
     #: a kernel thread (system processes only): no command line, no memory of its own
     kernel: bool = False
+    #: threads (by name) in a cgroup of their own: a path relative to the process's cgroup
+    #: (a threaded cgroup below it) or an absolute one
+    thread_cgroups: tuple[tuple[str, str], ...] = ()
 
     @property
     def thread_count(self) -> int:
@@ -1323,6 +1326,12 @@ def _process(
     threads = tuple((name, int(n)) for name, n in spec.get("threads", {}).items())
     if sum(n for _, n in threads) >= _MAX_THREADS:
         raise source.fail(f"{pointer}/threads", f"at most {_MAX_THREADS} threads per process")
+    thread_cgroups = tuple(spec.get("thread_cgroups", {}).items())
+    for name, path in thread_cgroups:
+        if name not in dict(threads):
+            raise source.fail(f"{pointer}/thread_cgroups/{name}", "no such thread in threads")
+        if any(part in (".", "..") for part in path.split("/")):
+            raise source.fail(f"{pointer}/thread_cgroups/{name}", "no . or .. in a cgroup path")
     gpu_value = spec.get("gpu")
     gpu: int | None
     if gpu_value is None:
@@ -1348,6 +1357,7 @@ def _process(
         gpu_memory_bytes=_optional_int(memory),
         cpu_percent=float(spec.get("cpu_percent", 0.0)),
         environ=tuple(spec.get("environ", {}).items()),
+        thread_cgroups=thread_cgroups,
         rss_bytes=_optional_int(rss),
     )
 
@@ -1512,6 +1522,12 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
         "to_gpu_bytes_per_second": ("number", 0.0),
         "from_gpu_bytes_per_second": ("number", 0.0),
     },
+    # A collective trace dropped in a job's spool directory at ``from``.
+    "trace": {
+        "job": ("job", ...),
+        "file": ("text", ...),
+        "path": ("trace_file", ...),
+    },
     # GPU health. Counts are added once, at ``from``, and never taken back (a real counter
     # only grows); every other value holds while the activity is active, ``None`` leaving
     # the GPU's own value (idle or loaded, see docs/scenarios.md).
@@ -1570,8 +1586,13 @@ ACTIVITY_FIELDS: Mapping[str, _Fields] = {
     },
 }
 
+#: The largest trace file a ``trace`` activity drops: the traces source's default bound.
+MAX_TRACE_BYTES = 16 << 20
+
 #: Kinds that happen once, at ``from``.
-INSTANT_KINDS = frozenset({"xid", "sxid", "hot_unplug", "driver_rebind", "process_exit", "gpu_ecc"})
+INSTANT_KINDS = frozenset(
+    {"xid", "sxid", "hot_unplug", "driver_rebind", "process_exit", "gpu_ecc", "trace"}
+)
 
 #: The GPU health kinds: what the simulated node applies to its fake GPUs' health fields.
 GPU_HEALTH_KINDS = frozenset(
@@ -1700,6 +1721,12 @@ def _param(
     if kind_of == "nic":
         return _nic_ref(source, raw, where, hardware)
     if kind_of == "peer":
+        if isinstance(raw, int):
+            # Another GPU: CUDA peer-to-peer copies over PCIe.
+            peer_gpu = _gpu_ref(source, raw, where, hardware)
+            if peer_gpu == entry.get("gpu"):
+                raise source.fail(where, "a GPU is not its own peer")
+            return peer_gpu
         if raw in {d.disk for d in hardware.nvme} or raw in {n.name for n in hardware.nics}:
             return raw
         raise source.fail(where, f"no NIC or disk {raw!r}")
@@ -1728,6 +1755,14 @@ def _param(
         if raw not in {j.id for j in named.jobs}:
             raise source.fail(where, f"no job {raw}")
         return int(raw)
+    if kind_of == "trace_file":
+        # Read when the trace is dropped; checked now so a typo fails the load, not the run.
+        path = (source.directory / raw).resolve()
+        if not path.is_file():
+            raise source.fail(where, f"no file {raw!r} (relative to {source.directory})")
+        if path.stat().st_size > MAX_TRACE_BYTES:
+            raise source.fail(where, f"larger than {MAX_TRACE_BYTES} bytes")
+        return str(path)
     if kind_of == "reasons":
         # The names are checked by the schema; the node keeps NVML's bit mask.
         mask = 0
