@@ -61,6 +61,11 @@ class Run:
         self.node = SimulatedNode(scenario, root / "node")
         self.node.materialise()
         sources = self.node.sources()
+        # What the simulator writes is checked at every time asked, so every read here is a
+        # full one (the daemon's cadence is the replay's concern: test_replay_cadence.py).
+        for source in sources:
+            if hasattr(source, "slow_every"):
+                source.slow_every = 1
         self.samples: dict[float, dict[str, Any]] = {}
         try:
             for t in times:
