@@ -40,3 +40,13 @@ def scratch_root(prefix: str) -> Iterator[Path]:
     root = make_temp_root(prefix)
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+def read_in_full(sources: list[Any]) -> list[Any]:
+    """``sources`` made to read everything at every run: a test that checks what the simulator
+    wrote at given times needs each read to be a full one (the daemon's cadence in a replay
+    has its own test, test_replay_cadence.py)."""
+    for source in sources:
+        if hasattr(source, "slow_every"):
+            source.slow_every = 1
+    return sources

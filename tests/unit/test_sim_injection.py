@@ -23,6 +23,7 @@ from nodescope.sources.cgroup import CgroupTree
 from nodescope.sources.diskstats import DisksData
 from nodescope.sources.infiniband import InfinibandData, port_rates
 from nodescope.sources.nvml import NvmlData
+from tests.unit.scenario_helpers import read_in_full
 from tests.unit.test_scenario import small_document
 
 JOB = "/system.slice/slurmstepd.scope/job_7"
@@ -60,12 +61,7 @@ class Run:
     def __init__(self, root: Path, scenario: Scenario, times: tuple[float, ...]) -> None:
         self.node = SimulatedNode(scenario, root / "node")
         self.node.materialise()
-        sources = self.node.sources()
-        # What the simulator writes is checked at every time asked, so every read here is a
-        # full one (the daemon's cadence is the replay's concern: test_replay_cadence.py).
-        for source in sources:
-            if hasattr(source, "slow_every"):
-                source.slow_every = 1
+        sources = read_in_full(self.node.sources())
         self.samples: dict[float, dict[str, Any]] = {}
         try:
             for t in times:

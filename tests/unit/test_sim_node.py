@@ -31,6 +31,7 @@ from nodescope.sources.diskstats import DisksData, parse_diskstats
 from nodescope.sources.infiniband import InfinibandData, read_infiniband
 from nodescope.sources.nvml import NvmlData, nvlink_pairs
 from tests.conftest import FIXTURES
+from tests.unit.scenario_helpers import read_in_full
 
 CAPTURE = FIXTURES / "captures" / "hgx-h100" / "lspci-vvv.hgx-h100"
 GPU_BUSES = ("19", "3b", "4c", "5d", "9b", "bb", "cb", "db")
@@ -56,7 +57,7 @@ def run_scenario(name: str, root: Path, times: tuple[float, ...]) -> Run:
     at each."""
     node = SimulatedNode(load_scenario(name), root / "node")
     node.materialise()
-    sources = node.sources()
+    sources = read_in_full(node.sources())
     samples: dict[float, dict[str, Any]] = {}
     try:
         for t in times:
