@@ -126,6 +126,10 @@ def _rate(value: float | None) -> str:
     return f"{value:.0f} B/s"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _capped(lines: list[str], total: int, noun: str) -> list[str]:
     if total > MOST_ROWS:
         return [*lines[:MOST_ROWS], f"  ... and {total - MOST_ROWS} more {noun}"]
@@ -161,6 +165,8 @@ def _disks(snapshot: Snapshot) -> list[str]:
         return [head, f"  disks: {_down(snapshot, DISKS.name)}"]
     previous, current, _ = pair
     table = format_report(report, current, previous).rstrip("\n").splitlines()
+    if len(table) == 1:
+        return [head, "  no disk has completed a request since boot"]
     return [head, *_capped(table, len(table), "disks")]
 
 
@@ -172,7 +178,8 @@ def _topology(snapshot: Snapshot) -> list[str]:
     counts = {kind: sum(1 for e in entries if e.kind == kind) for kind in ("gpu", "nic", "nvme")}
     numa = sorted({e.numa_node for e in entries if e.numa_node is not None})
     lines = [
-        f"Topology: {counts['gpu']} GPUs, {counts['nic']} NICs, {counts['nvme']} NVMe drives;"
+        f"Topology: {_count(counts['gpu'], 'GPU')}, {_count(counts['nic'], 'NIC')},"
+        f" {_count(counts['nvme'], 'NVMe drive')};"
         f" NUMA nodes {', '.join(str(n) for n in numa) or 'none reported'}"
     ]
     ports: dict[str, list[str]] = {}
