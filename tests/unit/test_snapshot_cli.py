@@ -188,3 +188,60 @@ def test_snapshot_refuses_an_interval_out_of_bounds(
 def test_snapshot_interval_bounds_are_inclusive() -> None:
     for good in ("0.1", "1", "60"):
         assert build_parser().parse_args(["snapshot", "--interval", good]).interval == float(good)
+
+
+def _bytes_per_second(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * {"B/s": 1, "kB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12}[unit]
+
+
+def test_snapshot_text_of_a_simulated_hgx_node_shows_the_gpus_and_the_job(
+    tmp_path: Path,
+) -> None:
+    """The GPU, port and job sections with NVML up: the simulated HGX H100 node, read twice
+    one simulated second apart, its figures printed as the snapshot's rates say."""
+    from nodescope.sim.driver import SimClock, default_node_factory
+    from nodescope.sim.scenario import load_scenario
+    from nodescope.sources.registry import SourceInputs
+
+    node = default_node_factory(load_scenario("nvlink-saturation-nvml"), tmp_path)
+    node.materialise()
+    clock, inputs = SimClock(), SourceInputs()
+    collector = Collector(
+        roots=node.roots,
+        scheduled=[ScheduledSource(s, 1.0) for s in node.sources(inputs=inputs)],
+        clock=clock,
+        wall_clock=lambda: 1e9 + clock.now,
+        inputs=inputs,
+    )
+    try:
+        for t in (5.0, 6.0):
+            node.advance_to(t)
+            clock.now = t
+            snapshot = collector.run_cycle(force=True)
+    finally:
+        collector.close()
+    text = snapshot_cli.render_text(snapshot, snapshot_cli.snapshot_document(snapshot))
+    rates = snapshot.derived.gpu_rates
+    assert rates is not None and len(rates.gpus) == 8
+    gpus = _section(text, "GPUs:")
+    assert gpus[0] == "GPUs: 8"
+    for line, gpu in zip(gpus[1:], rates.gpus, strict=True):
+        assert line.startswith(f"  GPU{gpu.index} NVIDIA H100")
+        assert "util 93%" in line  # the scenario's load
+        pcie = line.split("PCIe tx ")[1].split("  NVLink")[0]
+        tx, rx = pcie.split(" rx ")
+        assert gpu.pcie_tx_bytes_per_second and gpu.pcie_rx_bytes_per_second
+        assert _bytes_per_second(tx) == pytest.approx(gpu.pcie_tx_bytes_per_second, rel=0.05)
+        assert _bytes_per_second(rx) == pytest.approx(gpu.pcie_rx_bytes_per_second, rel=0.05)
+        nvlink_tx = line.split("NVLink tx ")[1].split(" rx ")[0]
+        sent = sum(v for v in gpu.nvlinks.data_tx_bytes_per_second if v is not None)
+        assert sent > 1e11  # saturated links: hundreds of GB/s
+        assert _bytes_per_second(nvlink_tx) == pytest.approx(sent, rel=0.05)
+        assert line.endswith(f"over {len(gpu.nvlinks)} links")
+    ports = _section(text, "Network ports")
+    assert any(line.startswith("  mlx5_0 port 1  tx ") for line in ports)
+    jobs = _section(text, "Jobs:")
+    assert jobs[0] == "Jobs: 1" and jobs[1].startswith(
+        "  job 81840  user zoe  GPUs 0,1,2,3,4,5,6,7"
+    )
