@@ -31,11 +31,12 @@ def nice_ticks(top: float, most: int = 5) -> list[float]:
 
 
 def si(value: float, unit: str) -> str:
-    """``value`` with an SI prefix and ``unit``: ``1.5 GB/s``, ``200 ms``, ``0 B``. Units
-    that are counts of whole things (``B``) take no prefix below one."""
+    """``value`` with an SI prefix and ``unit``: ``1.5 GB/s``, ``200 ms``, ``0 B``. Bytes
+    take no prefix below one (``0.5 B/s``)."""
     if value == 0 or not math.isfinite(value):
         return f"{value:g} {unit}".rstrip()
-    prefixes = _PREFIXES + (() if unit.startswith("B") else _SMALL)
+    # No millibytes: a fraction of a byte is written as one.
+    prefixes = _PREFIXES[:-1] if unit.startswith("B") else _PREFIXES + _SMALL
     size, prefix = next(((s, p) for s, p in prefixes if abs(value) >= s * (1 - 1e-9)), prefixes[-1])
     scaled = value / size
     text = f"{scaled:.3g}" if abs(scaled) < 1000 else f"{scaled:.0f}"

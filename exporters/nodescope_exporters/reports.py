@@ -734,8 +734,10 @@ def render_svg(document: Document, width: int = 900) -> str:
         f" ({html.escape(_duration(document.get('duration_seconds')))})</text>",
     ]
     y = 45
-    for number, (name, values) in enumerate(series):
-        present = [float(v) for v in values if v is not None]
+    for number, (name, raw) in enumerate(series):
+        # A report is a file anyone may hand over: what is not a finite number is a gap.
+        values = [_number(v) for v in raw] if isinstance(raw, list) else []
+        present = [v for v in values if v is not None]
         top = max(present) if present else 0.0
         title, unit = series_unit(name)
         ticks = nice_ticks(top, 3)
@@ -754,7 +756,7 @@ def render_svg(document: Document, width: int = 900) -> str:
         for t, v in zip(times, values, strict=False):
             if v is None:
                 continue
-            points.append(f"{x(t):.1f},{y + panel - scale(float(v), ticks, panel):.1f}")
+            points.append(f"{x(t):.1f},{y + panel - scale(v, ticks, panel):.1f}")
         if points:
             out.append(
                 f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"'

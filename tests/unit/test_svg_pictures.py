@@ -120,6 +120,7 @@ def test_si_labels() -> None:
     assert si(0.25, "s") == "250 ms"
     assert si(5, "s") == "5 s"
     assert si(3e15, "B") == "3000 TB"
+    assert si(0.5, "B/s") == "0.5 B/s"
 
 
 def test_series_units_come_from_the_names() -> None:
@@ -231,3 +232,15 @@ def test_one_rank_of_four_says_which_are_missing(tmp_path: Path) -> None:
     assert any("collectives of 1 rank of world size 4" in t for t in texts)
     assert any("3 of 4 ranks have no trace: 1-3" in t for t in texts)
     rendered(svg, tmp_path, "one-rank")
+
+
+def test_a_report_with_values_that_are_not_numbers_draws_gaps(tmp_path: Path) -> None:
+    document = report_document()
+    document["timeline"]["series"]["memory_bytes"] = [1e9, "x", None, float("nan"), True]
+    document["timeline"]["series"]["gpu_pcie_bytes_per_second"] = "not a list"
+    svg = report_svg(document)
+    memory_axis = axes([label for label in tick_labels(svg) if not label.startswith("+")])[-1]
+    assert memory_axis[-1] == (1e9, "B")
+    # The empty series gets the axis 0..1 in its unit.
+    assert "0.5 B/s" in tick_labels(svg)
+    rendered(svg, tmp_path, "hostile-report")
