@@ -79,6 +79,14 @@ def _section(text: str, title: str) -> list[str]:
     return lines[start:end]
 
 
+def _snapshot(*args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [*nodescope_command(), "snapshot", *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 def _busy_disks() -> set[str]:
     """The whole disks of this machine (/sys/block) that completed a request since boot,
     read from /proc/diskstats: the devices iostat lists."""
@@ -93,13 +101,7 @@ def _busy_disks() -> set[str]:
 
 
 def test_snapshot_text_on_this_machine() -> None:
-    proc = subprocess.run(
-        [*nodescope_command(), "snapshot", "--interval", "0.2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = _snapshot("--interval", "0.2")
     disks = _section(proc.stdout, "Disks")
     header = disks[1].split()
     assert header[:3] == ["Device", "r/s", "rMB/s"] and header[-1] == "%util"
@@ -125,13 +127,7 @@ def test_snapshot_text_on_this_machine() -> None:
 def test_snapshot_text_on_a_fixture_tree(tmp_path_factory: pytest.TempPathFactory) -> None:
     hgx = cached_hgx_h100_tree(tmp_path_factory.getbasetemp() / "hgx-h100")
     tree = ["--sysfs", str(hgx / "sys"), "--procfs", str(HOST_FIXTURE / "proc")]
-    proc = subprocess.run(
-        [*nodescope_command(), "snapshot", "--interval", "0.1", *tree],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = _snapshot("--interval", "0.1", *tree)
     topo = subprocess.run(
         [*nodescope_command(), "topo", "--json", "--sysfs", str(hgx / "sys")],
         capture_output=True,
@@ -157,13 +153,7 @@ def test_snapshot_text_on_a_fixture_tree(tmp_path_factory: pytest.TempPathFactor
     # The HGX tree has no block devices of its own.
     assert _section(proc.stdout, "Disks")[1:] == ["  no disk has completed a request since boot"]
     tree = ["--sysfs", str(HOST_FIXTURE / "sys"), "--procfs", str(HOST_FIXTURE / "proc")]
-    proc = subprocess.run(
-        [*nodescope_command(), "snapshot", "--interval", "0.1", *tree],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = _snapshot("--interval", "0.1", *tree)
     disks = _section(proc.stdout, "Disks")
     assert [line.split()[0] for line in disks[2:]] == ["vda"]
     # The fixture's counters do not move: every rate over the interval is a number, 0.

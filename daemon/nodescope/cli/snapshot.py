@@ -240,28 +240,38 @@ def _gpus(snapshot: Snapshot) -> list[str]:
 
 
 def _ports(snapshot: Snapshot) -> list[str]:
-    lines = ["Network ports (bytes per second over the interval):"]
     ib = snapshot.derived.ib_rates
-    if ib is None:
-        lines.append(f"  infiniband: {_down(snapshot, INFINIBAND.name)}")
-    else:
-        rows = [
-            f"  {p.device} port {p.port}  tx {_rate(p.xmit_bytes_per_second)}"
-            f"  rx {_rate(p.rcv_bytes_per_second)}"
+    net = snapshot.derived.netdev_rates
+    ib_ports = None
+    if ib is not None:
+        ib_ports = [
+            (f"{p.device} port {p.port}", p.xmit_bytes_per_second, p.rcv_bytes_per_second)
             for p in ib.ports
         ]
-        lines += _capped(rows, len(rows), "InfiniBand ports") or ["  infiniband: no ports"]
-    net = snapshot.derived.netdev_rates
-    if net is None:
-        lines.append(f"  netdev: {_down(snapshot, NETDEV.name)}")
-    else:
-        rows = [
-            f"  {link.name}  tx {_rate(link.tx_bytes_per_second)}"
-            f"  rx {_rate(link.rx_bytes_per_second)}"
-            for link in net.links
-        ]
-        lines += _capped(rows, len(rows), "network interfaces") or ["  netdev: no interfaces"]
-    return lines
+    links = None
+    if net is not None:
+        links = [(n.name, n.tx_bytes_per_second, n.rx_bytes_per_second) for n in net.links]
+    return [
+        "Network ports (bytes per second over the interval):",
+        *_rate_rows(snapshot, INFINIBAND.name, ib_ports, "InfiniBand ports"),
+        *_rate_rows(snapshot, NETDEV.name, links, "network interfaces"),
+    ]
+
+
+def _rate_rows(
+    snapshot: Snapshot,
+    source: str,
+    ports: list[tuple[str, float | None, float | None]] | None,
+    noun: str,
+) -> list[str]:
+    """One line per (name, tx, rx) port; ``None``: the source gave no rates (its line says
+    why)."""
+    if ports is None:
+        return [f"  {source}: {_down(snapshot, source)}"]
+    if not ports:
+        return [f"  {source}: no {noun}"]
+    rows = [f"  {name}  tx {_rate(tx)}  rx {_rate(rx)}" for name, tx, rx in ports]
+    return _capped(rows, len(rows), noun)
 
 
 def _jobs(snapshot: Snapshot) -> list[str]:
