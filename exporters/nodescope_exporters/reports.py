@@ -629,13 +629,52 @@ def render_text(document: Document, width: int = 60) -> str:
 
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
 
+#: A series' unit by the suffix of its name (the timeline's names end in their unit, as the
+#: metrics' do); the name without the suffix is the panel's title.
+_SERIES_UNITS = (("_bytes_per_second", "B/s"), ("_bytes", "B"), ("_seconds", "s"))
+
+#: Steps of the time axis: seconds, minutes and hours a reader counts in.
+_TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600)
+
+
+def series_unit(name: str) -> tuple[str, str]:
+    """(title, unit) of a timeline series from its name: ``gpu_pcie_bytes_per_second`` is
+    ``("gpu pcie", "B/s")``."""
+    for suffix, unit in _SERIES_UNITS:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name.removesuffix(suffix).replace("_", " "), unit
+    return name.replace("_", " "), ""
+
+
+def time_ticks(span: float, most: int = 8) -> list[float]:
+    """Seconds since the start at a round step (10 s, 5 min, 1 h...), at most ``most`` + 1."""
+    step = next((s for s in _TIME_STEPS if span / s <= most), None)
+    if step is None:
+        step = math.ceil(span / most / 3600) * 3600
+    return [i * float(step) for i in range(int(span // step) + 1)]
+
+
+def tick_duration(seconds: float) -> str:
+    """A time-axis step as people say it: ``30 s``, ``5 min``, ``1 h 30 min``."""
+    whole = int(seconds)
+    if whole < 60 or whole % 60:
+        return _duration(seconds)
+    minutes = whole // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
 
 def render_svg(document: Document, width: int = 900) -> str:
-    """The timeline as an SVG document: one panel per series (a polyline scaled to its own
-    maximum) and one bar per finding or contention episode over the job's time axis."""
+    """The timeline as an SVG document: one panel per series (a polyline on a value axis
+    with round ticks in the series' unit) and one bar per finding or contention episode,
+    over the job's time axis (ticks in time since the start, the clock at both ends)."""
     # Imported here: only ``nodescope report --svg`` renders, while the daemon imports this
     # module to write reports; html loads its table of entities (0.5 MiB) on import.
     import html
+
+    from nodescope.svgaxis import nice_ticks, scale, si, value_axis
 
     start = float(document.get("start") or 0.0)
     end = float(document.get("end") or start)
@@ -652,9 +691,9 @@ def render_svg(document: Document, width: int = 900) -> str:
         )
         for e in [*document.get("findings", []), *document.get("contention", [])]
     ]
-    left, right, panel, gap, bar = 190, 20, 70, 18, 16
+    left, right, panel, gap, bar = 210, 20, 80, 18, 16
     plot = width - left - right
-    height = 60 + len(series) * (panel + gap) + len(bars) * (bar + 6) + 40
+    height = 60 + len(series) * (panel + gap) + len(bars) * (bar + 6) + 56
 
     def x(t: float) -> float:
         return left + (min(max(t, start), end) - start) / span * plot
@@ -669,24 +708,29 @@ def render_svg(document: Document, width: int = 900) -> str:
         f" ({html.escape(_duration(document.get('duration_seconds')))})</text>",
     ]
     y = 45
-    for number, (name, values) in enumerate(series):
+    for number, (name, raw) in enumerate(series):
+        # A report is a file anyone may hand over: what is not a finite number is a gap.
+        values = [_number(v) for v in raw] if isinstance(raw, list) else []
         present = [v for v in values if v is not None]
         top = max(present) if present else 0.0
+        title, unit = series_unit(name)
+        ticks = nice_ticks(top, 3)
         colour = _COLOURS[number % len(_COLOURS)]
         out.append(
             f'<rect x="{left}" y="{y}" width="{plot}" height="{panel}" fill="#f7f7f7"'
             ' stroke="#ccc"/>'
         )
+        out.extend(value_axis(ticks, unit, left, y, plot, panel))
         out.append(
-            f'<text x="10" y="{y + 16}">{html.escape(name.replace("_", " "))}</text>'
-            f'<text x="10" y="{y + 32}" fill="#666">max {html.escape(_bytes(top))}</text>'
+            f'<text x="10" y="{y + 16}">{html.escape(title)}'
+            f"{html.escape(f' ({unit})' if unit else '')}</text>"
+            f'<text x="10" y="{y + 32}" fill="#666">max {html.escape(si(top, unit))}</text>'
         )
         points = []
         for t, v in zip(times, values, strict=False):
             if v is None:
                 continue
-            ratio = v / top if top > 0 else 0.0
-            points.append(f"{x(t):.1f},{y + panel - ratio * (panel - 4) - 2:.1f}")
+            points.append(f"{x(t):.1f},{y + panel - scale(v, ticks, panel):.1f}")
         if points:
             out.append(
                 f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"'
@@ -704,11 +748,21 @@ def render_svg(document: Document, width: int = 900) -> str:
             f' fill="{colour}"/>'
         )
         y += bar + 6
+    out.append(f'<line x1="{left}" y1="{y + 4}" x2="{left + plot}" y2="{y + 4}" stroke="#333"/>')
+    for tick in time_ticks(span):
+        at = x(start + tick)
+        # A label at the right edge ends there rather than running off the picture.
+        anchor = "end" if at > left + plot - 30 else "middle"
+        out.append(
+            f'<line x1="{at:.1f}" y1="{y + 4}" x2="{at:.1f}" y2="{y + 9}" stroke="#333"/>'
+            f'<text class="tick" x="{at:.1f}" y="{y + 21}" text-anchor="{anchor}"'
+            f' font-size="10">+{html.escape(tick_duration(tick))}</text>'
+        )
     out.append(
-        f'<line x1="{left}" y1="{y + 4}" x2="{left + plot}" y2="{y + 4}" stroke="#333"/>'
-        f'<text x="{left}" y="{y + 20}">{html.escape(_clock(start))}</text>'
-        f'<text x="{left + plot}" y="{y + 20}" text-anchor="end">'
+        f'<text x="{left}" y="{y + 38}">{html.escape(_clock(start))}</text>'
+        f'<text x="{left + plot}" y="{y + 38}" text-anchor="end">'
         f"{html.escape(_clock(end))}</text>"
+        f'<text x="10" y="{y + 21}" fill="#666">time since start</text>'
     )
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -18,6 +18,7 @@ from nodescope.collectives import Limits, analyze, analyze_files, parse_bytes, r
 from nodescope.collectives.analysis import compress
 from nodescope.collectives.flight import rank_from_name
 from nodescope.collectives.model import (
+    Analysis,
     CallRecord,
     FileReport,
     ParsedFile,
@@ -370,3 +371,31 @@ def test_two_groups_of_one_kind_are_each_complete() -> None:
     assert a2a is not None and a2a.collectives == 2 and a2a.incomplete == 0
     assert a2a.skew == pytest.approx(skew([100, 200, 300, 400]))
     assert {(i.group, i.straggler) for i in a2a.slowest} == {("ep0", 1), ("ep1", 3)}
+
+
+def test_missing_ranks_are_runs_between_the_ranks_read() -> None:
+    assert Analysis((), (0, 5, 65535), (), world_size=65536).missing_ranks() == (
+        (1, 4),
+        (6, 65534),
+    )
+    assert Analysis((), (0, 5, 65535), (), world_size=65536).missing_count() == 65533
+    assert Analysis((), (1, 2), (), world_size=4).missing_ranks() == ((0, 0), (3, 3))
+    # A rank past the world size the files name is not a reason to invent negative runs.
+    assert Analysis((), (0, 7), (), world_size=4).missing_ranks() == ((1, 3),)
+    assert Analysis((), (0,), (), world_size=None).missing_ranks() == ()
+
+
+@pytest.mark.parametrize(
+    ("world", "expected"),
+    [(8, 8), ("8", 8), (0, 4), (-3, 4), ("many", 4), (10**12, 4), (True, 4), (None, 4)],
+)
+def test_a_kineto_world_size_is_read_bounded_else_taken_from_the_group(
+    world: object, expected: int
+) -> None:
+    doc = _kineto_doc()
+    doc["distributedInfo"]["world_size"] = world
+    parsed = parse_bytes(json.dumps(doc).encode(), "rank1.json", Limits())
+    assert parsed.report.error is None
+    # The fixture's one process group lists ranks 0..3: its size stands in for a world size
+    # that is not a number of ranks.
+    assert parsed.report.world_size == expected

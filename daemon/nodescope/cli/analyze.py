@@ -2,7 +2,8 @@
 traces — profiler (Kineto) files or flight recorder dumps, one per rank, gzip or not.
 
 Prints per collective kind and per rank the bytes sent and received, the time spent in the
-collective and waiting for the last rank, AllToAll skew δ, and the straggler; ``--json``
+collective and waiting for the last rank, AllToAll skew δ, and the straggler, and which
+ranks of the job's world size (as the traces name it) have no trace; ``--json``
 prints the analysis as a document, ``--svg FILE`` draws the ranks' bytes and waits.
 Exit status 0 when at least one file was read, 1 when none could be.
 """
@@ -14,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from nodescope.progress import Progress
 
 #: ``Limits().max_file_bytes`` in MiB. Written out so that registering the subcommand —
 #: which every ``nodescope`` process does, the daemon's included — imports none of the
@@ -63,7 +66,8 @@ def _expand(names: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nodescope.collectives import Limits, analyze_files
+    from nodescope.collectives import Limits
+    from nodescope.collectives.analysis import analyze, read_file
     from nodescope.collectives.render import render_svg, render_text, to_document
     from nodescope.text import sanitize_lines
     from nodescope_exporters.reports import atomic_write_bytes
@@ -72,7 +76,18 @@ def run(args: argparse.Namespace) -> int:
         print("nodescope: --max-file-mib must be positive", file=sys.stderr)
         return 2
     limits = Limits(max_file_bytes=args.max_file_mib << 20)
-    analysis = analyze_files(_expand(args.traces), limits)
+    named = _expand(args.traces)
+    opened = named[: limits.max_files]
+    # A job's traces run to gigabytes: reading them takes seconds to minutes, so a terminal
+    # sees which file is being read.
+    progress = Progress(len(opened), sys.stderr)
+    parsed = []
+    for path in opened:
+        progress.show(f"reading {Path(path).name}")
+        parsed.append(read_file(path, limits))
+        progress.step(f"read {Path(path).name}")
+    progress.close()
+    analysis = analyze(parsed, limits, files_dropped=len(named) - len(opened))
     if args.json:
         print(json.dumps(to_document(analysis), indent=2))
     else:

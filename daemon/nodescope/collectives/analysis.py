@@ -84,14 +84,14 @@ def parse_bytes(data: bytes, path: str, limits: Limits) -> ParsedFile:
         del data
         if flight.is_dump(doc):
             fmt = "flight_recorder"
-            rank, calls, skipped, truncated = flight.parse(doc, path, limits)
+            rank, calls, skipped, truncated, world = flight.parse(doc, path, limits)
         else:
             fmt = "kineto"
-            rank, calls, skipped, truncated = kineto.parse(doc, limits)
+            rank, calls, skipped, truncated, world = kineto.parse(doc, limits)
         budget.check_records(len(calls), limits.max_records)
     except BadRecord as exc:
         return ParsedFile(FileReport(path, fmt, None, 0, 0, False, str(exc), objects), ())
-    report = FileReport(path, fmt, rank, len(calls), skipped, truncated, None, objects)
+    report = FileReport(path, fmt, rank, len(calls), skipped, truncated, None, objects, world)
     return ParsedFile(report, calls)
 
 
@@ -188,7 +188,10 @@ def analyze(
         state = states.setdefault(kind, _KindState())
         _account(state, group, kind, by_rank, members[(group, kind)])
     kinds = tuple(_kind_report(kind, states[kind]) for kind in sorted(states))
-    return Analysis(tuple(reports), tuple(sorted(owners)), kinds, files_dropped)
+    worlds = [r.world_size for r in reports if r.world_size is not None and r.error is None]
+    return Analysis(
+        tuple(reports), tuple(sorted(owners)), kinds, files_dropped, max(worlds, default=None)
+    )
 
 
 def _instances(

@@ -92,8 +92,10 @@ def is_dump(doc: object) -> TypeGuard[dict[str, Any]]:
 
 def parse(
     doc: object, path: str, limits: Limits
-) -> tuple[int | None, tuple[CallRecord, ...], int, bool]:
-    """(rank, records, bad entries skipped, truncated at the entry cap) of one dump."""
+) -> tuple[int | None, tuple[CallRecord, ...], int, bool, int | None]:
+    """(rank, records, bad entries skipped, truncated at the entry cap, world size) of one
+    dump. The world size is one past the highest rank of its process groups (the default
+    group holds them all), None when it lists none."""
     if not is_dump(doc):
         raise BadRecord("not a flight recorder dump")
     entries = doc.get("entries")
@@ -103,6 +105,8 @@ def parse(
     if rank is None or rank > limits.max_ranks:
         raise BadRecord("no rank: a dump's file name ends with its rank")
     groups = _group_ranks(doc.get("pg_config"), limits)
+    highest = max((max(ranks) for ranks in groups.values()), default=None)
+    world_size = highest + 1 if highest is not None and highest < limits.max_ranks else None
     truncated = len(entries) > limits.max_events
     skipped = 0
     records = []
@@ -117,7 +121,7 @@ def parse(
             # Entries may all be one object referred to a million times (a pickle's memo):
             # the records stop at the budget, not at the entries.
             budget.check_records(len(records), limits.max_records)
-    return rank, tuple(records), skipped, truncated
+    return rank, tuple(records), skipped, truncated, world_size
 
 
 def _group_ranks(config: object, limits: Limits) -> dict[str, tuple[int, ...]]:

@@ -100,8 +100,12 @@ class _Tally:
         return None if values is None else self.shared.setdefault(values, values)
 
 
-def parse(doc: object, limits: Limits) -> tuple[int | None, tuple[CallRecord, ...], int, bool]:
-    """(rank, records, bad records skipped, truncated at the event cap) of one decoded trace.
+def parse(
+    doc: object, limits: Limits
+) -> tuple[int | None, tuple[CallRecord, ...], int, bool, int | None]:
+    """(rank, records, bad records skipped, truncated at the event cap, world size) of one
+    decoded trace. The world size is ``distributedInfo``'s ``world_size``, else the size of
+    its one process group, None when the trace names neither.
 
     Raises :class:`BadRecord` when the document is not a Kineto trace at all or names no
     rank."""
@@ -120,6 +124,7 @@ def parse(doc: object, limits: Limits) -> tuple[int | None, tuple[CallRecord, ..
     except BadRecord:
         base_ns = 0
     rank, pg_name, pg_ranks = _distributed_info(info, limits)
+    world_size = _world_size(info, pg_ranks, limits)
     truncated = len(events) > limits.max_events
     tally = _Tally()
     kernels: list[_Event] = []
@@ -146,7 +151,21 @@ def parse(doc: object, limits: Limits) -> tuple[int | None, tuple[CallRecord, ..
         )
     else:
         records = _from_ops(ops, work, rank, (pg_name, pg_ranks), limits, tally)
-    return rank, tuple(records), tally.skipped, truncated
+    return rank, tuple(records), tally.skipped, truncated, world_size
+
+
+def _world_size(info: object, pg_ranks: tuple[int, ...] | None, limits: Limits) -> int | None:
+    """How many ranks the job has: one number read, bounded like a rank."""
+    if isinstance(info, dict):
+        try:
+            size = integer(info.get("world_size"), high=limits.max_ranks)
+        except BadRecord:
+            size = 0
+        if size > 0:
+            return size
+    if pg_ranks and max(pg_ranks) < limits.max_ranks:
+        return max(pg_ranks) + 1
+    return None
 
 
 def _distributed_info(

@@ -189,6 +189,8 @@ class FileReport:
     error: str | None = None
     #: The bound on the objects decoding the file built (``nodescope.collectives.budget``).
     objects: int = 0
+    #: How many ranks the job has, as the file says (None when it does not).
+    world_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -302,6 +304,25 @@ class Analysis:
     kinds: tuple[KindReport, ...]
     #: Files named but not opened because of ``Limits.max_files``.
     files_dropped: int = 0
+    #: How many ranks the job has: the largest the files name, None when none names one.
+    world_size: int | None = None
+
+    def missing_ranks(self) -> tuple[tuple[int, int], ...]:
+        """The ranks of the world no file was read for, as (first, last) runs: the gaps
+        between the ranks read, so a world of 65536 with one rank read is one run, not a
+        list of 65535 numbers."""
+        if self.world_size is None:
+            return ()
+        runs = []
+        expected = 0
+        for rank in [r for r in self.ranks if r < self.world_size] + [self.world_size]:
+            if rank > expected:
+                runs.append((expected, rank - 1))
+            expected = rank + 1
+        return tuple(runs)
+
+    def missing_count(self) -> int:
+        return sum(last - first + 1 for first, last in self.missing_ranks())
 
     def kind(self, name: str) -> KindReport | None:
         return next((k for k in self.kinds if k.kind == name), None)

@@ -8,6 +8,7 @@ from typing import Any
 
 from nodescope.collectives.model import Analysis, KindReport
 from nodescope.jsonout import plain
+from nodescope.svgaxis import nice_ticks, scale, value_axis
 
 #: The ``format`` of the JSON document; a change that removes or renames a field bumps it.
 DOCUMENT_FORMAT = "nodescope-collectives/1"
@@ -17,7 +18,23 @@ def to_document(analysis: Analysis) -> dict[str, Any]:
     document: dict[str, Any] = {"format": DOCUMENT_FORMAT}
     document.update(plain(analysis))
     document["summary"] = plain(analysis.summary())
+    # Runs of ranks, [first, last] each: a large world with few ranks read stays short.
+    document["missing_ranks"] = [list(run) for run in analysis.missing_ranks()]
+    document["missing_rank_count"] = analysis.missing_count()
     return document
+
+
+def missing_text(analysis: Analysis) -> str | None:
+    """``3 of 4 ranks have no trace: 1-3``, None when every rank of the world was read (or
+    the files do not say how many there are)."""
+    count = analysis.missing_count()
+    if not count or analysis.world_size is None:
+        return None
+    runs = analysis.missing_ranks()
+    listed = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:20])
+    more = f" and {len(runs) - 20} more runs" if len(runs) > 20 else ""
+    verb = "has" if count == 1 else "have"
+    return f"{count} of {analysis.world_size} ranks {verb} no trace: {listed}{more}"
 
 
 def human_bytes(value: int | None) -> str:
@@ -47,9 +64,14 @@ def _skew(value: float | None) -> str:
 
 def render_text(analysis: Analysis) -> str:
     ranks = " ".join(str(r) for r in analysis.ranks) or "none"
+    world = f" of world size {analysis.world_size}" if analysis.world_size is not None else ""
     lines = [
-        f"{_count(len(analysis.files), 'file')}, {_count(len(analysis.ranks), 'rank')} ({ranks})"
+        f"{_count(len(analysis.files), 'file')}, {_count(len(analysis.ranks), 'rank')}"
+        f" ({ranks}){world}"
     ]
+    missing = missing_text(analysis)
+    if missing:
+        lines.append(f"missing: {missing}")
     for report in analysis.files:
         state = f"error: {report.error}" if report.error else f"{report.records} collective calls"
         extra = []
@@ -64,13 +86,13 @@ def render_text(analysis: Analysis) -> str:
         lines.append(f"  {analysis.files_dropped} more files not read (the file cap)")
     for kind in analysis.kinds:
         lines.append("")
-        lines.extend(_kind_text(kind))
+        lines.extend(_kind_text(kind, missing))
     if not analysis.kinds:
         lines.append("no collectives found")
     return "\n".join(lines) + "\n"
 
 
-def _kind_text(kind: KindReport) -> list[str]:
+def _kind_text(kind: KindReport, missing: str | None) -> list[str]:
     head = f"{kind.kind}: {_count(kind.collectives, 'collective')}"
     if kind.incomplete:
         head += f" ({kind.incomplete} not seen on every rank)"
@@ -117,6 +139,9 @@ def _kind_text(kind: KindReport) -> list[str]:
             f"#{i.index} rank {i.straggler} {human_ns(i.max_wait_ns)}" for i in kind.slowest[:5]
         )
         lines.append(f"  longest waits (collective, last rank, wait): {listed}")
+    elif missing:
+        # A rank without a trace may be the one the others waited for: no verdict.
+        lines.append("  straggler: cannot be judged, not every rank's trace was read")
     else:
         lines.append("  straggler: none (every collective began on all ranks at once)")
     return lines
@@ -135,16 +160,24 @@ _STRAGGLER = "#e15759"
 def render_svg(analysis: Analysis, width: int = 900) -> str:
     """One panel per kind: on the left each rank's sent and received bytes, on the right the
     time it waited for others; the straggler's bar is red and the hottest destination named."""
-    panel_height, top = 190, 40
+    missing = missing_text(analysis)
+    # A line under the title names the ranks without a trace, when some are.
+    panel_height, top = 190, 58 if missing else 40
     height = top + max(1, len(analysis.kinds)) * (panel_height + 20) + 10
     half = (width - 60) // 2
+    world = f" of world size {analysis.world_size}" if analysis.world_size is not None else ""
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
         f' viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
         f'<text x="10" y="22" font-size="15" font-weight="bold">collectives of'
-        f" {_count(len(analysis.ranks), 'rank')}</text>",
+        f" {_count(len(analysis.ranks), 'rank')}{world}</text>",
     ]
+    if missing:
+        out.append(
+            f'<text x="10" y="42" fill="{_STRAGGLER}">missing: {html.escape(missing)};'
+            " the straggler cannot be judged without them</text>"
+        )
     if not analysis.kinds:
         out.append(f'<text x="10" y="{top + 20}">no collectives found</text>')
     y = top
@@ -170,25 +203,33 @@ def _frame(x: int, y: int, w: int, h: int, label: str) -> list[str]:
     ]
 
 
+#: Room left of a chart for its value axis' labels, and above its bars for the title.
+_AXIS, _TITLE, _LABELS = 58, 20, 16
+
+
 def _bytes_chart(kind: KindReport, x: int, y: int, w: int, h: int) -> list[str]:
     out = _frame(x, y, w, h, "bytes sent (dark) and received (light) per rank")
     ranks = kind.ranks
-    top = max([r.send_bytes or 0 for r in ranks] + [r.recv_bytes or 0 for r in ranks] + [1])
-    slot = (w - 10) / max(1, len(ranks))
-    base = y + h - 16
+    top = max([r.send_bytes or 0 for r in ranks] + [r.recv_bytes or 0 for r in ranks])
+    ticks = nice_ticks(float(top), 4)
+    plot_x, plot_w, plot_h = x + _AXIS, w - _AXIS - 5, h - _TITLE - _LABELS
+    out.extend(value_axis(ticks, "B", plot_x, y + _TITLE, plot_w, plot_h))
+    slot = plot_w / max(1, len(ranks))
+    base = y + _TITLE + plot_h
     for i, r in enumerate(ranks):
-        left = x + 5 + i * slot
+        left = plot_x + i * slot
         bar = max(1.0, slot / 2 - 2)
         for j, (value, colour) in enumerate(((r.send_bytes, _SENT), (r.recv_bytes, _RECEIVED))):
-            size = (value or 0) / top * (h - 34)
+            size = scale(float(value or 0), ticks, plot_h)
             out.append(
-                f'<rect x="{left + j * (bar + 1):.1f}" y="{base - size:.1f}" width="{bar:.1f}"'
-                f' height="{size:.1f}" fill="{colour}">'
+                f'<rect x="{left + 1 + j * (bar + 1):.1f}" y="{base - size:.1f}"'
+                f' width="{bar:.1f}" height="{size:.1f}" fill="{colour}">'
                 f"<title>rank {r.rank}: {human_bytes(value)}</title></rect>"
             )
         label = f"{r.rank}*" if r.rank == kind.hot_destination else str(r.rank)
         out.append(
-            f'<text x="{left + slot / 2 - 4:.1f}" y="{y + h - 4}">{html.escape(label)}</text>'
+            f'<text x="{left + slot / 2:.1f}" y="{y + h - 4}" text-anchor="middle">'
+            f"{html.escape(label)}</text>"
         )
     return out
 
@@ -196,23 +237,28 @@ def _bytes_chart(kind: KindReport, x: int, y: int, w: int, h: int) -> list[str]:
 def _wait_chart(kind: KindReport, x: int, y: int, w: int, h: int) -> list[str]:
     out = _frame(x, y, w, h, "time each rank waited for the last one (red: the straggler)")
     ranks = kind.ranks
-    top = max([r.wait_ns for r in ranks] + [1])
-    slot = (w - 10) / max(1, len(ranks))
-    base = y + h - 16
+    # The axis is in seconds (with µ/m prefixes); the figures are nanoseconds.
+    top = max([r.wait_ns for r in ranks] + [0]) / 1e9
+    ticks = nice_ticks(top, 4)
+    plot_x, plot_w, plot_h = x + _AXIS, w - _AXIS - 5, h - _TITLE - _LABELS
+    out.extend(value_axis(ticks, "s", plot_x, y + _TITLE, plot_w, plot_h))
+    slot = plot_w / max(1, len(ranks))
+    base = y + _TITLE + plot_h
     for i, r in enumerate(ranks):
-        left = x + 5 + i * slot
-        size = r.wait_ns / top * (h - 34)
+        left = plot_x + i * slot
+        size = scale(r.wait_ns / 1e9, ticks, plot_h)
         out.append(
             f'<rect x="{left + 1:.1f}" y="{base - size:.1f}" width="{max(1.0, slot - 2):.1f}"'
             f' height="{size:.1f}" fill="{_WAIT}">'
             f"<title>rank {r.rank}: waited {human_ns(r.wait_ns)}</title></rect>"
         )
+        middle = f'x="{left + slot / 2:.1f}" y="{y + h - 4}" text-anchor="middle"'
         if r.rank == kind.straggler:
             # The straggler barely waits: its bar is short, so its label carries the news.
             out.append(
-                f'<text x="{left + slot / 2 - 4:.1f}" y="{y + h - 4}" fill="{_STRAGGLER}"'
-                f' font-weight="bold">{r.rank} last ×{r.last_count}</text>'
+                f'<text {middle} fill="{_STRAGGLER}" font-weight="bold">'
+                f"{r.rank} last ×{r.last_count}</text>"
             )
         else:
-            out.append(f'<text x="{left + slot / 2 - 4:.1f}" y="{y + h - 4}">{r.rank}</text>')
+            out.append(f"<text {middle}>{r.rank}</text>")
     return out
