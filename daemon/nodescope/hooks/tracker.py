@@ -393,7 +393,8 @@ class JobTracker:
         try:
             job = JobRequest.from_request(request, self.node_gpus(config))
         except ValueError as exc:
-            return {"ok": False, "invalid": True, "error": str(exc)}
+            return {"ok": False, "invalid": True, "error": str(exc),
+                    "drains": bool(config.slurm.scontrol)}  # fmt: skip
         with self._lock:
             snapshot = self.latest
         now = time.time()
@@ -436,6 +437,8 @@ class JobTracker:
             # the hook records the drain with them, so that health resumes the node once
             # they have cleared (null: the hook does not record it, a person resumes).
             "causes": None if causes is None else [problem_json(p) for p in causes],
+            # A daemon without scontrol (a demo's) drains nothing, and neither does its hook.
+            "drains": bool(config.slurm.scontrol),
         }
 
     def firing(self) -> list[Problem]:
@@ -471,7 +474,8 @@ class JobTracker:
             job = JobRequest.from_request(request, self.node_gpus(config))
             local_holders = holders_of(request.get("gpu_holders"))
         except ValueError as exc:
-            return {"ok": False, "invalid": True, "error": str(exc)}
+            return {"ok": False, "invalid": True, "error": str(exc),
+                    "drains": bool(config.slurm.scontrol)}  # fmt: skip
         deadline = request.get("deadline")
         issued_at = request.get("issued_at")
         registration = read_registration(config.roots, job.job_id)
@@ -561,6 +565,7 @@ class JobTracker:
             "report_error": problem,
             "verdict": verdict,
             "gpu_holders": holders,
+            "drains": bool(config.slurm.scontrol),
         }
 
     def clear_xids(self, request: Request, peer: Peer) -> Response:
