@@ -11,14 +11,17 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from nodescope.sim.node import preferred_temp_dir
 from tests.conftest import nodescope_command
 from tests.hook_peers import hook_env
 from tests.integration.test_demo import Demo
+from tests.unit.test_fleet import small_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -232,3 +235,39 @@ def test_demo_and_its_hooks_write_only_under_the_demo_directory(
     allowed = {str(root), "/dev/null"}
     outside_root = sorted(p for p in written if not p.startswith(f"{root}/") and p not in allowed)
     assert not outside_root, f"written outside {root}: {outside_root[:20]}"
+
+
+def test_a_fleet_writes_only_under_its_nodes_and_its_own_directories(tmp_path: Path) -> None:
+    """``nodescope demo --nodes 2``: the orchestrator and both node processes traced; every
+    path written is under a ``nodescope-fleet-*`` or ``nodescope-demo-*`` directory one of
+    them created (and removed by the end), or is the ``--targets`` file asked for."""
+    fleet = {k: v for k, v in small_fleet().items() if k != "phases"}
+    fleet_path = tmp_path / "small.json"
+    fleet_path.write_text(json.dumps(fleet))
+    targets = tmp_path / "targets.json"
+    home = Path(os.path.expanduser("~"))
+    before = host_state(home, tmp_path / "nothing")
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    result = subprocess.run(
+        [*strace(traces / "fleet"), *nodescope_command(), "demo", "--nodes", "2",
+         str(fleet_path), "--listen", "127.0.0.1:0", "--no-tty", "--duration", "8",
+         "--targets", str(targets)],
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "node01  http://127.0.0.1:" in result.stdout, result.stdout[-3000:]
+    assert json.loads(targets.read_text())  # what was asked for
+
+    written = written_paths(traces / "fleet", Path.cwd())
+    base = re.escape(preferred_temp_dir() or tempfile.gettempdir())
+    roots = {p for p in written if re.fullmatch(rf"{base}/nodescope-(demo|fleet)-[^/]+", p)}
+    assert sum("nodescope-demo-" in r for r in roots) == 2 and len(roots) == 3, roots
+    allowed = {*roots, str(targets), str(targets.with_name(".targets.json.partial")), "/dev/null"}
+    outside = sorted(
+        p for p in written if p not in allowed and not any(p.startswith(f"{r}/") for r in roots)
+    )
+    assert not outside, f"written outside the fleet's directories: {outside[:20]}"
+    assert not [r for r in roots if os.path.lexists(r)], "left behind"
+    assert host_state(home, tmp_path / "nothing") == before
