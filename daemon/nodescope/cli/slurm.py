@@ -30,7 +30,8 @@ in ``<run>/nodescope/gate-state.json``), a report without NVML figures. A daemon
 therefore never fails a job by itself, and never passes a node it had found unfit. When the
 daemon answers that the request is invalid (a GPU Slurm assigned that the node does not have),
 the prolog fails: Slurm and the node disagree about the node. Exit statuses: 0 fit, 1 unfit
-(drained).
+(drained). A daemon that drains nothing (``[slurm] scontrol`` empty, a demo's) answers
+``"drains": false``, and the hook that asked it then drains nothing either.
 """
 
 from __future__ import annotations
