@@ -112,22 +112,34 @@ def run_hook(
     )  # fmt: skip
 
 
+def traced_pid(tracer: subprocess.Popen[bytes]) -> int | None:
+    """The process strace started (its only child), while it runs."""
+    try:
+        children = Path(f"/proc/{tracer.pid}/task/{tracer.pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if len(children) == 1 else None
+
+
 @pytest.fixture
-def demo_proc(tmp_path: Path) -> Iterator[list[Demo]]:
+def traced_demo() -> Iterator[list[Demo]]:
+    """Demos run under strace, stopped after a failed test too: SIGTERM to the demo itself
+    (strace would only detach from it), so that it still removes its directory."""
     started: list[Demo] = []
     yield started
     for d in started:
-        if d.proc.poll() is None:
-            d.proc.terminate()
-            try:
-                d.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                d.proc.kill()
-                d.proc.wait()
+        pid = traced_pid(d.proc)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+        try:
+            d.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            d.proc.kill()
+            d.proc.wait()
 
 
 def test_demo_and_its_hooks_write_only_under_the_demo_directory(
-    tmp_path: Path, demo_proc: list[Demo]
+    tmp_path: Path, traced_demo: list[Demo]
 ) -> None:
     # A configuration as a host's would be, every path in it outside the demo: a demo takes
     # only its [alerts] and [detectors]; a hook takes it whole, and --run points the hook at
@@ -153,7 +165,7 @@ def test_demo_and_its_hooks_write_only_under_the_demo_directory(
         tmp_path, "dgx-h100", "--duration", "300", "--config", str(config),
         wrapper=strace(traces / "demo"), env={"PYTHONDONTWRITEBYTECODE": "1"},
     )  # fmt: skip
-    demo_proc.append(demo)
+    traced_demo.append(demo)
     demo.scrape(timeout=240)  # the node is built under strace
     root = demo.root()
     run_root = root / "run"
@@ -210,9 +222,9 @@ def test_demo_and_its_hooks_write_only_under_the_demo_directory(
 
     after_running = host_state(home, outside)
     # SIGTERM to the demo itself (strace's child): strace would only detach from it.
-    children = Path(f"/proc/{demo.proc.pid}/task/{demo.proc.pid}/children").read_text().split()
-    assert len(children) == 1, children
-    os.kill(int(children[0]), signal.SIGTERM)
+    pid = traced_pid(demo.proc)
+    assert pid is not None, demo.output()
+    os.kill(pid, signal.SIGTERM)
     assert demo.wait(60) == 0, demo.output()
     assert not root.exists(), f"{root} left behind"
     after = host_state(home, outside)
