@@ -8,10 +8,11 @@
 # the web-config.yml tests. fuse3: libfuse 3 and fusermount3 for the kernel-semantics tier.
 # groff-base, zsh and lintian: the manual pages, the zsh completion and the Debian packages are
 # read by the real tools. librsvg2-bin: rsvg-convert draws the SVG pictures (job report,
-# collective charts) to catch malformed output.
+# collective charts) to catch malformed output. strace: every path a demo and its hooks write,
+# as the kernel saw it.
 TEST_APT_PACKAGES=(prometheus prometheus-alertmanager sysstat pciutils iproute2 debootstrap rpm rpmlint slurm-wlm munge
     linux-headers-amd64 qemu-system-x86 busybox-static kmod cpio gcc make libc6-dev
-    apache2-utils openssl curl fuse3 groff-base zsh lintian librsvg2-bin)
+    apache2-utils openssl curl fuse3 groff-base zsh lintian librsvg2-bin strace)
 
 ensure_apt_packages() {
     local missing=()

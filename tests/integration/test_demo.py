@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -45,15 +45,25 @@ def samples(text: str) -> dict[tuple[str, str], float]:
 
 
 class Demo:
-    def __init__(self, workdir: Path, *args: str) -> None:
+    """``nodescope demo ARGS`` on a free port; ``wrapper`` runs it under another command
+    (strace, say), ``env`` adds to its environment."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *args: str,
+        wrapper: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.stdout_path = workdir / "demo.stdout"
         self.stderr_path = workdir / "demo.stderr"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("NOTIFY_SOCKET", None)
+        environ = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        environ.pop("NOTIFY_SOCKET", None)
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.proc = subprocess.Popen(
                 [
+                    *wrapper,
                     *nodescope_command(),
                     "demo",
                     "--no-tty",
@@ -63,7 +73,7 @@ class Demo:
                 ],
                 stdout=out,
                 stderr=err,
-                env=env,
+                env=environ,
             )
 
     def output(self) -> str:

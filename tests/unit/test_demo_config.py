@@ -3,7 +3,10 @@ settings and keeps its own node, listen address and tick."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +113,87 @@ def test_a_bad_config_is_refused_before_starting(
     assert err.startswith("nodescope demo: ") and message in err
     assert main(["demo", "--no-tty", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+#: A host's configuration: every path a daemon may write, set to the host's own.
+HOST_PATHS = """\
+[roots]
+run = "/run"
+sysfs = "/sys"
+procfs = "/proc"
+dev = "/dev"
+cgroupfs = "/sys/fs/cgroup"
+
+[slurm]
+reports_dir = "/var/lib/nodescope/jobs"
+scontrol = "/usr/bin/scontrol"
+
+[sources.traces]
+spool_dir = "/var/spool/nodescope/traces"
+
+[alerts]
+for_seconds = 3.0
+"""
+
+
+def absolute_paths(value: Any, where: str = "config") -> Iterator[tuple[str, str]]:
+    """Every absolute path in a configuration object, with where it is."""
+    if isinstance(value, Path | str):
+        if str(value).startswith("/"):
+            yield where, str(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from absolute_paths(getattr(value, f.name), f"{where}.{f.name}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from absolute_paths(item, f"{where}[{key!r}]")
+    elif isinstance(value, tuple | list):
+        for i, item in enumerate(value):
+            yield from absolute_paths(item, f"{where}[{i}]")
+
+
+def test_every_path_of_the_demo_is_under_its_directory_whatever_the_file_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Config] = []
+    hook_files: list[str] = []
+
+    class RecordingService(Service):
+        def __init__(self, load_config: Any, **kwargs: Any) -> None:
+            config = load_config()
+            seen.append(config)
+            # The hooks' file is written before the daemon starts: read it while it exists.
+            hook_files.append(
+                (Path(config.roots.run).parent / "etc/nodescope/nodescope.toml").read_text()
+            )
+            super().__init__(load_config, **kwargs)
+
+    monkeypatch.setattr(nodescope.sim.driver, "Service", RecordingService)
+    path = tmp_path / "nodescope.toml"
+    path.write_text(HOST_PATHS)
+    out = io.StringIO()
+    status = demo(
+        ToyScenario(), "127.0.0.1:0", duration=1.0, tty=False, out=out, node_factory=ToyNode,
+        install_signal_handlers=False, settings=load(path),
+    )  # fmt: skip
+    assert status == 0
+    match = re.search(r"node under (\S+), serving", out.getvalue())
+    assert match, out.getvalue()
+    root = match[1]
+    (config,) = seen
+    assert config.alerts.for_seconds == 3.0  # the file's [alerts] is taken
+    paths = dict(absolute_paths(config))
+    assert "config.slurm.reports_dir" in paths and "config.roots.run" in paths
+    outside = {k: v for k, v in paths.items() if not v.startswith(f"{root}/")}
+    assert not outside, outside
+    assert config.slurm.reports_dir == f"{root}/var/lib/nodescope/jobs"
+    # Neither the daemon nor a hook asking it drains the host's node.
+    assert config.slurm.scontrol == ""
+    # The hooks' file is the demo's roots, reports directory and no scontrol, as
+    # config.load reads it.
+    hook_config = tmp_path / "hooks.toml"
+    hook_config.write_text(hook_files[0])
+    hooks = load(hook_config)
+    assert (hooks.roots, hooks.slurm) == (config.roots, config.slurm)
+    assert f"--config {root}/etc/nodescope/nodescope.toml" in out.getvalue()
+    assert not Path(root).exists()  # removed on the way out

@@ -5,7 +5,8 @@ NVML in place of the driver) and shows a terminal view refreshed once per second
 PCIe and NVLink rates, disks, InfiniBand ports, source health, events. Stops on Ctrl-C,
 SIGTERM or after ``--duration`` seconds, and removes its directory. ``--config`` takes the
 ``[alerts]`` and ``[detectors]`` tables of a configuration file (thresholds, ``for`` and
-resolve times, an Alertmanager to push to); the rest of the demo's configuration is its own.
+resolve times, an Alertmanager to push to); the rest of the demo's configuration is its own,
+every path in it under the demo's directory (:mod:`nodescope.sim.sandbox`).
 
 ``nodescope demo --nodes N [FLEET]`` runs a fleet (:mod:`nodescope.sim.fleet`): one
 ``nodescope demo`` child process per node, each on its own scenario written from the fleet
@@ -59,7 +60,12 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
             "Run the daemon against a simulated GPU node (no GPU needed): /metrics is served "
             "on --listen and a terminal view refreshes once per second. With --nodes N, run "
             "N simulated nodes of a fleet file, each a separate daemon process: node i "
-            "(node01, node02, ...) serves on HOST:PORT+i-1 (port 0: each picks a free port)."
+            "(node01, node02, ...) serves on HOST:PORT+i-1 (port 0: each picks a free port). "
+            "Every file a demo writes is under its own directory (nodescope-demo-* in /dev/shm, "
+            "else the temporary directory; removed when it stops), whatever --config says: the "
+            "node in sys/, proc/, dev/, run/, the hooks' socket and job registrations in "
+            "run/nodescope/, job reports in var/lib/nodescope/jobs/, a configuration for the "
+            "Slurm hooks in etc/nodescope/nodescope.toml; the demo runs no scontrol."
         ),
     )
     parser.add_argument(

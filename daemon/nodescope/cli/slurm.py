@@ -30,7 +30,8 @@ in ``<run>/nodescope/gate-state.json``), a report without NVML figures. A daemon
 therefore never fails a job by itself, and never passes a node it had found unfit. When the
 daemon answers that the request is invalid (a GPU Slurm assigned that the node does not have),
 the prolog fails: Slurm and the node disagree about the node. Exit statuses: 0 fit, 1 unfit
-(drained).
+(drained). A daemon that drains nothing (``[slurm] scontrol`` empty, a demo's) answers
+``"drains": false``, and the hook that asked it then drains nothing either.
 """
 
 from __future__ import annotations
@@ -195,6 +196,8 @@ class _Gate:
     reason: str | None
     checks: tuple[Check, ...] = ()
     causes: list[Problem] | None = None
+    #: False when the daemon answered that it drains nothing ([slurm] scontrol empty)
+    drains: bool = True
 
 
 def _daemon_gate(config: Config, job: JobRequest, hold_alerts: bool = False) -> _Gate:
@@ -206,7 +209,10 @@ def _daemon_gate(config: Config, job: JobRequest, hold_alerts: bool = False) -> 
         request["hold_alerts"] = True
     response = call(socket_path(config.roots), request, config.slurm.timeout_seconds)
     if not response.get("ok") and response.get("invalid"):
-        return _Gate(f"nodescope: prolog refused: {response.get('error')}"[:200])
+        return _Gate(
+            f"nodescope: prolog refused: {response.get('error')}"[:200],
+            drains=response.get("drains") is not False,
+        )
     if not response.get("ok"):
         raise HookUnavailable(str(response.get("error")))
     refused = response.get("registration_refused")
@@ -216,7 +222,14 @@ def _daemon_gate(config: Config, job: JobRequest, hold_alerts: bool = False) -> 
         response.get("reason") if not response.get("fit", True) else None,
         checks_of(response.get("checks")),
         problems_of(response.get("causes")),
+        response.get("drains") is not False,
     )
+
+
+def _without_drains(config: Config) -> Config:
+    """``config`` without scontrol: the daemon asked drains nothing (a demo's, whose node is
+    simulated), so the hook asking it leaves the host's Slurm alone too."""
+    return replace(config, slurm=replace(config.slurm, scontrol=""))
 
 
 def _local_gate(config: Config, job: JobRequest) -> _Gate:
@@ -280,6 +293,8 @@ def prolog(args: argparse.Namespace) -> int:
     except HookUnavailable as exc:
         _say(f"nodescope: daemon not answering ({exc}); local checks only")
         gate = _local_gate(config, job)
+    if not gate.drains:
+        config = _without_drains(config)
     # Whether the node is drained already (by the policy's pass), or Slurm did not answer it
     # (a drain of our own would only wait as long again: Slurm drains on exit 1 anyway).
     drained = slurm_down = False
@@ -367,6 +382,8 @@ def epilog(args: argparse.Namespace) -> int:
         )  # fmt: skip
         if not response.get("ok"):
             raise HookUnavailable(str(response.get("error")))
+        if response.get("drains") is False:
+            config = _without_drains(config)
         if response.get("report_error"):
             _say(f"nodescope: job {job.job_id}: {response['report_error']}")
         verdict = response.get("verdict") or {"ok": True, "reason": None}

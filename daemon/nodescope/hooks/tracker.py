@@ -394,7 +394,8 @@ class JobTracker:
         try:
             job = JobRequest.from_request(request, self.node_gpus(config))
         except ValueError as exc:
-            return {"ok": False, "invalid": True, "error": str(exc)}
+            return {"ok": False, "invalid": True, "error": str(exc),
+                    "drains": bool(config.slurm.scontrol)}  # fmt: skip
         with self._lock:
             snapshot = self.latest
         now = time.time()
@@ -446,6 +447,8 @@ class JobTracker:
             "causes": None if causes is None else [problem_json(p) for p in causes],
             # Set when the job runs unregistered (the registrations cap): the hook says why.
             "registration_refused": refused,
+            # A daemon without scontrol (a demo's) drains nothing, and neither does its hook.
+            "drains": bool(config.slurm.scontrol),
         }
 
     def firing(self) -> list[Problem]:
@@ -481,7 +484,8 @@ class JobTracker:
             job = JobRequest.from_request(request, self.node_gpus(config))
             local_holders = holders_of(request.get("gpu_holders"))
         except ValueError as exc:
-            return {"ok": False, "invalid": True, "error": str(exc)}
+            return {"ok": False, "invalid": True, "error": str(exc),
+                    "drains": bool(config.slurm.scontrol)}  # fmt: skip
         deadline = request.get("deadline")
         issued_at = request.get("issued_at")
         registration = read_registration(config.roots, job.job_id)
@@ -571,6 +575,7 @@ class JobTracker:
             "report_error": problem,
             "verdict": verdict,
             "gpu_holders": holders,
+            "drains": bool(config.slurm.scontrol),
         }
 
     def clear_xids(self, request: Request, peer: Peer) -> Response:

@@ -80,6 +80,8 @@ from nodescope.sim.expect import (
     number,
 )
 from nodescope.sim.live import ReadTimeSource, WallClockNode
+from nodescope.sim.sandbox import prepare as prepare_sandbox
+from nodescope.sim.sandbox import sandbox_config
 from nodescope.sources.base import Source
 from nodescope.sources.registry import SourceInputs
 from nodescope_exporters.catalog import CATALOG
@@ -880,19 +882,14 @@ def _demo(
     node.materialise()
     node.advance_to(0.0)
     live = WallClockNode(node)
-    sources = dict(settings.sources)
+    # Every path the daemon writes is under the demo's directory (nodescope.sim.sandbox).
+    config = sandbox_config(root, node.roots, listen, settings)
     if getattr(node, "spool_dir", None) is not None and spool_settings(settings) is None:
-        # The scenario drops traces: the daemon reads the node's spool, as in a replay.
-        sources["traces"] = replay_config(node).sources["traces"]
-    config = Config(
-        listen=listen,
-        tick_seconds=1.0,
-        log_level="warning",
-        roots=node.roots,
-        sources=sources,
-        alerts=settings.alerts,
-        detectors=settings.detectors,
-    )
+        # The scenario drops traces: the daemon reads the node's spool (under the demo's
+        # directory too), as in a replay.
+        traces = replay_config(node).sources["traces"]
+        config = dataclasses.replace(config, sources={**config.sources, "traces": traces})
+    hook_config = prepare_sandbox(root, config)
     service = Service(
         lambda: config,
         make_collector=lambda cfg: _live_collector(cfg, live),
@@ -910,6 +907,12 @@ def _demo(
     url = f"http://{service.server.bound}/metrics"
     print(
         f"nodescope demo: scenario {scenario.name}, node under {root}, serving {url}",
+        file=stream,
+        flush=True,
+    )
+    print(
+        f"nodescope demo: Slurm hooks: nodescope slurm prolog|epilog --config {hook_config}"
+        f" (job reports in {config.slurm.reports_dir})",
         file=stream,
         flush=True,
     )
