@@ -10,7 +10,9 @@ command fit a test machine is rewritten, nothing else: a ``--listen`` port becom
 loopback port (and the same address in the block's later commands), ``/tmp/`` the block's own
 directory, a ``sleep`` of the doc one second (the test waits for what it waited for instead).
 ``nodescope run`` and ``nodescope demo`` serve until stopped: they run in the background until
-their /metrics answers, stay up for the rest of their block and are stopped at its end.
+their /metrics answers, stay up for the rest of their block and are stopped at its end. A
+command that asks a running daemon (``nodescope alerts``, an address on the default port 9839)
+asks one ``nodescope demo`` shared by the whole run, started when the first one needs it.
 
 Commands that cannot run here (root, Slurm, a GPU, a kernel module, systemd as PID 1, the
 network, minutes of benchmark) are listed, with the reason, in docs_marked.txt beside this file.
@@ -56,6 +58,7 @@ MARKED_FILE = Path(__file__).with_name("docs_marked.txt")
 VENV_BIN = Path(sys.executable).parent
 COMMAND_TIMEOUT = 120.0
 SERVE_TIMEOUT = 60.0
+DEFAULT_PORT = 9839
 
 #: Commands whose documented outcome is not exit status 0: (doc, start of the command) ->
 #: the statuses the doc gives, words of the doc that say so (checked to be there, so the two
@@ -153,8 +156,9 @@ def _prepare_inputs(workdir: Path) -> None:
     shutil.copy(FIXTURES / "captures" / "hgx-h100" / "lspci-vvv.hgx-h100", workdir / "lspci.txt")
 
 
-def _adapt(text: str, workdir: Path, ports: dict[str, int]) -> str:
-    """The command as it runs here: loopback ports free, /tmp the block's own."""
+def _adapt(text: str, workdir: Path, ports: dict[str, int], daemon: _SharedDaemon) -> str:
+    """The command as it runs here: loopback ports free, /tmp the block's own, a daemon the
+    command asks (the default port, ``nodescope alerts``) the shared one."""
     for listen in _LISTEN.finditer(text):
         if listen.group(1) != "0":
             ports.setdefault(listen.group(1), free_port())
@@ -163,6 +167,10 @@ def _adapt(text: str, workdir: Path, ports: dict[str, int]) -> str:
             rf"(127\.0\.0\.1|localhost|\[::1\]):{documented}\b", f"127.0.0.1:{port}", text
         )
     text = re.sub(r"(?<![\w.])/tmp/", f"{workdir}/tmp/", text)
+    if re.search(rf"(127\.0\.0\.1|localhost):{DEFAULT_PORT}\b", text):
+        text = re.sub(rf"(127\.0\.0\.1|localhost):{DEFAULT_PORT}\b", daemon.url()[7:], text)
+    if re.match(r"^nodescope alerts\b", text) and "--url" not in text:
+        text += f" --url {daemon.url()}"
     if _SLEEP.match(text):
         return "sleep 1"
     if _SERVER.match(text.removesuffix("&").strip()) and "--listen" not in text:
@@ -205,6 +213,28 @@ class _Server:
         assert alive, f"{self.command!r} stopped before its block ended:\n{self.output()}"
 
 
+class _SharedDaemon:
+    """One ``nodescope demo`` of the healthy baseline for every command that talks to a running
+    daemon (``nodescope alerts``, an address on the default port 9839), started on first use."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.server: _Server | None = None
+        self.port = 0
+
+    def url(self) -> str:
+        if self.server is None:
+            self.port = free_port()
+            command = f"nodescope demo dgx-h100 --no-tty --listen 127.0.0.1:{self.port}"
+            self.server, _ = _start(command, self.workdir, 0)
+            self.server.wait_serving(self.port)
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
 def _start(text: str, workdir: Path, index: int) -> tuple[_Server, int]:
     listen = _LISTEN.search(text)
     assert listen, f"{text!r}: a server command with no loopback --listen"
@@ -222,14 +252,16 @@ def _start(text: str, workdir: Path, index: int) -> tuple[_Server, int]:
     return _Server(text, process, log), int(listen.group(1))
 
 
-def _run_block(block: list[doc_snippets.Command], workdir: Path) -> list[str]:
+def _run_block(
+    block: list[doc_snippets.Command], workdir: Path, daemon: _SharedDaemon
+) -> list[str]:
     """Run a block's commands in order; what went wrong, one line each."""
     failures: list[str] = []
     ports: dict[str, int] = {}
     servers: list[_Server] = []
     try:
         for index, command in enumerate(block):
-            text = _adapt(command.text, workdir, ports)
+            text = _adapt(command.text, workdir, ports, daemon)
             where = f"{command.doc}:{command.line}: {command.text}"
             started = time.monotonic()
             if _SERVER.match(text.removesuffix("&").strip()) or text.endswith("&"):
@@ -285,11 +317,15 @@ def test_every_documented_command_runs_or_is_marked(tmp_path: Path) -> None:
     runnable = [c for c in _all_commands() if (c.doc, c.text) not in marked]
     assert runnable, "no command found to run: the extraction no longer matches the docs"
     failures: list[str] = []
-    for number, block in enumerate(_blocks(runnable)):
-        workdir = tmp_path / f"block{number}"
-        workdir.mkdir()
-        _prepare_inputs(workdir)
-        failures.extend(_run_block(block, workdir))
+    daemon = _SharedDaemon(tmp_path)
+    try:
+        for number, block in enumerate(_blocks(runnable)):
+            workdir = tmp_path / f"block{number}"
+            workdir.mkdir()
+            _prepare_inputs(workdir)
+            failures.extend(_run_block(block, workdir, daemon))
+    finally:
+        daemon.stop()
     print(f"\n{len(runnable)} documented commands run, {len(marked)} marked")
     assert not failures, "\n\n".join(failures)
 
@@ -386,7 +422,7 @@ def _check_yaml(snippet: doc_snippets.Snippet, tmp_path: Path) -> str:
         tool = [_tool("promtool"), "check", "rules", str(path)]
         kind = "Prometheus rules (promtool check rules)"
     elif keys & {"scrape_configs", "rule_files", "remote_write", "global", "alerting"}:
-        tool = [_tool("promtool"), "check", "config", "--syntax-only", str(path)]
+        tool = [_tool("promtool"), "check", "config", str(path)]
         kind = "Prometheus configuration (promtool check config)"
     elif keys & {"tls_server_config", "http_server_config", "basic_auth_users"}:
         from nodescope import webconfig
@@ -556,3 +592,35 @@ def test_install_md_states_the_package_tests_exposure_bound() -> None:
     bounds = re.findall(r"(?:exposure is at most|scores the unit at most) ([0-9.]+)", text)
     assert len(bounds) == 2, bounds
     assert {float(b.rstrip(".")) for b in bounds} == {MAX_EXPOSURE}
+
+
+def test_adapt_makes_ports_free_and_tmp_the_blocks_own(tmp_path: Path) -> None:
+    daemon = _SharedDaemon(tmp_path)
+    ports: dict[str, int] = {}
+    served = _adapt("nodescope demo x --listen 127.0.0.1:19839 --no-tty &", tmp_path, ports, daemon)
+    port = ports["19839"]
+    assert served == f"nodescope demo x --listen 127.0.0.1:{port} --no-tty &"
+    later = _adapt("curl -s http://localhost:19839/metrics > m.txt", tmp_path, ports, daemon)
+    assert later == f"curl -s http://127.0.0.1:{port}/metrics > m.txt"
+    assert _adapt("ls /tmp/fr/x /var/tmp/y", tmp_path, ports, daemon) == (
+        f"ls {tmp_path}/tmp/fr/x /var/tmp/y"
+    )
+    assert _adapt("sleep 60", tmp_path, ports, daemon) == "sleep 1"
+    bare = _adapt("nodescope run --config c.toml", tmp_path, ports, daemon)
+    assert re.fullmatch(r"nodescope run --config c\.toml --listen 127\.0\.0\.1:\d+", bare)
+    assert daemon.server is None  # nothing asked the daemon: none started
+
+
+def test_commands_that_ask_a_daemon_get_the_shared_demo(tmp_path: Path) -> None:
+    """``nodescope alerts`` and the default port reach one demo; it serves both."""
+    block = [
+        doc_snippets.Command("x.md", 2, 1, "nodescope alerts --json"),
+        doc_snippets.Command("x.md", 3, 1, "curl -sf http://127.0.0.1:9839/metrics > m.txt"),
+    ]
+    daemon = _SharedDaemon(tmp_path)
+    try:
+        assert _run_block(block, tmp_path, daemon) == []
+        assert daemon.server is not None
+    finally:
+        daemon.stop()
+    assert "nodescope_" in (tmp_path / "m.txt").read_text()
