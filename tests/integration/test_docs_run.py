@@ -624,3 +624,24 @@ def test_commands_that_ask_a_daemon_get_the_shared_demo(tmp_path: Path) -> None:
     finally:
         daemon.stop()
     assert "nodescope_" in (tmp_path / "m.txt").read_text()
+
+
+def test_command_blocks_say_they_are_shell() -> None:
+    """A block of commands without a language tag would escape the test: it must say ``sh``.
+    (A usage synopsis, ``nodescope run [-h] ...``, is no command.)"""
+    from nodescope.cli.main import build_parser
+    from nodescope.clidocs import commands
+
+    subcommands = "|".join(sorted({c.words[1] for c in commands(build_parser()) if c.words[1:]}))
+    programs = r"bash|sudo|python3?|make|curl|\.venv/bin/\S+"
+    command = re.compile(rf"^(nodescope ({subcommands})\b|({programs}) )")
+    untagged = [
+        f"{path.relative_to(REPO)}:{block.line}"
+        for path in _docs()
+        for block in doc_snippets.blocks(path.read_text())
+        if not block.lang
+        and (lines := [line for line in block.body if line.strip()])
+        and command.match(lines[0])
+        and "[-h]" not in lines[0]
+    ]
+    assert not untagged, f"command blocks without ```sh: {untagged}"
