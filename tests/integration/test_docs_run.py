@@ -554,17 +554,22 @@ def test_every_scenario_example_loads(tmp_path: Path) -> None:
             rich["jobs"] = [*rich.get("jobs", []), value]
         if isinstance(value, dict) and set(value) == {"system_processes"}:
             rich["hardware"] = {**rich["hardware"], "os": value}
-    # `"hardware": {"base": "hardware.json"}` is the file the doc's convert command writes.
+    # The examples are read as files beside the bundled ones would be: `"hardware": {"base":
+    # "hardware.json"}` is the file the doc's convert command writes, and a `trace` names a
+    # file of the packaged traces as `../data/...`.
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    (tmp_path / "data").symlink_to(REPO / "daemon" / "nodescope" / "sim" / "data")
     subprocess.run(
         [sys.executable, "-m", "nodescope.sim.convert",
          str(FIXTURES / "captures" / "hgx-h100" / "lspci-vvv.hgx-h100")],
-        check=True, stdout=(tmp_path / "hardware.json").open("wb"), timeout=60,
+        check=True, stdout=(scenarios / "hardware.json").open("wb"), timeout=60,
     )  # fmt: skip
     kinds = _finding_kinds()
     checked = 0
     for snippet, value in examples:
         where = f"{snippet.doc}:{snippet.line}"
-        path = tmp_path / f"{snippet.doc.replace('/', '_')}-{snippet.line}.json"
+        path = scenarios / f"{snippet.doc.replace('/', '_')}-{snippet.line}.json"
         if isinstance(value, dict) and value.get("format") == "nodescope-fleet/1":
             parse_fleet(value, path)
             checked += 1
