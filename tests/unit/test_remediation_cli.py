@@ -5,9 +5,12 @@ alerts cannot be known."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import nodescope_command
 
@@ -94,3 +97,50 @@ def test_the_node_is_found_by_this_hosts_name_or_given(tmp_path: Path) -> None:
     assert not (tmp_path / "calls").exists()
     result = _health(config, "--node", "n1 state=down")
     assert result.returncode == 0 and "give --node" in result.stderr
+
+
+def test_without_the_daemon_a_local_check_runs_on_this_node(tmp_path: Path) -> None:
+    """The real check, on this machine's /sys and /proc, for the few seconds health gives it."""
+    scontrol = _scontrol(tmp_path)
+    config = _config(tmp_path, scontrol, "").read_text().replace("expected_gpus = 8", "")
+    (tmp_path / "n.toml").write_text(config)
+    result = _health(tmp_path / "n.toml", "--dry-run", node="n1")
+    assert result.returncode == 0, result.stderr
+    assert "a local check and the gate's checks" in result.stderr
+    assert re.search(r"a 3 s local check found \d+ problem\(s\)", result.stderr), result.stderr
+
+
+def test_a_local_checks_findings_drain_through_the_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A critical finding of the local check drains the node with a reason naming it; a
+    warning alerts (the default policy); nothing resumes on a few seconds' view."""
+    from nodescope.cli import check
+    from nodescope.cli.main import main
+    from nodescope.model.finding import Finding, Severity
+
+    found = [
+        Finding("pcie_aer_errors", Severity.CRITICAL, {"device": "0000:3b:00.0"}, {}, "fatal AER"),
+        Finding("ib_xmit_wait", Severity.WARNING, {"hca": "mlx5_0", "port": "1"}, {}, "waits"),
+        Finding("gpu_ecc_corrected", Severity.INFO, {"gpu": "0"}, {}, "a few"),
+    ]
+
+    def watch_node(
+        config: object, seconds: float, watch: check.Watch, progress: object = None
+    ) -> None:
+        assert seconds == 3.0
+        watch.add(found)
+
+    monkeypatch.setattr(check, "watch_node", watch_node)
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    scontrol = _scontrol(tmp_path)
+    config = _config(tmp_path, scontrol).read_text().replace("expected_gpus = 8", "")
+    (tmp_path / "n.toml").write_text(config)
+    assert main(["slurm", "health", "--config", str(tmp_path / "n.toml"), "--node", "n1"]) == 0
+    captured = capsys.readouterr()
+    assert "a 3 s local check found 2 problem(s)" in captured.err
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 1
+    assert calls[0].startswith(
+        "[update][nodename=n1][state=drain][reason=nodescope: pcie_aer_errors"
+    )

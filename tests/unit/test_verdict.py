@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.cli.check import _Watch, _watch_scenario
+from nodescope.cli.check import Watch, _watch_scenario
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.nvml import NVML
 from nodescope.model.snapshot import Snapshot, SourceSample
@@ -28,7 +28,7 @@ def _action(kind: str, severity: Severity) -> str:
 
 @pytest.fixture(scope="module")
 def node() -> Snapshot:
-    snapshot = _watch_scenario("dgx-h100", 4.0, _Watch())
+    snapshot = _watch_scenario("dgx-h100", 4.0, Watch())
     assert snapshot is not None
     return snapshot
 

@@ -96,7 +96,7 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.set_defaults(func=run)
 
 
-class _Watch:
+class Watch:
     """Every finding the run saw, the latest of each key, at its worst severity."""
 
     def __init__(self) -> None:
@@ -124,7 +124,9 @@ def _config(args: argparse.Namespace) -> Any:
     return config_loader(path, overrides_from_args(args))()
 
 
-def _watch_node(config: Any, seconds: float, watch: _Watch, progress: TextIO | None) -> Any:
+def watch_node(config: Any, seconds: float, watch: Watch, progress: TextIO | None = None) -> Any:
+    """Run the daemon's cycle on this node for ``seconds``, every finding into ``watch``;
+    the last analysed snapshot (``nodescope slurm health`` uses it when the daemon is away)."""
     from nodescope.analysis import Analyzer
     from nodescope.collect import Collector
 
@@ -153,7 +155,7 @@ def _watch_node(config: Any, seconds: float, watch: _Watch, progress: TextIO | N
     return snapshot
 
 
-def _watch_scenario(name: str, at: float | None, watch: _Watch) -> Any:
+def _watch_scenario(name: str, at: float | None, watch: Watch) -> Any:
     import dataclasses
     import tempfile
 
@@ -281,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"nodescope check: {exc}", file=sys.stderr)
         return 2
     policy = Policy.from_settings(config.remediation)
-    watch = _Watch()
+    watch = Watch()
     daemon_url: str | None = None
     alerts: list[Mapping[str, object]] = []
     if args.scenario is not None:
@@ -296,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_daemon:
             daemon_url, alerts = _daemon_alerts(args)
         progress = sys.stderr if sys.stderr.isatty() and not args.json else None
-        snapshot = _watch_node(config, args.seconds, watch, progress)
+        snapshot = watch_node(config, args.seconds, watch, progress)
         node = socket.gethostname()
         seconds = args.seconds
     if snapshot is None:

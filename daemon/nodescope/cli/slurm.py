@@ -491,17 +491,41 @@ def _register_health(actions: Any, parents: list[argparse.ArgumentParser]) -> No
     sub.set_defaults(func=health)
 
 
+#: How long ``health`` watches the node itself when the daemon does not answer: the one-shot
+#: check's default, short beside HealthCheckInterval.
+LOCAL_CHECK_SECONDS = 3.0
+
+
+def _local_problems(config: Config) -> list[Any]:
+    """What ``nodescope check`` finds on this node in a few seconds, as problems: the daemon is
+    away, so the node is looked at here rather than not at all. Findings that need longer
+    than the watch (a stall held for 30 s) are not among them: the view is not complete."""
+    from nodescope.cli.check import Watch, watch_node
+    from nodescope.remediation.act import problems_from_findings
+
+    watch = Watch()
+    try:
+        watch_node(config, LOCAL_CHECK_SECONDS, watch)
+    except Exception as exc:  # a check that fails leaves the gate's checks, as before
+        _say(f"nodescope: the local check failed: {type(exc).__name__}: {exc}")
+        return []
+    problems = problems_from_findings(watch.findings.values())
+    _say(f"nodescope: a {LOCAL_CHECK_SECONDS:g} s local check found {len(problems)} problem(s)")
+    return problems
+
+
 def _firing_problems(config: Config) -> tuple[list[Any], bool]:
     """The daemon's firing alerts as problems, and whether they are known (the daemon
-    answered after analysing at least one cycle)."""
+    answered after analysing at least one cycle). When it does not answer, a local check's
+    findings instead (never complete: nothing is resumed on a few seconds' view)."""
     from nodescope.remediation.act import problems_from_alerts
 
     try:
         response = call(socket_path(config.roots), {"command": "alerts"},
                         config.slurm.timeout_seconds)  # fmt: skip
     except HookUnavailable as exc:
-        _say(f"nodescope: daemon not answering ({exc}); the gate's local checks only")
-        return [], False
+        _say(f"nodescope: daemon not answering ({exc}); a local check and the gate's checks")
+        return _local_problems(config), False
     alerts = response.get("alerts")
     if not response.get("ok") or not isinstance(alerts, list):
         _say(f"nodescope: daemon: {response.get('error') or 'no alerts in its answer'}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nodescope.config import Config
-from nodescope.model.finding import Severity
+from nodescope.model.finding import Finding, Severity
 from nodescope.remediation.gateway import Verb, apply
 from nodescope.remediation.policy import Decision, Policy, Problem, StepKind, decide
 from nodescope.remediation.slurm import JOB_ID, Scontrol, SlurmError
@@ -64,6 +64,32 @@ def problems_from_alerts(alerts: Iterable[Any]) -> list[Problem]:
                 message=message[:400] if isinstance(message, str) else "",
                 source="alert",
                 key=key[:400] if isinstance(key, str) else "",
+                jobs=jobs,
+            )
+        )
+    return problems
+
+
+def problems_from_findings(findings: Iterable[Finding]) -> list[Problem]:
+    """Findings of a local check (``nodescope check``'s cycle, run when the daemon is away) as
+    problems: a warning or worse, each with its key as its identity, so that the next run with
+    the daemon back sees the same problem under the same name."""
+    problems: list[Problem] = []
+    for finding in findings:
+        if finding.severity < Severity.WARNING:
+            continue
+        jobs = tuple(
+            str(v) for k, v in finding.subjects.items() if k == "job" and JOB_ID.fullmatch(str(v))
+        )
+        subject = ",".join(f"{role}={name}" for role, name in finding.subjects.items())
+        problems.append(
+            Problem(
+                kind=finding.kind[:64],
+                severity=finding.severity,
+                subject=subject[:200],
+                message=finding.message[:400],
+                source="check",
+                key=finding.key[:400],
                 jobs=jobs,
             )
         )
