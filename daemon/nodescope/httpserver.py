@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nodescope import serving
+from nodescope import logs, serving
 from nodescope.webconfig import WebConfig
 from nodescope_exporters.prometheus import MetricsCache
 
@@ -282,6 +282,8 @@ class ServingProcess:
     ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_VARIABLES}
+        # Its log lines in the daemon's format (it imports nothing of nodescope to ask).
+        env["NODESCOPE_LOG_FORMAT"] = logs.current_format()
         settings = _settings_memfd(web or WebConfig(), stale_after)
         fds = (listener.fileno(), theirs.fileno(), settings)
         try:

@@ -127,3 +127,13 @@ def setup(level: str = "info", form: str = "logfmt") -> None:
 
 def set_level(level: str) -> None:
     logging.getLogger("nodescope").setLevel(LEVELS.get(level, logging.ERROR))
+
+
+def current_format() -> str:
+    """The format nodescope's log lines are written in now (``logfmt`` until :func:`setup` says
+    otherwise): what the serving process, which imports none of this, is told to use."""
+    for handler in logging.getLogger("nodescope").handlers:
+        formatter = handler.formatter
+        if isinstance(formatter, FieldFormatter):
+            return formatter.form
+    return "logfmt"

@@ -177,9 +177,54 @@ _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
-def log(message: str) -> None:
-    """One ``key=value`` line on stderr, in the daemon's format (journald adds the rest)."""
-    print(f"level=ERROR logger=nodescope.serving {message}", file=sys.stderr, flush=True)
+def escape(value: str) -> str:
+    """``value`` as one logfmt value, by the daemon's rule (``nodescope.text.escape``, written
+    out here because this script imports nothing of nodescope; a test holds the two equal):
+    bare when plain, else quoted with every character that is not printable escaped."""
+    if value and value.isprintable() and not any(c in value for c in ' "=\\'):
+        return value
+    out = []
+    for char in value:
+        code = ord(char)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\t":
+            out.append("\\t")
+        elif char.isprintable():
+            out.append(char)
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def log(event: str, **fields: object) -> None:
+    """One line on stderr in the daemon's format: ``NODESCOPE_LOG_FORMAT`` (logfmt or json),
+    which the daemon sets from its own; a time stamp first unless stderr is the journal's
+    (``JOURNAL_STREAM``, as the daemon's ``nodescope.logs`` decides)."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    journal = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+        under_journal = bool(journal) and journal == f"{st.st_dev}:{st.st_ino}"
+    except (OSError, ValueError, AttributeError):
+        under_journal = False
+    pairs = [] if under_journal else [("time", stamp)]
+    pairs += [("level", "error"), ("logger", "nodescope.serving"), ("event", event)]
+    pairs += [(key, str(value)[:4000]) for key, value in fields.items()]
+    if os.environ.get("NODESCOPE_LOG_FORMAT") == "json":
+        import json
+
+        line = json.dumps(dict(pairs), ensure_ascii=True)
+    else:
+        line = " ".join(f"{key}={escape(value)}" for key, value in pairs)
+    print(line, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1008,7 +1053,7 @@ class Server:
                     if mask & selectors.EVENT_READ and conn.sock.fileno() != -1:
                         self._on_readable(conn)
                 except Exception as exc:  # one client's trouble must not end the others'
-                    log(f"event=connection_failed error={exc!r}")
+                    log("connection_failed", error=f"{type(exc).__name__}: {exc}")
                     self._close(conn)
             if not self.running:
                 return
@@ -1058,7 +1103,7 @@ class Server:
             if len(message) != PUBLISH.size or len(fds) != 1:
                 for fd in fds:
                     os.close(fd)
-                log(f"event=bad_control_message bytes={len(message)} fds={len(fds)}")
+                log("bad_control_message", bytes=len(message), fds=len(fds))
                 continue
             slot, metrics_len, alerts_len, generation = PUBLISH.unpack(message)
             received.append((slot, fds[0], metrics_len, alerts_len, generation))
@@ -1075,7 +1120,7 @@ class Server:
                 if alerts_len >= 0:
                     alerts = Body(_pread(fd, alerts_len, max(0, metrics_len)), JSON_TYPE)
             except OSError as exc:
-                log(f"event=publish_unreadable error={exc!r}")
+                log("publish_unreadable", error=f"{type(exc).__name__}: {exc}")
                 slot.retire()
                 continue
             if metrics_len < 0:
@@ -1191,7 +1236,7 @@ class Server:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     # Out of descriptors or memory: stop accepting until the next sweep, or
                     # the loop would spin on a listening socket that stays readable.
-                    log(f"event=accept_failed error={exc!r}")
+                    log("accept_failed", error=f"{type(exc).__name__}: {exc}")
                     self.selector.unregister(self.listener)
                     self.listening = False
                 return
@@ -1626,7 +1671,7 @@ def build_server(
     if reason:
         # Serving on beats not serving: the daemon's unit may withhold what the change needs
         # (CAP_SETUID, CAP_SETGID and the set*id system calls); say so on every start.
-        log(f"event=privileges_kept user={user} reason={reason!r}")
+        log("privileges_kept", user=user, reason=reason)
     if checks is not None:
         checks.start()
     return server
@@ -1658,7 +1703,7 @@ def main(argv: list[str] | None = None) -> int:
             detail = traceback.format_exc()
         except ImportError:  # after the change of user, the standard library may be out of reach
             detail = repr(exc)
-        log(f"event=serving_failed error={detail!r}")
+        log("serving_failed", error=detail)
         return 1
     return 0
 

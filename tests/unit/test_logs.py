@@ -157,3 +157,37 @@ def test_the_daemon_logs_json_with_time_and_none_under_the_journal(tmp_path: Pat
     with err.open("w") as stream:
         subprocess.run([sys.executable, "-c", script, "logfmt"], stderr=stream, env=env, check=True)
     assert err.read_text() == "level=info logger=nodescope.t event=hi n=3\n"
+
+
+@given(st.text(max_size=300))
+def test_the_serving_process_quotes_by_the_same_rule(value: str) -> None:
+    """The serving process (the standard library only) writes its own lines: its escape is
+    the daemon's."""
+    from nodescope import serving
+    from nodescope.text import escape
+
+    assert serving.escape(value) == escape(value)
+
+
+def test_the_serving_process_writes_the_daemons_format(tmp_path: Path) -> None:
+    from nodescope import serving
+
+    script = (
+        f"import sys; sys.path.insert(0, {str(Path(serving.__file__).parent)!r});"
+        " import serving; serving.log('accept_failed', error='EMFILE: too \"many\"\\n')"
+    )
+    for form in ("logfmt", "json"):
+        err = tmp_path / f"stderr-{form}"
+        with err.open("w") as stream:
+            subprocess.run(
+                [sys.executable, "-I", "-S", "-c", script],
+                stderr=stream,
+                env={**os.environ, "NODESCOPE_LOG_FORMAT": form},
+                check=True,
+            )
+        line = err.read_text()
+        assert line.count("\n") == 1
+        fields = json.loads(line) if form == "json" else _parse_logfmt(line.rstrip("\n"))
+        assert fields["event"] == "accept_failed" and fields["level"] == "error"
+        assert fields["error"] == 'EMFILE: too "many"\n'
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields["time"])
