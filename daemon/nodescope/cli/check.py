@@ -294,6 +294,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
         node = f"simulated node ({args.scenario})"
         seconds = DEFAULT_SECONDS
+        if snapshot is not None:
+            # The simulated daemon has watched the node since t=0: its firing alerts are the
+            # daemon's view, as a running daemon's are on a real node.
+            from nodescope.analysis import alert_json
+
+            daemon_url = "simulated"
+            alerts = [alert_json(a) for a in snapshot.alerts]
     else:
         if not args.no_daemon:
             daemon_url, alerts = _daemon_alerts(args)
