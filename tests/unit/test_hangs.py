@@ -6,6 +6,7 @@ at a time."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -387,3 +388,21 @@ def test_a_gone_rank_is_named_with_how_it_ended_only_where_pid_and_name_match() 
     nameless = [DepartedRank("81840", 4242, None, (2,), 100.0)]
     text = hangs._collective_finding(activity, None, nameless, 112.0, None, segfault).message
     assert "(status unknown)" in text and "SIGSEGV" not in text
+
+
+def test_the_bundled_rank_died_scenario_names_the_signal_from_its_kernel_log(
+    tmp_path: Path,
+) -> None:
+    """The simulated node logs the kernel's segfault record of the rank it kills; the hang's
+    message names it from there, through the sxid source's read of ``dev/kmsg``."""
+    from nodescope.sim.driver import replay, replay_document
+    from nodescope.sim.scenario import load_scenario
+
+    doc = replay_document(replay(load_scenario("collective-hang-rank-died"), tmp_path / "root"))
+    hangs_seen = [e["text"] for e in doc["timeline"] if "collective_hang" in e["subject"]]
+    assert hangs_seen, doc["timeline"]
+    assert re.search(
+        r"rank gone: pid [0-9]+ \(python3\) on GPU 7 ended [0-9]+ s ago: SIGSEGV \(segfault,"
+        r" kernel log\)",
+        hangs_seen[0],
+    ), hangs_seen[0]
