@@ -23,6 +23,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,3 +242,56 @@ def test_lines_the_kernel_writes_for_a_user_are_no_xid_or_sxid(tmp_path: Path) -
     assert grown("nvml", nv.SKIP_XID_LEVEL) >= 1
     assert grown("nvml", nv.SKIP_XID_UNPARSABLE) >= 1
     assert grown("nvml", nv.SKIP_XID_NOT_KERNEL) >= 1
+
+
+#: A Python process that waits for a line on stdin, then faults in C (a read of address 0).
+FAULTING_PY = "import ctypes, sys; sys.stdin.readline(); ctypes.string_at(0)"
+
+
+def test_the_kernels_own_segfault_record_names_the_process_it_ended(tmp_path: Path) -> None:
+    """A real process killed by SIGSEGV: the sxid source reads the kernel's record of it
+    from the real ``/dev/kmsg`` with its pid, its name and the signal; the same text written
+    to ``/dev/kmsg`` from user space is refused and counted."""
+    _need_kernel_log()
+    if Path("/proc/sys/debug/exception-trace").read_text().strip() != "1":
+        pytest.skip("debug.exception-trace is 0: the kernel does not report segfaults")
+    source = sx.SxidSource()
+    roots = Roots(sysfs=tmp_path, dev=Path("/dev"))
+
+    def no_core() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    try:
+        source.collect(roots)  # what the ring buffer held before
+        found = []
+        # Segfault reports are rate-limited across the kernel: tried again a few times.
+        for _attempt in range(4):
+            child = subprocess.Popen(
+                [sys.executable, "-c", FAULTING_PY], stdin=subprocess.PIPE, preexec_fn=no_core
+            )
+            comm = Path(f"/proc/{child.pid}/comm").read_text().rstrip("\n")
+            child.communicate(b"go\n", timeout=30)
+            assert child.returncode == -11
+            forger = os.open("/dev/kmsg", os.O_WRONLY)
+            try:
+                forged_pid = child.pid + 1_000_000
+                os.write(
+                    forger,
+                    f"<6>{comm}[{forged_pid}]: segfault at 0 ip 0000000000401126 sp"
+                    f" 00007ffc8a1e9f30 error 4 in libc.so.6[7f0000000000+1000]\n".encode(),
+                )
+            finally:
+                os.close(forger)
+            time.sleep(0.2)
+            data = source.collect(roots)
+            assert forged_pid not in {e.pid for e in data.ended}
+            assert data.skipped.counts.get("process_end_not_from_kernel", 0) >= 1
+            found = [e for e in data.ended if e.pid == child.pid]
+            if found:
+                break
+    finally:
+        source.close()
+    assert [(e.pid, e.comm, e.signal, e.cause) for e in found] == [
+        (child.pid, comm, "SIGSEGV", "segfault")
+    ]
+    assert found[0].kernel_usec is not None and found[0].kernel_usec > 0

@@ -6,6 +6,7 @@ at a time."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -349,3 +350,59 @@ def test_a_collective_hang_counts_busy_and_idle_gpus_apart_and_names_a_gone_rank
     assert with_rank.evidence["ranks_gone"] == 1.0 and with_rank.evidence["gone_pid"] == 4242.0
     oom = hangs._collective_finding(activity, None, gone, 125.0, oom_kills=1)
     assert "the job's cgroup counts 1 OOM kill(s) in memory.events" in oom.message
+
+
+def test_a_gone_rank_is_named_with_how_it_ended_only_where_pid_and_name_match() -> None:
+    from nodescope.model.jobs import DepartedRank
+    from nodescope.model.sxid import ProcessEnd
+
+    activity = hangs.JobGpuActivity(
+        job_id="81840",
+        gpus=(0, 1, 2),
+        mean_utilisation=1.0,
+        max_utilisation=1.0,
+        pcie_bytes_per_second=0.0,
+        nvlink_bytes_per_second=0.0,
+        idle_gpus=(2,),
+        lost_gpus=(),
+        quiet_gpus=(0, 1, 2),
+    )
+    gone = [DepartedRank("81840", 4242, "python", (2,), 100.0)]
+    segfault = {4242: ProcessEnd(4242, "python", "SIGSEGV", "segfault", 5_000_000)}
+    named = hangs._collective_finding(activity, None, gone, 112.0, None, segfault)
+    assert (
+        "rank gone: pid 4242 (python) on GPU 2 ended 12 s ago: SIGSEGV (segfault, kernel log)"
+        in (named.message)
+    )
+    oom = {4242: ProcessEnd(4242, "python", "SIGKILL", "OOM-killed")}
+    assert "ended 12 s ago: SIGKILL (OOM-killed, kernel log)" in (
+        hangs._collective_finding(activity, None, gone, 112.0, None, oom).message
+    )
+    # The same pid under another name (a reused pid, a record of another task) proves nothing.
+    other = {4242: ProcessEnd(4242, "bash", "SIGSEGV", "segfault")}
+    for ended in (other, {4243: ProcessEnd(4243, "python", "SIGSEGV", "segfault")}, {}):
+        text = hangs._collective_finding(activity, None, gone, 112.0, None, ended).message
+        assert "pid 4242 (python) on GPU 2 exited 12 s ago (status unknown)" in text
+        assert "kernel log" not in text
+    # A rank whose name the job registry never saw is never matched on its pid alone.
+    nameless = [DepartedRank("81840", 4242, None, (2,), 100.0)]
+    text = hangs._collective_finding(activity, None, nameless, 112.0, None, segfault).message
+    assert "(status unknown)" in text and "SIGSEGV" not in text
+
+
+def test_the_bundled_rank_died_scenario_names_the_signal_from_its_kernel_log(
+    tmp_path: Path,
+) -> None:
+    """The simulated node logs the kernel's segfault record of the rank it kills; the hang's
+    message names it from there, through the sxid source's read of ``dev/kmsg``."""
+    from nodescope.sim.driver import replay, replay_document
+    from nodescope.sim.scenario import load_scenario
+
+    doc = replay_document(replay(load_scenario("collective-hang-rank-died"), tmp_path / "root"))
+    hangs_seen = [e["text"] for e in doc["timeline"] if "collective_hang" in e["subject"]]
+    assert hangs_seen, doc["timeline"]
+    assert re.search(
+        r"rank gone: pid [0-9]+ \(python3\) on GPU 7 ended [0-9]+ s ago: SIGSEGV \(segfault,"
+        r" kernel log\)",
+        hangs_seen[0],
+    ), hangs_seen[0]

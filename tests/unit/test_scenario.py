@@ -57,6 +57,7 @@ BUNDLED = (
     "escaped-nccl-threads",
     "foreign-rank-in-job-cgroup",
     "gpu-ecc-corrected-control",
+    "gpu-ecc-corrected-storm",
     "gpu-ecc-uncorrectable",
     "gpu-fabric-degraded",
     "gpu-fabric-healthy-control",

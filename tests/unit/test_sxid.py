@@ -642,3 +642,39 @@ def test_fuzz_a_driver_line_inside_a_message_is_never_an_sxid(before: str, prefi
     tally = SkipTally()
     assert sx.parse_kmsg_sxid(f"{prefix}{before}{FATAL_LINE}", tally) == ()
     assert sum(tally.freeze().counts.values()) == 1
+
+
+def _segfault(seq: int, pid: int, comm: str = "python3", prio: int = 6) -> str:
+    return (
+        f"{prio},{seq},{seq * 1000},-;{comm}[{pid}]: segfault at 0 ip 00007f3a1c2b4d10"
+        " sp 00007ffd5e1f2a40 error 4 in libc.so.6[7f3a1c200000+195000]\n"
+    )
+
+
+def test_source_keeps_the_latest_process_ends_bounded_and_once(
+    kmsg_root: tuple[Path, Roots],
+) -> None:
+    path, roots = kmsg_root
+    # A forged record (facility 1) beside the kernel's own and an SXid: one read for both.
+    _append(path, _segfault(1, 4242) + _segfault(2, 4243, prio=14) + _kmsg(3, FATAL_LINE))
+    src = sx.SxidSource(max_ends=3)
+    try:
+        data = src.collect(roots)
+        assert [(e.pid, e.comm, e.signal, e.cause) for e in data.ended] == [
+            (4242, "python3", "SIGSEGV", "segfault")
+        ]
+        assert data.counts[0].count == 1 and data.ended_dropped == 0
+        assert data.skipped.counts.get("process_end_not_from_kernel") == 1
+        _append(path, "".join(_segfault(seq, 5000 + seq) for seq in range(4, 8)))
+        data = src.collect(roots)
+        # The latest three, oldest first; the two older ones dropped and counted.
+        assert [e.pid for e in data.ended] == [5005, 5006, 5007]
+        assert data.ended_dropped == 2
+        # Opened again, /dev/kmsg hands out its ring buffer from the start: nothing twice.
+        src.close()
+        _append(path, _segfault(8, 6000))
+        data = src.collect(roots)
+        assert [e.pid for e in data.ended] == [5006, 5007, 6000]
+        assert data.ended_dropped == 3
+    finally:
+        src.close()

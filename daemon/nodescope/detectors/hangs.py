@@ -26,8 +26,10 @@ progress whose GPUs are all idle (utilisation at most ``idle_utilisation_ratio``
     threads) is named. The job's busy and idle GPUs are counted apart, and a rank that left
     before the hang (a GPU process of the job that NVML and the job lost within
     :data:`DEPARTED_KEEP_SECONDS`, remembered by ``Derived.departed_ranks``) is named with
-    its pid, name, GPUs and when; how it ended is "status unknown", as the node is not its
-    parent, with the OOM kills of the job's cgroup named beside as a fact.
+    its pid, name, GPUs and when; how it ended is named where the kernel log says it (a
+    segfault, a fatal trap, the OOM killer: the kernel's own record of that pid *and* name,
+    ``sources/process_ends.py``), else "status unknown", as the node is not its parent; the
+    OOM kills of the job's cgroup are named beside as a fact.
 
 A stalled job is then, in this order:
 
@@ -69,6 +71,7 @@ from nodescope.model.mountstats import MOUNTSTATS, MountstatsData, MountstatsRat
 from nodescope.model.nvml import NVML
 from nodescope.model.procs import PROCS, ProcsData
 from nodescope.model.snapshot import Snapshot
+from nodescope.model.sxid import SXID, ProcessEnd
 from nodescope.model.threads import THREADS, BlockedThread
 
 STORAGE = "job_stalled_on_storage"
@@ -531,16 +534,29 @@ def _gpus_text(gpus: Sequence[int], state: str) -> str:
     return f"GPU{'s' if len(gpus) > 1 else ''} {_gpu_list(gpus)} {state}"
 
 
-def _departed_text(gone: Sequence[DepartedRank], now: float, oom_kills: int | None) -> str:
-    """The job's ranks that left before the hang: pid, name, GPUs, when. How each ended is
-    not known to the node (it is not their parent and the kernel logs only some deaths), so
-    it is said to be unknown; OOM kills the job's cgroup counted are named as a fact beside."""
+def _departed_text(
+    gone: Sequence[DepartedRank],
+    now: float,
+    oom_kills: int | None,
+    ended: Mapping[int, ProcessEnd] | None = None,
+) -> str:
+    """The job's ranks that left before the hang: pid, name, GPUs, when, and how each ended
+    where the kernel log's own record of the same pid and name says it (``ended``, by pid).
+    Otherwise how it ended is not known to the node (it is not their parent and the kernel
+    logs only some deaths), so it is said to be unknown; OOM kills the job's cgroup counted
+    are named as a fact beside."""
     ranks = []
     for rank in gone[:4]:
         on = f" on {_gpus_text(rank.gpus, '')}".rstrip() if rank.gpus else ""
+        end = None if ended is None else ended.get(rank.pid)
+        # A pid alone is no proof: the name the kernel gave must be the rank's too.
+        if end is not None and rank.comm is not None and end.comm == rank.comm:
+            how = f": {end.signal} ({end.cause}, kernel log)"
+            verb = "ended"
+        else:
+            how, verb = " (status unknown)", "exited"
         ranks.append(
-            f"pid {rank.pid} ({rank.comm or '?'}){on} exited {now - rank.gone_at:.0f} s ago"
-            " (status unknown)"
+            f"pid {rank.pid} ({rank.comm or '?'}){on} {verb} {now - rank.gone_at:.0f} s ago{how}"
         )
     more = f" and {len(gone) - 4} more" if len(gone) > 4 else ""
     text = f"; rank gone: {', '.join(ranks)}{more}"
@@ -555,6 +571,7 @@ def _collective_finding(
     gone: Sequence[DepartedRank] = (),
     now: float = 0.0,
     oom_kills: int | None = None,
+    ended: Mapping[int, ProcessEnd] | None = None,
 ) -> Finding:
     """Busy GPUs that move nothing: the job's collectives wait for a rank that does not come.
     ``blocker``: what the storage analysis found holding one of its processes; ``gone``: the
@@ -581,7 +598,7 @@ def _collective_finding(
         f" InfiniBand: kernels spin waiting for a peer"
     )
     if gone:
-        text += _departed_text(gone, now, oom_kills)
+        text += _departed_text(gone, now, oom_kills, ended)
         evidence["ranks_gone"] = float(len(gone))
         evidence["gone_pid"] = float(gone[0].pid)
     if blocker is None:
@@ -623,6 +640,15 @@ def _oom_kills(snapshot: Snapshot, job_id: str) -> int | None:
             if stats is not None and stats.memory_events is not None:
                 return stats.memory_events.oom_kill
     return None
+
+
+def _ended(snapshot: Snapshot, gone: Sequence[DepartedRank]) -> dict[int, ProcessEnd]:
+    """The kernel log's process ends by pid (the latest of a pid), asked only for a hang
+    with a departed rank."""
+    kernel_log = snapshot.latest(SXID) if gone else None
+    if kernel_log is None:
+        return {}
+    return {end.pid: end for end in kernel_log.ended}
 
 
 def evaluate(
@@ -673,7 +699,11 @@ def evaluate(
         if silent and activity.spinning:
             gone = [d for d in departed if d.job_id == job]
             oom = _oom_kills(snapshot, job) if gone else None
-            findings.append(_collective_finding(activity, storage, gone, snapshot.monotonic, oom))
+            findings.append(
+                _collective_finding(
+                    activity, storage, gone, snapshot.monotonic, oom, _ended(snapshot, gone)
+                )
+            )
             continue
         if storage is not None:
             findings.append(storage)

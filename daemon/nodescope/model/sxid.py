@@ -40,6 +40,22 @@ class SxidCount:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessEnd:
+    """A process the kernel log says the kernel ended: killed by a signal it did not handle
+    (its ``segfault at`` or ``traps:`` report) or by the OOM killer. Read only from the
+    kernel's own records in their exact form (``sources/process_ends.py``); ``comm`` is the
+    kernel's name of the task (at most 15 characters), ``signal`` the signal it was sent
+    (``SIGSEGV``), ``cause`` the kernel's words for why (``segfault``, ``OOM-killed``) and
+    ``kernel_usec`` the record's µs since boot where the record stated them."""
+
+    pid: int
+    comm: str
+    signal: str
+    cause: str
+    kernel_usec: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SxidData:
     """One read of the kernel log.
 
@@ -54,6 +70,10 @@ class SxidData:
     dropped: int = 0
     lost: int = 0
     behind: bool = False
+    #: the latest processes the kernel log says the kernel ended, oldest first (bounded)
+    ended: tuple[ProcessEnd, ...] = ()
+    #: process ends no longer kept since the source started, the oldest dropped for newer
+    ended_dropped: int = 0
     #: kernel-log lines of this run skipped as malformed or not the kernel's own
     skipped: Skipped = field(default=NOTHING_SKIPPED, compare=False)
 

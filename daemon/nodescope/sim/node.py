@@ -1788,6 +1788,8 @@ class SimulatedNode:
             elif activity.kind == "process_exit":
                 for proc in self._refs(activity.get("process")):
                     self._exit_process(proc)
+                    if activity.get("signal") == "SIGSEGV":
+                        self._log_segfault(proc, activity.start)
             elif activity.kind == "gpu_ecc":
                 # Counted from the timeline at every move (_apply_gpu_health), as the other
                 # GPU health counters are.
@@ -1839,6 +1841,20 @@ class SimulatedNode:
         written = lines[:1] if forged_as == FORGED_SEGFAULT else lines
         for _ in range(activity.get("count")):
             self._append_kmsg([prefix + line for line in written], activity.start, forged_as)
+
+    def _log_segfault(self, proc: _Proc, start: float) -> None:
+        """The kernel's report of a process killed by a fault it did not handle
+        (``show_signal_msg``, ``arch/x86/mm/fault.c``): facility 0, ``KERN_INFO``, the task's
+        name (its first 15 characters) and pid first."""
+        usec = round((self.hardware.os.uptime_seconds + start) * 1_000_000)
+        text = (
+            f"{proc.comm[:15]}[{proc.pid}]: segfault at 0 ip 00007f3a1c2b4d10 sp"
+            f" 00007ffd5e1f2a40 error 4 in libc.so.6[7f3a1c200000+195000]"
+            " likely on CPU 3 (core 3, socket 0)"
+        )
+        record = f"{0 * 8 + 6},{self._kmsg_sequence},{usec},-;{text}\n"
+        self._kmsg_sequence += 1
+        self._files.append(self.kmsg_path, record.encode())
 
     @staticmethod
     def _xid_line(pci: str, xid: int) -> str:

@@ -39,11 +39,12 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from nodescope.model.skips import SkipTally
-from nodescope.model.sxid import MESSAGE_CHARS, SXID, SxidCount, SxidData
+from nodescope.model.sxid import MESSAGE_CHARS, SXID, ProcessEnd, SxidCount, SxidData
 from nodescope.roots import Roots
 from nodescope.sources.kernel_log import (
     REFUSED_NOT_KERNEL,
@@ -53,6 +54,7 @@ from nodescope.sources.kernel_log import (
     split_line,
 )
 from nodescope.sources.nvml import KmsgReader
+from nodescope.sources.process_ends import parse_kmsg_process_ends
 
 NAME = SXID.name
 
@@ -69,6 +71,9 @@ MAX_LINE_BYTES = 16384
 #: (switch, code, link) keys counted at most: four NVSwitches of 64 ports with a few codes
 #: each fit many times over, and a flood of distinct forged keys cannot grow memory.
 MAX_KEYS = 2048
+#: Process ends (``sources/process_ends.py``) kept, the latest: a departed rank is looked up
+#: within minutes of its end, and a crash loop of many processes cannot grow memory.
+MAX_ENDS = 256
 
 #: What sysfs says of an NVSwitch: NVIDIA's vendor id and the bridge class ``0x0680``.
 NVIDIA_VENDOR = b"0x10de"
@@ -274,6 +279,7 @@ class SxidSource:
         max_read_bytes: int = MAX_READ_BYTES,
         max_keys: int = MAX_KEYS,
         max_line: int = MAX_LINE_BYTES,
+        max_ends: int = MAX_ENDS,
     ) -> None:
         self.max_read_bytes = max_read_bytes
         self.max_keys = max_keys
@@ -282,6 +288,11 @@ class SxidSource:
         self._counts: dict[_Key, _Entry] = {}
         self._dropped = 0
         self._lost = 0
+        # The kernel-log pass also keeps the processes the kernel says it ended (one read of
+        # /dev/kmsg for both): the latest, the oldest dropped and counted.
+        self._ends: deque[ProcessEnd] = deque(maxlen=max(1, max_ends))
+        self._ends_seen = 0
+        self._ends_last_usec: int | None = None
         self._last_sequence: int | None = None
         # After a reopen, /dev/kmsg hands out its whole ring buffer again: records up to
         # this sequence number were counted before.
@@ -317,6 +328,7 @@ class SxidSource:
             self._forget_reader()
             raise
         tally = SkipTally()
+        self._keep_ends(parse_kmsg_process_ends(text, tally, self.max_line))
         for record in parse_kmsg_sxid(text, tally):
             # Only an address that is an NVSwitch of this node makes a count (and series).
             if is_nvswitch(roots, record.nvswitch):
@@ -339,8 +351,26 @@ class SxidSource:
             dropped=self._dropped,
             lost=self._lost + reader.lost,
             behind=reader.behind,
+            ended=tuple(self._ends),
+            ended_dropped=self._ends_seen - len(self._ends),
             skipped=tally.freeze(),
         )
+
+    def _keep_ends(self, ends: tuple[ProcessEnd, ...]) -> None:
+        for end in ends:
+            # A reopened /dev/kmsg hands out its ring buffer again: a record no later than
+            # the last one kept was kept before.
+            last = self._ends_last_usec
+            if (
+                end.kernel_usec is not None
+                and last is not None
+                and (end.kernel_usec < last or end in self._ends)
+            ):
+                continue
+            if end.kernel_usec is not None:
+                self._ends_last_usec = end.kernel_usec
+            self._ends.append(end)
+            self._ends_seen += 1
 
     def _forget_reader(self) -> None:
         if self._reader is not None:
@@ -357,6 +387,7 @@ def make_source() -> SxidSource:
 
 
 __all__ = [
+    "MAX_ENDS",
     "MAX_KEYS",
     "MAX_LINE_BYTES",
     "MAX_READ_BYTES",
