@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, nodescope_command
 from tests.integration.daemon_harness import Daemon
-from tests.integration.slurm_harness import SlurmCluster, missing_binaries
+from tests.integration.slurm_harness import SlurmCluster, skip_reason
 
 pytestmark = pytest.mark.integration
 
@@ -80,21 +80,9 @@ def write_config(config: Path, run: Path, dev: Path, reports: Path, expected_gpu
     )
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "Slurm daemons need root"
-    missing = missing_binaries()
-    if missing:
-        return f"not installed: {', '.join(missing)} (Debian: slurm-wlm munge)"
-    for controller in ("memory", "freezer"):
-        if not (Path("/sys/fs/cgroup") / controller / "cgroup.procs").exists():
-            return f"no cgroup v1 {controller} hierarchy for Slurm's cgroup/v1"
-    return None
-
-
 @pytest.fixture(scope="module")
 def setup() -> Iterator[Setup]:
-    reason = _skip_reason()
+    reason = skip_reason()
     if reason:
         pytest.skip(reason)
     work = Path(tempfile.mkdtemp(prefix="nodescope-slurm-", dir="/tmp"))

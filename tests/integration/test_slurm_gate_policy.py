@@ -49,7 +49,7 @@ from nodescope.sim.sysfs_tree import aer_text, load_capture, materialise
 from tests.conftest import REPO, nodescope_command
 from tests.hook_peers import hook_env, run_hook
 from tests.integration.daemon_harness import Daemon
-from tests.integration.slurm_harness import SlurmCluster, find_binary, missing_binaries
+from tests.integration.slurm_harness import SlurmCluster, find_binary, skip_reason
 
 pytestmark = pytest.mark.integration
 
@@ -150,18 +150,6 @@ class Setup:
         ).stdout  # fmt: skip
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "Slurm daemons need root"
-    missing = missing_binaries()
-    if missing:
-        return f"not installed: {', '.join(missing)} (Debian: slurm-wlm munge)"
-    for controller in ("memory", "freezer"):
-        if not (Path("/sys/fs/cgroup") / controller / "cgroup.procs").exists():
-            return f"no cgroup v1 {controller} hierarchy for Slurm's cgroup/v1"
-    return None
-
-
 def _wait(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -174,7 +162,7 @@ def _wait(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
 
 @pytest.fixture(scope="module")
 def setup() -> Iterator[Setup]:
-    reason = _skip_reason()
+    reason = skip_reason()
     if reason:
         pytest.skip(reason)
     work = Path(tempfile.mkdtemp(prefix="nodescope-gate-", dir="/tmp"))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from nodescope import __version__, jsonout, logs
+from nodescope.cli.common import seconds_in
 from nodescope.errors import ConfigError, ParseError
 from nodescope.model.finding import Finding
 from nodescope.text import sanitize
@@ -38,16 +39,6 @@ DEFAULT_SECONDS = 3.0
 MAX_SECONDS = 300.0
 #: The daemon's answer is an extra, never worth holding the check up for.
 DAEMON_TIMEOUT_SECONDS = 1.0
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 1.0 <= value <= MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_SECONDS:g} seconds")
-    return value
 
 
 def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -69,7 +60,7 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument(
         "--seconds",
-        type=_seconds,
+        type=seconds_in(1.0, MAX_SECONDS),
         default=DEFAULT_SECONDS,
         metavar="SECONDS",
         help=f"how long to watch the node, 1 to {MAX_SECONDS:g} (default {DEFAULT_SECONDS:g})",

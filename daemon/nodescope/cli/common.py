@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from nodescope.roots import ROOT_NAMES, Roots
 
@@ -25,3 +26,19 @@ def roots_from_args(args: argparse.Namespace, base: Roots | None = None) -> Root
     """The roots to use: ``base`` (the config's, or the defaults) with the flags applied."""
     overrides = {name: getattr(args, name, None) for name in ROOT_NAMES}
     return (base or Roots()).with_overrides(**overrides)
+
+
+def seconds_in(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds in ``[low, high]`` (NaN and infinities refused),
+    said in one line when it is not."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not low <= value <= high:  # NaN fails both comparisons
+            raise argparse.ArgumentTypeError(f"{text} is outside {low:g}..{high:g} seconds")
+        return value
+
+    return parse

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from nodescope import __version__, jsonout, logs
+from nodescope.cli.common import seconds_in
 from nodescope.cli.iostat import format_report
 from nodescope.cli.run import overrides_from_args
 from nodescope.cli.topo import select_devices
@@ -36,17 +37,8 @@ MIN_INTERVAL, MAX_INTERVAL = 0.1, 60.0
 MOST_ROWS = 64
 
 
-def interval_seconds(text: str) -> float:
-    """``--interval``: a number of seconds in [MIN_INTERVAL, MAX_INTERVAL]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not MIN_INTERVAL <= value <= MAX_INTERVAL:  # NaN fails both comparisons
-        raise argparse.ArgumentTypeError(
-            f"{text} is outside {MIN_INTERVAL:g}..{MAX_INTERVAL:g} seconds"
-        )
-    return value
+#: ``--interval``: a number of seconds in [MIN_INTERVAL, MAX_INTERVAL].
+interval_seconds = seconds_in(MIN_INTERVAL, MAX_INTERVAL)
 
 
 def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
