@@ -348,6 +348,19 @@ def _wait_for_xid_watcher(node: NodeLike, timeout: float = 2.0) -> None:
         time.sleep(0.005)
 
 
+#: Longest a replay waits for one cycle's background work (a trace parser's answer).
+BACKGROUND_WORK_SECONDS = 120.0
+
+
+def _wait_for_background_work(sources: Sequence[Source | ReadTimeSource]) -> None:
+    for wrapped in sources:
+        source = wrapped.source if isinstance(wrapped, ReadTimeSource) else wrapped
+        worker = getattr(source, "worker", None)
+        wait_idle = getattr(worker, "wait_idle", None)
+        if callable(wait_idle):
+            wait_idle(BACKGROUND_WORK_SECONDS)
+
+
 def replay(
     scenario: ScenarioLike,
     root: Path,
@@ -411,6 +424,11 @@ def replay(
             clock.now = t
             if step.collect:
                 snapshot = analyzer.analyze(collector.run_cycle())
+                # Work a source hands to a process of its own (the traces parser) takes
+                # seconds of real time, a cycle or two of a daemon's: a replay waits for it
+                # each cycle, so what it finds shows in the next one whatever the machine's
+                # load, as on a node.
+                _wait_for_background_work(sources)
                 if cycles == 0:
                     _wait_for_xid_watcher(node)
                 cycles += 1
