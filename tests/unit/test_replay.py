@@ -553,7 +553,7 @@ def test_cli_replay_exit_2_without_a_scenario(capsys: pytest.CaptureFixture[str]
     from nodescope.cli.main import main
 
     assert main(["replay"]) == 2
-    assert "bundled: " in capsys.readouterr().err
+    assert "--list shows the bundled ones" in capsys.readouterr().err
     assert main(["replay", "no-such-scenario"]) == 2
     assert "no-such-scenario" in capsys.readouterr().err
 
