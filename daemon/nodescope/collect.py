@@ -28,7 +28,7 @@ from nodescope.config import (
 from nodescope.model.skips import Skipped
 from nodescope.model.snapshot import Snapshot, SourceSample, SourceStatus
 from nodescope.roots import Roots
-from nodescope.sources.base import Source
+from nodescope.sources.base import Source, TopologyGeneration
 from nodescope.sources.registry import SOURCES, SourceInputs
 
 log = logging.getLogger("nodescope.collect")
@@ -63,6 +63,15 @@ def _timeout_of(config: Config, name: str) -> float:
     return settings.timeout_seconds if settings is not None else DEFAULT_SOURCE_TIMEOUT
 
 
+def _watched(name: str, inputs: SourceInputs | None) -> TopologyGeneration | None:
+    """The topology generation the source named ``name`` runs on when it moves: the shared
+    one of ``inputs`` if the registry declares the source due on a topology change."""
+    info = SOURCES.get(name)
+    if inputs is None or info is None or not info.due_on_topology_change:
+        return None
+    return inputs.topology
+
+
 @dataclass
 class ScheduledSource:
     """A source, its interval and deadline, and its health over the daemon's life.
@@ -72,12 +81,20 @@ class ScheduledSource:
     that overran its deadline has not returned: the source is not called again until it does,
     so a call blocked in the kernel (a hung NFS server, a GPU in a bad state) holds one thread,
     never one per cycle.
+
+    ``watches`` is the topology generation the source declared it follows
+    (:attr:`~nodescope.sources.registry.SourceInfo.due_on_topology_change`): the source is
+    also due in any cycle in which it moved since the generation ``watched_seen`` it last ran
+    at, so a device hot-removed is read when the ``udev`` source reports it, not at the end
+    of the source's interval. Such a run keeps ``next_due``: the cadence goes on as planned.
     """
 
     source: Source
     interval: float
     timeout: float | None = None
     next_due: float = 0.0
+    watches: TopologyGeneration | None = None
+    watched_seen: int = 0
     errors_total: int = 0
     runs_total: int = 0
     timeouts_total: int = 0
@@ -167,6 +184,21 @@ def _call(item: ScheduledSource, roots: Roots) -> tuple[Any, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
+def _input_moved(item: ScheduledSource) -> bool:
+    """Whether the generation ``item`` watches moved since it last ran."""
+    watches = item.watches
+    return watches is not None and watches.value != item.watched_seen
+
+
+def _watch(due: list[ScheduledSource]) -> list[ScheduledSource]:
+    """``due``, each watching source noted as having run at the generation it starts from
+    (a move during its run is caught by the next look)."""
+    for item in due:
+        if item.watches is not None:
+            item.watched_seen = item.watches.value
+    return due
+
+
 @dataclass
 class Collector:
     """Runs sources on their own intervals against a set of roots.
@@ -212,7 +244,10 @@ class Collector:
                 if wanted.enabled:
                     scheduled.append(
                         ScheduledSource(
-                            _make(name, inputs), wanted.interval_seconds, _timeout_of(config, name)
+                            _make(name, inputs),
+                            wanted.interval_seconds,
+                            _timeout_of(config, name),
+                            watches=_watched(name, inputs),
                         )
                     )
         else:
@@ -220,7 +255,12 @@ class Collector:
                 settings = config.sources.get(source.name)
                 interval = settings.interval_seconds if settings else config.tick_seconds
                 scheduled.append(
-                    ScheduledSource(source, interval, _timeout_of(config, source.name))
+                    ScheduledSource(
+                        source,
+                        interval,
+                        _timeout_of(config, source.name),
+                        watches=_watched(source.name, inputs),
+                    )
                 )
         return cls(roots=config.roots, scheduled=scheduled, inputs=inputs)
 
@@ -321,31 +361,39 @@ class Collector:
         return samples
 
     def run_cycle(self, force: bool = False) -> Snapshot:
-        """Run every due source (every source with ``force``) and return the new snapshot."""
+        """Run every due source (every source with ``force``) and return the new snapshot.
+
+        A source that watches the topology generation is due too when the generation moved
+        since it last ran; one that was not due at the start is looked at again once the
+        others ran, so a PCI event the ``udev`` source hands over in this cycle has the tree
+        read in this cycle. The cost is one integer comparison per watching source (the
+        ``pci`` source only), twice a cycle."""
         cycle_start = self.clock()
-        due = [
-            item
-            for item in self.scheduled
+        due: list[ScheduledSource] = []
+        # Run only because an input moved: their cadence goes on as planned.
+        unscheduled: set[str] = set()
+        for item in self.scheduled:
             # A tenth of the interval of slack: the loop's wake-up jitter must not push a
             # source that is due on this tick to the next one.
-            if force or cycle_start >= item.next_due - 0.1 * item.interval
-        ]
+            if force or cycle_start >= item.next_due - 0.1 * item.interval:
+                due.append(item)
+            elif item.watches is not None and _input_moved(item):
+                due.append(item)
+                unscheduled.add(item.source.name)
         by_name = {item.source.name: item for item in due}
         if self.inputs is not None:
             self.inputs.begin_cycle(by_name)
-        for sample in self._run_due(due):
-            name = sample.source
-            item = by_name[name]
-            if name in self._current:
-                self._previous[name] = self._current[name]
-            self._current[name] = sample
-            # Schedule from the planned time so the cadence does not drift with read cost;
-            # after an overrun (or on the first run) start again from now.
-            now = sample.monotonic
-            planned = item.next_due + item.interval
-            if not item.next_due or planned <= now:
-                planned = cycle_start + item.interval
-            item.next_due = planned
+        self._keep(_watch(due), by_name, unscheduled, cycle_start)
+        # Sources that watch an input moved by a source of this cycle (or by a monitor thread
+        # meanwhile). They share the cycle's cgroup walk as begun: none of them reads it.
+        late = [
+            item
+            for item in self.scheduled
+            if item.watches is not None and item.source.name not in by_name and _input_moved(item)
+        ]
+        if late:
+            late_names = {item.source.name: item for item in late}
+            self._keep(_watch(late), late_names, set(late_names), cycle_start)
         self.cycle += 1
         snapshot = Snapshot(
             cycle=self.cycle,
@@ -369,6 +417,31 @@ class Collector:
         )
         self.last = snapshot
         return snapshot
+
+    def _keep(
+        self,
+        due: list[ScheduledSource],
+        by_name: dict[str, ScheduledSource],
+        unscheduled: set[str],
+        cycle_start: float,
+    ) -> None:
+        """Run ``due`` and keep their samples; all but the ``unscheduled`` ones (run because
+        an input moved) are scheduled again."""
+        for sample in self._run_due(due):
+            name = sample.source
+            item = by_name[name]
+            if name in self._current:
+                self._previous[name] = self._current[name]
+            self._current[name] = sample
+            if name in unscheduled:
+                continue
+            # Schedule from the planned time so the cadence does not drift with read cost;
+            # after an overrun (or on the first run) start again from now.
+            now = sample.monotonic
+            planned = item.next_due + item.interval
+            if not item.next_due or planned <= now:
+                planned = cycle_start + item.interval
+            item.next_due = planned
 
     def close(self) -> None:
         if self._runner is not None:

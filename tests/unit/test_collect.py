@@ -13,6 +13,7 @@ from nodescope.collect import Collector, ScheduledSource
 from nodescope.errors import ConfigError
 from nodescope.model.source_key import SourceKey
 from nodescope.roots import Roots
+from nodescope.sources.base import TopologyGeneration
 from nodescope.sources.registry import SOURCES, SourceInputs
 
 
@@ -195,5 +196,80 @@ def test_the_sources_it_builds_share_one_set_of_inputs(tmp_path: Path) -> None:
             assert getattr(built[name], "walk", None) is c.inputs.cgroup_walk, name
         for name in ("pci", "udev"):
             assert getattr(built[name], "topology", None) is c.inputs.topology, name
+        # The pci source is the one due when the topology moves; the udev source moves it.
+        watching = {item.source.name: item.watches for item in c.scheduled}
+        assert watching == {name: None for name in wanted} | {"pci": c.inputs.topology}
     finally:
         c.close()
+
+
+@dataclass
+class Advancing:
+    """A source whose run moves the topology generation, as the ``udev`` source's does when
+    it hands over a PCI device event."""
+
+    topology: TopologyGeneration
+    name: str = "udev"
+    moves: set[int] = field(default_factory=set)
+    calls: int = 0
+
+    def collect(self, roots: Roots) -> int:
+        self.calls += 1
+        if self.calls in self.moves:
+            self.topology.advance()
+        return self.calls
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_source_watching_the_topology_runs_exactly_when_it_moved() -> None:
+    clock = FakeClock()
+    topology = TopologyGeneration()
+    pci = Counting("pci")
+    # The udev source runs after the pci source in a cycle, as in the daemon's order; its
+    # 3rd run (t=102) hands over a removal.
+    udev = Advancing(topology, moves={3})
+    c = Collector(
+        roots=Roots(),
+        scheduled=[
+            ScheduledSource(pci, 30.0, watches=topology),
+            ScheduledSource(udev, 1.0),
+        ],
+        clock=clock,
+        wall_clock=lambda: 1.7e9,
+    )
+    runs: dict[float, int] = {}
+    for _ in range(40):
+        if clock.now == 105.0:
+            topology.advance()  # a monitor thread's event between two cycles
+        snapshot = c.run_cycle()
+        runs[clock.now] = pci.calls
+        if clock.now == 102.0:
+            # Read in the cycle that reported the move, after the source that moved it.
+            sample = snapshot.current["pci"]
+            assert sample.data == 2 and sample.monotonic == 102.0
+        clock.now += 1.0
+    ran_at = [t for t in runs if runs[t] != runs.get(t - 1.0, 0)]
+    # First run, the udev source's move (same cycle), the monitor's move (next cycle), then
+    # the interval's own runs, which the extra runs did not shift (slack of a tenth).
+    assert ran_at == [100.0, 102.0, 105.0, 127.0]
+    assert udev.calls == 40
+    assert c.scheduled[0].next_due == 160.0  # planned: 130 + 30
+
+
+def test_an_unwatched_source_ignores_the_topology() -> None:
+    clock = FakeClock()
+    topology = TopologyGeneration()
+    pci = Counting("pci")
+    udev = Advancing(topology, moves={2, 3, 4})
+    c = Collector(
+        roots=Roots(),
+        scheduled=[ScheduledSource(pci, 30.0), ScheduledSource(udev, 1.0)],
+        clock=clock,
+        wall_clock=lambda: 1.7e9,
+    )
+    for _ in range(10):
+        c.run_cycle()
+        clock.now += 1.0
+    assert topology.value == 3 and pci.calls == 1

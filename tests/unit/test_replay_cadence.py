@@ -32,8 +32,9 @@ from nodescope.sources.registry import SourceInputs
 
 
 def cadence(item: ScheduledSource) -> dict[str, Any]:
-    """What decides when a scheduled source reads what: its interval and every ``*_every``
-    count of runs it has (``slow_every``, ``health_every``, ``gpm_every``, ``host_every``)."""
+    """What decides when a scheduled source reads what: its interval, every ``*_every``
+    count of runs it has (``slow_every``, ``health_every``, ``gpm_every``, ``host_every``) and
+    whether a move of the topology generation makes it due (the one its source follows)."""
     # The replay's sources move the node before they read: the source read is inside.
     source = getattr(item.source, "source", item.source)
     counts = {
@@ -41,7 +42,9 @@ def cadence(item: ScheduledSource) -> dict[str, Any]:
         for name in dir(source)
         if name.endswith("_every") and not name.startswith("_")
     }
-    return {"interval": item.interval, **counts}
+    if item.watches is not None:
+        assert item.watches is source.topology, item.source.name
+    return {"interval": item.interval, "due_on_topology": item.watches is not None, **counts}
 
 
 def _scenario(tmp_path: Path, doc: dict[str, Any]) -> Path:
@@ -98,6 +101,8 @@ def test_the_replay_schedules_every_source_as_the_daemon_does(
         for name in ("nvml", "infiniband", "pci", "cgroups", "jobs", "procs", "threads"):
             assert "slow_every" in replayed[name], name
         assert ours["nvml"]["slow_every"] > 1 and ours["nvml"]["health_every"] > 1
+        # The pci source reads the tree when the udev source reports a device event.
+        assert {name for name, c in replayed.items() if c["due_on_topology"]} == {"pci"}
     finally:
         daemon.collector.close()
         daemon.analyzer.close()

@@ -131,6 +131,9 @@ class SourceInfo:
     default_interval: float
     help: str
     maker: Maker = _alone
+    #: Due also in any cycle in which ``SourceInputs.topology`` moved since its last run (a
+    #: device event the ``udev`` source reported), not only at the end of its interval.
+    due_on_topology_change: bool = False
 
     def make(self, inputs: SourceInputs | None = None) -> Source:
         """The source, sharing ``inputs`` with the others built with them (its own when not
@@ -151,6 +154,8 @@ SOURCE_TABLE: tuple[SourceInfo, ...] = (
         30.0,
         "PCIe tree, link speed/width, NUMA placement and AER counters from /sys/bus/pci",
         _with_topology,
+        # A function hot-removed is judged while what used it is still in the reads.
+        due_on_topology_change=True,
     ),
     SourceInfo(
         "disks",
