@@ -260,6 +260,15 @@ def test_every_number_option_takes_its_bounds(
             extra = f"stall_critical_cycles_per_us = {literal}\n"
         if table == "detectors.nvlink" and key == "utilisation_warning_ratio":
             extra = f"utilisation_critical_ratio = {literal}\n"
+        # A warning bound may not pass its critical one (nor the other way round): the
+        # partner takes the same edge.
+        if table == "detectors.errors" and ("warning" in key or "critical" in key):
+            partner = (
+                key.replace("warning", "critical")
+                if "warning" in key
+                else key.replace("critical", "warning")
+            )
+            extra = f"{partner} = {literal}\n"
         path.write_text(f"[{table}]\n{key} = {literal}\n{extra}")
         config.load(path)
 
