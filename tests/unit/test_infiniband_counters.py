@@ -312,12 +312,18 @@ def test_counter_files_are_bounded_per_directory_and_names_checked(h100_copy: Pa
 _NAMES = st.one_of(
     st.sampled_from([*_H100_HW_KINDS, "np_cnp_sent", "lifespan", "active_qps"]),
     st.from_regex(r"[a-z_]{1,20}", fullmatch=True),
-    st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_size=70),
+    # Any name a file system takes: no "/", no NUL, no lone surrogate (not a file name).
+    st.text(
+        st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)),
+        min_size=1,
+        max_size=70,
+    ),
 )
 _VALUES = st.one_of(
     st.integers(0, 2**64 - 1).map(lambda v: f"{v}\n"),
     st.sampled_from(["N/A (no PMA)\n", "", "\n", "-1\n", "1 2\n", "0x10\n", f"{2**64}\n"]),
-    st.text(max_size=20),
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=20),
+    st.binary(max_size=20).map(lambda b: b.decode("latin-1")),
 )
 
 
