@@ -271,11 +271,15 @@ def _run_block(
                 print(f"{time.monotonic() - started:6.1f}s serving: {where}")
                 continue
             statuses, silent = _documented(command)
+            # A documented pytest run gets its own temporary root: left to find its own, it
+            # would clean up the numbered roots of this run's other pytest processes.
+            env = _env()
+            env["PYTEST_ADDOPTS"] = f"--basetemp={workdir / 'pytest-tmp'} -p no:cacheprovider"
             try:
                 done = subprocess.run(
                     ["bash", "-c", text],
                     cwd=workdir,
-                    env=_env(),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     capture_output=True,
                     timeout=COMMAND_TIMEOUT,
