@@ -1,10 +1,15 @@
-"""The README's generated sections (CLI, configuration and metrics references) and the sample
-configuration file.
+"""The README's generated sections (CLI, configuration and metrics references, the finding
+tables), the sample configuration file, and the code blocks made from the finding-kind specs.
 
 ``python -m nodescope.docgen --write README.md`` refreshes the sections in place between
 ``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers, ``--check README.md`` only says whether
 they are stale, and ``--sample systemd/nodescope.toml`` writes the sample configuration; the test
 suite fails when either is stale, so they always describe the code.
+
+``--write-code`` refreshes the blocks between ``# BEGIN generated name`` / ``# END generated
+name`` lines in the package's own modules (:data:`CODE_SECTIONS`: tables of finding kinds
+that modules outside the detectors need without importing them), ``--check-code`` only says
+whether they are stale.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from nodescope import config
@@ -49,11 +55,79 @@ def metrics_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
+def findings_signals() -> str:
+    from nodescope.detectors.kinds import signal_table
+    from nodescope.detectors.registry import KINDS
+
+    return signal_table(KINDS.values())
+
+
+def findings_kinds() -> str:
+    from nodescope.detectors.kinds import kind_table
+    from nodescope.detectors.registry import KINDS
+
+    return kind_table(KINDS.values())
+
+
 SECTIONS = {
     "cli": cli_reference,
     "config": config.reference_markdown,
     "metrics": metrics_reference,
+    "finding-signals": findings_signals,
+    "finding-kinds": findings_kinds,
 }
+
+
+def _policy_rules() -> str:
+    from nodescope.detectors.kinds import policy_block
+    from nodescope.detectors.registry import KINDS
+
+    return policy_block(KINDS.values())
+
+
+def _contention_kinds() -> str:
+    from nodescope.detectors.kinds import contention_block
+    from nodescope.detectors.registry import KINDS
+
+    return contention_block(KINDS.values())
+
+
+#: Module (relative to the package) -> block name -> what makes its body.
+CODE_SECTIONS: Mapping[str, Mapping[str, Callable[[], str]]] = {
+    "remediation/policy.py": {"kind-actions": _policy_rules},
+    "hooks/tracker.py": {"contention-kinds": _contention_kinds},
+}
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def refresh_code(text: str, sections: Mapping[str, Callable[[], str]]) -> str:
+    """``text`` with each named block's body made anew (the marker lines kept)."""
+    for name, make in sections.items():
+        quoted = re.escape(name)
+        pattern = re.compile(
+            rf"(^# BEGIN generated {quoted}\b[^\n]*\n).*?(^# END generated {quoted}$)",
+            flags=re.DOTALL | re.MULTILINE,
+        )
+        if not pattern.search(text):
+            raise ValueError(f"no generated {name} block")
+        body = make()
+
+        def replace(match: re.Match[str], body: str = body) -> str:
+            return match.group(1) + body + match.group(2)
+
+        text = pattern.sub(replace, text)
+    return text
+
+
+def stale_code(root: Path = PACKAGE) -> list[str]:
+    """The modules under ``root`` whose generated blocks differ from the specs."""
+    stale = []
+    for module, sections in CODE_SECTIONS.items():
+        text = (root / module).read_text()
+        if refresh_code(text, sections) != text:
+            stale.append(module)
+    return stale
 
 
 def refresh(text: str) -> str:
@@ -79,7 +153,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sample", metavar="FILE", help="write the sample configuration file (from the code)"
     )
+    parser.add_argument(
+        "--write-code", action="store_true", help="refresh the package's generated code blocks"
+    )
+    parser.add_argument(
+        "--check-code",
+        action="store_true",
+        help="exit status 1 when the package's generated code blocks are stale",
+    )
     args = parser.parse_args(argv)
+    if args.write_code:
+        for module, sections in CODE_SECTIONS.items():
+            path = PACKAGE / module
+            path.write_text(refresh_code(path.read_text(), sections))
+    if args.check_code:
+        stale = stale_code()
+        if stale:
+            print(f"generated code blocks are stale: {', '.join(stale)}", file=sys.stderr)
+            return 1
     if args.sample:
         Path(args.sample).write_text(config.sample_toml())
     if args.check:
@@ -90,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         path = Path(args.write)
         path.write_text(refresh(path.read_text()))
-    if not (args.sample or args.check or args.write):
+    if not (args.sample or args.check or args.write or args.write_code or args.check_code):
         for name, make in SECTIONS.items():
             print(f"<!-- {name} -->\n{make()}")
     return 0

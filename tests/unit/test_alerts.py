@@ -39,6 +39,7 @@ from nodescope.analysis import Analyzer, alerts_document
 from nodescope.cli import alerts as alerts_cli
 from nodescope.cli.main import main
 from nodescope.collect import Collector
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.detectors.registry import ALERT_RULES, DetectorInfo, alert_rules_of
 from nodescope.errors import ConfigError
 from nodescope.httpserver import JsonCache, MetricsHTTPServer
@@ -514,8 +515,17 @@ def test_a_kind_has_one_built_in_rule() -> None:
         return []
 
     rule = AlertRule(for_seconds=0.0)
-    one = DetectorInfo("one", detect, MappingProxyType({"xid": rule}))
-    other = DetectorInfo("other", detect, MappingProxyType({"xid": rule}))
+    spec = FindingKind(
+        "xid",
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="an Xid",
+        signal="NVML",
+        hardware="yes",
+        alert=rule,
+    )
+    one = DetectorInfo("one", detect, (spec,))
+    other = DetectorInfo("other", detect, (spec,))
     assert alert_rules_of([one]) == {"xid": rule}
     with pytest.raises(ValueError, match="'xid' declared twice"):
         alert_rules_of([one, other])

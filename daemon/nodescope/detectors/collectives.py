@@ -16,13 +16,46 @@ as the job's latest traces show it.
 
 from __future__ import annotations
 
+from nodescope.alerts import AlertRule
 from nodescope.config import Config
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.collectives import TRACES, JobCollectives, KindFigures
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.snapshot import Snapshot
 
 SKEW = "collective_skew"
 STRAGGLER = "collective_straggler"
+
+_TRACES = (
+    "the job's own PyTorch profiler traces dropped in the spool (`traces` source): the"
+    " ranks' send bytes and arrival times per collective kind"
+)
+_TRACES_HARDWARE = "yes, for jobs that write profiler traces (docs/collectives.md)"
+# Trace figures are already a summary over the profiler's window: they fire at once and hold
+# until the job's next files (or its end) change them.
+_RULE = AlertRule(for_seconds=0.0, resolve_after_seconds=60.0)
+
+SPECS = (
+    FindingKind(
+        SKEW,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="a collective kind's send bytes are spread unevenly over the job's ranks:"
+        " every step waits for the busiest",
+        signal=_TRACES,
+        hardware=_TRACES_HARDWARE,
+        alert=_RULE,
+    ),
+    FindingKind(
+        STRAGGLER,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="one rank kept the others waiting in a collective longer than `max_wait_seconds`",
+        signal=_TRACES,
+        hardware=_TRACES_HARDWARE,
+        alert=_RULE,
+    ),
+)
 
 
 def _ranks(job: JobCollectives) -> str:

@@ -47,6 +47,7 @@ from nodescope.detectors.common import (
     tcp_evidence,
     tcp_text,
 )
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.attribution import (
     IMPOSSIBLE_UTILISATION,
     Direction,
@@ -66,6 +67,21 @@ KIND = "pcie_contention"
 #: Its alert rule, declared here because :func:`detect` reports the keep band down to
 #: ``clear_below``: a firing alert holds while the link stays at least half busy.
 RULE = AlertRule(for_seconds=30.0, resolve_after_seconds=60.0, clear_below=0.5)
+
+SPEC = FindingKind(
+    KIND,
+    severities(Severity.WARNING),
+    actions(warning="alert"),
+    meaning="endpoints of different classes (GPUs, NVMe, NICs) share a PCIe link that their"
+    " traffic together saturates",
+    signal="per-endpoint bytes under one shared link: GPUs from NVML fields 197/198 (or the"
+    " 20 ms throughput call), NVMe from `/proc/diskstats`, NICs from InfiniBand"
+    " `port_{xmit,rcv}_data`; the link's capacity from sysfs `current_link_{speed,width}`",
+    hardware="yes — no root port or switch exposes its own byte counter, so a link's traffic"
+    " is the sum of what its endpoints report",
+    alert=RULE,
+    contention=True,
+)
 
 _PEER_TEXT = {
     PeerKind.GPUDIRECT_RDMA: "GPUDirect RDMA",

@@ -32,8 +32,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from nodescope.alerts import AlertRule
 from nodescope.config import Config, ErrorsSettings
 from nodescope.detectors.common import tcp_evidence, tcp_text
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.error_thresholds import BY_COUNTER, MIN_ERRORS, Threshold
 from nodescope.model.error_windows import (
     AER as AER_FAMILY,
@@ -65,6 +67,73 @@ NVLINK = "nvlink_errors"
 IB_ERRORS = "ib_port_errors"
 ECC_CORRECTED = "gpu_ecc_corrected"
 IB_XMIT_WAIT = "ib_xmit_wait"
+
+# An error counter that moved is a finding for one interval, so its kind fires at once and
+# stays visible a while.
+_AT_ONCE_5M = AlertRule(for_seconds=0.0, resolve_after_seconds=300.0)
+_AT_ONCE_10M = AlertRule(for_seconds=0.0, resolve_after_seconds=600.0)
+_RATES = severities(Severity.WARNING, Severity.CRITICAL)
+_RATE_ACTIONS = actions(critical="drain", warning="alert")
+
+SPECS = (
+    FindingKind(
+        AER,
+        _RATES,
+        _RATE_ACTIONS,
+        meaning="a PCI function reports AER errors: correctable ones at a rate, non-fatal or"
+        " fatal ones from the first",
+        signal="sysfs `aer_dev_{correctable,nonfatal,fatal}`",
+        hardware="yes, where the platform grants the OS AER (firmware-first platforms hide it)",
+        alert=_AT_ONCE_10M,
+    ),
+    FindingKind(
+        REPLAYS,
+        _RATES,
+        _RATE_ACTIONS,
+        meaning="a GPU's PCIe link retries transfers at a rate: a marginal link",
+        signal="NVML PCIe replay counter",
+        hardware="yes",
+        alert=_AT_ONCE_5M,
+    ),
+    FindingKind(
+        NVLINK,
+        _RATES,
+        _RATE_ACTIONS,
+        meaning="an NVLink of a GPU counts CRC, replay or recovery errors at a rate",
+        signal="NVML NVLink DL error counters (replay, recovery, CRC)",
+        hardware="yes",
+        alert=_AT_ONCE_5M,
+    ),
+    FindingKind(
+        IB_ERRORS,
+        _RATES,
+        _RATE_ACTIONS,
+        meaning="an InfiniBand port counts errors at a rate (symbol errors as a bit error"
+        " ratio of its line rate)",
+        signal="InfiniBand port error counters in sysfs (`counters/`, `hw_counters/`)",
+        hardware="yes",
+        alert=_AT_ONCE_10M,
+    ),
+    FindingKind(
+        ECC_CORRECTED,
+        _RATES,
+        _RATE_ACTIONS,
+        meaning="a GPU corrects ECC errors at a rate over an hour: its memory is wearing out",
+        signal="NVML total ECC errors, corrected, volatile",
+        hardware="yes, on GPUs with ECC enabled",
+        alert=_AT_ONCE_10M,
+    ),
+    FindingKind(
+        IB_XMIT_WAIT,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="data waits to leave an InfiniBand port (no credits, arbitration): congestion,"
+        " not an error",
+        signal="InfiniBand `port_xmit_wait` in sysfs",
+        hardware="yes",
+        contention=True,
+    ),
+)
 
 #: The line rate assumed for a port whose ``rate`` the kernel did not give: EDR, the slowest
 #: rate the fabric of a GPU node runs, so its bit error ratio is not understated.

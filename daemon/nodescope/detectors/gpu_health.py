@@ -59,6 +59,7 @@ from types import MappingProxyType
 from nodescope.alerts import AlertRule
 from nodescope.config import Config, GpuHealthSettings
 from nodescope.detectors.common import jobs, jobs_of_gpus
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.gpu_health import (
     FABRIC_STATE_COMPLETED,
@@ -120,6 +121,98 @@ RULES: Mapping[str, AlertRule] = MappingProxyType(
         )
         for kind in KINDS
     }
+)
+
+_W, _C = severities(Severity.WARNING), severities(Severity.CRITICAL)
+_ALERT, _DRAIN = actions(warning="alert"), actions(critical="drain")
+_REMAP = "NVML remapped rows (pending, failure)"
+_REMAP_HARDWARE = "yes, Ampere and later"
+_SLOWDOWN = (
+    "NVML clock-event (throttle) reasons with temperature, thresholds, power draw and limits;"
+    ' "under load" from NVML utilisation and compute processes'
+)
+
+
+def _spec(
+    name: str,
+    levels: frozenset[Severity],
+    remedy: Mapping[Severity, str],
+    *,
+    meaning: str,
+    signal: str,
+    hardware: str,
+) -> FindingKind:
+    return FindingKind(name, levels, remedy, meaning, signal, hardware, alert=RULES[name])
+
+
+SPECS = (
+    _spec(
+        ECC,
+        _C,
+        _DRAIN,
+        meaning="a GPU reported new uncorrectable ECC errors",
+        signal="NVML total ECC errors, uncorrected, volatile and aggregate",
+        hardware="yes, on GPUs with ECC enabled",
+    ),
+    _spec(
+        REMAP_PENDING,
+        _W,
+        _ALERT,
+        meaning="a GPU has a faulty memory row to replace at its next reset",
+        signal=_REMAP,
+        hardware=_REMAP_HARDWARE,
+    ),
+    _spec(
+        REMAP_FAILED,
+        _C,
+        _DRAIN,
+        meaning="a GPU's memory bank has no spare row left: replace the GPU",
+        signal=_REMAP,
+        hardware=_REMAP_HARDWARE,
+    ),
+    _spec(
+        RETIREMENT_PENDING,
+        _W,
+        _ALERT,
+        meaning="a GPU has memory pages to retire at its next reset",
+        signal="NVML retired pages pending status",
+        hardware="yes, before Ampere (later GPUs remap rows instead)",
+    ),
+    _spec(
+        THERMAL,
+        _W,
+        _ALERT,
+        meaning="a GPU under load is slowed by its temperature for a while",
+        signal=_SLOWDOWN,
+        hardware="yes",
+    ),
+    _spec(
+        POWER,
+        _W,
+        _ALERT,
+        meaning="a GPU under load is held by its power cap, far below its clocks or at a"
+        " lowered limit",
+        signal=_SLOWDOWN,
+        hardware="yes",
+    ),
+    _spec(
+        HW_SLOWDOWN,
+        _C,
+        _DRAIN,
+        meaning="a GPU is slowed by a hardware signal (thermal or power brake) for a while",
+        signal=_SLOWDOWN,
+        hardware="yes",
+    ),
+    _spec(
+        FABRIC,
+        _C,
+        _DRAIN,
+        meaning="a GPU's NVSwitch fabric registration failed, stays unfinished or reports"
+        " degraded health",
+        signal="NVML GPU fabric info: registration state, status, health mask",
+        hardware="on NVSwitch systems under the fabric manager (Hopper and later); the"
+        " degraded-bandwidth bit needs a driver with the versioned call",
+    ),
 )
 
 #: ``Derived.held_since`` names: when each health read was first seen, how long each

@@ -59,8 +59,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from nodescope.alerts import AlertRule
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.cgroup import CGROUPS, Cgroup, CgroupTree
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
@@ -78,6 +80,55 @@ STORAGE = "job_stalled_on_storage"
 COLLECTIVE = "collective_hang"
 LOADER = "data_loader_starving"
 UNKNOWN = "job_stalled_unknown"
+
+_HANG_SIGNAL = (
+    "NVML utilisation and byte rates, thread states and wait channels in `/proc`,"
+    " `/proc/locks`, NFS `mountstats`, disk counters"
+)
+
+# Idle GPUs are a stall only once they stay idle: T is the rule's "for"; the cause unknown
+# waits longer, as a job between phases is idle for a while too.
+SPECS = (
+    FindingKind(
+        COLLECTIVE,
+        severities(Severity.WARNING, Severity.CRITICAL),
+        actions(critical="drain", warning="alert"),
+        meaning="a job's kernels spin with nothing moving: a collective waits for a rank"
+        " (critical when what blocks it is found)",
+        signal=_HANG_SIGNAL,
+        hardware="yes",
+        # Held as long as a storage stall, so a collective that waits out a slow rank for a
+        # few seconds is no alert.
+        alert=AlertRule(for_seconds=30.0, resolve_after_seconds=60.0),
+    ),
+    FindingKind(
+        STORAGE,
+        severities(Severity.CRITICAL),
+        actions(critical="drain"),
+        meaning="a job's GPUs sit idle while its threads wait on a storage lock or a filesystem",
+        signal=_HANG_SIGNAL,
+        hardware="yes",
+        alert=AlertRule(for_seconds=30.0, resolve_after_seconds=60.0),
+    ),
+    FindingKind(
+        LOADER,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="a job's GPUs starve while its data loader waits on IO",
+        signal=_HANG_SIGNAL,
+        hardware="yes",
+        alert=AlertRule(for_seconds=60.0, resolve_after_seconds=120.0),
+    ),
+    FindingKind(
+        UNKNOWN,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="a job's GPUs sit idle with no lock, filesystem wait or IO pressure to explain it",
+        signal=_HANG_SIGNAL,
+        hardware="yes",
+        alert=AlertRule(for_seconds=120.0, resolve_after_seconds=60.0),
+    ),
+)
 
 #: Wait channels (kernel symbols, prefix match) of the NFS client and the RPC layer.
 NFS_WCHAN_PREFIXES = ("rpc_", "__rpc_", "nfs", "_nfs", "__nfs")

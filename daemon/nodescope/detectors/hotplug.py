@@ -46,8 +46,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nodescope.alerts import AlertRule
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.disks import DISKS
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.link_events import LINK_EVENTS
@@ -60,6 +62,38 @@ FELL_OFF_BUS = "gpu_fell_off_bus"
 REMOVED = "pci_device_removed"
 FLAPPING = "link_flapping"
 XID_FELL_OFF_BUS = 79
+
+SPECS = (
+    FindingKind(
+        FELL_OFF_BUS,
+        severities(Severity.CRITICAL),
+        actions(critical="drain"),
+        meaning="a GPU stopped answering on the bus (lost to NVML, Xid 79, or its PCI"
+        " function left sysfs)",
+        signal="NVML `GPU_IS_LOST`, Xid 79, the PCI function leaving sysfs (udev)",
+        hardware="yes",
+        alert=AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
+    ),
+    FindingKind(
+        REMOVED,
+        severities(Severity.WARNING, Severity.CRITICAL),
+        actions(critical="drain", warning="alert"),
+        meaning="a PCI device left the system (critical when a running job used it)",
+        signal="udev remove events and the sysfs device listing",
+        hardware="yes",
+        # Found in the one cycle whose two reads differ: held long enough to be seen.
+        alert=AlertRule(for_seconds=0.0, resolve_after_seconds=1800.0),
+    ),
+    FindingKind(
+        FLAPPING,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="a network link went down and up again and again within minutes",
+        signal="link state changes of the network interfaces over netlink",
+        hardware="yes",
+        alert=AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
+    ),
+)
 
 
 @dataclass

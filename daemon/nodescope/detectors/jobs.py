@@ -35,7 +35,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nodescope.alerts import AlertRule
 from nodescope.config import Config
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.cgroup import Cgroup, Pressure, PressureLine
 from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
@@ -48,6 +50,58 @@ MEMORY_LIMIT = "job_memory_limit_not_applied"
 OOM_KILL = "job_oom_kill"
 MEMORY_PRESSURE = "job_memory_pressure"
 THRASH = "job_memory_limit_thrash"
+
+_CGROUPS = (
+    "the job cgroups of Slurm's cgroup/v2 plugin (`cgroup.procs`, `cgroup.threads`,"
+    " `memory.max`, `memory.events`, `memory.pressure`) or its cgroup/v1 plugin"
+    " (`cgroup.procs`, `tasks`, `memory.limit_in_bytes`, `memory.oom_control`,"
+    " `memory.failcnt`; no pressure, so no `job_memory_pressure`), `/proc/<pid>/task`, NVML"
+    " compute processes, Slurm's prolog registrations"
+)
+_CGROUPS_HARDWARE = "yes, with either plugin (docs/jobs.md)"
+
+
+def _warning(name: str, meaning: str) -> FindingKind:
+    return FindingKind(
+        name,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning=meaning,
+        signal=_CGROUPS,
+        hardware=_CGROUPS_HARDWARE,
+    )
+
+
+SPECS = (
+    _warning(
+        ESCAPE,
+        "a compute process on the job's GPUs, or a thread of a job process, sits outside the"
+        " job's cgroups: Slurm neither limits, accounts nor kills it",
+    ),
+    _warning(
+        MEMORY_LIMIT,
+        "the job asked for memory but a cgroup that holds its processes has no limit up to the"
+        " root",
+    ),
+    FindingKind(
+        OOM_KILL,
+        severities(Severity.CRITICAL),
+        actions(critical="drain"),
+        meaning="the kernel killed a process of the job for its cgroup's memory",
+        signal=_CGROUPS,
+        hardware=_CGROUPS_HARDWARE,
+        alert=AlertRule(for_seconds=0.0, resolve_after_seconds=600.0),
+    ),
+    _warning(
+        MEMORY_PRESSURE,
+        "all the job's tasks stalled on memory for a share of the last minute",
+    ),
+    _warning(
+        THRASH,
+        "the job or a step hits its own memory limit at a rate and the reclaim costs its tasks"
+        " time",
+    ),
+)
 
 _GIB = 1 << 30
 

@@ -37,6 +37,7 @@ from nodescope.detectors.common import (
     tcp_evidence,
     tcp_text,
 )
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.attribution import TRAFFIC_CLASSES, Attribution, Direction, EndpointLoad
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
 from nodescope.model.nvml import NVML, GpuSample
@@ -49,8 +50,35 @@ SATURATION = "pcie_saturation"
 #: saturation point.
 SATURATION_RULE = AlertRule(for_seconds=30.0, resolve_after_seconds=60.0, clear_below=0.9)
 DOWNTRAINED = "pcie_link_downtrained"
+_SIGNAL = (
+    "GPU PCIe bytes from NVML fields 197/198 (or the 20 ms throughput call); NVML current and"
+    " maximum PCIe generation and width"
+)
 #: The link speed the default bidirectional saturation point was measured at (Gen4).
 MEASURED_SPEED_GTS = 16.0
+
+SPECS = (
+    FindingKind(
+        SATURATION,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="a GPU moves as many PCIe bytes as its model saturates at (its link's"
+        " generation and width counted)",
+        signal=_SIGNAL,
+        hardware="yes",
+        alert=SATURATION_RULE,
+        contention=True,
+    ),
+    FindingKind(
+        DOWNTRAINED,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="a GPU under load runs its PCIe link below the generation or width it and the"
+        " slot support",
+        signal=_SIGNAL,
+        hardware="yes",
+    ),
+)
 
 
 def model_ratio(name: str, models: dict[str, float], default: float) -> tuple[float, str | None]:

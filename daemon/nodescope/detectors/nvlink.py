@@ -40,8 +40,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from nodescope.alerts import AlertRule
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.nvlink_kmod import (
     NVLINK_KMOD,
@@ -59,6 +61,63 @@ STALL_BURST = "nvlink_stall_burst"
 SATURATION = "nvlink_bandwidth_saturation"
 GONE = "nvlink_counter_device_gone"
 SWITCH_STALL = "nvswitch_stall"
+
+_STALL_SIGNAL = "stall-cycle counters read by the `nvlink_counter` module"
+_STALL_HARDWARE = (
+    "only with a register map the operator supplies: no public document gives NVLink or"
+    " NVSwitch stall registers (docs/datasources.md §8); without one these findings stay silent"
+)
+_BANDS = severities(Severity.WARNING, Severity.CRITICAL)
+_BAND_ACTIONS = actions(critical="drain", warning="alert")
+
+# Stalls, bursts and saturation take the [alerts] defaults (held for a while); counter
+# registers that read all-ones stay gone, so that fires at once.
+SPECS = (
+    FindingKind(
+        STALL,
+        _BANDS,
+        _BAND_ACTIONS,
+        meaning="an NVLink spends its cycles in arbitration stalls (band of the average rate)",
+        signal=_STALL_SIGNAL,
+        hardware=_STALL_HARDWARE,
+    ),
+    FindingKind(
+        STALL_BURST,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="an NVLink's per-sample stall peaks reach the critical band while its"
+        " average is normal",
+        signal=_STALL_SIGNAL,
+        hardware=_STALL_HARDWARE,
+    ),
+    FindingKind(
+        SWITCH_STALL,
+        _BANDS,
+        _BAND_ACTIONS,
+        meaning="several NVLinks into one NVSwitch stall together: the switch, not each link",
+        signal=_STALL_SIGNAL,
+        hardware=_STALL_HARDWARE,
+    ),
+    FindingKind(
+        SATURATION,
+        _BANDS,
+        _BAND_ACTIONS,
+        meaning="an NVLink carries most of its capacity (band of its busier direction)",
+        signal="the `nvlink_counter` module's per-link bytes, else NVML's NVLink data"
+        " counters (fields 138–141)",
+        hardware="yes through NVML; the module's `nvml` source on any NVLink GPU",
+        contention=True,
+    ),
+    FindingKind(
+        GONE,
+        severities(Severity.CRITICAL),
+        actions(critical="drain"),
+        meaning="a device's NVLink counter registers read all-ones or the device was removed",
+        signal="`/dev/nvlink_stats` disappearing",
+        hardware="yes (the module is nodescope's own)",
+        alert=AlertRule(for_seconds=0.0, resolve_after_seconds=300.0),
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True)

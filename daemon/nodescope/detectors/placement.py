@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from nodescope.config import Config
 from nodescope.detectors.common import jobs
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.infiniband import INFINIBAND
 from nodescope.model.jobs import JobView
@@ -27,6 +28,16 @@ from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import PCI, Topology
 
 KIND = "job_hca_placement"
+
+SPEC = FindingKind(
+    KIND,
+    severities(Severity.WARNING, Severity.INFO),
+    actions(warning="alert", info="none"),
+    meaning="a job's GPUs use an InfiniBand HCA farther away than the nearest one (a warning"
+    " across sockets)",
+    signal="the job's `NCCL_IB_HCA`, the PCI tree's host bridges and NUMA nodes",
+    hardware="yes",
+)
 
 #: Distance of a GPU to an HCA: same root complex, same NUMA node, across sockets.
 SAME_ROOT, SAME_NUMA, REMOTE = 0, 1, 2

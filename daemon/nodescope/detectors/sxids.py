@@ -36,6 +36,7 @@ from types import MappingProxyType
 from nodescope.alerts import AlertRule
 from nodescope.config import Config
 from nodescope.detectors.common import grown_counts
+from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.sxid import SXID, SxidCount, SxidData
@@ -55,6 +56,30 @@ RULES: Mapping[str, AlertRule] = MappingProxyType(
         FATAL: AlertRule(for_seconds=0.0, resolve_after_seconds=FATAL_HOLD_SECONDS),
         NONFATAL: AlertRule(for_seconds=0.0, resolve_after_seconds=HOLD_SECONDS),
     }
+)
+
+_SXID_SIGNAL = "`SXid` lines of the `nvidia-nvswitch` driver in the kernel log (`/dev/kmsg`)"
+_SXID_HARDWARE = "yes, on NVSwitch systems: the driver's only report of a switch error"
+
+SPECS = (
+    FindingKind(
+        FATAL,
+        severities(Severity.CRITICAL),
+        actions(critical="drain"),
+        meaning="an NVSwitch reported a fatal error: the switch and its GPUs need a reset",
+        signal=_SXID_SIGNAL,
+        hardware=_SXID_HARDWARE,
+        alert=RULES[FATAL],
+    ),
+    FindingKind(
+        NONFATAL,
+        severities(Severity.WARNING),
+        actions(warning="alert"),
+        meaning="an NVSwitch reported a non-fatal error (or one whose severity it did not state)",
+        signal=_SXID_SIGNAL,
+        hardware=_SXID_HARDWARE,
+        alert=RULES[NONFATAL],
+    ),
 )
 
 FATAL_ACTION = (

@@ -31,10 +31,24 @@ from nodescope.alerts import AlertRule
 from nodescope.config import Config
 from nodescope.detectors.common import grown_counts, jobs, jobs_of_gpus
 from nodescope.detectors.hotplug import XID_FELL_OFF_BUS
-from nodescope.model.finding import Finding
+from nodescope.detectors.kinds import FindingKind, actions
+from nodescope.model.finding import Finding, Severity
 from nodescope.model.nvml import NVML, NvmlData
 from nodescope.model.snapshot import Snapshot
-from nodescope.model.xid_catalog import KINDS, XidCatalog
+from nodescope.model.xid_catalog import (
+    APPLICATION,
+    BUS,
+    CLASSES,
+    ENGINE,
+    FIRMWARE,
+    KINDS,
+    MEMORY,
+    NVLINK,
+    THERMAL_POWER,
+    UNKNOWN,
+    XidCatalog,
+    kind_of,
+)
 
 #: Seconds an Xid alert stays firing after the last new Xid of its GPU and code.
 HOLD_SECONDS = 300.0
@@ -43,6 +57,56 @@ HOLD_SECONDS = 300.0
 RULES: Mapping[str, AlertRule] = MappingProxyType(
     {kind: AlertRule(for_seconds=0.0, resolve_after_seconds=HOLD_SECONDS) for kind in KINDS}
 )
+
+#: What an Xid of each class says, for the README's table of kinds.
+_MEANINGS: Mapping[str, str] = MappingProxyType(
+    {
+        APPLICATION: "an Xid the application caused (its own fault, not the GPU's)",
+        MEMORY: "an Xid of the GPU's memory: ECC errors and row remaps",
+        NVLINK: "an Xid of an NVLink or chip-to-chip link",
+        BUS: "an Xid of host-to-GPU transfers (Xid 79 is `gpu_fell_off_bus`)",
+        FIRMWARE: "an Xid of the driver's firmware, the micro-controllers or GSP",
+        THERMAL_POWER: "an Xid of the board's auxiliary power",
+        ENGINE: "an engine exception or timeout, of the hardware, driver or application alike",
+        UNKNOWN: "an Xid the catalog does not list: a new driver's code, to investigate",
+    }
+)
+
+#: The remediation of each class, stated for every severity since the catalog gives a class
+#: its severities code by code. An application's own Xid says the job failed, not the node:
+#: it never drains, whatever severity a code of it gets.
+_REMEDIATION: Mapping[str, Mapping[Severity, str]] = MappingProxyType(
+    {
+        xid_class: actions(
+            critical="alert" if xid_class == APPLICATION else "drain",
+            warning="alert",
+            info="none",
+        )
+        for xid_class in CLASSES
+    }
+)
+
+
+def specs(catalog: XidCatalog) -> tuple[FindingKind, ...]:
+    """The spec of every class's kind; its severities are those the catalog gives the
+    class's codes (an unlisted code's for ``unknown``)."""
+    levels: dict[str, set[Severity]] = {c: set() for c in CLASSES}
+    for info in catalog.entries.values():
+        levels[info.xid_class].add(info.severity)
+    levels[UNKNOWN].add(catalog.unknown_severity)
+    return tuple(
+        FindingKind(
+            kind_of(xid_class),
+            frozenset(levels[xid_class]),
+            _REMEDIATION[xid_class],
+            meaning=_MEANINGS[xid_class],
+            signal="Xid events from an NVML event set, else `NVRM: Xid` lines of the kernel log",
+            hardware="yes",
+            alert=RULES[kind_of(xid_class)],
+        )
+        for xid_class in CLASSES
+    )
+
 
 _Key = tuple[int | None, str, int]
 

@@ -75,9 +75,18 @@ MAX_EPISODES = 20_000
 FORGET_SECONDS = 3600.0
 #: Finding kinds that are node-wide contention: a report lists their episodes whatever they
 #: name, since a job shares the PCIe tree and the fabric with everything else on the node.
+#: The kinds whose spec says ``contention`` (``nodescope.detectors.kinds``), written by
+#: ``python -m nodescope.docgen --write-code`` and checked by the test suite.
+# BEGIN generated contention-kinds
 CONTENTION_KINDS = frozenset(
-    {"pcie_contention", "pcie_saturation", "nvlink_bandwidth_saturation", "ib_xmit_wait"}
+    {
+        "ib_xmit_wait",
+        "nvlink_bandwidth_saturation",
+        "pcie_contention",
+        "pcie_saturation",
+    }
 )
+# END generated contention-kinds
 
 
 # ---------------------------------------------------------------------------------------------

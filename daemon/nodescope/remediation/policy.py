@@ -67,15 +67,16 @@ class StepKind(enum.StrEnum):
     HELD = "held"
 
 
-#: Kinds whose defaults differ from the severity defaults. An application's own Xid (13, 31,
-#: 43, ...) says the job failed, not the node: it never drains.
+#: Kinds whose defaults differ from the severity defaults, as their specs state them
+#: (``nodescope.detectors.kinds``; e.g. an application's own Xid never drains). Written by
+#: ``python -m nodescope.docgen --write-code``, checked by the test suite: edit the spec.
+# BEGIN generated kind-actions
 BUILTIN_RULES: Mapping[str, Mapping[Severity, Action]] = MappingProxyType(
     {
-        "gpu_xid_application": MappingProxyType(
-            {Severity.CRITICAL: Action.ALERT, Severity.WARNING: Action.ALERT}
-        ),
+        "gpu_xid_application": MappingProxyType({Severity.CRITICAL: Action.ALERT}),
     }
 )
+# END generated kind-actions
 
 
 @dataclass(frozen=True, slots=True)
