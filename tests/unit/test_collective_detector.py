@@ -4,7 +4,7 @@ exporter's series for the same record (bounded labels, ranks as values)."""
 
 from __future__ import annotations
 
-from nodescope.config import from_mapping
+from nodescope.config import CollectivesSettings, from_mapping
 from nodescope.detectors import collectives
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.model.collectives import JobCollectives, KindFigures, TracesData
@@ -21,8 +21,8 @@ def _snapshot(*jobs: JobCollectives) -> Snapshot:
     return Snapshot(1, 1.0, 1.0, current={"traces": SourceSample("traces", 1.0, 0.0, data)})
 
 
-def _config(**detector: float) -> object:
-    return from_mapping({"detectors": {"collectives": dict(detector)}})
+def _config(**detector: float) -> CollectivesSettings:
+    return from_mapping({"detectors": {"collectives": dict(detector)}}).detectors.collectives
 
 
 def test_skew_above_the_bound_is_a_finding_naming_job_and_kind() -> None:
@@ -30,12 +30,12 @@ def test_skew_above_the_bound_is_a_finding_naming_job_and_kind() -> None:
         _job("11", KindFigures("all_to_all", 0.4874, None, 0.0)),
         _job("12", KindFigures("all_to_all", 0.62, None, 0.0)),
     )
-    (found,) = collectives.detect(None, snapshot, _config())  # type: ignore[arg-type]
+    (found,) = collectives.detect(None, snapshot, _config())
     assert found.kind == collectives.SKEW
     assert dict(found.subjects) == {"job": "12", "kind": "all_to_all"}
     assert "δ = 0.62" in found.message and found.evidence["value"] == 0.62
     # A lower bound takes the first job too.
-    lowered = collectives.detect(None, snapshot, _config(max_skew=0.4))  # type: ignore[arg-type]
+    lowered = collectives.detect(None, snapshot, _config(max_skew=0.4))
     assert sorted(f.subjects["job"] for f in lowered) == ["11", "12"]
 
 
@@ -47,22 +47,22 @@ def test_a_wait_above_the_bound_names_the_straggler_rank() -> None:
             KindFigures("all_to_all", 0.1, 1, 0.004),
         )
     )
-    assert collectives.detect(None, snapshot, _config()) == []  # type: ignore[arg-type]
-    (found,) = collectives.detect(None, snapshot, _config(max_wait_seconds=0.1))  # type: ignore[arg-type]
+    assert collectives.detect(None, snapshot, _config()) == []
+    (found,) = collectives.detect(None, snapshot, _config(max_wait_seconds=0.1))
     assert found.kind == collectives.STRAGGLER
     assert dict(found.subjects) == {"job": "20", "kind": "all_reduce"}
     assert "rank 3" in found.message and found.evidence["straggler_rank"] == 3.0
     # The rank is evidence and message, never identity: another rank is the same finding.
     other = _snapshot(_job("20", KindFigures("all_reduce", None, 1, 0.3)))
-    (moved,) = collectives.detect(None, other, _config(max_wait_seconds=0.1))  # type: ignore[arg-type]
+    (moved,) = collectives.detect(None, other, _config(max_wait_seconds=0.1))
     assert moved.key == found.key and "rank 1" in moved.message
 
 
 def test_disabled_or_without_the_source_nothing_is_found() -> None:
     snapshot = _snapshot(_job("1", KindFigures("all_to_all", 5.0, 0, 9.0)))
-    assert collectives.detect(None, snapshot, _config(enabled=False)) == []  # type: ignore[arg-type]
-    assert len(collectives.detect(None, snapshot, _config())) == 2  # type: ignore[arg-type]
-    assert collectives.detect(None, Snapshot(1, 1.0, 1.0), _config()) == []  # type: ignore[arg-type]
+    assert collectives.detect(None, snapshot, _config(enabled=False)) == []
+    assert len(collectives.detect(None, snapshot, _config())) == 2
+    assert collectives.detect(None, Snapshot(1, 1.0, 1.0), _config()) == []
 
 
 def test_registered_with_rules_that_fire_at_once() -> None:

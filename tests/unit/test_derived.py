@@ -116,7 +116,7 @@ def test_the_placement_detector_follows_its_inputs() -> None:
         snap = stage.derive(
             _snap({"jobs": jobs, "nvml": nvml, "infiniband": _ib(hcas), "pci": pci})
         )
-        return list(placement.detect(None, snap, config))
+        return list(placement.detect(None, snap, config.detectors.placement))
 
     first = detect(_nvml({0: (100,)}))
     assert [f.key for f in first] == ["job_hca_placement{job=81770}"]
@@ -144,7 +144,9 @@ def test_the_jobs_detector_follows_the_registry_and_the_config() -> None:
     ) -> list[Finding]:
         return list(
             jobs_detector.detect(
-                None, stage.derive(_snap({"jobs": jobs, "nvml": _nvml(gpus)})), cfg
+                None,
+                stage.derive(_snap({"jobs": jobs, "nvml": _nvml(gpus)})),
+                cfg.detectors.jobs,
             )
         )
 
@@ -194,7 +196,7 @@ def test_aer_windows_follow_the_pci_reads_through_the_stage() -> None:
 
     def aer(t: float, cur: SourceSample, prev: SourceSample) -> list[float]:
         snap = stage.derive(Snapshot(1, t, t, current={"pci": cur}, previous={"pci": prev}))
-        found = errors.detect(None, snap, config)
+        found = errors.detect(None, snap, config.detectors.errors)
         return [f.evidence["fatal_errors_1h"] for f in found if f.kind == errors.AER]
 
     before = SourceSample("pci", 70.0, 0.0, _aer_topology(0))
@@ -208,7 +210,9 @@ def test_aer_windows_follow_the_pci_reads_through_the_stage() -> None:
     assert aer(161.0, SourceSample("pci", 160.0, 0.0, _aer_topology(3)), later) == [3.0]
     # A snapshot made without the stage counts its own pair: the increase between the reads.
     snap = Snapshot(1, 131.0, 131.0, current={"pci": later}, previous={"pci": after})
-    assert [f.evidence["fatal_errors_1h"] for f in errors.detect(None, snap, config)] == [2.0]
+    assert [
+        f.evidence["fatal_errors_1h"] for f in errors.detect(None, snap, config.detectors.errors)
+    ] == [2.0]
 
 
 def test_nvlink_error_counters_that_did_not_move_count_nothing() -> None:
@@ -230,7 +234,7 @@ def test_nvlink_error_counters_that_did_not_move_count_nothing() -> None:
                      previous={"nvml": nvml(1, crc_flit=5)})  # fmt: skip
     assert moved.derived.error_windows.count(key, 60.0, 2.0) == 4
     # Four CRC errors are far from DCGM's 100 a second: no finding.
-    assert errors.detect(None, moved, Config()) == []
+    assert errors.detect(None, moved, Config().detectors.errors) == []
 
 
 # --- hangs ----------------------------------------------------------------------------------

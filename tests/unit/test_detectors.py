@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nodescope.config import Config, from_mapping
 from nodescope.detectors import contention, errors, links, nvlink, placement
-from nodescope.detectors.registry import ALERT_RULES, DETECTORS
+from nodescope.detectors.registry import ALERT_RULES, DETECTORS, saturation_inputs
 from nodescope.errors import ConfigError
 from nodescope.model.attribution import EndpointFlow, attribute
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
@@ -457,14 +457,14 @@ def test_detect_on_a_snapshot_with_tcp_evidence_and_jobs() -> None:
         },
         {"pci": topo, "nvml": nvml(0, 0), "procs": procs_before, "jobs": jobs},
     )
-    found = links.detect_saturation(None, snap, Config())
+    found = links.detect_saturation(None, snap, saturation_inputs(Config()))
     assert len(found) == 1
     f = found[0]
     assert f.evidence["tcp_retransmitted_segments_per_second"] == pytest.approx(2.0)
     assert f.evidence["tcp_retransmit_ratio"] == pytest.approx(2.0 / 20000)
     assert "job 81744" in f.message and "TCP retransmits 2.0/s" in f.message
     disabled = from_mapping({"detectors": {"saturation": {"enabled": False}}})
-    assert links.detect_saturation(None, snap, disabled) == []
+    assert links.detect_saturation(None, snap, saturation_inputs(disabled)) == []
 
 
 # --- NVSwitch stalls ---------------------------------------------------------------------------

@@ -67,7 +67,7 @@ class Stream:
         return derived
 
     def findings(self, t: float, **records: object) -> list[Finding]:
-        return errors.detect(None, self.step(t, **records), CONFIG)
+        return errors.detect(None, self.step(t, **records), SETTINGS)
 
 
 def _nvml(
@@ -475,7 +475,7 @@ def test_the_configured_bounds_are_the_tables() -> None:
     stream = Stream()
     stream.step(0.0, nvml=_nvml(0))
     snapshot = stream.step(10.0, nvml=_nvml(20))
-    assert errors.detect(None, snapshot, raised) == []
+    assert errors.detect(None, snapshot, raised.detectors.errors) == []
     with pytest.raises(ConfigError, match="pcie_replays_warning_per_minute"):
         from_mapping({"detectors": {"errors": {"pcie_replays_warning_per_minute": 500}}})
     with pytest.raises(ConfigError, match="ib_symbol_ber_warning"):

@@ -18,6 +18,7 @@ import yaml
 
 from nodescope import docgen
 from nodescope.alerts import AlertRule
+from nodescope.config import Config
 from nodescope.detectors import kinds as kinds_module
 from nodescope.detectors.kinds import (
     SEVERITY_DEFAULTS,
@@ -28,9 +29,17 @@ from nodescope.detectors.kinds import (
     policy_block,
     severities,
 )
-from nodescope.detectors.registry import ALERT_RULES, DETECTORS, KINDS, DetectorInfo, kinds_of
+from nodescope.detectors.registry import (
+    ALERT_RULES,
+    DETECTORS,
+    KINDS,
+    Configured,
+    DetectorInfo,
+    kinds_of,
+)
 from nodescope.hooks.tracker import CONTENTION_KINDS
-from nodescope.model.finding import Severity
+from nodescope.model.finding import Finding, Severity
+from nodescope.model.snapshot import Snapshot
 from nodescope.model.xid_catalog import APPLICATION, CLASSES, UNKNOWN, kind_of, load_catalog
 from nodescope.remediation.policy import BUILTIN_RULES, Action, Policy
 from nodescope.sim.scenario import SCENARIO_DIR
@@ -54,7 +63,8 @@ KIND_LITERALS_ALLOWED = {
 
 
 def _module_of(info: DetectorInfo) -> ModuleType:
-    return sys.modules[info.detect.__module__]
+    assert isinstance(info.detect, Configured), info.name
+    return sys.modules[info.detect.detect.__module__]
 
 
 def _by_module() -> dict[ModuleType, list[FindingKind]]:
@@ -170,7 +180,7 @@ def test_a_spec_states_the_action_of_every_severity_it_raises() -> None:
     }
 
 
-def _nothing(*_: object) -> list[object]:
+def _nothing(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
     return []
 
 
@@ -190,7 +200,7 @@ def test_alert_rules_are_the_specs() -> None:
     assert {n: k.alert for n, k in KINDS.items() if k.alert is not None} == ALERT_RULES
     rule = AlertRule(for_seconds=0.0, resolve_after_seconds=5.0)
     table = catalogue([_spec("a", alert=rule), _spec("b")])
-    info = DetectorInfo("d", _nothing, tuple(table.values()))  # type: ignore[arg-type]
+    info = DetectorInfo("d", _nothing, tuple(table.values()))
     from nodescope.detectors.registry import alert_rules_of
 
     assert alert_rules_of([info]) == {"a": rule}
@@ -208,8 +218,6 @@ def test_policy_and_tracker_tables_are_the_specs() -> None:
     assert {k: dict(v) for k, v in BUILTIN_RULES.items()} == wanted
     assert {n for n, k in KINDS.items() if k.contention} == CONTENTION_KINDS
     # Every kind's action with the shipped [remediation] defaults is its spec's.
-    from nodescope.config import Config
-
     policy = Policy.from_settings(Config().remediation)
     for name, spec in KINDS.items():
         for severity, action in spec.remediation.items():

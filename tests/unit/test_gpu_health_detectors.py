@@ -10,7 +10,7 @@ import pytest
 from nodescope.config import Config, from_mapping
 from nodescope.derive import DerivedStage
 from nodescope.detectors import gpu_health as det
-from nodescope.detectors.registry import ALERT_RULES, DETECTORS
+from nodescope.detectors.registry import ALERT_RULES, DETECTORS, gpu_health_inputs
 from nodescope.errors import ConfigError
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.gpu_health import (
@@ -117,7 +117,7 @@ class Node:
         snapshot = self.stage.derive(
             Snapshot(self.cycle, t, 1.7e9 + t, {"nvml": current}, previous)
         )
-        found = list(det.detect(self.snapshot, snapshot, self.config))
+        found = list(det.detect(self.snapshot, snapshot, gpu_health_inputs(self.config)))
         self.snapshot, self.sample = snapshot, current
         return found
 
@@ -696,7 +696,7 @@ def test_the_health_cadence_is_the_nvml_sources() -> None:
 
 
 def test_registered_with_a_rule_for_every_kind() -> None:
-    assert det.detect in [d.detect for d in DETECTORS]
+    assert det.detect in [getattr(d.detect, "detect", None) for d in DETECTORS]
     assert set(det.KINDS) <= set(ALERT_RULES)
     for kind in det.KINDS:
         assert ALERT_RULES[kind].for_seconds == 0.0

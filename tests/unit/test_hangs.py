@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from nodescope.config import Config
-from nodescope.detectors import hangs, hotplug
-from nodescope.detectors.registry import DETECTORS, DetectorInfo
+from nodescope.detectors import hangs
+from nodescope.detectors.registry import DETECTORS
 from nodescope.model.finding import Severity
 from nodescope.model.locks import LOCKS
 from nodescope.model.mountstats import MOUNTSTATS
@@ -27,6 +27,9 @@ from nodescope.sources.cgroup import CgroupTree, IoDeviceStat, IoStat, Pressure,
 from nodescope.sources.mountstats import MountstatsRates
 
 JOB, HOLDER_JOB = "81760", "81761"
+
+#: The shipped ``[detectors.hangs]`` table.
+HANGS = Config().detectors.hangs
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def replayed() -> tuple[Any, dict[float, Snapshot]]:
     def seen(t: float, snapshot: Snapshot, body: bytes) -> None:
         snapshots[t] = snapshot
 
-    mine = [DetectorInfo("hangs", hangs.detect), DetectorInfo("hotplug", hotplug.detect)]
+    mine = [d for d in DETECTORS if d.name in ("hangs", "hotplug")]
     with tempfile.TemporaryDirectory(prefix="nodescope-test-", dir=temp_dir()) as d:
         result = replay(scenario, Path(d) / "root", detectors=mine, on_cycle=seen, builders=[])
     return result, snapshots
@@ -159,7 +162,7 @@ def test_idle_without_any_signal_is_a_stall_of_unknown_cause(
     replayed: tuple[Any, dict[float, Snapshot]],
 ) -> None:
     _, snapshots = replayed
-    [finding] = hangs.evaluate(_without_storage_signals(snapshots[22.0]), Config())
+    [finding] = hangs.evaluate(_without_storage_signals(snapshots[22.0]), HANGS)
     assert finding.kind == hangs.UNKNOWN and finding.subjects == {"job": JOB}
     assert "no storage lock" in finding.message
 
@@ -170,7 +173,7 @@ def test_d_state_on_nfs_alone_is_storage(replayed: tuple[Any, dict[float, Snapsh
     locks = snapshot.latest(LOCKS)
     assert locks is not None
     [finding] = hangs.evaluate(
-        _with(snapshot, locks=dataclasses.replace(locks, contended=())), Config()
+        _with(snapshot, locks=dataclasses.replace(locks, contended=())), HANGS
     )
     assert finding.kind == hangs.STORAGE
     assert "lock_inode" not in finding.subjects
@@ -189,12 +192,12 @@ def test_busy_gpus_that_move_nothing_are_a_collective_hang(
     busy = dataclasses.replace(
         nvml, gpus=tuple(dataclasses.replace(g, gpu_util_percent=100) for g in nvml.gpus)
     )
-    [finding] = hangs.evaluate(_with(snapshot, nvml=busy), Config())
+    [finding] = hangs.evaluate(_with(snapshot, nvml=busy), HANGS)
     assert finding.kind == hangs.COLLECTIVE and finding.severity is Severity.CRITICAL
     assert finding.subjects["job"] == JOB and finding.subjects["holder_job"] == HOLDER_JOB
     assert "no data moves" in finding.message and "waits on POSIX" in finding.message
     # Without the lock and the D-state threads: still a hang, with no blocker to name.
-    [unknown] = hangs.evaluate(_without_storage_signals(_with(snapshot, nvml=busy)), Config())
+    [unknown] = hangs.evaluate(_without_storage_signals(_with(snapshot, nvml=busy)), HANGS)
     assert unknown.kind == hangs.COLLECTIVE and unknown.severity is Severity.WARNING
     assert unknown.subjects == {"job": JOB}
     # One GPU busy, the others idle, nothing moving: the same.
@@ -208,9 +211,7 @@ def test_busy_gpus_that_move_nothing_are_a_collective_hang(
     assert [a.job_id for a in activity] == [JOB]
     assert activity[0].idle_gpus == (0, 1, 2, 4, 5, 6, 7) and not activity[0].stalled
     assert activity[0].spinning and activity[0].max_utilisation == pytest.approx(0.9)
-    assert [f.kind for f in hangs.evaluate(_with(snapshot, nvml=one), Config())] == [
-        hangs.COLLECTIVE
-    ]
+    assert [f.kind for f in hangs.evaluate(_with(snapshot, nvml=one), HANGS)] == [hangs.COLLECTIVE]
 
 
 def test_busy_gpus_that_move_data_are_no_hang(
@@ -218,7 +219,7 @@ def test_busy_gpus_that_move_data_are_no_hang(
 ) -> None:
     _, snapshots = replayed
     # Before the lock: busy GPUs and NVLink, PCIe and InfiniBand traffic.
-    assert hangs.evaluate(snapshots[10.0], Config()) == []
+    assert hangs.evaluate(snapshots[10.0], HANGS) == []
     activity = hangs.job_gpu_activity(snapshots[10.0])
     assert activity and not activity[0].spinning and not activity[0].stalled
 
@@ -272,7 +273,7 @@ def test_data_loader_starving(
     }
     changed = dataclasses.replace(snapshot, current=current, previous=previous)
     assert hangs.job_io_bytes_per_second(changed, JOB) == pytest.approx(read_per_second)
-    found = hangs.evaluate(changed, Config())
+    found = hangs.evaluate(changed, HANGS)
     assert [f.kind for f in found] == ([] if kind is None else [kind])
     if kind == hangs.LOADER:
         [finding] = found
@@ -305,7 +306,7 @@ def test_registered_with_alert_rules() -> None:
     off = dataclasses.replace(
         disabled, detectors=dataclasses.replace(disabled.detectors, values=values)
     )
-    assert hangs.detect(None, Snapshot(0, 0.0, 0.0), off) == []
+    assert hangs.detect(None, Snapshot(0, 0.0, 0.0), off.detectors.hangs) == []
 
 
 def test_a_lock_holder_outside_any_job_is_named_by_what_it_is() -> None:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from nodescope.config import Config
 from nodescope.detectors import hotplug
-from nodescope.detectors.registry import DetectorInfo
+from nodescope.detectors.registry import DETECTORS
 from nodescope.errors import ParseError
 from nodescope.model.finding import Severity
 from nodescope.model.jobs import JobView
@@ -168,7 +168,7 @@ def xid79() -> dict[str, Any]:
             scenario,
             Path(d) / "root",
             node_factory=factory,
-            detectors=[DetectorInfo("hotplug", hotplug.detect)],
+            detectors=[d for d in DETECTORS if d.name == "hotplug"],
             builders=[],
             on_cycle=seen,
         )
@@ -562,8 +562,8 @@ def test_detector_disabled() -> None:
         config, detectors=dataclasses.replace(config.detectors, values=values)
     )
     data = UdevData(None, (), (), (GPU5,), (), 0, 0)
-    assert hotplug.detect(None, _snapshot({"udev": data}), off) == []
-    [finding] = hotplug.detect(None, _snapshot({"udev": data}), config)
+    assert hotplug.detect(None, _snapshot({"udev": data}), off.detectors.hotplug) == []
+    [finding] = hotplug.detect(None, _snapshot({"udev": data}), config.detectors.hotplug)
     assert finding.subjects == {"bdf": GPU5} and "gone from sysfs" in finding.message
 
 
@@ -783,7 +783,7 @@ def test_nvme_scenarios(name: str, finding: str | None) -> None:
         replay(
             scenario,
             Path(d) / "root",
-            detectors=[DetectorInfo("hotplug", hotplug.detect)],
+            detectors=[d for d in DETECTORS if d.name == "hotplug"],
             builders=[],
             on_cycle=lambda t, snapshot, body: found.extend((t, f) for f in snapshot.findings),
         )

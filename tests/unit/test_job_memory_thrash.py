@@ -31,6 +31,9 @@ GIB = 1 << 30
 JOB = "/system.slice/slurmstepd.scope/job_42"
 STEP = f"{JOB}/step_0"
 
+#: The shipped ``[detectors.jobs]`` table.
+JOBS = Config().detectors.jobs
+
 
 def _cg(
     path: str,
@@ -252,11 +255,11 @@ def _snapshot(before: JobsData, after: JobsData, seconds: float) -> Snapshot:
 def test_detect_divides_by_the_time_between_reads_and_reads_the_threshold() -> None:
     before = _psi(_data(_cg(JOB, 0, 0, limit=4 * GIB)), 0)
     after = _psi(_data(_cg(JOB, 1500, 1500, limit=4 * GIB)), 30_000_000)
-    kinds = [f.kind for f in job_detectors.detect(None, _snapshot(before, after, 15.0), Config())]
+    kinds = [f.kind for f in job_detectors.detect(None, _snapshot(before, after, 15.0), JOBS)]
     assert kinds == [job_detectors.THRASH]  # 100/s
-    assert job_detectors.detect(None, _snapshot(before, after, 60.0), Config()) == []  # 25/s
+    assert job_detectors.detect(None, _snapshot(before, after, 60.0), JOBS) == []  # 25/s
     high = from_mapping({"detectors": {"jobs": {"memory_limit_thrash_events_per_second": 200}}})
-    assert job_detectors.detect(None, _snapshot(before, after, 15.0), high) == []
+    assert job_detectors.detect(None, _snapshot(before, after, 15.0), high.detectors.jobs) == []
 
 
 _TOTAL = st.integers(0, 2**64)

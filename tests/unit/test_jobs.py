@@ -664,9 +664,11 @@ def test_detect_uses_the_source_pair_and_config(tmp_path: Path) -> None:
     before = JobsData("v2", (_job(stats=_stats(0)),), (), ())
     after = JobsData("v2", (_job(stats=_stats(2)),), (), ())
     snap = _snapshot(after, previous=before)
-    assert [f.kind for f in job_detectors.detect(None, snap, Config())] == [job_detectors.OOM_KILL]
+    assert [f.kind for f in job_detectors.detect(None, snap, Config().detectors.jobs)] == [
+        job_detectors.OOM_KILL
+    ]
     off = from_mapping({"detectors": {"jobs": {"enabled": False}}})
-    assert job_detectors.detect(None, snap, off) == []
+    assert job_detectors.detect(None, snap, off.detectors.jobs) == []
     with pytest.raises(ConfigError):
         from_mapping({"detectors": {"jobs": {"memory_pressure_percent": 0}}})
 

@@ -622,7 +622,7 @@ def test_bursts_a_poll_averages_away() -> None:
 
 def test_thresholds_are_configurable() -> None:
     def bands(table: dict[str, object]) -> det.NvlinkThresholds:
-        return det.thresholds(from_mapping({"detectors": {"nvlink": table}}))
+        return det.thresholds(from_mapping({"detectors": {"nvlink": table}}).detectors.nvlink)
 
     t = bands({"stall_warning_cycles_per_us": 50, "stall_critical_cycles_per_us": 80.5})
     findings = det.evaluate(*_stall_pair(100, 0.1), t)
@@ -661,10 +661,10 @@ def test_detect_takes_the_source_pair_from_the_snapshot() -> None:
     snap = Snapshot(1, 2.0, 0.0, current={"nvlink_kmod": sample}, previous={"nvlink_kmod": before})
     # At once: this test is about where the pair comes from, not how long a stall lasts.
     at_once = from_mapping({"detectors": {"nvlink": {"min_stall_seconds": 0}}})
-    assert [f.kind for f in det.detect(None, snap, at_once)] == [det.STALL]
+    assert [f.kind for f in det.detect(None, snap, at_once.detectors.nvlink)] == [det.STALL]
     # With the default minimum duration a stall seen in one snapshot is not yet a finding.
-    assert det.detect(None, snap, Config()) == []
-    assert det.detect(None, Snapshot(0, 0.0, 0.0), at_once) == []
+    assert det.detect(None, snap, Config().detectors.nvlink) == []
+    assert det.detect(None, Snapshot(0, 0.0, 0.0), at_once.detectors.nvlink) == []
 
 
 def test_rows_of_columns_index_like_a_tuple() -> None:

@@ -21,6 +21,9 @@ GB = 1e9
 #: One NVLink 4 link: 25 GB/s per direction.
 LINK = 25 * GB
 
+#: The shipped ``[detectors.nvlink]`` table.
+NVLINK = Config().detectors.nvlink
+
 
 def link(n: int, tx: int, rx: int, t_us: int) -> NvLinkSample:
     return NvLinkSample(
@@ -107,7 +110,7 @@ def test_nvml_counters_give_the_bands() -> None:
         (0, 2): (0.5 * LINK, 0.5 * LINK),  # normal
         (1, 0): (0.9 * LINK, 0.0),  # 90 % is still a warning
     }
-    found = saturation(det.detect(None, snapshot(reads(loads)), Config()))
+    found = saturation(det.detect(None, snapshot(reads(loads)), NVLINK))
     assert set(found) == {("0", "0"), ("0", "1"), ("1", "0")}
     assert found[("0", "0")].severity is Severity.CRITICAL
     assert found[("0", "1")].severity is Severity.WARNING
@@ -124,26 +127,26 @@ def test_nvml_counters_give_the_bands() -> None:
 
 def test_the_bands_are_the_nvlink_tables() -> None:
     pair = reads({(0, 0): (0.6 * LINK, 0.0)})
-    assert det.detect(None, snapshot(pair), Config()) == []
+    assert det.detect(None, snapshot(pair), NVLINK) == []
     config = from_mapping({"detectors": {"nvlink": {"utilisation_warning_ratio": 0.5}}})
-    [finding] = det.detect(None, snapshot(pair), config)
+    [finding] = det.detect(None, snapshot(pair), config.detectors.nvlink)
     assert finding.severity is Severity.WARNING
     off = from_mapping({"detectors": {"nvlink": {"enabled": False}}})
-    assert det.detect(None, snapshot(reads({(0, 0): (LINK, LINK)})), off) == []
+    assert det.detect(None, snapshot(reads({(0, 0): (LINK, LINK)})), off.detectors.nvlink) == []
 
 
 def test_a_blackwell_link_has_twice_the_capacity() -> None:
     pair = reads({(0, 0): (0.95 * LINK, 0.0)}, name="NVIDIA B200")
     # 23.75 GB/s of a 50 GB/s link: under half.
-    assert det.detect(None, snapshot(pair), Config()) == []
+    assert det.detect(None, snapshot(pair), NVLINK) == []
     pair = reads({(0, 0): (1.9 * LINK, 0.0)}, name="NVIDIA B200")
-    [finding] = det.detect(None, snapshot(pair), Config())
+    [finding] = det.detect(None, snapshot(pair), NVLINK)
     assert finding.evidence["capacity_bytes_per_second"] == 2 * LINK
 
 
 def test_an_unknown_model_has_no_utilisation() -> None:
     pair = reads({(0, 0): (LINK, LINK)}, name="NVIDIA Future GPU")
-    assert det.detect(None, snapshot(pair), Config()) == []
+    assert det.detect(None, snapshot(pair), NVLINK) == []
 
 
 def test_capacities_by_model() -> None:
@@ -161,7 +164,7 @@ def test_links_the_module_serves_are_the_modules_alone() -> None:
     # Both sources see link 0 of GPU 0 saturated; only the module serves it.
     loads = {(0, 0): (0.95 * LINK, 0.0), (0, 1): (0.95 * LINK, 0.0)}
     module = (kmod(10.0, {(0, 0): 0.95 * LINK}), kmod(11.0, {(0, 0): 0.95 * LINK}))
-    found = saturation(det.detect(None, snapshot(reads(loads), module), Config()))
+    found = saturation(det.detect(None, snapshot(reads(loads), module), NVLINK))
     assert set(found) == {("0", "0"), ("0", "1")}
     assert "nvml_data_counters" not in found[("0", "0")].evidence
     assert "window_max_utilisation_ratio" in found[("0", "0")].evidence
@@ -179,23 +182,23 @@ def test_a_served_link_stays_the_modules_before_its_second_read() -> None:
         1.7e9,
         {**snap.current, "nvlink_kmod": SourceSample("nvlink_kmod", 11.0, 0, served)},
     )
-    assert det.detect(None, snap, Config()) == []
+    assert det.detect(None, snap, NVLINK) == []
     assert det.module_links(snap) == frozenset({(0, 0)})
 
 
 def test_an_absent_module_serves_nothing() -> None:
     absent = NvlinkKmodData("/dev/nvlink_stats", "absent", None)
     pair = reads({(0, 0): (0.95 * LINK, 0.0)})
-    found = det.detect(None, snapshot(pair, (absent, absent)), Config())
+    found = det.detect(None, snapshot(pair, (absent, absent)), NVLINK)
     assert [f.evidence["nvml_data_counters"] for f in found] == [1.0]
 
 
 def test_figures_nvml_did_not_serve_are_not_its_own() -> None:
     pair = reads({(0, 0): (0.95 * LINK, 0.0)}, source="kmod")
-    assert det.detect(None, snapshot(pair), Config()) == []
+    assert det.detect(None, snapshot(pair), NVLINK) == []
 
 
 def test_one_nvml_read_gives_no_rate() -> None:
     _, after = reads({(0, 0): (0.95 * LINK, 0.0)})
     snap = Snapshot(1, 11.0, 1.7e9, {"nvml": SourceSample("nvml", 11.0, 0.01, after)})
-    assert det.detect(None, snap, Config()) == []
+    assert det.detect(None, snap, NVLINK) == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodescope.config import Config, from_mapping
+from nodescope.config import Config, NvlinkSettings, from_mapping
 from nodescope.detectors import nvlink as det
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.errors import ConfigError
@@ -49,7 +49,7 @@ def _snapshot(
 
 
 def test_the_detector_is_registered() -> None:
-    assert det.detect in [d.detect for d in DETECTORS]
+    assert det.detect in [getattr(d.detect, "detect", None) for d in DETECTORS]
     assert ALERT_RULES[det.GONE].for_seconds == 0.0
 
 
@@ -57,9 +57,10 @@ def test_thresholds_come_from_the_detectors_nvlink_table() -> None:
     pair = _pair(10.0, 11.0)
     snapshot = _snapshot(10.0, 11.0, pair)
 
-    def table(**options: object) -> Config:
+    def table(**options: object) -> NvlinkSettings:
         # Stalls reported at once: the bands are under test here, not the minimum duration.
-        return from_mapping({"detectors": {"nvlink": {"min_stall_seconds": 0, **options}}})
+        options = {"min_stall_seconds": 0, **options}
+        return from_mapping({"detectors": {"nvlink": options}}).detectors.nvlink
 
     # Defaults: 450 cycles/µs on average is normal, the 2,250 peaks are bursts.
     assert {f.kind for f in det.detect(None, snapshot, table())} == {det.STALL_BURST}
@@ -70,7 +71,7 @@ def test_thresholds_come_from_the_detectors_nvlink_table() -> None:
     # Peaks up to 3,000 are no longer over the critical bound: no burst finding.
     assert det.detect(None, snapshot, table(stall_critical_cycles_per_us=3000)) == []
     # The default minimum duration: a burst seen in one snapshot only is not yet a finding.
-    assert det.detect(None, snapshot, Config()) == []
+    assert det.detect(None, snapshot, Config().detectors.nvlink) == []
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from nodescope.analysis import Analyzer
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.config import AlertRuleSettings, AlertsSettings, Config
 from nodescope.detectors import errors
-from nodescope.detectors.registry import ALERT_RULES, DetectorInfo
+from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.model.alert import AlertState
 from nodescope.model.slow import SlowRead, slow_pair
 from nodescope.model.snapshot import Snapshot
@@ -72,7 +72,7 @@ class _Run:
         # would resolve the alert.
         rule = AlertRuleSettings(for_seconds=30.0, resolve_after_seconds=0.0)
         config = Config(roots=self.roots, alerts=AlertsSettings(rules=dict.fromkeys(KINDS, rule)))
-        self.analyzer = Analyzer.from_config(config, [DetectorInfo("errors", errors.detect)])
+        self.analyzer = Analyzer.from_config(config, [d for d in DETECTORS if d.name == "errors"])
 
     def cycles(self, seconds: int) -> Iterator[tuple[float, Snapshot]]:
         try:

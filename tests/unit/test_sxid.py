@@ -446,7 +446,7 @@ def _snapshot(
 
 
 def test_a_new_fatal_sxid_is_critical_and_says_drain() -> None:
-    [finding] = sxids.detect(None, _snapshot(_data(_fatal(3)), _data(_fatal(1))), CONFIG)
+    [finding] = sxids.detect(None, _snapshot(_data(_fatal(3)), _data(_fatal(1))))
     assert finding.kind == sxids.FATAL and finding.severity is Severity.CRITICAL
     assert finding.subjects == {"nvswitch": SW3, "sxid": "24007"}
     assert finding.evidence == {"sxid": 24007.0, "new_sxids": 2.0, "sxids_since_start": 3.0}
@@ -458,7 +458,7 @@ def test_a_new_fatal_sxid_is_critical_and_says_drain() -> None:
 
 
 def test_a_new_nonfatal_sxid_is_a_warning() -> None:
-    [finding] = sxids.detect(None, _snapshot(_data(_nonfatal(1)), _data()), CONFIG)
+    [finding] = sxids.detect(None, _snapshot(_data(_nonfatal(1)), _data()))
     assert finding.kind == sxids.NONFATAL and finding.severity is Severity.WARNING
     assert finding.subjects == {"nvswitch": SW0, "sxid": "20009"}
     assert "(non-fatal)" in finding.message and "link 28: RX Short Error Rate" in finding.message
@@ -466,7 +466,7 @@ def test_a_new_nonfatal_sxid_is_a_warning() -> None:
 
 def test_an_sxid_without_a_stated_severity_is_a_warning_that_says_so() -> None:
     count = SxidCount("0004:00:00.0", "nvswitch0", 26007, None, None, 1, "SOE EXTERR")
-    [finding] = sxids.detect(None, _snapshot(_data(count), _data()), CONFIG)
+    [finding] = sxids.detect(None, _snapshot(_data(count), _data()))
     assert finding.kind == sxids.NONFATAL and finding.severity is Severity.WARNING
     assert "(severity not stated) on NVSwitch 0004:00:00.0 (nvswitch0): SOE EXTERR" in (
         finding.message
@@ -476,7 +476,7 @@ def test_an_sxid_without_a_stated_severity_is_a_warning_that_says_so() -> None:
 def test_links_of_one_switch_and_code_make_one_finding() -> None:
     before = _data(_fatal(1, link=30))
     now = _data(_fatal(2, link=30), _fatal(4, link=12), _nonfatal(5))
-    found = sxids.detect(None, _snapshot(now, before), CONFIG)
+    found = sxids.detect(None, _snapshot(now, before))
     assert [(f.kind, f.subjects["nvswitch"]) for f in found] == [
         (sxids.FATAL, SW3),
         (sxids.NONFATAL, SW0),
@@ -488,21 +488,21 @@ def test_links_of_one_switch_and_code_make_one_finding() -> None:
 
 def test_a_count_that_did_not_grow_is_no_finding() -> None:
     same = _data(_fatal(2), _nonfatal(7))
-    assert sxids.detect(None, _snapshot(same, same), CONFIG) == []
+    assert sxids.detect(None, _snapshot(same, same)) == []
 
 
 def test_first_read_counts_everything_it_holds() -> None:
-    found = sxids.detect(None, _snapshot(_data(_fatal(1), _nonfatal(2))), CONFIG)
+    found = sxids.detect(None, _snapshot(_data(_fatal(1), _nonfatal(2))))
     assert {f.kind for f in found} == {sxids.FATAL, sxids.NONFATAL}
 
 
 def test_a_read_after_a_failed_one_proves_nothing_new() -> None:
-    assert sxids.detect(None, _snapshot(_data(_fatal(1)), failed=True), CONFIG) == []
-    assert sxids.detect(None, _snapshot(None, _data(_fatal(1))), CONFIG) == []
+    assert sxids.detect(None, _snapshot(_data(_fatal(1)), failed=True)) == []
+    assert sxids.detect(None, _snapshot(None, _data(_fatal(1)))) == []
 
 
 def test_a_restarted_source_counts_from_zero() -> None:
-    [finding] = sxids.detect(None, _snapshot(_data(_fatal(1)), _data(_fatal(9))), CONFIG)
+    [finding] = sxids.detect(None, _snapshot(_data(_fatal(1)), _data(_fatal(9))))
     assert finding.evidence["new_sxids"] == 1
 
 
@@ -527,7 +527,7 @@ def test_source_to_detector(kmsg_root: tuple[Path, Roots]) -> None:
         now = src.collect(roots)
     finally:
         src.close()
-    [finding] = sxids.detect(None, _snapshot(now, before), CONFIG)
+    [finding] = sxids.detect(None, _snapshot(now, before))
     assert finding.kind == sxids.FATAL
     assert finding.evidence["new_sxids"] == 1 and finding.evidence["sxids_since_start"] == 2
 

@@ -134,7 +134,7 @@ CONFIG = Config()
 def test_new_xid_is_a_finding_of_its_class_with_the_catalog_severity() -> None:
     before = _nvml(XidCount(2, GPU2, 13, 1))
     now = _nvml(XidCount(2, GPU2, 13, 1), XidCount(2, GPU2, 48, 2))
-    [finding] = DETECT(None, _snapshot(now, before), CONFIG)
+    [finding] = DETECT(None, _snapshot(now, before), CONFIG.detectors.xids)
     assert finding.kind == "gpu_xid_memory" and finding.severity is Severity.CRITICAL
     assert finding.subjects == {"gpu": "2", "xid": "48"}
     assert finding.evidence["new_xids"] == 2 and finding.evidence["xids_since_start"] == 2
@@ -144,29 +144,31 @@ def test_new_xid_is_a_finding_of_its_class_with_the_catalog_severity() -> None:
 
 def test_a_count_that_did_not_grow_is_no_finding() -> None:
     same = _nvml(XidCount(2, GPU2, 48, 1))
-    assert DETECT(None, _snapshot(same, same), CONFIG) == []
+    assert DETECT(None, _snapshot(same, same), CONFIG.detectors.xids) == []
 
 
 def test_first_read_counts_everything_it_holds() -> None:
-    [finding] = DETECT(None, _snapshot(_nvml(XidCount(2, GPU2, 13, 1))), CONFIG)
+    [finding] = DETECT(None, _snapshot(_nvml(XidCount(2, GPU2, 13, 1))), CONFIG.detectors.xids)
     assert finding.kind == "gpu_xid_application" and finding.severity is Severity.INFO
 
 
 def test_a_restarted_source_counts_from_zero() -> None:
     before = _nvml(XidCount(2, GPU2, 94, 5))
-    [finding] = DETECT(None, _snapshot(_nvml(XidCount(2, GPU2, 94, 1)), before), CONFIG)
+    [finding] = DETECT(
+        None, _snapshot(_nvml(XidCount(2, GPU2, 94, 1)), before), CONFIG.detectors.xids
+    )
     assert finding.kind == "gpu_xid_memory" and finding.evidence["new_xids"] == 1
 
 
 def test_xid79_is_left_to_the_hotplug_detector() -> None:
     before = _nvml()
     now = _nvml(XidCount(5, GPU5, 79, 1))
-    assert DETECT(None, _snapshot(now, before), CONFIG) == []
+    assert DETECT(None, _snapshot(now, before), CONFIG.detectors.xids) == []
 
 
 def test_unknown_code_and_unlisted_device() -> None:
     now = _nvml(XidCount(None, "0000:ee:00.0", 4242, 1))
-    [finding] = DETECT(None, _snapshot(now, _nvml()), CONFIG)
+    [finding] = DETECT(None, _snapshot(now, _nvml()), CONFIG.detectors.xids)
     assert finding.kind == "gpu_xid_unknown" and finding.severity is Severity.WARNING
     assert finding.subjects == {"bdf": "0000:ee:00.0", "xid": "4242"}
     assert "investigate" in finding.message
@@ -176,7 +178,7 @@ def test_the_job_on_the_gpu_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     views = (JobView("81790", (11,), (2,), (GPU2,), ("mlx5_0",), "NCCL_IB_HCA"),)
     monkeypatch.setattr(xids, "jobs", lambda snapshot: views)
     now = _nvml(XidCount(2, GPU2, 74, 1))
-    [finding] = DETECT(None, _snapshot(now, _nvml()), CONFIG)
+    [finding] = DETECT(None, _snapshot(now, _nvml()), CONFIG.detectors.xids)
     assert finding.kind == "gpu_xid_nvlink"
     assert "used by job 81790" in finding.message
     assert "job" not in finding.subjects  # the identity is the GPU's and the code's
@@ -185,7 +187,7 @@ def test_the_job_on_the_gpu_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_disabled() -> None:
     config = from_mapping({"detectors": {"xids": {"enabled": False}}})
     now = _nvml(XidCount(2, GPU2, 48, 1))
-    assert DETECT(None, _snapshot(now, _nvml()), config) == []
+    assert DETECT(None, _snapshot(now, _nvml()), config.detectors.xids) == []
 
 
 def test_every_kind_has_a_held_alert_rule_and_is_registered() -> None:

@@ -17,7 +17,7 @@ as the job's latest traces show it.
 from __future__ import annotations
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config
+from nodescope.config import CollectivesSettings
 from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.collectives import TRACES, JobCollectives, KindFigures
 from nodescope.model.finding import THRESHOLD, VALUE, Finding, Severity
@@ -93,8 +93,9 @@ def straggler_finding(job: JobCollectives, kind: KindFigures, bound: float) -> F
     )
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    settings = config.detectors.collectives
+def detect(
+    previous: Snapshot | None, snapshot: Snapshot, settings: CollectivesSettings
+) -> list[Finding]:
     if not settings.enabled:
         return []
     data = snapshot.latest(TRACES)

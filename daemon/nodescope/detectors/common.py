@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
 
-from nodescope.alerts import AlertRule, keep_floor
-from nodescope.config import Config
 from nodescope.model.jobs import JobView
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.source_key import SourceKey
@@ -88,12 +86,12 @@ def tcp_text(evidence: dict[str, float]) -> str:
     return f"; TCP retransmits {retrans:.1f}/s{share}"
 
 
-def emit_floor(config: Config, kind: str, builtin: AlertRule, threshold: float) -> float:
-    """The least ``value`` worth a finding of ``kind``: the raise threshold, or the alert
-    rule's ``clear_below`` (``builtin`` as configured) when lower (a finding in that band
-    keeps a firing alert firing; the alert engine decides, the detector only reports)."""
-    floor = keep_floor(config, kind, builtin)
-    return threshold if floor is None else min(threshold, floor)
+def emit_floor(keep_below: float | None, threshold: float) -> float:
+    """The least ``value`` worth a finding: the raise threshold, or ``keep_below`` (the kind's
+    alert rule's ``clear_below`` as configured, :func:`nodescope.alerts.keep_floor`) when
+    lower (a finding in that band keeps a firing alert firing; the alert engine decides, the
+    detector only reports)."""
+    return threshold if keep_below is None else min(threshold, keep_below)
 
 
 def gb(value: float) -> str:

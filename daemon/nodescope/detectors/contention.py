@@ -36,9 +36,10 @@ direction's utilisation) and ``threshold`` for the engine's hysteresis (``clear_
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config
+from nodescope.config import ContentionSettings
 from nodescope.detectors.common import (
     emit_floor,
     gb,
@@ -261,19 +262,30 @@ def evaluate(
     return findings
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    settings = config.detectors
-    if not settings.contention.enabled:
+@dataclass(frozen=True, slots=True)
+class ContentionInputs:
+    """``[detectors.contention]`` and the least value that keeps this kind's firing alert
+    firing (its rule's ``clear_below`` as configured; ``None``: none)."""
+
+    settings: ContentionSettings
+    keep_below: float | None
+
+
+def detect(
+    previous: Snapshot | None, snapshot: Snapshot, inputs: ContentionInputs
+) -> list[Finding]:
+    settings = inputs.settings
+    if not settings.enabled:
         return []
     attribution = snapshot.derived.attribution
     if attribution is None:
         return []
-    threshold = settings.contention.utilisation_ratio
+    threshold = settings.utilisation_ratio
     return evaluate(
         attribution.shared_links,
         threshold,
-        settings.contention.min_share,
-        floor=emit_floor(config, KIND, RULE, threshold),
+        settings.min_share,
+        floor=emit_floor(inputs.keep_below, threshold),
         jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
         extra_evidence=tcp_evidence(snapshot),
         topology=snapshot.latest(PCI),

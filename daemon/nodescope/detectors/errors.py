@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config, ErrorsSettings
+from nodescope.config import ErrorsSettings
 from nodescope.detectors.common import tcp_evidence, tcp_text
 from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.error_thresholds import BY_COUNTER, MIN_ERRORS, Threshold
@@ -456,8 +456,9 @@ def xmit_wait_findings(rates: InfinibandRates, xmit_wait_per_second: float) -> l
     return findings
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    settings = config.detectors.errors
+def detect(
+    previous: Snapshot | None, snapshot: Snapshot, settings: ErrorsSettings
+) -> list[Finding]:
     if not settings.enabled:
         return []
     findings = window_findings(snapshot, settings)

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config, GpuHealthSettings
+from nodescope.config import GpuHealthSettings
 from nodescope.detectors.common import jobs, jobs_of_gpus
 from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.finding import Finding, Severity
@@ -246,16 +246,27 @@ class _Gpu:
         return f"; used by job {', '.join(self.jobs)}" if self.jobs else ""
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
+@dataclass(frozen=True, slots=True)
+class GpuHealthInputs:
+    """``[detectors.gpu_health]`` and the ``nvml`` source's configured interval (seconds; the
+    held times count reads that come no more often than that)."""
+
+    settings: GpuHealthSettings
+    nvml_interval_seconds: float = 1.0
+
+
+def detect(previous: Snapshot | None, snapshot: Snapshot, inputs: GpuHealthInputs) -> list[Finding]:
     """The registry's form: the ``nvml`` source's latest record, ``[detectors.gpu_health]``."""
-    settings = config.detectors.gpu_health
+    settings = inputs.settings
     if not settings.enabled:
         return []
     data = snapshot.latest(NVML)
     if data is None or not data.health:
         return []
     before = None if previous is None else previous.monotonic
-    gpus = _current(snapshot, before, data, _read_interval(snapshot, config), settings)
+    gpus = _current(
+        snapshot, before, data, _read_interval(snapshot, inputs.nvml_interval_seconds), settings
+    )
     if not gpus:
         return []
     findings = _ecc(previous, snapshot, gpus)
@@ -264,11 +275,9 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
     return findings
 
 
-def _read_interval(snapshot: Snapshot, config: Config) -> float:
+def _read_interval(snapshot: Snapshot, configured: float) -> float:
     """Seconds between two reads of the ``nvml`` source: the configured interval, or the
     measured one when reads came further apart (a slow read, a replay's longer tick)."""
-    settings = config.sources.get(NVML.name)
-    configured = 1.0 if settings is None else settings.interval_seconds
     pair = snapshot.pair(NVML)
     return configured if pair is None else max(configured, pair[2])
 

@@ -60,7 +60,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config
+from nodescope.config import HangsSettings
 from nodescope.detectors.common import jobs
 from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.cgroup import CGROUPS, Cgroup, CgroupTree
@@ -468,24 +468,24 @@ def _nfs_bytes_per_second(nfs: MountstatsRates | None) -> float:
 def _loader_finding(
     activity: JobGpuActivity,
     snapshot: Snapshot,
-    config: Config,
+    settings: HangsSettings,
     nfs: MountstatsRates | None,
 ) -> Finding | None:
     mean = activity.mean_utilisation
-    if mean is None or mean >= config.detectors.hangs.loader_utilisation_ratio:
+    if mean is None or mean >= settings.loader_utilisation_ratio:
         return None
     tree = snapshot.latest(CGROUPS)
     cg = job_cgroup(tree, activity.job_id) if tree is not None else None
     if cg is None or cg.io_pressure is None or cg.io_pressure.some is None:
         return None
     pressure = cg.io_pressure.some.avg10
-    if pressure < config.detectors.hangs.loader_io_pressure_percent:
+    if pressure < settings.loader_io_pressure_percent:
         return None
     disk = job_io_bytes_per_second(snapshot, activity.job_id)
     if disk is None:
         return None
     nfs_bytes = _nfs_bytes_per_second(nfs)
-    limit = config.detectors.hangs.loader_max_bytes_per_second
+    limit = settings.loader_max_bytes_per_second
     if disk + nfs_bytes >= limit:
         return None
     message = (
@@ -703,15 +703,15 @@ def _ended(snapshot: Snapshot, gone: Sequence[DepartedRank]) -> dict[int, Proces
 
 
 def evaluate(
-    snapshot: Snapshot, config: Config, departed: Sequence[DepartedRank] = ()
+    snapshot: Snapshot, settings: HangsSettings, departed: Sequence[DepartedRank] = ()
 ) -> list[Finding]:
     activities = job_gpu_activity(
         snapshot,
-        config.detectors.hangs.idle_utilisation_ratio,
-        config.detectors.hangs.idle_bytes_per_second,
+        settings.idle_utilisation_ratio,
+        settings.idle_bytes_per_second,
     )
-    loader_ratio = config.detectors.hangs.loader_utilisation_ratio
-    limit = config.detectors.hangs.idle_bytes_per_second
+    loader_ratio = settings.loader_utilisation_ratio
+    limit = settings.idle_bytes_per_second
     if not any(
         not a.lost_gpus
         and (
@@ -759,7 +759,7 @@ def evaluate(
         if storage is not None:
             findings.append(storage)
             continue
-        loader = _loader_finding(activity, snapshot, config, nfs)
+        loader = _loader_finding(activity, snapshot, settings, nfs)
         if loader is not None:
             findings.append(loader)
             continue
@@ -788,8 +788,8 @@ def evaluate(
     return findings
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    if not config.detectors.hangs.enabled:
+def detect(previous: Snapshot | None, snapshot: Snapshot, settings: HangsSettings) -> list[Finding]:
+    if not settings.enabled:
         return []
     # Asked every cycle, so the memory of the ranks that left carries on: cheap while the
     # jobs' GPU processes do not change.
@@ -799,10 +799,10 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> lis
         DEPARTED_KEEP_SECONDS,
     )
     return held_long_enough(
-        evaluate(snapshot, config, departed),
+        evaluate(snapshot, settings, departed),
         previous,
         snapshot,
-        config.detectors.hangs.min_stall_seconds,
+        settings.min_stall_seconds,
     )
 
 

@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config
+from nodescope.config import HotplugSettings
 from nodescope.detectors.common import jobs
 from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.disks import DISKS
@@ -447,10 +447,12 @@ def flapping(snapshot: Snapshot, threshold: float) -> list[Finding]:
     return findings
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
-    if not config.detectors.hotplug.enabled:
+def detect(
+    previous: Snapshot | None, snapshot: Snapshot, settings: HotplugSettings
+) -> list[Finding]:
+    if not settings.enabled:
         return []
-    threshold = config.detectors.hotplug.flap_transitions
+    threshold = settings.flap_transitions
     return (
         fell_off_bus(previous, snapshot)
         + pci_removed(previous, snapshot)

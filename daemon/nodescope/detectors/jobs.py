@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config
+from nodescope.config import JobsSettings
 from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.cgroup import Cgroup, Pressure, PressureLine
 from nodescope.model.counters import counter_delta
@@ -464,10 +464,9 @@ def _interval(snapshot: Snapshot) -> float | None:
     return cur.monotonic - prev.monotonic
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
+def detect(previous: Snapshot | None, snapshot: Snapshot, settings: JobsSettings) -> list[Finding]:
     """The registry's form: the registry of the ``jobs`` source's latest record and of the
     one before it, both joined with the GPUs' compute processes of now."""
-    settings = config.detectors.jobs
     if not settings.enabled:
         return []
     percent = settings.memory_pressure_percent

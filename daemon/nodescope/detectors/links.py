@@ -27,8 +27,11 @@ not in use"), so an idle link below its maximum is no finding.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from nodescope.alerts import AlertRule
-from nodescope.config import Config
+from nodescope.config import DowntrainingSettings, SaturationSettings
 from nodescope.detectors.common import (
     emit_floor,
     gb,
@@ -57,28 +60,27 @@ _SIGNAL = (
 #: The link speed the default bidirectional saturation point was measured at (Gen4).
 MEASURED_SPEED_GTS = 16.0
 
-SPECS = (
-    FindingKind(
-        SATURATION,
-        severities(Severity.WARNING),
-        actions(warning="alert"),
-        meaning="a GPU moves as many PCIe bytes as its model saturates at (its link's"
-        " generation and width counted)",
-        signal=_SIGNAL,
-        hardware="yes",
-        alert=SATURATION_RULE,
-        contention=True,
-    ),
-    FindingKind(
-        DOWNTRAINED,
-        severities(Severity.WARNING),
-        actions(warning="alert"),
-        meaning="a GPU under load runs its PCIe link below the generation or width it and the"
-        " slot support",
-        signal=_SIGNAL,
-        hardware="yes",
-    ),
+SATURATION_SPEC = FindingKind(
+    SATURATION,
+    severities(Severity.WARNING),
+    actions(warning="alert"),
+    meaning="a GPU moves as many PCIe bytes as its model saturates at (its link's"
+    " generation and width counted)",
+    signal=_SIGNAL,
+    hardware="yes",
+    alert=SATURATION_RULE,
+    contention=True,
 )
+DOWNTRAINED_SPEC = FindingKind(
+    DOWNTRAINED,
+    severities(Severity.WARNING),
+    actions(warning="alert"),
+    meaning="a GPU under load runs its PCIe link below the generation or width it and the"
+    " slot support",
+    signal=_SIGNAL,
+    hardware="yes",
+)
+SPECS = (SATURATION_SPEC, DOWNTRAINED_SPEC)
 
 
 def model_ratio(name: str, models: dict[str, float], default: float) -> tuple[float, str | None]:
@@ -278,11 +280,22 @@ def _gpus(snapshot: Snapshot) -> dict[str, GpuSample]:
     return {} if nvml is None else {g.pci_address: g for g in nvml.gpus}
 
 
+@dataclass(frozen=True, slots=True)
+class SaturationInputs:
+    """``[detectors.saturation]``, its per-GPU-model ratios (``[detectors.saturation.models]``)
+    and the least value that keeps this kind's firing alert firing (its rule's
+    ``clear_below`` as configured; ``None``: none)."""
+
+    settings: SaturationSettings
+    models: Mapping[str, float]
+    keep_below: float | None
+
+
 def detect_saturation(
-    previous: Snapshot | None, snapshot: Snapshot, config: Config
+    previous: Snapshot | None, snapshot: Snapshot, inputs: SaturationInputs
 ) -> list[Finding]:
-    settings = config.detectors
-    if not settings.saturation.enabled:
+    settings = inputs.settings
+    if not settings.enabled:
         return []
     attribution = snapshot.derived.attribution
     if attribution is None:
@@ -290,20 +303,19 @@ def detect_saturation(
     return saturation(
         attribution.endpoints,
         _gpus(snapshot),
-        settings.saturation.bidirectional_ratio,
-        settings.saturation.one_way_ratio,
-        dict(settings.saturation_models),
-        floor=emit_floor(config, SATURATION, SATURATION_RULE, 1.0),
+        settings.bidirectional_ratio,
+        settings.one_way_ratio,
+        dict(inputs.models),
+        floor=emit_floor(inputs.keep_below, 1.0),
         jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
         extra_evidence=tcp_evidence(snapshot),
     )
 
 
 def detect_downtraining(
-    previous: Snapshot | None, snapshot: Snapshot, config: Config
+    previous: Snapshot | None, snapshot: Snapshot, settings: DowntrainingSettings
 ) -> list[Finding]:
-    settings = config.detectors
-    if not settings.downtraining.enabled:
+    if not settings.enabled:
         return []
     attribution = snapshot.derived.attribution
     if attribution is None:
@@ -311,7 +323,7 @@ def detect_downtraining(
     return downtraining(
         attribution,
         _gpus(snapshot),
-        settings.downtraining.min_bytes_per_second,
+        settings.min_bytes_per_second,
         jobs_by_bdf=jobs_of_gpus(jobs(snapshot)),
         extra_evidence=tcp_evidence(snapshot),
     )

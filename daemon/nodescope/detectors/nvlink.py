@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config
+from nodescope.config import NvlinkSettings
 from nodescope.detectors.common import jobs
 from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.finding import Finding, Severity
@@ -274,9 +274,8 @@ def _notable(links: LinkRatesTable, t: NvlinkThresholds) -> list[int]:
     ]
 
 
-def thresholds(config: Config) -> NvlinkThresholds:
+def thresholds(bands: NvlinkSettings) -> NvlinkThresholds:
     """The bands of the ``[detectors.nvlink]`` table (validated when the file was loaded)."""
-    bands = config.detectors.nvlink
     return NvlinkThresholds(
         stall_warning_cycles_per_us=bands.stall_warning_cycles_per_us,
         stall_critical_cycles_per_us=bands.stall_critical_cycles_per_us,
@@ -354,18 +353,20 @@ def fold_switch_stalls(
     return [f for f in findings if id(f) not in folded] + switches
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
+def detect(
+    previous: Snapshot | None, snapshot: Snapshot, settings: NvlinkSettings
+) -> list[Finding]:
     """The registry's form: the module's two latest samples, then NVML's for the links the
     module does not serve, ``[detectors.nvlink]`` bands."""
-    if not config.detectors.nvlink.enabled:
+    if not settings.enabled:
         return []
-    findings = _module_findings(previous, snapshot, config)
-    findings.extend(nvml_saturation(snapshot, thresholds(config)))
+    findings = _module_findings(previous, snapshot, settings)
+    findings.extend(nvml_saturation(snapshot, thresholds(settings)))
     return findings
 
 
 def _module_findings(
-    previous: Snapshot | None, snapshot: Snapshot, config: Config
+    previous: Snapshot | None, snapshot: Snapshot, settings: NvlinkSettings
 ) -> list[Finding]:
     pair = snapshot.pair(NVLINK_KMOD)
     if pair is None:
@@ -374,7 +375,7 @@ def _module_findings(
     if prev.snapshot is None or cur.snapshot is None:
         return []
     rates = snapshot.derived.nvlink_rates
-    bands = thresholds(config)
+    bands = thresholds(settings)
     if rates is None or not _dated(prev.snapshot, cur.snapshot):
         findings = evaluate(prev.snapshot, cur.snapshot, bands)
     else:
@@ -388,7 +389,7 @@ def _module_findings(
         for gpu in view.gpus:
             jobs_by_gpu[gpu].append(view.job_id)
     folded = fold_switch_stalls(findings, snapshot.latest(NVML), jobs_by_gpu)
-    return _held_stalls(folded, previous, snapshot, config.detectors.nvlink.min_stall_seconds)
+    return _held_stalls(folded, previous, snapshot, settings.min_stall_seconds)
 
 
 _STALL_KINDS = frozenset({STALL, STALL_BURST, SWITCH_STALL})

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from nodescope.config import Config
+from nodescope.config import PlacementSettings
 from nodescope.detectors.common import jobs
 from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.finding import Finding, Severity
@@ -113,9 +113,11 @@ def _nearest(topology: Topology, gpu_bdf: str, hcas: Mapping[str, str]) -> tuple
     return min(ranked) if ranked else None
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
+def detect(
+    previous: Snapshot | None, snapshot: Snapshot, settings: PlacementSettings
+) -> list[Finding]:
     """The registry's form."""
-    if not config.detectors.placement.enabled:
+    if not settings.enabled:
         return []
     topology = snapshot.latest(PCI)
     ib = snapshot.latest(INFINIBAND)

@@ -1,6 +1,9 @@
 """The detectors the daemon runs, in order.
 
-A detector is a pure function ``(previous_snapshot, snapshot, config) -> Iterable[Finding]``:
+A detector is a pure function ``(previous_snapshot, snapshot, settings) -> Iterable[Finding]``
+of its own typed settings (its ``[detectors.<name>]`` table, and what else of the
+configuration it reads: :class:`Configured` picks them out of the whole ``Config`` for each
+cycle, here and nowhere else):
 no IO, no clock, no memory that changes an answer (the alert engine is the only place that
 remembers). What a detector reuses across cycles while its inputs are the same objects goes
 through the snapshot's derived figures (``snapshot.derived.reuse``), which the analysis step's
@@ -21,9 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
-from nodescope.alerts import AlertRule
+from nodescope.alerts import AlertRule, keep_floor
 from nodescope.config import Config
 from nodescope.detectors import (
     collectives,
@@ -41,10 +44,33 @@ from nodescope.detectors import (
 )
 from nodescope.detectors.kinds import FindingKind, catalogue
 from nodescope.model.finding import Finding
+from nodescope.model.nvml import NVML
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.xid_catalog import load_catalog
 
 Detect = Callable[[Snapshot | None, Snapshot, Config], Iterable[Finding]]
+
+S = TypeVar("S")
+
+
+class Configured(Generic[S]):
+    """A detector of typed settings in the registry's form: ``settings`` picks them out of
+    the configuration at each call (a few attribute reads; a reload takes effect at once)."""
+
+    __slots__ = ("detect", "settings")
+
+    def __init__(
+        self,
+        detect: Callable[[Snapshot | None, Snapshot, S], Iterable[Finding]],
+        settings: Callable[[Config], S],
+    ) -> None:
+        self.detect = detect
+        self.settings = settings
+
+    def __call__(
+        self, previous: Snapshot | None, snapshot: Snapshot, config: Config
+    ) -> Iterable[Finding]:
+        return self.detect(previous, snapshot, self.settings(config))
 
 
 class DetectorInfo(NamedTuple):
@@ -56,23 +82,76 @@ class DetectorInfo(NamedTuple):
     kinds: tuple[FindingKind, ...] = ()
 
 
+# What each detector reads of the configuration besides its own table: the keep band of its
+# alert rule, the source interval its held times count in.
+
+
+def contention_inputs(config: Config) -> contention.ContentionInputs:
+    return contention.ContentionInputs(
+        config.detectors.contention, keep_floor(config, contention.KIND, contention.RULE)
+    )
+
+
+def saturation_inputs(config: Config) -> links.SaturationInputs:
+    return links.SaturationInputs(
+        config.detectors.saturation,
+        config.detectors.saturation_models,
+        keep_floor(config, links.SATURATION, links.SATURATION_RULE),
+    )
+
+
+def gpu_health_inputs(config: Config) -> gpu_health.GpuHealthInputs:
+    source = config.sources.get(NVML.name)
+    return gpu_health.GpuHealthInputs(
+        config.detectors.gpu_health, 1.0 if source is None else source.interval_seconds
+    )
+
+
+def _no_settings(config: Config) -> None:
+    return None
+
+
 # The packaged Xid catalog, read once here and held by the detector: immutable data.
 _XID_CATALOG = load_catalog()
 
 DETECTORS: tuple[DetectorInfo, ...] = (
-    DetectorInfo("contention", contention.detect, (contention.SPEC,)),
-    DetectorInfo("saturation", links.detect_saturation, (links.SPECS[0],)),
-    DetectorInfo("downtraining", links.detect_downtraining, (links.SPECS[1],)),
-    DetectorInfo("errors", errors.detect, errors.SPECS),
-    DetectorInfo("placement", placement.detect, (placement.SPEC,)),
-    DetectorInfo("jobs", jobs.detect, jobs.SPECS),
-    DetectorInfo("nvlink", nvlink.detect, nvlink.SPECS),
-    DetectorInfo("hangs", hangs.detect, hangs.SPECS),
-    DetectorInfo("hotplug", hotplug.detect, hotplug.SPECS),
-    DetectorInfo("xids", xids.XidDetector(_XID_CATALOG), xids.specs(_XID_CATALOG)),
-    DetectorInfo("sxids", sxids.detect, sxids.SPECS),
-    DetectorInfo("gpu_health", gpu_health.detect, gpu_health.SPECS),
-    DetectorInfo("collectives", collectives.detect, collectives.SPECS),
+    DetectorInfo(
+        "contention", Configured(contention.detect, contention_inputs), (contention.SPEC,)
+    ),
+    DetectorInfo(
+        "saturation",
+        Configured(links.detect_saturation, saturation_inputs),
+        (links.SATURATION_SPEC,),
+    ),
+    DetectorInfo(
+        "downtraining",
+        Configured(links.detect_downtraining, lambda c: c.detectors.downtraining),
+        (links.DOWNTRAINED_SPEC,),
+    ),
+    DetectorInfo("errors", Configured(errors.detect, lambda c: c.detectors.errors), errors.SPECS),
+    DetectorInfo(
+        "placement",
+        Configured(placement.detect, lambda c: c.detectors.placement),
+        (placement.SPEC,),
+    ),
+    DetectorInfo("jobs", Configured(jobs.detect, lambda c: c.detectors.jobs), jobs.SPECS),
+    DetectorInfo("nvlink", Configured(nvlink.detect, lambda c: c.detectors.nvlink), nvlink.SPECS),
+    DetectorInfo("hangs", Configured(hangs.detect, lambda c: c.detectors.hangs), hangs.SPECS),
+    DetectorInfo(
+        "hotplug", Configured(hotplug.detect, lambda c: c.detectors.hotplug), hotplug.SPECS
+    ),
+    DetectorInfo(
+        "xids",
+        Configured(xids.XidDetector(_XID_CATALOG), lambda c: c.detectors.xids),
+        xids.specs(_XID_CATALOG),
+    ),
+    DetectorInfo("sxids", Configured(sxids.detect, _no_settings), sxids.SPECS),
+    DetectorInfo("gpu_health", Configured(gpu_health.detect, gpu_health_inputs), gpu_health.SPECS),
+    DetectorInfo(
+        "collectives",
+        Configured(collectives.detect, lambda c: c.detectors.collectives),
+        collectives.SPECS,
+    ),
 )
 
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config
 from nodescope.detectors.common import grown_counts
 from nodescope.detectors.kinds import FindingKind, actions, severities
 from nodescope.model.finding import Finding, Severity
@@ -133,7 +132,7 @@ def _links(counts: list[tuple[SxidCount, int]]) -> str:
     return f" {word} {', '.join(str(link) for link in links)}"
 
 
-def detect(previous: Snapshot | None, snapshot: Snapshot, config: Config) -> list[Finding]:
+def detect(previous: Snapshot | None, snapshot: Snapshot, settings: None = None) -> list[Finding]:
     groups: dict[tuple[str, str, int], _Group] = {}
     for count, added in new_sxids(snapshot):
         kind = FATAL if count.fatal else NONFATAL

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from nodescope.alerts import AlertRule
-from nodescope.config import Config
+from nodescope.config import XidsSettings
 from nodescope.detectors.common import grown_counts, jobs, jobs_of_gpus
 from nodescope.detectors.hotplug import XID_FELL_OFF_BUS
 from nodescope.detectors.kinds import FindingKind, actions
@@ -130,9 +130,9 @@ class XidDetector:
         self.catalog = catalog
 
     def __call__(
-        self, previous: Snapshot | None, snapshot: Snapshot, config: Config
+        self, previous: Snapshot | None, snapshot: Snapshot, settings: XidsSettings
     ) -> list[Finding]:
-        if not config.detectors.xids.enabled:
+        if not settings.enabled:
             return []
         grown = new_xids(snapshot)
         if not grown:
