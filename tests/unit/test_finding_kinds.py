@@ -6,10 +6,11 @@ spelled out by hand anywhere else."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -19,7 +20,6 @@ import yaml
 from nodescope import docgen
 from nodescope.alerts import AlertRule
 from nodescope.config import Config
-from nodescope.detectors import kinds as kinds_module
 from nodescope.detectors.kinds import (
     SEVERITY_DEFAULTS,
     FindingKind,
@@ -173,10 +173,12 @@ def test_a_spec_states_the_action_of_every_severity_it_raises() -> None:
         kinds_of(
             [DetectorInfo("a", _nothing, (_spec("x"),)), DetectorInfo("b", _nothing, (_spec("x"),))]
         )
+    # The severity defaults are the shipped [remediation] table's.
+    shipped = Config().remediation
     assert dict(SEVERITY_DEFAULTS) == {
-        Severity.CRITICAL: "drain",
-        Severity.WARNING: "alert",
-        Severity.INFO: "none",
+        Severity.CRITICAL: shipped.critical,
+        Severity.WARNING: shipped.warning,
+        Severity.INFO: shipped.info,
     }
 
 
@@ -232,9 +234,10 @@ def test_generated_blocks_follow_a_changed_spec(tmp_path: Path) -> None:
     text = (DAEMON / "hooks" / "tracker.py").read_text()
     changed = docgen.refresh_code(text, {"contention-kinds": lambda: contention_block([new])})
     assert changed != text and '"gpu_new_fault",' in changed
-    for module in docgen.CODE_SECTIONS:
+    for module, sections in docgen.CODE_SECTIONS.items():
         (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / module).write_text((DAEMON / module).read_text())
+        fresh = docgen.refresh_code((DAEMON / module).read_text(), sections)
+        (tmp_path / module).write_text(fresh)
     assert docgen.stale_code(tmp_path) == []
     (tmp_path / "hooks" / "tracker.py").write_text(changed)
     assert docgen.stale_code(tmp_path) == ["hooks/tracker.py"]
@@ -315,11 +318,10 @@ def _matches(op: str, pattern: str, value: str) -> bool:
     return hit if op == "=~" else not hit
 
 
-def _alert_selectors() -> list[tuple[str, list[tuple[str, str, str]]]]:
-    """(alert name, matchers) of every selector of the daemon's alerts in alerts.yml."""
+def _alert_selectors(text: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """(alert name, matchers) of every selector of the daemon's alerts in a rule file."""
     out = []
-    document = yaml.safe_load((EXPORTERS / "prometheus" / "alerts.yml").read_text())
-    for group in document["groups"]:
+    for group in yaml.safe_load(text)["groups"]:
         for rule in group["rules"]:
             for selector in _SELECTOR.findall(str(rule.get("expr", ""))):
                 out.append((rule.get("alert", rule.get("record", "")), _matchers(selector)))
@@ -340,18 +342,29 @@ def _named_kinds(op: str, pattern: str) -> set[str]:
     return {p for p in pattern.split("|") if re.fullmatch(r"[a-z0-9_]+", p)}
 
 
+def _unalerted(text: str, kinds: Iterable[FindingKind]) -> list[str]:
+    """What a rule file gets wrong: a warning or critical kind no rule fires on (unless its
+    spec says why), or one whose spec says it is not alerted that a rule fires on."""
+    selectors = _alert_selectors(text)
+    wrong = []
+    for spec in kinds:
+        for severity in sorted(spec.severities - {Severity.INFO}):
+            reached = [alert for alert, m in selectors if _reaches(m, spec.name, severity)]
+            if spec.not_alerted and reached:
+                wrong.append(f"{spec.name} says it is not alerted, but {reached} fire")
+            elif not spec.not_alerted and not reached:
+                wrong.append(f"no rule fires on {spec.name} at {severity.label}")
+    return wrong
+
+
 def test_every_warning_and_critical_kind_reaches_an_alert_rule() -> None:
-    selectors = _alert_selectors()
-    assert len(selectors) >= 2
-    for name, spec in KINDS.items():
-        for severity in spec.severities - {Severity.INFO}:
-            reached = [alert for alert, m in selectors if _reaches(m, name, severity)]
-            if spec.not_alerted:
-                assert not reached, f"{name} says it is not alerted, but {reached} fire"
-            else:
-                assert reached, f"no rule of alerts.yml fires on {name} at {severity.label}"
+    text = (EXPORTERS / "prometheus" / "alerts.yml").read_text()
+    assert len(_alert_selectors(text)) >= 2
+    assert _unalerted(text, KINDS.values()) == []
     # Info never pages.
-    assert not any(_reaches(m, "gpu_xid_application", Severity.INFO) for _, m in selectors)
+    assert not any(
+        _reaches(m, "gpu_xid_application", Severity.INFO) for _, m in _alert_selectors(text)
+    )
 
 
 def _shipped_matchers() -> Iterator[tuple[Path, str, str]]:
@@ -367,6 +380,16 @@ def _shipped_matchers() -> Iterator[tuple[Path, str, str]]:
                 yield path, op, pattern
 
 
+def _unknown_kinds(text: str) -> set[str]:
+    return {
+        name
+        for label, op, pattern in _matchers(text)
+        if label == "kind"
+        for name in _named_kinds(op, pattern)
+        if name not in KINDS
+    }
+
+
 def test_no_matcher_names_an_unknown_kind() -> None:
     seen = 0
     for path, op, pattern in _shipped_matchers():
@@ -377,16 +400,25 @@ def test_no_matcher_names_an_unknown_kind() -> None:
 
 
 def test_the_matcher_checks_catch_an_unknown_or_unalerted_kind() -> None:
-    """The two checks above against rules they must refuse."""
-    narrow = [("kind", "=", "pcie_contention")]
-    assert _reaches(narrow, "pcie_contention", Severity.WARNING)
-    assert not _reaches(narrow, "gpu_fell_off_bus", Severity.CRITICAL)
-    others = _matchers('{kind!="pcie_contention", severity!="info", state="firing"}')
-    assert _reaches(others, "gpu_fell_off_bus", Severity.CRITICAL)
-    assert not _reaches(others, "gpu_xid_application", Severity.INFO)
-    assert _named_kinds("=~", "nvlink_counter_device_gone|collective_hang") == {
-        "nvlink_counter_device_gone",
-        "collective_hang",
+    """The two checks above against rule files they must refuse."""
+    narrow = """
+groups:
+  - name: g
+    rules:
+      - alert: OnlyContention
+        expr: nodescope_alert_active{kind="pcie_contention", state="firing"} > 0
+"""
+    fell = KINDS["gpu_fell_off_bus"]
+    assert _unalerted(narrow, [KINDS["pcie_contention"]]) == []
+    assert _unalerted(narrow, [fell]) == ["no rule fires on gpu_fell_off_bus at critical"]
+    explained = dataclasses.replace(fell, not_alerted="drained by the gate instead")
+    assert _unalerted(narrow, [explained]) == []
+    catch_all = narrow.replace('kind="pcie_contention"', 'severity!="info"')
+    assert _unalerted(catch_all, [explained]) == [
+        "gpu_fell_off_bus says it is not alerted, but ['OnlyContention'] fire"
+    ]
+    assert _unknown_kinds('kind=~"nvlink_counter_device_gone|collective_hang"') == set()
+    assert _unknown_kinds("['kind=\"gpu_fell_of_bus\"', 'kind!~\"x_y|collective_hang\"']") == {
+        "gpu_fell_of_bus",
+        "x_y",
     }
-    assert "gpu_fell_of_bus" not in KINDS
-    assert kinds_module.ACTIONS == ("none", "alert", "drain", "drain_requeue")

@@ -84,7 +84,11 @@ class FindingKind:
                     f"finding kind {self.name!r}: {severity.label} action {action!r}"
                     f" is not one of {', '.join(ACTIONS)}"
                 )
-        for text, what in ((self.meaning, "meaning"), (self.signal, "signal")):
+        for text, what in (
+            (self.meaning, "meaning"),
+            (self.signal, "signal"),
+            (self.hardware, "hardware"),
+        ):
             if not text.strip():
                 raise ValueError(f"finding kind {self.name!r}: no {what}")
         object.__setattr__(self, "severities", frozenset(self.severities))

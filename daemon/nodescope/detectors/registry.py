@@ -1,11 +1,12 @@
 """The detectors the daemon runs, in order.
 
-A detector is a pure function ``(previous_snapshot, snapshot, settings) -> Iterable[Finding]``
-of its own typed settings (its ``[detectors.<name>]`` table, and what else of the
-configuration it reads: :class:`Configured` picks them out of the whole ``Config`` for each
-cycle, here and nowhere else):
+A detector is a pure function ``(previous_snapshot, snapshot, settings) -> Iterable[Finding]``:
 no IO, no clock, no memory that changes an answer (the alert engine is the only place that
-remembers). What a detector reuses across cycles while its inputs are the same objects goes
+remembers). ``settings`` are its own, typed: its ``[detectors.<name>]`` table, or a small
+record of that and what else of the configuration it reads; :class:`Configured` picks them
+out of the whole ``Config`` at each call, here and nowhere else.
+
+What a detector reuses across cycles while its inputs are the same objects goes
 through the snapshot's derived figures (``snapshot.derived.reuse``), which the analysis step's
 derived stage owns; callers do not modify what a detector returns.
 ``previous_snapshot`` is the snapshot of the cycle before (``None`` on the first cycle); the
