@@ -88,3 +88,23 @@ def test_xid79_timeline_shows_the_gpu_falling_off_the_bus(
     # land in the cycle after the one that injected it.
     assert 20 <= xid["t"] <= 21
     assert xid["detail"] == "Xid 79 (GPU has fallen off the bus) x1"
+
+
+def test_every_finding_of_the_bundled_replays_has_a_spec(bundled_results: dict[str, Any]) -> None:
+    """What the detectors made on the whole bundled corpus, against the kinds' specs: a kind
+    no spec declares, or a severity its spec does not list, fails here."""
+    from nodescope.detectors.registry import KINDS
+    from nodescope.model.finding import Severity
+
+    seen = 0
+    for name, doc in bundled_results.items():
+        for event in doc.get("timeline", ()):
+            if event["kind"] != "finding":
+                continue
+            kind = event["subject"].split("{", 1)[0]
+            severity = event["detail"][1:].split(")", 1)[0]
+            spec = KINDS.get(kind)
+            assert spec is not None, f"{name}: {kind} has no spec"
+            assert Severity[severity.upper()] in spec.severities, f"{name}: {kind} {severity}"
+            seen += 1
+    assert seen > 50
