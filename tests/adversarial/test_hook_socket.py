@@ -23,15 +23,10 @@ from pathlib import Path
 import pytest
 
 from nodescope.config import Config, SlurmSettings
-from nodescope.hooks import (
-    HookServer,
-    HookUnavailable,
-    JobTracker,
-    Peer,
-    allowed_uids,
-    call,
-    write_gate_state,
-)
+from nodescope.hooks.auth import Peer, allowed_uids
+from nodescope.hooks.health import write_gate_state
+from nodescope.hooks.tracker import JobTracker
+from nodescope.hooks.transport import HookServer, HookUnavailable, call
 from nodescope.roots import Roots
 from tests.conftest import nodescope_command
 from tests.hook_peers import NOBODY, as_nobody, enterable_dir, hook_env, run_hook
