@@ -182,7 +182,7 @@ def test_per_uid_limit_keeps_one_allowed_user_from_holding_every_slot(world_dir:
 _SERVER = """
 import sys, time
 from pathlib import Path
-from nodescope.hooks import HookServer
+from nodescope.hooks.transport import HookServer
 server = HookServer(Path(sys.argv[1]), lambda peer: peer.uid == 0)
 server.start()
 print("ready", flush=True)
