@@ -498,6 +498,8 @@ for name in sys.argv[2:]:
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
+        # Whatever a module prints as it is imported must not mix with the results.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
         error = ""
         try:
             __import__(name)
@@ -648,7 +650,7 @@ def test_what_loads_is_seen_through_packages_and_hubs(tmp_path: Path) -> None:
     _write(toy, "config.py", "from toyscope.sources import pci\n")
     _write(toy, "detectors/links.py", "import toyscope.config\n")
     _write(toy, "detectors/late.py", "def f():\n    import toyscope.sources.pci\n")
-    _write(toy, "broken.py", "import toyscope.nowhere\n")
+    _write(toy, "broken.py", "print('{}')\nimport toyscope.nowhere\n")
     modules = [
         "toyscope.detectors.links",
         "toyscope.detectors.late",
