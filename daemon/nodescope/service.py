@@ -29,7 +29,7 @@ from nodescope.analysis import Analyzer, alerts_document
 from nodescope.collect import Collector
 from nodescope.config import Config
 from nodescope.errors import ConfigError
-from nodescope.hooks import Hooks
+from nodescope.hooks.daemon import Hooks
 from nodescope.hooks.jobdrain import JobDrain
 from nodescope.httpserver import JsonCache, MetricsHTTPServer
 from nodescope.roots import ROOT_NAMES

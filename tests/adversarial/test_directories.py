@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from nodescope.hooks import JobRequest, write_registration
+from nodescope.hooks.request import JobRequest
+from nodescope.hooks.tracker import write_registration
 from nodescope.remediation.state import locked
 from nodescope.roots import Roots
 from nodescope.safedir import UnsafeDirectory, ensure_directory, open_directory

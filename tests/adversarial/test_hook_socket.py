@@ -23,15 +23,10 @@ from pathlib import Path
 import pytest
 
 from nodescope.config import Config, SlurmSettings
-from nodescope.hooks import (
-    HookServer,
-    HookUnavailable,
-    JobTracker,
-    Peer,
-    allowed_uids,
-    call,
-    write_gate_state,
-)
+from nodescope.hooks.auth import Peer, allowed_uids
+from nodescope.hooks.health import write_gate_state
+from nodescope.hooks.tracker import JobTracker
+from nodescope.hooks.transport import HookServer, HookUnavailable, call
 from nodescope.roots import Roots
 from tests.conftest import nodescope_command
 from tests.hook_peers import NOBODY, as_nobody, enterable_dir, hook_env, run_hook
@@ -187,7 +182,7 @@ def test_per_uid_limit_keeps_one_allowed_user_from_holding_every_slot(world_dir:
 _SERVER = """
 import sys, time
 from pathlib import Path
-from nodescope.hooks import HookServer
+from nodescope.hooks.transport import HookServer
 server = HookServer(Path(sys.argv[1]), lambda peer: peer.uid == 0)
 server.start()
 print("ready", flush=True)

@@ -24,12 +24,13 @@ from pathlib import Path
 import pytest
 
 from nodescope.config import Config
-from nodescope.hooks import JobTracker, Peer
+from nodescope.hooks.auth import Peer
 from nodescope.hooks.registrations import (
     GRACE_SECONDS,
     RegistrationExpiry,
     expire_registrations,
 )
+from nodescope.hooks.tracker import JobTracker
 from nodescope.model.job_records import (
     DEFAULT_MAX_REGISTRATIONS,
     JOBS,

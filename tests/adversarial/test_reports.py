@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from nodescope.config import Config
-from nodescope.hooks import Hooks, JobTracker, Peer
+from nodescope.hooks.auth import Peer
+from nodescope.hooks.daemon import Hooks
+from nodescope.hooks.tracker import JobTracker
 from nodescope.roots import Roots
 from nodescope_exporters.reports import (
     StaleReport,

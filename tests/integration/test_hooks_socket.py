@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from nodescope.config import Config, SlurmSettings
-from nodescope.hooks import HookServer, HookUnavailable, Peer, allowed_uids, call, slurm_uid
+from nodescope.hooks.auth import Peer, allowed_uids, slurm_uid
+from nodescope.hooks.transport import HookServer, HookUnavailable, call
 from tests.conftest import nodescope_command
 from tests.hook_peers import enterable_dir, hook_env, run_hook
 
@@ -230,7 +231,7 @@ def test_default_config_has_the_slurm_defaults() -> None:
 def test_gpu_holders_found_through_proc_fd(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("mknod needs root")
-    from nodescope.hooks import gpu_holders
+    from nodescope.hooks.health import gpu_holders
     from nodescope.roots import Roots
 
     # No NVIDIA driver here: a node of /dev/zero's device number (1:5) stands in for a GPU,

@@ -1,17 +1,28 @@
 """Data flows one way in the imports (docs/architecture.md): sources, model, detectors and
 exporters import only in the direction of the flow.
 
-The imports are read from the source text with :mod:`ast`, never by importing the modules,
-so an import inside a function or under ``TYPE_CHECKING`` counts as much as one at the top,
-and a module that would fail to import is still checked.
+Two checks, each seeing what the other cannot:
+
+* the direct imports are read from the source text with :mod:`ast`, never by importing the
+  modules, so an import inside a function or under ``TYPE_CHECKING`` counts as much as one at
+  the top, and a module that would fail to import is still checked;
+* what each module loads transitively is seen by importing it alone, in an interpreter that
+  has loaded nothing of the packages (:data:`LOAD_RULES`): a rule broken two or three imports
+  away, through a package's ``__init__`` or a hub such as the configuration, shows there.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -374,3 +385,305 @@ def test_module_state_is_seen_in_every_form(tmp_path: Path) -> None:
         "appended.py": True,
         "fine.py": False,
     }
+
+
+# --- what each module loads ------------------------------------------------------------------
+
+#: The remediation's parts that act on Slurm (run scontrol, change nodes): a source may read
+#: the remediation's record, never load what drains.
+REMEDIATION_ACTING = (
+    "nodescope.remediation.act",
+    "nodescope.remediation.gateway",
+    "nodescope.remediation.slurm",
+)
+
+
+@dataclass(frozen=True)
+class LoadRule:
+    """Importing any module of ``layer`` must not load any module of ``must_not_load``."""
+
+    layer: tuple[str, ...]
+    must_not_load: tuple[str, ...]
+    why: str
+    #: Modules of ``layer`` the rule does not cover.
+    exempt: tuple[str, ...] = ()
+
+    def covers(self, module: str) -> bool:
+        return _within(module, self.layer) and not _within(module, self.exempt)
+
+
+#: The probe's modules that measure with torch: run in the probe's own process, and not
+#: imported by the check (torch alone takes seconds to load).
+PROBE_MEASURING = ("nodescope.probe.measure", "nodescope.probe.allreduce")
+
+#: Layer -> what importing it may not load, and why. Checked on every module of the two
+#: packages (but :data:`PROBE_MEASURING`) imported alone.
+LOAD_RULES = (
+    LoadRule(
+        ("nodescope.detectors",),
+        ("nodescope.sources",),
+        "a detector judges the records it is handed; how they were read is not its business",
+    ),
+    LoadRule(
+        ("nodescope.model",),
+        (
+            "nodescope.sources",
+            "nodescope.detectors",
+            "nodescope.hooks",
+            "nodescope.remediation",
+            "nodescope_exporters",
+        ),
+        "the model is the bottom of the flow: every stage reads its records, it reads none",
+    ),
+    LoadRule(
+        ("nodescope.sources",),
+        (
+            "nodescope.hooks",
+            "nodescope.detectors",
+            *REMEDIATION_ACTING,
+            "nodescope_exporters",
+        ),
+        "a source reads the node (the remediation's record among it) and makes records; "
+        "judging, acting and exporting come after it",
+    ),
+    LoadRule(
+        ("nodescope.remediation",),
+        ("nodescope.hooks",),
+        "the hooks call the remediation, never the other way: a cycle would make every part "
+        "of either load the whole of both",
+    ),
+    LoadRule(
+        ("nodescope.hooks.transport", "nodescope.hooks.auth", "nodescope.hooks.request"),
+        (
+            "nodescope.remediation",
+            "nodescope.hooks.tracker",
+            "nodescope.hooks.daemon",
+            "nodescope.analysis",
+            "nodescope.detectors",
+            "nodescope_exporters",
+        ),
+        "the socket, who may reach it and the job a request names are what every client of "
+        "the socket imports (a hook, the probe command): not what the daemon does with a call",
+    ),
+    LoadRule(
+        ("nodescope.config",),
+        ("nodescope.sources", "nodescope.detectors"),
+        "every stage reads the configuration: if it loaded a stage, every detector would "
+        "load the sources through it",
+    ),
+    LoadRule(
+        ("nodescope_exporters",),
+        ("nodescope.sources",),
+        "the exporters render records and findings, whoever read them",
+    ),
+    LoadRule(
+        ("nodescope", "nodescope_exporters"),
+        ("torch",),
+        "the daemon's RSS budget is tens of MiB; the probe measures with torch in a process "
+        "of its own",
+        exempt=PROBE_MEASURING,
+    ),
+)
+
+#: Run in a fresh interpreter: fork, once per module named on the command line, a process that
+#: imports that module and nothing else of the packages, and print one JSON line: the module,
+#: the modules of the watched top-level names loaded after its import, and its import error.
+#: A forked child of an interpreter that holds only the standard library starts as a fresh
+#: interpreter does, without paying for a start per module.
+_LOADER = """
+import json, os, sys
+watched = set(sys.argv[1].split(","))
+for name in sys.argv[2:]:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        # Whatever a module prints as it is imported must not mix with the results.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        error = ""
+        try:
+            __import__(name)
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in watched)
+        line = json.dumps({"module": name, "loaded": loaded, "error": error}) + "\\n"
+        with os.fdopen(write_end, "w") as out:
+            out.write(line)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as result:
+        sys.stdout.write(result.read())
+    os.waitpid(pid, 0)
+"""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What importing one module alone loads of the watched names, or why it failed."""
+
+    modules: frozenset[str]
+    error: str
+
+
+def load_each(
+    modules: Sequence[str],
+    watched: Sequence[str],
+    path: Sequence[Path] = (),
+    workers: int = 0,
+) -> dict[str, Loaded]:
+    """Import each of ``modules`` alone in a fresh interpreter; ``path`` goes before the
+    interpreter's own. The modules are shared among ``workers`` interpreters (one per CPU by
+    default) run at once, each forking one child per module."""
+    workers = workers or max(2, os.cpu_count() or 2)
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [*map(str, path), *filter(None, [env.get("PYTHONPATH")])]
+        )
+    # Slow modules are spread over the interpreters: every worker takes every n-th module.
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _LOADER, ",".join(watched), *modules[i::workers]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        for i in range(workers)
+        if modules[i::workers]
+    ]
+    results: dict[str, Loaded] = {}
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+        for line in out.splitlines():
+            row = json.loads(line)
+            results[row["module"]] = Loaded(frozenset(row["loaded"]), row["error"])
+    assert set(results) == set(modules), err
+    return results
+
+
+def load_breaches(
+    loads: Mapping[str, Loaded], rules: Sequence[LoadRule]
+) -> dict[LoadRule, dict[str, list[str]]]:
+    """Per rule, each module it covers that loads what it must not: module -> those loaded."""
+    found: dict[LoadRule, dict[str, list[str]]] = {}
+    for rule in rules:
+        for module, loaded in sorted(loads.items()):
+            if not rule.covers(module):
+                continue
+            bad = sorted(m for m in loaded.modules if _within(m, rule.must_not_load))
+            if bad:
+                found.setdefault(rule, {})[module] = bad
+    return found
+
+
+#: Packages that are one part as a whole (the others' parts are their subpackages and modules).
+WHOLE_PARTS = frozenset({"nodescope_exporters", "torch"})
+
+
+def area(module: str) -> str:
+    """The part of a package a module belongs to: ``nodescope.hooks`` for
+    ``nodescope.hooks.auth``, ``nodescope.config`` for itself, the exporters as one."""
+    parts = module.split(".")
+    return parts[0] if parts[0] in WHOLE_PARTS else ".".join(parts[:2])
+
+
+def mutual_loads(loads: Mapping[str, Loaded]) -> dict[tuple[str, str], tuple[str, str]]:
+    """Pairs of areas each of which loads the other: (area, area) -> a module of each that
+    loads the other area."""
+    witness: dict[tuple[str, str], str] = {}
+    for module, loaded in sorted(loads.items()):
+        for other in sorted({area(m) for m in loaded.modules} - {area(module)}):
+            witness.setdefault((area(module), other), module)
+    return {
+        (a, b): (witness[a, b], witness[b, a])
+        for a, b in sorted(witness)
+        if a < b and (b, a) in witness
+    }
+
+
+@pytest.fixture(scope="module")
+def loads() -> dict[str, Loaded]:
+    modules = [m for m, _path in module_files(PACKAGE_ROOTS) if not _within(m, PROBE_MEASURING)]
+    return load_each(modules, ("nodescope", "nodescope_exporters", "torch"))
+
+
+def test_every_module_imports_alone(loads: dict[str, Loaded]) -> None:
+    # A module that imports only after another one was imported first hides a cycle.
+    failed = {module: loaded.error for module, loaded in loads.items() if loaded.error}
+    assert not failed, "modules that fail to import alone:\n" + "\n".join(
+        f"  {module}: {error}" for module, error in sorted(failed.items())
+    )
+
+
+@pytest.mark.parametrize("rule", LOAD_RULES, ids=lambda rule: rule.layer[0])
+def test_no_layer_loads_what_its_rule_forbids(loads: dict[str, Loaded], rule: LoadRule) -> None:
+    broken = load_breaches(loads, [rule]).get(rule, {})
+    assert not broken, (
+        f"{', '.join(rule.layer)} must not load {', '.join(rule.must_not_load)}: {rule.why}\n"
+        + "\n".join(f"  {module} loads {', '.join(bad)}" for module, bad in broken.items())
+    )
+
+
+def test_no_two_parts_load_each_other(loads: dict[str, Loaded]) -> None:
+    cycles = mutual_loads(loads)
+    assert not cycles, "parts that load each other:\n" + "\n".join(
+        f"  {a} <-> {b} ({via_a} loads {b}; {via_b} loads {a})"
+        for (a, b), (via_a, via_b) in cycles.items()
+    )
+
+
+def test_what_loads_is_seen_through_packages_and_hubs(tmp_path: Path) -> None:
+    # A toy of the tangles the rules are for: the detector imports only the configuration,
+    # the configuration a source; the source the hooks' socket, whose package imports the
+    # remediation, which imports the socket again.
+    toy = tmp_path / "toyscope"
+    for package in ("", "sources/", "detectors/", "hooks/", "remediation/"):
+        _write(toy, package + "__init__.py", "")
+    _write(toy, "hooks/__init__.py", "from toyscope.hooks import gate\n")
+    _write(toy, "hooks/gate.py", "import toyscope.remediation.act\n")
+    _write(toy, "hooks/auth.py", "")
+    _write(toy, "remediation/act.py", "from toyscope.hooks import auth\n")
+    _write(toy, "sources/pci.py", "import toyscope.hooks.auth\n")
+    _write(toy, "config.py", "from toyscope.sources import pci\n")
+    _write(toy, "detectors/links.py", "import toyscope.config\n")
+    _write(toy, "detectors/late.py", "def f():\n    import toyscope.sources.pci\n")
+    _write(toy, "broken.py", "print('{}')\nimport toyscope.nowhere\n")
+    modules = [
+        "toyscope.detectors.links",
+        "toyscope.detectors.late",
+        "toyscope.sources.pci",
+        "toyscope.remediation.act",
+        "toyscope.hooks.gate",
+        "toyscope.broken",
+    ]
+    loads = load_each(modules, ("toyscope",), path=[tmp_path], workers=2)
+    rules = [
+        LoadRule(("toyscope.detectors",), ("toyscope.sources",), ""),
+        LoadRule(("toyscope.sources",), ("toyscope.remediation",), ""),
+        LoadRule(("toyscope.remediation",), ("toyscope.hooks",), ""),
+    ]
+    assert {rule.layer[0]: broken for rule, broken in load_breaches(loads, rules).items()} == {
+        "toyscope.detectors": {
+            "toyscope.detectors.links": ["toyscope.sources", "toyscope.sources.pci"]
+        },
+        "toyscope.sources": {
+            "toyscope.sources.pci": ["toyscope.remediation", "toyscope.remediation.act"]
+        },
+        "toyscope.remediation": {
+            "toyscope.remediation.act": [
+                "toyscope.hooks",
+                "toyscope.hooks.auth",
+                "toyscope.hooks.gate",
+            ]
+        },
+    }
+    assert mutual_loads(loads) == {
+        ("toyscope.hooks", "toyscope.remediation"): (
+            "toyscope.hooks.gate",
+            "toyscope.remediation.act",
+        )
+    }
+    assert loads["toyscope.broken"].error.startswith("ModuleNotFoundError")

@@ -10,7 +10,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.hooks import Check, JobRequest, build_report
+from nodescope.hooks.health import Check
+from nodescope.hooks.reports import build_report
+from nodescope.hooks.request import JobRequest
 from nodescope.hooks.stops import (
     GATE_STOP_FORMAT,
     MAX_REASON,

@@ -14,11 +14,13 @@ import pytest
 
 from nodescope import config as config_mod
 from nodescope.config import Config
-from nodescope.hooks import JobRequest, JobTracker, Peer, build_report
+from nodescope.hooks.auth import Peer
 from nodescope.hooks.health import Check, alert_check, gate_causes
 from nodescope.hooks.jobdrain import RETRY_SECONDS, JobDrain, due, settled
+from nodescope.hooks.reports import build_report
+from nodescope.hooks.request import JobRequest
 from nodescope.hooks.stops import problem_json, problems_of, record_gate_drain
-from nodescope.hooks.tracker import actions_during, write_registration
+from nodescope.hooks.tracker import JobTracker, actions_during, write_registration
 from nodescope.model.alert import Alert, AlertState
 from nodescope.model.finding import Severity
 from nodescope.model.job_records import JobsData, Registration

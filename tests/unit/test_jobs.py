@@ -20,17 +20,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from nodescope.config import Config, SlurmSettings, from_mapping
 from nodescope.detectors import jobs as job_detectors
 from nodescope.errors import ConfigError, ParseError
-from nodescope.hooks import (
+from nodescope.hooks.health import (
     Check,
     GateInputs,
-    JobRequest,
-    JobWindow,
-    build_report,
     count_dev_gpus,
     gate_checks,
     missing_modules,
     unfit_reason,
 )
+from nodescope.hooks.reports import JobWindow, build_report
+from nodescope.hooks.request import JobRequest
 from nodescope.model.jobs import GpuUse, build_registry
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots

@@ -517,7 +517,7 @@ def test_via_daemon_carries_the_sizes_over_the_hook_socket(
 ) -> None:
     from nodescope.cli.main import build_parser
     from nodescope.cli.probe import via_daemon
-    from nodescope.hooks import HookServer, socket_path
+    from nodescope.hooks.transport import HookServer, socket_path
 
     config = from_mapping({"roots": {"run": str(tmp_path / "run")}})
     commands: list[list[str]] = []

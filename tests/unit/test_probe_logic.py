@@ -737,7 +737,7 @@ def test_nodescope_probe_via_daemon_over_the_hook_socket(
 ) -> None:
     from nodescope.cli.main import build_parser
     from nodescope.cli.probe import via_daemon
-    from nodescope.hooks import HookServer, socket_path
+    from nodescope.hooks.transport import HookServer, socket_path
 
     report = _judged()  # fails two thresholds
     hook = _hook(tmp_path, lambda command, timeout: (1, _stdout(report), "FAILED"))

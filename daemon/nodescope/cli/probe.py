@@ -29,7 +29,7 @@ from typing import Any
 from nodescope import config as config_mod
 from nodescope.cli.common import roots_from_args
 from nodescope.errors import ConfigError, ParseError
-from nodescope.hooks import HookUnavailable, call, socket_path
+from nodescope.hooks.transport import HookUnavailable, call, socket_path
 from nodescope.model.probe import EXIT_FAILED, EXIT_NOT_MEASURED, EXIT_USAGE, report_to_json
 from nodescope.probe.sweep import SIZES_HELP, format_sizes, sizes_argument
 from nodescope.probe_runner import outcome_from_answer, state_path

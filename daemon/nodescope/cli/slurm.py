@@ -50,26 +50,19 @@ from nodescope import config as config_mod
 from nodescope.cli.common import roots_from_args
 from nodescope.config import Config
 from nodescope.errors import ConfigError
-from nodescope.hooks import (
+from nodescope.hooks.health import (
     Check,
-    HookUnavailable,
-    JobRequest,
-    build_report,
-    call,
+    gate_causes,
     gate_checks,
     gate_state_path,
     gpu_holders,
     local_gate_inputs,
-    local_sample,
-    read_registration,
-    remove_registration,
-    socket_path,
     unfit_reason,
     write_gate_state,
-    write_registration,
 )
-from nodescope.hooks.health import gate_causes
 from nodescope.hooks.registrations import RegistrationRefused, make_room
+from nodescope.hooks.reports import build_report
+from nodescope.hooks.request import JobRequest
 from nodescope.hooks.stops import (
     GateStop,
     checks_of,
@@ -79,7 +72,14 @@ from nodescope.hooks.stops import (
     remove_gate_stop,
     write_gate_stop,
 )
-from nodescope.hooks.tracker import actions_during
+from nodescope.hooks.tracker import (
+    actions_during,
+    local_sample,
+    read_registration,
+    remove_registration,
+    write_registration,
+)
+from nodescope.hooks.transport import HookUnavailable, call, socket_path
 from nodescope.remediation.gateway import Applied, Verb, apply, drain_text
 from nodescope.remediation.policy import Problem
 from nodescope.remediation.slurm import Scontrol
@@ -541,7 +541,8 @@ def _node_name(config: Config, given: str | None) -> str | None:
     Slurm lists under this host's name: HealthCheckProgram runs with no job environment."""
     import socket
 
-    from nodescope.remediation.slurm import NODE_NAME, Scontrol, SlurmError, node_named
+    from nodescope.remediation.slurm import Scontrol, SlurmError, node_named
+    from nodescope.slurm_names import NODE_NAME
 
     name = given or os.environ.get("SLURMD_NODENAME")
     if name:

@@ -21,78 +21,8 @@ the job's report and the job tracker.
 
 When the daemon is down, :mod:`nodescope.cli.slurm` calls the same functions with what it can
 read itself.
+
+The package imports none of its modules: a caller imports the one it needs, so that the hook's
+client (the socket and who may reach it) does not load the tracker, the analysis and the
+exporters the daemon's side needs.
 """
-
-from __future__ import annotations
-
-from nodescope.hooks.auth import Peer, allowed_uids, prepare_directory, slurm_uid
-from nodescope.hooks.daemon import Hooks
-from nodescope.hooks.health import (
-    Check,
-    GateInputs,
-    count_dev_gpus,
-    dev_gpu_minors,
-    gate_checks,
-    gate_state_path,
-    gpu_holders,
-    local_gate_inputs,
-    missing_modules,
-    read_gate_state,
-    unfit_reason,
-    write_gate_state,
-)
-from nodescope.hooks.reports import JobWindow, build_report
-from nodescope.hooks.request import JobRequest
-from nodescope.hooks.tracker import (
-    JobTracker,
-    local_sample,
-    read_registration,
-    remove_registration,
-    write_registration,
-)
-from nodescope.hooks.transport import (
-    SOCKET_NAME,
-    HookServer,
-    HookUnavailable,
-    Request,
-    Response,
-    call,
-    run_dir,
-    socket_path,
-)
-
-__all__ = [
-    "SOCKET_NAME",
-    "Check",
-    "GateInputs",
-    "HookServer",
-    "HookUnavailable",
-    "Hooks",
-    "JobRequest",
-    "JobTracker",
-    "JobWindow",
-    "Peer",
-    "Request",
-    "Response",
-    "allowed_uids",
-    "build_report",
-    "call",
-    "count_dev_gpus",
-    "dev_gpu_minors",
-    "gate_checks",
-    "gate_state_path",
-    "gpu_holders",
-    "local_gate_inputs",
-    "local_sample",
-    "missing_modules",
-    "prepare_directory",
-    "read_gate_state",
-    "read_registration",
-    "remove_registration",
-    "run_dir",
-    "slurm_uid",
-    "socket_path",
-    "unfit_reason",
-    "write_gate_state",
-    "write_registration",
-]

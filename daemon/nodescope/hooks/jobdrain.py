@@ -42,7 +42,7 @@ from nodescope.model.jobs import Job
 from nodescope.model.snapshot import Snapshot
 from nodescope.remediation.act import Outcome, problems_from_alerts, problems_from_checks, remediate
 from nodescope.remediation.policy import Policy, Problem, StepKind
-from nodescope.remediation.slurm import NODE_NAME
+from nodescope.slurm_names import NODE_NAME
 
 log = logging.getLogger("nodescope.remediation")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from nodescope.hooks.transport import Request
 from nodescope.model.job_records import parse_gpu_list
-from nodescope.remediation.slurm import NODE_NAME
+from nodescope.slurm_names import NODE_NAME
 
 #: Bounds of a request's fields: Slurm job ids are 32-bit numbers; user names are at most
 #: LOGIN_NAME_MAX; the GPU list cannot be longer than the node's GPUs, and where the node's

@@ -16,14 +16,18 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from nodescope.config import Config
 from nodescope.model.finding import Finding, Severity
 from nodescope.remediation.gateway import Verb, apply
 from nodescope.remediation.policy import Decision, Policy, Problem, StepKind, decide
-from nodescope.remediation.slurm import JOB_ID, Scontrol, SlurmError
+from nodescope.remediation.slurm import Scontrol, SlurmError
 from nodescope.remediation.state import Entry, locked, read_record, write_record
+from nodescope.slurm_names import JOB_ID
+
+if TYPE_CHECKING:
+    # Only the settings' shape: the configuration module loads the source registry.
+    from nodescope.config import Config
 
 _SEVERITIES = {s.label: s for s in Severity}
 

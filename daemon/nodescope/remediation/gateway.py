@@ -23,8 +23,8 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from nodescope.config import Config
 from nodescope.remediation.policy import (
     MAX_REASON,
     REASON_PREFIX,
@@ -36,6 +36,10 @@ from nodescope.remediation.policy import (
 )
 from nodescope.remediation.slurm import Scontrol, SlurmError
 from nodescope.remediation.state import read_record
+
+if TYPE_CHECKING:
+    # Only the settings' shape: the configuration module loads the source registry.
+    from nodescope.config import Config
 
 
 class Verb(enum.StrEnum):

@@ -31,10 +31,15 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from nodescope.config import RemediationRuleSettings, RemediationSettings
 from nodescope.model.finding import Severity
 from nodescope.text import sanitize as text_sanitize
+
+if TYPE_CHECKING:
+    # Only the settings' shape: the record reader (the remediation source) loads this module,
+    # and the configuration module loads the source registry.
+    from nodescope.config import RemediationRuleSettings, RemediationSettings
 
 #: The prefix of every drain reason nodescope sets; the partition guard counts the drains that
 #: carry it, whoever in nodescope set them (the prolog gate too).

@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from nodescope.remediation.policy import NodeView, PartitionLoad, is_nodescope_reason
+from nodescope.slurm_names import JOB_ID, NODE_NAME
 
 T = TypeVar("T")
 
@@ -39,12 +40,8 @@ MAX_OUTPUT = 32 << 20
 _FIELD = re.compile(r"[A-Z][A-Za-z0-9_]*=")
 #: Slurm's suffix to a reason: who set it and when.
 _REASON_SUFFIX = re.compile(r"\s*\[[^\[\]@]*@[0-9T:\-]+\]\s*$")
-#: A node name as slurm.conf allows it (no spaces, no commas, no brackets).
-NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: Slurm states that mean the node takes no new job because it is drained or draining.
 DRAIN_FLAGS = frozenset({"DRAIN", "DRAINED", "DRAINING"})
-#: A job id as ``scontrol requeue`` takes it (array and het jobs included).
-JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,12}|\+[0-9]{1,4})?")
 
 
 @dataclass(frozen=True, slots=True)
