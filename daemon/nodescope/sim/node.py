@@ -53,9 +53,10 @@ state (its time, counter accumulators and file writer, :mod:`nodescope.sim.node_
 PCIe tree and its AER counters (:mod:`~nodescope.sim.node_pci`), the GPUs behind the fake
 NVML (:mod:`~nodescope.sim.node_gpus`), the disks and mounts
 (:mod:`~nodescope.sim.node_disks`), the InfiniBand ports and IP counters
-(:mod:`~nodescope.sim.node_network`) and the kernel log
-(:mod:`~nodescope.sim.node_kernel_log`). The processes, cgroups and jobs, the timeline and
-the moves through time stay here.
+(:mod:`~nodescope.sim.node_network`), the processes, cgroups and ``proc/`` files
+(:mod:`~nodescope.sim.node_processes`) and the kernel log
+(:mod:`~nodescope.sim.node_kernel_log`). The timeline, what it plans and the moves through
+time (counters integrated, events fired, states applied, parts written) stay here.
 """
 
 from __future__ import annotations
@@ -64,8 +65,7 @@ import enum
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -77,19 +77,18 @@ from nodescope.roots import Roots
 from nodescope.sim.fake_nvml import FakeNvml, FakeProcess
 from nodescope.sim.kmod import SimulatedModule
 from nodescope.sim.lspci import LspciDevice, bridge_chains
-from nodescope.sim.node_base import CLK_TCK, EPOCH, IB_PACKET_BYTES, PAGE, NodeFiles, write_bytes
+from nodescope.sim.node_base import CLK_TCK, EPOCH, IB_PACKET_BYTES, NodeFiles, write_bytes
 from nodescope.sim.node_disks import DEFAULT_REQUEST_BYTES, DisksPart
 from nodescope.sim.node_gpus import GpusPart
 from nodescope.sim.node_kernel_log import KernelLogPart
 from nodescope.sim.node_network import NetworkPart
 from nodescope.sim.node_pci import GENERATIONS, NO_LINK, PciPart
+from nodescope.sim.node_processes import SLURM_SCOPE, CgroupDir, Proc, ProcessesPart
 from nodescope.sim.scenario import (
     GPU_HEALTH_KINDS,
     INSTANT_KINDS,
     Activity,
     Hardware,
-    Job,
-    ProcessSpec,
     Scenario,
 )
 from nodescope.sources.base import Source
@@ -97,15 +96,6 @@ from nodescope.sources.registry import SourceInputs
 
 #: NVLink raw throughput counts protocol overhead on top of the payload.
 NVLINK_RAW_OVERHEAD = 1.0625
-#: Controllers of the root cgroup of a typical systemd host.
-ROOT_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"
-CHILD_CONTROLLERS = "cpuset cpu io memory pids"
-
-_PF_KTHREAD = 0x00200000
-_PF_USER = 0x00400100
-_ZERO_PSI = "".join(
-    f"{kind} avg10=0.00 avg60=0.00 avg300=0.00 total=0\n" for kind in ("some", "full")
-)
 
 
 class Part(enum.Enum):
@@ -181,124 +171,6 @@ def make_temp_root(prefix: str = "nodescope-sim-") -> Path:
 
 
 # --------------------------------------------------------------------------------------------
-# Processes and cgroups
-
-
-@dataclass
-class _Task:
-    tid: int
-    comm: str
-    state: str
-    wchan: str
-    #: seconds of CPU per second of this thread
-    cpu_share: float = 0.0
-    utime: float = 0.0  # ticks
-    stime: float = 0.0
-    #: the cgroup the thread sits in when it is not its process's (``thread_cgroups``)
-    cgroup: str | None = None
-
-
-@dataclass
-class _Proc:
-    pid: int
-    ppid: int
-    comm: str
-    cmdline: str
-    cgroup: str
-    environ: bytes
-    tasks: list[_Task]
-    rss_bytes: int
-    kernel: bool = False
-    job: Job | None = None
-    spec: ProcessSpec | None = None
-    replica: int = 0
-    gpu: int | None = None
-    starttime: int = 0
-    cpu_percent: float = 0.0
-    #: how many of its threads sit in another cgroup (``thread_cgroups``)
-    placed: int = 0
-
-
-@dataclass
-class _Cgroup:
-    path: str
-    children: list[str] = field(default_factory=list)
-    procs: list[int] = field(default_factory=list)
-    memory_max: int | None = None
-    events: dict[str, float] = field(default_factory=dict)
-    #: threads placed here whose processes live in another cgroup, as (pid, tid)
-    threads: list[tuple[int, int]] = field(default_factory=list)
-    #: a threaded cgroup (``cgroup.type`` ``threaded``): it holds threads, never processes
-    threaded: bool = False
-
-
-#: systemd units of a GPU training node: (unit, comm, processes, threads per process)
-_SERVICES: tuple[tuple[str, str, int, int], ...] = (
-    ("systemd-journald.service", "systemd-journal", 1, 1),
-    ("systemd-udevd.service", "systemd-udevd", 1, 1),
-    ("systemd-logind.service", "systemd-logind", 1, 1),
-    ("dbus.service", "dbus-daemon", 1, 1),
-    ("ssh.service", "sshd", 1, 1),
-    ("cron.service", "cron", 1, 1),
-    ("rsyslog.service", "rsyslogd", 1, 4),
-    ("chrony.service", "chronyd", 1, 1),
-    ("munge.service", "munged", 1, 4),
-    ("slurmd.service", "slurmd", 1, 3),
-    ("nvidia-persistenced.service", "nvidia-persiste", 1, 1),
-    ("nvidia-fabricmanager.service", "nv-fabricmanage", 1, 12),
-    ("nvidia-dcgm.service", "nv-hostengine", 1, 24),
-    ("containerd.service", "containerd", 1, 40),
-    ("irqbalance.service", "irqbalance", 1, 2),
-    ("lldpd.service", "lldpd", 2, 1),
-    ("rpcbind.service", "rpcbind", 1, 1),
-    ("rpc-gssd.service", "rpc.gssd", 1, 2),
-    ("nfs-idmapd.service", "rpc.idmapd", 1, 1),
-    ("node-exporter.service", "node_exporter", 1, 8),
-    ("nodescope.service", "nodescope", 1, 3),
-    ("opensm.service", "opensm", 1, 6),
-    ("getty@tty1.service", "agetty", 1, 1),
-    ("polkit.service", "polkitd", 1, 3),
-    ("systemd-networkd.service", "systemd-network", 1, 1),
-)
-_KTHREAD_NAMES = (
-    "kworker/{c}:0",
-    "kworker/{c}:1H",
-    "ksoftirqd/{c}",
-    "migration/{c}",
-    "cpuhp/{c}",
-    "rcu_preempt",
-    "kcompactd{n}",
-    "nvme-wq",
-    "ib-comp-wq",
-    "irq/{i}-mlx5_comp{c}",
-    "nv_queue",
-    "kswapd{n}",
-)
-_SLURM_SCOPE = "/system.slice/slurmstepd.scope"
-
-
-def _proc_stat(proc: _Proc, task: _Task | None, threads: int, utime: float, stime: float) -> str:
-    """One ``/proc/<pid>/stat`` or ``task/<tid>/stat`` line: 52 fields (fs/proc/array.c
-    ``do_task_stat``); the comm is in parentheses and may hold spaces."""
-    pid = proc.pid if task is None else task.tid
-    head = proc.tasks[0]
-    state = head.state if task is None else task.state
-    comm = proc.comm if task is None else task.comm
-    rss_pages = proc.rss_bytes // PAGE
-    flags = _PF_KTHREAD if proc.kernel else _PF_USER
-    vsize = 0 if proc.kernel else proc.rss_bytes * 4 + 200 * 2**20
-    processor = pid % 224
-    fields: list[int | str] = [
-        pid, f"({comm})", state, proc.ppid, proc.pid, proc.pid if proc.kernel else 1, 0, -1,
-        flags, 1000 + proc.pid % 997, 0, proc.pid % 7, 0, int(utime), int(stime), 0, 0,
-        20, 0, threads, 0, proc.starttime, vsize, rss_pages, 18446744073709551615,
-        1 if not proc.kernel else 0, 1 if not proc.kernel else 0, 0, 0, 0, 0, 0, 0, 0, 0,
-        0, 0, 17, processor, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    ]  # fmt: skip
-    return " ".join(str(f) for f in fields) + "\n"
-
-
-# --------------------------------------------------------------------------------------------
 # The node
 
 
@@ -327,12 +199,12 @@ class SimulatedNode:
         self.dirs: dict[str, Path] = {}
         #: float accumulators of every counter, by key
         self.acc: dict[tuple[Any, ...], float] = {}
-        self._procs: dict[int, _Proc] = {}
-        self._cgroups: dict[str, _Cgroup] = {}
-        self._by_key: dict[str, list[_Proc]] = {}
-        self._daemon_pid = 0
-        self._overridden: set[int] = set()
-        self._dirty_pids: set[int] = set()
+        self.procs: dict[int, Proc] = {}
+        self.cgroups: dict[str, CgroupDir] = {}
+        self.by_key: dict[str, list[Proc]] = {}
+        self.daemon_pid = 0
+        self.overridden: set[int] = set()
+        self.dirty_pids: set[int] = set()
         self._links: dict[str, tuple[float | None, int | None]] = {}
         self._parent_of: dict[str, str] = {
             bdf: chain[-2] for bdf, chain in bridge_chains(self.dump).items() if len(chain) > 1
@@ -343,6 +215,7 @@ class SimulatedNode:
         self.disks = DisksPart(self)
         self.network = NetworkPart(self)
         self.kernel_log = KernelLogPart(self)
+        self.processes = ProcessesPart(self)
         self.gpus = GpusPart(self)
         self.nvml = FakeNvml(self.gpus.fake_gpus(), clock_us=self._clock_us)
         #: Where the nvlink_counter module's snapshot (``/dev/nvlink_stats``) is written.
@@ -355,19 +228,19 @@ class SimulatedNode:
         self.spool_dir: Path | None = (
             self.root / "spool" if any(a.kind == "trace" for a in scenario.timeline) else None
         )
-        self._build_processes()
+        self.processes.build_processes()
         #: each GPU's processes as NVML lists them, fixed once the processes are built; the
         #: lists are handed out anew at every move (the churn appends to them)
-        self._gpu_processes: dict[int, tuple[tuple[int, int | None], ...]] = {
+        self.gpu_processes: dict[int, tuple[tuple[int, int | None], ...]] = {
             gpu.index: tuple(
                 (p.pid, p.spec.gpu_memory_bytes)
-                for p in self._procs.values()
+                for p in self.procs.values()
                 if p.gpu == gpu.index and p.spec is not None
             )
             for gpu in self.hardware.gpus
         }
         #: cgroups whose membership changed (a process exited): their files are written again
-        self._dirty_cgroups: set[str] = set()
+        self.dirty_cgroups: set[str] = set()
         self._plan_timeline()
 
     # ---- public -------------------------------------------------------------------------
@@ -380,7 +253,7 @@ class SimulatedNode:
 
     def pid_of(self, key: str, replica: int = 0) -> int:
         """The pid of replica ``replica`` of the scenario's process ``key``."""
-        return self._by_key[key][replica].pid
+        return self.by_key[key][replica].pid
 
     def materialise(self) -> None:
         """Write every tree as it is at t = 0 (``root`` must be empty or absent)."""
@@ -394,9 +267,9 @@ class SimulatedNode:
         self.pci.write_modules()
         self.disks.write_block()
         self.network.write_infiniband()
-        self._write_cgroups(initial=True)
-        self._write_processes(initial=True)
-        self._write_proc_files()
+        self.processes.write_cgroups(initial=True)
+        self.processes.write_processes(initial=True)
+        self.processes.write_proc_files()
         # Empty: the kernel log of a healthy node holds nothing the daemon counts.
         write_bytes(self.kmsg_path, b"")
         if self.spool_dir is not None:
@@ -519,9 +392,9 @@ class SimulatedNode:
         #: PCI functions whose AER counters move
         self.aer_functions: set[str] = set()
         #: cgroups with pressure, and with block I/O, from the timeline
-        self._psi_paths: set[str] = set()
-        self._io_paths: set[str] = set()
-        self._psi_avg: dict[tuple[str, str], tuple[float, ...]] = {}
+        self.psi_paths: set[str] = set()
+        self.io_paths: set[str] = set()
+        self.psi_avg: dict[tuple[str, str], tuple[float, ...]] = {}
         #: the GPU health activities, in timeline order (a later one's value wins)
         self.health_activities: tuple[Activity, ...] = tuple(
             a for a in self.scenario.timeline if a.kind in GPU_HEALTH_KINDS
@@ -544,16 +417,16 @@ class SimulatedNode:
                 if get("pci") is not None and get("aer"):
                     self.aer_functions.add(get("pci"))
             elif activity.kind == "pressure":
-                self._psi_paths.update(self._charged_cgroups(activity, stop_at_job=True))
+                self.psi_paths.update(self._charged_cgroups(activity, stop_at_job=True))
             elif activity.kind == "job_io":
-                self._io_paths.update(self._charged_cgroups(activity, stop_at_job=False))
+                self.io_paths.update(self._charged_cgroups(activity, stop_at_job=False))
 
     def _charged_cgroups(self, activity: Activity, stop_at_job: bool) -> list[str]:
         """The cgroup an activity names (its job's, or its job's step's) and its ancestors that
         count what it does: up to the job's cgroup (pressure, as the activity states it for
         the job) or up to the root, which has no ``io.stat`` (block I/O, hierarchical)."""
         job = next(j for j in self.scenario.jobs if j.id == activity.get("job"))
-        job_path = f"{_SLURM_SCOPE}/job_{job.id}"
+        job_path = f"{SLURM_SCOPE}/job_{job.id}"
         path = job_path if activity.get("level") == "job" else f"{job_path}/step_{job.step}"
         paths = [path]
         stop = job_path if stop_at_job else ""
@@ -562,455 +435,9 @@ class SimulatedNode:
             paths.append(path)
         return paths
 
-    def _build_processes(self) -> None:
-        hw = self.hardware
-        next_pid = 1
-        boot_ticks = 0
-
-        def cgroup(path: str) -> _Cgroup:
-            found = self._cgroups.get(path)
-            if found is None:
-                found = _Cgroup(path)
-                self._cgroups[path] = found
-                if path != "/":
-                    parent = path.rsplit("/", 1)[0] or "/"
-                    cgroup(parent).children.append(path)
-            return found
-
-        cgroup("/")
-
-        def add(
-            comm: str,
-            cg: str,
-            *,
-            threads: Sequence[tuple[str, int]] = (),
-            kernel: bool = False,
-            ppid: int = 1,
-            cmdline: str | None = None,
-            environ: Mapping[str, str] | None = None,
-            rss: int = 12 * 2**20,
-            state: str = "S",
-            wchan: str = "do_epoll_wait",
-        ) -> _Proc:
-            nonlocal next_pid
-            pid = next_pid
-            next_pid += 1
-            tasks = [_Task(pid, comm, state, wchan)]
-            for name, n in threads:
-                for _ in range(n):
-                    tasks.append(_Task(next_pid, name, "S", "futex_wait_queue"))
-                    next_pid += 1
-            env = b"".join(f"{k}={v}\0".encode() for k, v in (environ or {}).items())
-            proc = _Proc(
-                pid=pid,
-                ppid=ppid,
-                comm=comm,
-                cmdline="" if kernel else (cmdline or comm),
-                cgroup=cg,
-                environ=env,
-                tasks=tasks,
-                rss_bytes=0 if kernel else rss,
-                kernel=kernel,
-                starttime=boot_ticks + pid,
-            )
-            self._procs[pid] = proc
-            cgroup(cg).procs.append(pid)
-            return proc
-
-        budget = hw.os.background_processes
-        base_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-        if budget > 0:
-            add("systemd", "/init.scope", cmdline="/sbin/init", environ=base_env, rss=14 * 2**20)
-        if budget > 1:
-            add("kthreadd", "/", kernel=True, ppid=0, state="S", wchan="kthreadd")
-        made = min(budget, 2)
-        for unit, comm, count, nthreads in _SERVICES:
-            for _ in range(count):
-                if made >= budget:
-                    break
-                extra = [(comm, nthreads - 1)] if nthreads > 1 else []
-                proc = add(comm, f"/system.slice/{unit}", threads=extra, environ=base_env)
-                if unit == "nodescope.service":
-                    self._daemon_pid = proc.pid
-                made += 1
-        sessions = 0
-        while made < budget and sessions < 4:
-            uid = 1001 + sessions
-            scope = f"/user.slice/user-{uid}.slice/session-{sessions + 3}.scope"
-            for comm in ("sshd", "bash", "tmux: server", "top"):
-                if made >= budget:
-                    break
-                add(comm, scope, environ={**base_env, "USER": f"user{uid}"}, rss=6 * 2**20)
-                made += 1
-            sessions += 1
-        cpus = hw.cpu.cpu_count
-        i = 0
-        while made < budget:
-            pattern = _KTHREAD_NAMES[i % len(_KTHREAD_NAMES)]
-            name = pattern.format(c=(i // len(_KTHREAD_NAMES)) % cpus, n=i % 2, i=100 + i)[:15]
-            add(name, "/", kernel=True, ppid=2, state="I" if "kworker" in name else "S", wchan="0")
-            made += 1
-            i += 1
-
-        for spec in hw.os.system_processes:
-            procs = []
-            for replica in range(spec.count):
-                proc = add(
-                    spec.comm,
-                    spec.cgroup,
-                    threads=spec.threads,
-                    kernel=spec.kernel,
-                    ppid=2 if spec.kernel else 1,
-                    cmdline=spec.cmdline,
-                    environ=None if spec.kernel else base_env,
-                    rss=spec.rss_bytes or 0,
-                    state=spec.state,
-                    wchan=spec.wchan,
-                )
-                for task in proc.tasks:
-                    task.state, task.wchan = spec.state, spec.wchan
-                proc.spec, proc.replica = spec, replica
-                proc.cpu_percent = spec.cpu_percent
-                procs.append(proc)
-            self._by_key[spec.key] = procs
-        for job in self.scenario.jobs:
-            next_pid = (next_pid // 1000 + 1) * 1000
-            self._add_job(job, add, cgroup)
-        for job in self.scenario.jobs:
-            self._cgroups[f"{_SLURM_SCOPE}/job_{job.id}"].memory_max = job.memory_max_job
-            self._cgroups[
-                f"{_SLURM_SCOPE}/job_{job.id}/step_{job.step}"
-            ].memory_max = job.memory_max_step
-        if not self._daemon_pid:
-            self._daemon_pid = (
-                1 if self._procs else add("nodescope", "/system.slice/nodescope.service").pid
-            )
-
-    def _add_job(self, job: Job, add: Any, cgroup: Any) -> None:
-        job_cg = f"{_SLURM_SCOPE}/job_{job.id}"
-        if self.scenario.jobs and f"{_SLURM_SCOPE}/system" not in self._cgroups:
-            add("slurmstepd", f"{_SLURM_SCOPE}/system", cmdline="slurmstepd: [infinity]")
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "USER": job.user,
-            "HOME": f"/home/{job.user}",
-            "SLURM_JOB_ID": str(job.id),
-            "SLURM_JOB_USER": job.user,
-            "SLURM_JOB_UID": str(job.uid),
-        }
-        if job.gpus:
-            # Slurm sets the job's global GPU indices in the batch environment.
-            env["SLURM_JOB_GPUS"] = ",".join(str(g) for g in job.gpus)
-        for step in ("extern", "batch", job.step):
-            add(
-                "slurmstepd",
-                f"{job_cg}/step_{step}/slurm",
-                threads=[("slurmstepd", 4)],
-                cmdline=f"slurmstepd: [{job.id}.{step}]",
-                rss=24 * 2**20,
-            )
-        add(
-            "sleep",
-            f"{job_cg}/step_extern/user/task_special",
-            cmdline="sleep 100000000",
-            environ=env,
-            rss=2**20,
-            wchan="hrtimer_nanosleep",
-        )
-        add(
-            "bash",
-            f"{job_cg}/step_batch/user/task_0",
-            cmdline=f"/bin/bash /var/spool/slurmd/job{job.id}/slurm_script",
-            environ=env,
-            rss=4 * 2**20,
-            wchan="do_wait",
-        )
-        # Processes without their own rss share what the job's memory.current leaves.
-        fixed = sum(p.count * p.rss_bytes for p in job.processes if p.rss_bytes is not None)
-        weight = sum(p.count for p in job.processes if p.rss_bytes is None) or 1
-        share = max(0, job.memory_current_bytes - fixed) // weight
-        for spec in job.processes:
-            procs: list[_Proc] = []
-            for replica in range(spec.count):
-                gpu = job.gpus[replica] if spec.gpu == -1 else spec.gpu
-                if spec.cgroup == "task":
-                    # Ranks have a task each; helpers share them round-robin.
-                    cg = f"{job_cg}/step_{job.step}/user/task_{replica % max(1, len(job.gpus))}"
-                elif spec.cgroup == "batch":
-                    cg = f"{job_cg}/step_batch/user/task_0"
-                elif spec.cgroup == "extern":
-                    cg = f"{job_cg}/step_extern/user/task_special"
-                else:
-                    cg = spec.cgroup
-                environ = {
-                    **env,
-                    "SLURM_STEP_ID": job.step,
-                    "SLURM_PROCID": str(replica),
-                    "SLURM_LOCALID": str(replica),
-                }
-                if gpu is not None:
-                    environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-                elif job.gpus:
-                    environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
-                if job.nics:
-                    environ["NCCL_IB_HCA"] = ",".join(job.nics)
-                environ.update(dict(spec.environ))
-                proc = add(
-                    spec.comm,
-                    cg,
-                    threads=spec.threads,
-                    cmdline=spec.cmdline,
-                    environ=environ,
-                    rss=share if spec.rss_bytes is None else spec.rss_bytes,
-                    state=spec.state,
-                    wchan=spec.wchan,
-                )
-                for task in proc.tasks:
-                    task.state, task.wchan = spec.state, spec.wchan
-                self._place_threads(proc, spec, cgroup)
-                proc.job, proc.spec, proc.replica, proc.gpu = job, spec, replica, gpu
-                proc.cpu_percent = spec.cpu_percent
-                procs.append(proc)
-            self._by_key[spec.key] = procs
-        cgroup(job_cg)
-
-    def _place_threads(
-        self, proc: _Proc, spec: ProcessSpec, cgroup: Callable[[str], _Cgroup]
-    ) -> None:
-        """Move the threads ``thread_cgroups`` names into their cgroup: a threaded cgroup,
-        below the process's own for a relative path (its threaded subtree) or elsewhere for
-        an absolute one, whose ``cgroup.threads`` lists them and not the process's."""
-        placed = dict(spec.thread_cgroups)
-        for task in proc.tasks[1:]:
-            where = placed.get(task.comm)
-            if where is None:
-                continue
-            path = where if where.startswith("/") else f"{proc.cgroup}/{where}"
-            target = cgroup(path)
-            target.threaded = True
-            target.threads.append((proc.pid, task.tid))
-            task.cgroup = path
-            proc.placed += 1
-
-    # ---- sysfs --------------------------------------------------------------------------
-
-    # ---- cgroups ------------------------------------------------------------------------
-
-    def _subtree(self, path: str) -> Iterable[_Cgroup]:
-        stack = [path]
-        while stack:
-            cg = self._cgroups[stack.pop()]
-            yield cg
-            stack.extend(cg.children)
-
-    def _write_cgroups(self, initial: bool = False) -> None:
-        files = self.files
-        base = self.roots.cgroupfs
-        dirty, self._dirty_cgroups = self._dirty_cgroups, set()
-        # Totals over each subtree, children before parents.
-        order = sorted(self._cgroups, key=lambda p: p.count("/") if p != "/" else 0, reverse=True)
-        memory: dict[str, int] = {}
-        usage: dict[str, float] = {}
-        tasks: dict[str, int] = {}
-        events: dict[str, dict[str, float]] = {}
-        for path in order:
-            cg = self._cgroups[path]
-            procs = [self._procs[pid] for pid in cg.procs]
-            memory[path] = sum(p.rss_bytes for p in procs) + sum(memory[c] for c in cg.children)
-            usage[path] = sum(
-                (t.utime + t.stime) * (1_000_000 / CLK_TCK) for p in procs for t in p.tasks
-            ) + sum(usage[c] for c in cg.children)
-            own_threads = sum(len(p.tasks) - p.placed for p in procs)
-            placed = sum(1 for pid, _ in cg.threads if pid in self._procs) if cg.threads else 0
-            tasks[path] = own_threads + placed + sum(tasks[c] for c in cg.children)
-            merged = dict(cg.events)
-            for child in cg.children:
-                for key, value in events[child].items():
-                    merged[key] = merged.get(key, 0.0) + value
-            events[path] = merged
-        for path, cg in self._cgroups.items():
-            directory = base if path == "/" else base / path.lstrip("/")
-            root = path == "/"
-            used = int(usage[path])
-            user = int(used * 0.9)
-            cpu_stat = f"usage_usec {used}\nuser_usec {user}\nsystem_usec {used - user}\n"
-            if not root:  # the cpu controller's throttling fields
-                cpu_stat += "".join(f"{k} 0\n" for k in _CPU_THROTTLE_FIELDS)
-            files.write(directory / "cpu.stat", cpu_stat)
-            if not root:
-                files.write(directory / "memory.events", _memory_events(events[path]))
-                files.write(directory / "memory.events.local", _memory_events(cg.events))
-            if path in self._psi_paths:
-                for resource in ("cpu", "memory", "io"):
-                    files.write(directory / f"{resource}.pressure", self._pressure(path, resource))
-            if path in self._io_paths:
-                files.write(directory / "io.stat", self._io_stat(path))
-            if not initial and path not in dirty:
-                continue
-            procs = [self._procs[pid] for pid in cg.procs]
-            if not cg.threaded:
-                # A threaded cgroup refuses to list processes (EOPNOTSUPP): no file to read.
-                files.write(directory / "cgroup.procs", "".join(f"{p.pid}\n" for p in procs))
-            own = [t.tid for p in procs for t in p.tasks if not p.placed or t.cgroup is None]
-            here = [tid for pid, tid in cg.threads if pid in self._procs]
-            files.write(directory / "cgroup.threads", "".join(f"{tid}\n" for tid in own + here))
-            files.write(
-                directory / "cgroup.subtree_control",
-                f"{CHILD_CONTROLLERS}\n" if cg.children else "\n",
-            )
-            files.write(
-                directory / "cgroup.stat",
-                f"nr_descendants {len(list(self._subtree(path))) - 1}\nnr_dying_descendants 0\n",
-            )
-            if initial:
-                if path not in self._io_paths:
-                    files.write(directory / "io.stat", "")
-                if path not in self._psi_paths:
-                    for kind in ("cpu", "memory", "io"):
-                        files.write(directory / f"{kind}.pressure", _ZERO_PSI)
-            if root:
-                files.write(directory / "cgroup.controllers", f"{ROOT_CONTROLLERS}\n")
-                files.write(directory / "memory.stat", _memory_stat(memory[path]))
-                continue
-            files.write(directory / "cgroup.controllers", f"{CHILD_CONTROLLERS}\n")
-            files.write(directory / "cgroup.type", f"{self._cgroup_type(cg)}\n")
-            files.write(
-                directory / "cgroup.events", f"populated {1 if tasks[path] else 0}\nfrozen 0\n"
-            )
-            files.write(directory / "memory.current", f"{memory[path]}\n")
-            files.write(directory / "memory.peak", f"{memory[path]}\n")
-            files.write(directory / "memory.max", _limit(cg.memory_max))
-            files.write(directory / "memory.high", "max\n")
-            files.write(directory / "memory.stat", _memory_stat(memory[path]))
-            files.write(directory / "pids.current", f"{tasks[path]}\n")
-            files.write(directory / "pids.max", "max\n")
-
-    def _cgroup_type(self, cg: _Cgroup) -> str:
-        """``threaded`` for a cgroup of threads, ``domain threaded`` for the root of a
-        threaded subtree (a process's cgroup with threaded cgroups below it), else
-        ``domain`` (Documentation/admin-guide/cgroup-v2.rst, "Threads")."""
-        if cg.threaded:
-            return "threaded"
-        if any(self._cgroups[c].threaded for c in cg.children):
-            return "domain threaded"
-        return "domain"
-
-    def _pressure(self, path: str, resource: str) -> str:
-        """``<resource>.pressure`` (kernel/sched/psi.c ``psi_show``): the share of time some or
-        all of the cgroup's tasks stalled, averaged over 10, 60 and 300 s, and the total
-        stall in microseconds."""
-        averages = self._psi_avg.get((path, resource), (0.0,) * 6)
-        lines = []
-        for i, kind in enumerate(("some", "full")):
-            avg10, avg60, avg300 = averages[3 * i : 3 * i + 3]
-            total = int(self.acc.get(("psi", path, resource, kind), 0.0))
-            lines.append(
-                f"{kind} avg10={avg10:.2f} avg60={avg60:.2f} avg300={avg300:.2f} total={total}\n"
-            )
-        return "".join(lines)
-
-    def _io_stat(self, path: str) -> str:
-        """``io.stat`` (block/blk-cgroup.c ``blkcg_print_one_stat``): one line per device the
-        cgroup's tasks did I/O on, bytes and requests since the cgroup was made."""
-        lines = []
-        for drive in self.hardware.nvme:
-            values = [int(self.acc.get(("io", path, drive.disk, f), 0.0)) for f in _IO_FIELDS]
-            if any(values):
-                named = " ".join(f"{f}={v}" for f, v in zip(_IO_FIELDS, values, strict=True))
-                lines.append(f"{drive.major}:{drive.minor} {named}\n")
-        return "".join(lines)
-
-    # ---- procfs -------------------------------------------------------------------------
-
-    def _write_process(self, proc: _Proc, initial: bool) -> None:
-        files = self.files
-        directory = self.roots.procfs / str(proc.pid)
-        threads = len(proc.tasks)
-        utime = sum(t.utime for t in proc.tasks)
-        stime = sum(t.stime for t in proc.tasks)
-        files.write(directory / "stat", _proc_stat(proc, None, threads, utime, stime))
-        files.write(directory / "wchan", proc.tasks[0].wchan)
-        for task in proc.tasks:
-            task_dir = directory / "task" / str(task.tid)
-            files.write(task_dir / "stat", _proc_stat(proc, task, threads, task.utime, task.stime))
-            files.write(task_dir / "wchan", task.wchan)
-            if initial:
-                files.write(task_dir / "comm", f"{task.comm}\n")
-                if proc.job is not None:
-                    # Where each thread of a job process sits (what the jobs source reads of
-                    # a thread missing from the job's cgroup.threads).
-                    files.write(task_dir / "cgroup", f"0::{task.cgroup or proc.cgroup}\n")
-        if initial:
-            files.write(directory / "comm", f"{proc.comm}\n")
-            files.write(
-                directory / "cmdline",
-                b"" if proc.kernel else proc.cmdline.replace(" ", "\0").encode() + b"\0",
-            )
-            files.write(directory / "cgroup", f"0::{proc.cgroup}\n")
-            files.write(directory / "environ", proc.environ)
-
-    def _write_processes(self, initial: bool = False) -> None:
-        for proc in self._procs.values():
-            self._write_process(proc, initial)
-        if initial:
-            self.files.symlink(
-                self.roots.procfs / "self", self.roots.procfs / str(self._daemon_pid)
-            )
-            self.files.symlink(self.roots.procfs / "mounts", self.roots.procfs / "self" / "mounts")
-
-    def _write_proc_files(self) -> None:
-        procfs = self.roots.procfs
-        files = self.files
-        uptime = self.hardware.os.uptime_seconds + self.t
-        idle = uptime * self.hardware.cpu.cpu_count * 0.9
-        files.write(procfs / "uptime", f"{uptime:.2f} {idle:.2f}\n")
-        files.write(procfs / "diskstats", self.disks.diskstats())
-        files.write(procfs / "locks", self._locks())
-        daemon = procfs / str(self._daemon_pid)
-        files.write(daemon / "mountstats", self.disks.mountstats())
-        files.write(daemon / "mounts", self.disks.mounts())
-        files.write(daemon / "mountinfo", self.disks.mountinfo())
-        files.write(procfs / "net" / "snmp", self.network.snmp())
-        load = sum(p.cpu_percent for p in self._procs.values()) / 100.0
-        last_pid = max(self._procs, default=1)
-        files.write(
-            procfs / "loadavg",
-            f"{load:.2f} {load:.2f} {load:.2f} 3/{len(self._procs)} {last_pid}\n",
-        )
-
-    def _active(self, kind: str, t: float) -> list[Activity]:
+    def active(self, kind: str, t: float) -> list[Activity]:
+        """The timeline's activities of ``kind`` under way at second ``t``."""
         return [a for a in self.scenario.timeline if a.kind == kind and a.active_at(t)]
-
-    def _locks(self) -> str:
-        lines = [
-            f"1: FLOCK  ADVISORY  WRITE {self._daemon_pid} 00:19:1042 0 EOF\n",
-            "2: POSIX  ADVISORY  WRITE 1 00:19:1 0 EOF\n",
-        ]
-        number = 3
-        for activity in self._active("lock", self.t):
-            mount = self.hardware.mount(activity.get("mount"))
-            device = f"{mount.major:02x}:{mount.minor:02x}:{activity.get('inode')}"
-            lock_type = activity.get("type")
-            holders = self._refs(activity.get("holder"))
-            if not holders:
-                continue
-            lines.append(
-                f"{number}: POSIX  ADVISORY  {lock_type} {holders[0].pid} {device} 0 EOF\n"
-            )
-            for ref in activity.get("waiters"):
-                for waiter in self._refs(ref):
-                    lines.append(
-                        f"{number}: -> POSIX  ADVISORY  {lock_type} {waiter.pid} {device} 0 EOF\n"
-                    )
-            number += 1
-        return "".join(lines)
-
-    def _refs(self, ref: str) -> list[_Proc]:
-        """The processes ``key`` or ``key#replica`` names that have not exited."""
-        key, _, replica = ref.partition("#")
-        procs = self._by_key.get(key, [])
-        named = procs if not replica else [procs[int(replica)]]
-        return [p for p in named if p.pid in self._procs]
 
     # ---- time ---------------------------------------------------------------------------
 
@@ -1066,10 +493,10 @@ class SimulatedNode:
                 self.add((*key, "errors"), get("errors_per_second") * seconds)
             elif kind == "memory_event":
                 job = next(j for j in self.scenario.jobs if j.id == get("job"))
-                path = f"{_SLURM_SCOPE}/job_{job.id}"
+                path = f"{SLURM_SCOPE}/job_{job.id}"
                 if get("level") == "step":
                     path = f"{path}/step_{job.step}"
-                events = self._cgroups[path].events
+                events = self.cgroups[path].events
                 events[get("event")] = events.get(get("event"), 0.0) + get("per_second") * seconds
             elif kind == "tcp":
                 self.add(("tcp", "out_segs"), get("out_segs_per_second") * seconds)
@@ -1087,12 +514,12 @@ class SimulatedNode:
             elif kind == "gpu_peer":
                 self._integrate_gpu_peer(activity, seconds)
         # CPU time of the job processes, at their current share (set by _apply_states).
-        for proc in self._procs.values():
+        for proc in self.procs.values():
             for task in proc.tasks:
                 if task.cpu_share:
                     task.utime += task.cpu_share * (t1 - t0) * CLK_TCK * 0.9
                     task.stime += task.cpu_share * (t1 - t0) * CLK_TCK * 0.1
-                    self._dirty_pids.add(proc.pid)
+                    self.dirty_pids.add(proc.pid)
 
     def _integrate_errors(self, activity: Activity, seconds: float) -> None:
         get = activity.get
@@ -1187,8 +614,8 @@ class SimulatedNode:
             elif activity.kind == "driver_rebind":
                 self.pci.rebind_driver(activity.get("pci"))
             elif activity.kind == "process_exit":
-                for proc in self._refs(activity.get("process")):
-                    self._exit_process(proc)
+                for proc in self.processes.refs(activity.get("process")):
+                    self.processes.exit_process(proc)
                     if activity.get("signal") == "SIGSEGV":
                         self.kernel_log.log_segfault(proc, activity.start)
             elif activity.kind == "gpu_ecc":
@@ -1218,31 +645,10 @@ class SimulatedNode:
         _own(staged, job.uid)
         os.replace(staged, directory / activity.get("file"))
 
-    def _exit_process(self, proc: _Proc) -> None:
-        """The process and its threads are gone: its ``/proc`` directory, its place in its
-        cgroup (which no longer counts its memory and tasks) and its NVML compute process."""
-        del self._procs[proc.pid]
-        self._dirty_pids.discard(proc.pid)
-        self._overridden.discard(proc.pid)
-        cg = self._cgroups[proc.cgroup]
-        cg.procs.remove(proc.pid)
-        # Its cgroup and those its threads were placed in, with their ancestors.
-        for path in {proc.cgroup, *(t.cgroup for t in proc.tasks if t.cgroup is not None)}:
-            while True:
-                self._dirty_cgroups.add(path)
-                if path == "/":
-                    break
-                path = path.rsplit("/", 1)[0] or "/"
-        self.files.remove_tree(self.roots.procfs / str(proc.pid))
-        if proc.gpu is not None:
-            self._gpu_processes[proc.gpu] = tuple(
-                entry for entry in self._gpu_processes[proc.gpu] if entry[0] != proc.pid
-            )
-
     def _apply_states(self, t: float) -> None:
         """The instantaneous state at ``t``: utilisation, link state, process states."""
         util = {g.index: [0.0] * 5 for g in self.hardware.gpus}
-        for activity in self._active("gpu_util", t):
+        for activity in self.active("gpu_util", t):
             values = util[activity.get("gpu")]
             for i, name in enumerate(
                 (
@@ -1279,17 +685,17 @@ class SimulatedNode:
                 link.raw_tx_kib = int(tx * NVLINK_RAW_OVERHEAD)
                 link.raw_rx_kib = int(rx * NVLINK_RAW_OVERHEAD)
             fake.processes = [
-                FakeProcess(pid, memory) for pid, memory in self._gpu_processes[gpu.index]
+                FakeProcess(pid, memory) for pid, memory in self.gpu_processes[gpu.index]
             ]
             fake.fb_used_bytes = min(
                 fake.fb_total_bytes,
-                sum(memory or 0 for _, memory in self._gpu_processes[gpu.index]),
+                sum(memory or 0 for _, memory in self.gpu_processes[gpu.index]),
             )
         self.gpus.apply_gpu_health(t, util)
-        if self._psi_paths:
-            self._psi_avg = self._pressure_averages(t)
+        if self.psi_paths:
+            self.psi_avg = self._pressure_averages(t)
         self.nvlink_stall_ratio = {}
-        for activity in self._active("nvlink", t):
+        for activity in self.active("nvlink", t):
             gpu = self.hardware.gpus[activity.get("gpu")]
             for number in activity.get("links") or range(gpu.nvlink_count):
                 self.nvlink_stall_ratio[(gpu.index, number)] = activity.get("stall_ratio")
@@ -1299,7 +705,7 @@ class SimulatedNode:
             if dev.express_type is not None and dev.express_type not in NO_LINK:
                 links[dev.bdf] = (dev.link_sta_speed_gts, dev.link_sta_width)
         parents = self._parent_of
-        for activity in self._active("pcie_link", t):
+        for activity in self.active("pcie_link", t):
             bdf = activity.get("pci")
             speed, width = links.get(bdf, (None, None))
             speed = activity.get("speed_gts") if activity.get("speed_gts") is not None else speed
@@ -1318,9 +724,9 @@ class SimulatedNode:
 
         changed: set[int] = set()
         overrides: dict[int, dict[int, tuple[str | None, str | None, float | None]]] = {}
-        for activity in self._active("process", t):
+        for activity in self.active("process", t):
             thread = activity.get("thread")
-            for proc in self._refs(activity.get("process")):
+            for proc in self.processes.refs(activity.get("process")):
                 for task in proc.tasks:
                     if thread is None or task.comm == thread:
                         overrides.setdefault(proc.pid, {})[task.tid] = (
@@ -1328,8 +734,8 @@ class SimulatedNode:
                             activity.get("wchan"),
                             activity.get("cpu_percent"),
                         )
-        for pid in self._overridden | set(overrides):
-            proc = self._procs[pid]
+        for pid in self.overridden | set(overrides):
+            proc = self.procs[pid]
             spec = proc.spec
             for index, task in enumerate(proc.tasks):
                 state = spec.state if spec else "S"
@@ -1345,21 +751,21 @@ class SimulatedNode:
                     task.state, task.wchan = state, wchan
                     changed.add(pid)
                 task.cpu_share = share
-        for proc in self._procs.values():
+        for proc in self.procs.values():
             if (
                 proc.spec is not None
                 and proc.pid not in overrides
-                and proc.pid not in self._overridden
+                and proc.pid not in self.overridden
             ):
                 proc.tasks[0].cpu_share = proc.cpu_percent / 100.0
-        self._overridden = set(overrides)
-        self._dirty_pids |= changed
+        self.overridden = set(overrides)
+        self.dirty_pids |= changed
 
     def _pressure_averages(self, t: float) -> dict[tuple[str, str], tuple[float, ...]]:
         """Each cgroup's PSI averages at ``t``: those of the pressure activities active then,
         added up to at most 100 %; an average not given is the 10 s one."""
         averages: dict[tuple[str, str], list[float]] = {}
-        for activity in self._active("pressure", t):
+        for activity in self.active("pressure", t):
             get = activity.get
             values = []
             for psi in ("some", "full"):
@@ -1383,17 +789,14 @@ class SimulatedNode:
         if Part.PROCESSES in parts:
             # Processes whose CPU time or state moved since they were last written: the set
             # grows over moves that do not write processes.
-            for pid in sorted(self._dirty_pids):
-                self._write_process(self._procs[pid], initial=False)
-            self._dirty_pids = set()
+            for pid in sorted(self.dirty_pids):
+                self.processes.write_process(self.procs[pid], initial=False)
+            self.dirty_pids = set()
         if Part.CGROUPS in parts:
-            self._write_cgroups()
+            self.processes.write_cgroups()
         if Part.PROC_FILES in parts:
-            self._write_proc_files()
+            self.processes.write_proc_files()
 
-
-#: ``io.stat`` keys of one device (block/blk-cgroup.c).
-_IO_FIELDS = ("rbytes", "wbytes", "rios", "wios", "dbytes", "dios")
 
 #: ``nvmlDeviceGetNvLinkErrorCounter`` counters (``NVML_NVLINK_ERROR_DL_*``) by activity name.
 _NVLINK_ERROR_COUNTERS = (
@@ -1402,26 +805,6 @@ _NVLINK_ERROR_COUNTERS = (
     ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
     ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
 )
-
-_CPU_THROTTLE_FIELDS = ("nr_periods", "nr_throttled", "throttled_usec", "nr_bursts", "burst_usec")
-
-
-def _memory_events(events: Mapping[str, float]) -> str:
-    names = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
-    return "".join(f"{name} {int(events.get(name, 0.0))}\n" for name in names)
-
-
-def _memory_stat(current: int) -> str:
-    anon = current * 8 // 10
-    file = current - anon
-    return (
-        f"anon {anon}\nfile {file}\nkernel {current // 50}\nsock 0\nshmem 0\n"
-        f"file_dirty 0\nfile_writeback 0\npgfault {current // PAGE}\npgmajfault 0\n"
-    )
-
-
-def _limit(value: int | None) -> str:
-    return "max\n" if value is None else f"{value}\n"
 
 
 __all__ = [

@@ -15,7 +15,8 @@ from nodescope.sim.scenario import (
 )
 
 if TYPE_CHECKING:
-    from nodescope.sim.node import SimulatedNode, _Proc
+    from nodescope.sim.node import SimulatedNode
+    from nodescope.sim.node_processes import Proc
 
 
 class KernelLogPart(NodePart):
@@ -51,7 +52,7 @@ class KernelLogPart(NodePart):
         for _ in range(activity.get("count")):
             self.append_kmsg([prefix + line for line in written], activity.start, forged_as)
 
-    def log_segfault(self, proc: _Proc, start: float) -> None:
+    def log_segfault(self, proc: Proc, start: float) -> None:
         """The kernel's report of a process killed by a fault it did not handle
         (``show_signal_msg``, ``arch/x86/mm/fault.c``): facility 0, ``KERN_INFO``, the task's
         name (its first 15 characters) and pid first."""
