@@ -712,7 +712,7 @@ def _opaque(_handle: Any) -> str:
 
 def _pci_text(info: Any) -> str:
     try:
-        return nv._pci_address_of(info)
+        return nv.pci_address_of(info)
     except Exception:  # shown as the binding gave it
         return _short(getattr(info, "busId", info))
 

@@ -439,6 +439,159 @@ class _Memo:
 _ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.EOPNOTSUPP})
 
 
+class _DirectoryRead:
+    """One read of one cgroup directory whose listing gave ``files``, into its memo: each
+    file's text is compared with the one the memo holds, and parsed only when it changed. A
+    file that cannot be read or parsed is forgotten, noted in ``failed`` and counted in
+    ``tally``."""
+
+    __slots__ = ("directory", "failed", "files", "parsed", "skips", "tally", "texts")
+
+    def __init__(
+        self, directory: str, files: frozenset[str], memo: _Memo, tally: SkipTally
+    ) -> None:
+        self.directory = directory
+        self.files = files
+        self.texts = memo.texts
+        self.parsed = memo.parsed
+        self.skips = memo.skips
+        self.tally = tally
+        #: files present but unreadable or unparsable in this read
+        self.failed: set[str] = set()
+
+    def vanished(self, name: str, text: object) -> bool:
+        """Whether ``name`` gave nothing though the listing had it and its read did not
+        fail: the cgroup went away between the listing and the read."""
+        return text is None and name in self.files and name not in self.failed
+
+    def forget(self, name: str) -> None:
+        # Unreadable now: what it held before must not stand in for it.
+        self.texts.pop(name, None)
+        self.parsed.pop(name, None)
+        self.skips.pop(name, None)
+
+    def text_of(self, name: str) -> tuple[str, str] | None:
+        if name not in self.files:
+            return None
+        # A string path: a cgroup walk reads thousands of files, and a Path per file costs
+        # more than reading it.
+        full = f"{self.directory}/{name}"
+        try:
+            text = read_text(full, CGROUP_LIST if name in _ID_FILES else CGROUP_STAT)
+        except OSError as exc:
+            self.forget(name)
+            if exc.errno not in _ABSENT_ERRNOS:
+                self.failed.add(name)
+                self.tally.skip(FILE_UNREADABLE, full)
+            return None
+        return text, full
+
+    def parsed_or_none(
+        self, name: str, parse: Callable[[str, str], _T], text: str, full: str
+    ) -> _T | None:
+        try:
+            return parse(text, full)
+        except ParseError as exc:
+            self.forget(name)
+            self.failed.add(name)
+            self.tally.skip(FILE_UNPARSABLE, str(exc))
+            return None
+
+    def one(self, name: str, parse: Callable[[str, str], object]) -> object:
+        """The parsed value of a figures file: the memo's while its text is the same."""
+        found = self.text_of(name)
+        if found is None:
+            return None
+        text, full = found
+        texts = self.texts
+        if texts.get(name) == text:
+            return self.parsed[name]
+        value = self.parsed_or_none(name, parse, text, full)
+        if value is not None:
+            texts[name] = text
+            self.parsed[name] = value
+        return value
+
+    def ids(self, name: str) -> tuple[int, ...] | None:
+        """An id list (``cgroup.procs``, ``cgroup.threads``); its skipped lines count on
+        every read, the memo's included."""
+        found = self.text_of(name)
+        if found is None:
+            return None
+        text, full = found
+        texts, parsed, skips, tally = self.texts, self.parsed, self.skips, self.tally
+        if texts.get(name) == text:
+            tally.merge(skips.get(name, NOTHING_SKIPPED))
+            return cast(tuple[int, ...], parsed[name])
+        lines = SkipTally()
+        value = parse_ids(text, full, lines)
+        texts[name] = text
+        parsed[name] = value
+        skips[name] = lines.freeze()
+        tally.merge(skips[name])
+        return value
+
+    def limit(self, name: str) -> Limit | None:
+        found = self.text_of(name)
+        if found is None:
+            return None
+        return self.parsed_or_none(name, lambda text, full: Limit(parse_limit(text, full)), *found)
+
+
+def _read_static(read: _DirectoryRead) -> _Static | None:
+    """The :data:`STATIC_FILES` of the directory; ``None`` when it vanished (its
+    ``cgroup.controllers`` listed but gone)."""
+    controllers_file = read.text_of("cgroup.controllers")
+    if read.vanished("cgroup.controllers", controllers_file):
+        return None
+    type_file = read.text_of("cgroup.type")
+    return (
+        None
+        if controllers_file is None
+        else read.parsed_or_none("cgroup.controllers", parse_controllers, *controllers_file),
+        None
+        if type_file is None
+        else read.parsed_or_none("cgroup.type", parse_cgroup_type, *type_file),
+        read.limit("memory.high"),
+        read.limit("memory.max"),
+        read.limit("pids.max"),
+    )
+
+
+def _read_id_lists(
+    read: _DirectoryRead, events: CgroupEvents | None, cgroup_type: str | None, slow: bool
+) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """``cgroup.procs`` and ``cgroup.threads``, not read where they must be empty."""
+    if events is not None and events.populated is False:
+        # Nothing lives here or below: skip reading the id lists.
+        return (None if cgroup_type == "threaded" else _NO_IDS), _NO_IDS
+    # A threaded cgroup refuses to list processes (EOPNOTSUPP), which reads as absent.
+    procs = None if cgroup_type == "threaded" else read.ids("cgroup.procs")
+    if procs == () and cgroup_type is not None and not slow:
+        # No process here: no thread either. A domain cgroup holds whole processes, and
+        # a threaded domain's cgroup.procs lists every process of its threaded subtree.
+        return procs, _NO_IDS
+    return procs, read.ids("cgroup.threads")
+
+
+def _read_memory_events(read: _DirectoryRead, slow: bool) -> tuple[object, object]:
+    """``memory.events`` and ``memory.events.local``, the second read only when the first
+    changed (or on a slow read)."""
+    texts, parsed = read.texts, read.parsed
+    old_events = texts.get("memory.events")
+    memory_events = read.one("memory.events", parse_memory_events)
+    if (
+        slow
+        or memory_events is None
+        or old_events is None
+        or texts.get("memory.events") != old_events
+        or "memory.events.local" not in parsed
+        or "memory.events.local" not in read.files
+    ):
+        return memory_events, read.one("memory.events.local", parse_memory_events)
+    return memory_events, parsed["memory.events.local"]
+
+
 def _read_memo(
     directory: str,
     path: str,
@@ -460,137 +613,27 @@ def _read_memo(
 
     A file that cannot be read or parsed is absent from the record and counted in ``tally``:
     one junk or refused file costs that figure of that cgroup, never the walk.
+
+    The steps: the static files, ``cgroup.events`` (whether anything lives here), the id
+    lists, the memory events, the figures; then the memo's record again when every input is
+    the same, else a new one.
     """
-    texts = memo.texts
-    parsed = memo.parsed
-    skips = memo.skips
-    failed: set[str] = set()  # files present but unreadable or unparsable in this read
-
-    def forget(name: str) -> None:
-        # Unreadable now: what it held before must not stand in for it.
-        texts.pop(name, None)
-        parsed.pop(name, None)
-        skips.pop(name, None)
-
-    def text_of(name: str) -> tuple[str, str] | None:
-        if name not in files:
-            return None
-        # A string path: a cgroup walk reads thousands of files, and a Path per file costs
-        # more than reading it.
-        full = f"{directory}/{name}"
-        try:
-            text = read_text(full, CGROUP_LIST if name in _ID_FILES else CGROUP_STAT)
-        except OSError as exc:
-            forget(name)
-            if exc.errno not in _ABSENT_ERRNOS:
-                failed.add(name)
-                tally.skip(FILE_UNREADABLE, full)
-            return None
-        return text, full
-
-    def parsed_or_none(
-        name: str, parse: Callable[[str, str], _T], text: str, full: str
-    ) -> _T | None:
-        try:
-            return parse(text, full)
-        except ParseError as exc:
-            forget(name)
-            failed.add(name)
-            tally.skip(FILE_UNPARSABLE, str(exc))
-            return None
-
-    def one(name: str, parse: Callable[[str, str], object]) -> object:
-        found = text_of(name)
-        if found is None:
-            return None
-        text, full = found
-        if texts.get(name) == text:
-            return parsed[name]
-        value = parsed_or_none(name, parse, text, full)
-        if value is not None:
-            texts[name] = text
-            parsed[name] = value
-        return value
-
-    def ids(name: str) -> tuple[int, ...] | None:
-        found = text_of(name)
-        if found is None:
-            return None
-        text, full = found
-        if texts.get(name) == text:
-            tally.merge(skips.get(name, NOTHING_SKIPPED))
-            return cast(tuple[int, ...], parsed[name])
-        lines = SkipTally()
-        value = parse_ids(text, full, lines)
-        texts[name] = text
-        parsed[name] = value
-        skips[name] = lines.freeze()
-        tally.merge(skips[name])
-        return value
-
-    def limit(name: str) -> Limit | None:
-        found = text_of(name)
-        if found is None:
-            return None
-        return parsed_or_none(name, lambda text, full: Limit(parse_limit(text, full)), *found)
-
+    read = _DirectoryRead(directory, files, memo, tally)
     static = memo.static
     if slow or static is None:
-        controllers_file = text_of("cgroup.controllers")
-        if (
-            controllers_file is None
-            and "cgroup.controllers" in files
-            and "cgroup.controllers" not in failed
-        ):
+        static = _read_static(read)
+        if static is None:
             return None
-        type_file = text_of("cgroup.type")
-        static = (
-            None
-            if controllers_file is None
-            else parsed_or_none("cgroup.controllers", parse_controllers, *controllers_file),
-            None
-            if type_file is None
-            else parsed_or_none("cgroup.type", parse_cgroup_type, *type_file),
-            limit("memory.high"),
-            limit("memory.max"),
-            limit("pids.max"),
-        )
         memo.static = static
-    controllers, cgroup_type, memory_high, memory_max, pids_max = static
+    cgroup_type = static[1]
 
-    events = cast(CgroupEvents | None, one("cgroup.events", parse_cgroup_events))
-    if events is None and not slow and "cgroup.events" in files and "cgroup.events" not in failed:
+    events = cast(CgroupEvents | None, read.one("cgroup.events", parse_cgroup_events))
+    if not slow and read.vanished("cgroup.events", events):
         return None  # vanished: the static files that would have said so were not read
-    procs: tuple[int, ...] | None
-    threads: tuple[int, ...] | None
-    if events is not None and events.populated is False:
-        # Nothing lives here or below: skip reading the id lists.
-        procs = None if cgroup_type == "threaded" else _NO_IDS
-        threads = _NO_IDS
-    else:
-        # A threaded cgroup refuses to list processes (EOPNOTSUPP), which reads as absent.
-        procs = None if cgroup_type == "threaded" else ids("cgroup.procs")
-        if procs == () and cgroup_type is not None and not slow:
-            # No process here: no thread either. A domain cgroup holds whole processes, and
-            # a threaded domain's cgroup.procs lists every process of its threaded subtree.
-            threads = _NO_IDS
-        else:
-            threads = ids("cgroup.threads")
+    procs, threads = _read_id_lists(read, events, cgroup_type, slow)
+    memory_events, memory_events_local = _read_memory_events(read, slow)
 
-    old_events = texts.get("memory.events")
-    memory_events = cast(MemoryEvents | None, one("memory.events", parse_memory_events))
-    if (
-        slow
-        or memory_events is None
-        or old_events is None
-        or texts.get("memory.events") != old_events
-        or "memory.events.local" not in parsed
-        or "memory.events.local" not in files
-    ):
-        memory_events_local = one("memory.events.local", parse_memory_events)
-    else:
-        memory_events_local = parsed["memory.events.local"]
-
+    one = read.one
     inputs = (
         depth,
         nr_children,
@@ -614,8 +657,24 @@ def _read_memo(
     )
     if inputs == memo.inputs and memo.record is not None and memo.record.path == path:
         return memo.record
+    record = _record(path, inputs)
+    memo.inputs = inputs
+    memo.record = record
+    memo.bare = None
+    return record
+
+
+def _record(path: str, inputs: tuple[object, ...]) -> Cgroup:
+    """The record of one cgroup from the inputs :func:`_read_memo` gathered, in its order."""
     (
-        *_,
+        depth,
+        nr_children,
+        static,
+        events,
+        procs,
+        threads,
+        memory_events,
+        memory_events_local,
         memory_current,
         memory_peak,
         memory_stat,
@@ -628,13 +687,16 @@ def _read_memo(
         io_pressure,
         irq_pressure,
     ) = inputs
-    record = Cgroup(
+    controllers, cgroup_type, memory_high, memory_max, pids_max = cast(_Static, static)
+    procs = cast(tuple[int, ...] | None, procs)
+    threads = cast(tuple[int, ...] | None, threads)
+    return Cgroup(
         path=path,
-        depth=depth,
+        depth=cast(int, depth),
         type=cgroup_type,
         controllers=controllers,
-        nr_children=nr_children,
-        events=events,
+        nr_children=cast(int, nr_children),
+        events=cast(CgroupEvents | None, events),
         nr_procs=None if procs is None else len(set(procs)),
         nr_threads=None if threads is None else len(set(threads)),
         procs=procs,
@@ -643,7 +705,7 @@ def _read_memo(
         memory_peak=cast(int | None, memory_peak),
         memory_high=memory_high,
         memory_max=memory_max,
-        memory_events=memory_events,
+        memory_events=cast(MemoryEvents | None, memory_events),
         memory_events_local=cast(MemoryEvents | None, memory_events_local),
         memory_stat=cast(KeyValues | None, memory_stat),
         cpu_stat=cast(CpuStat | None, cpu_stat),
@@ -656,10 +718,6 @@ def _read_memo(
         io_pressure=cast(Pressure | None, io_pressure),
         irq_pressure=cast(Pressure | None, irq_pressure),
     )
-    memo.inputs = inputs
-    memo.record = record
-    memo.bare = None
-    return record
 
 
 def read_cgroup(
