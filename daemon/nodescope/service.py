@@ -130,6 +130,8 @@ class Service:
         self._hooks: Hooks | None = None
         #: Drains the node on a finding the policy drains for while a job is on it.
         self.job_drain = JobDrain(lambda: self.config)
+        #: Measures this process and the serving process for the self-metrics, every cycle.
+        self.process_meter = ProcessMeter()
         self.cycle = Cycle(
             self._make_collector(self.config),
             Analyzer.from_config(self.config, make_pusher=alertmanager_pusher),
@@ -137,8 +139,7 @@ class Service:
             self._publish,
             OutsideParts(
                 job_drain=self.job_drain,
-                # Measures this process and the serving process for the self-metrics.
-                process_meter=ProcessMeter(),
+                process_meter=self.process_meter,
                 serving_pid=self._serving_pid,
             ),
         )
