@@ -120,6 +120,10 @@ class Service:
         self._make_collector: CollectorFactory = make_collector or Collector.from_config
         self.config = load_config()
         self.timing = Timing.of(self.config)
+        #: The staleness bound of the tick the last completed cycle ran on: the next cycle
+        #: is judged by it, as the serving process judges it (a reload that shortens the
+        #: tick must not make the cycle of the old, longer one late).
+        self._stale_after = self.timing.stale_after
         self.notifier = notifier or Notifier()
         self.cache = MetricsCache()
         self.alerts_cache = JsonCache()
@@ -317,13 +321,16 @@ class Service:
     def run_cycle(self) -> bool:
         """One cycle (:meth:`Cycle.run`); whether it completed: collected and published."""
         with self._cycle_lock:
-            return self.cycle.run()
+            completed = self.cycle.run()
+        if completed:
+            self._stale_after = self.timing.stale_after
+        return completed
 
     def cycles_on_time(self) -> bool:
         """Whether cycles still complete: the last one within its tick and a grace. The
         watchdog is fed only while this holds, so systemd restarts a daemon whose cycles
         stopped even though its loop still turns."""
-        return time.monotonic() - self.cycle.last_completed <= self.timing.stale_after
+        return time.monotonic() - self.cycle.last_completed <= self._stale_after
 
     def run(self) -> int:
         """The loop. Returns the exit status."""

@@ -137,6 +137,28 @@ def test_the_daemon_and_the_replay_run_the_same_cycle(
     assert runs[3:] == [(False, True)]
 
 
+def test_the_watchdog_judges_a_cycle_by_the_tick_it_ran_on(tmp_path: Path) -> None:
+    """A reload that shortens the tick from 30 s to 1 s, 20 s after the last cycle: that
+    cycle is on time by its own tick's bound (60 s), and the next by the new one (11 s)."""
+    ticks = [30.0]
+    service = Service(
+        lambda: Config(roots=Roots.under(tmp_path / "host"), tick_seconds=ticks[-1]),
+        make_collector=lambda config: Collector(roots=Roots(), scheduled=[]),
+    )
+    try:
+        assert service.run_cycle()
+        service.cycle.last_completed -= 20.0
+        ticks.append(1.0)
+        assert service.reload()
+        assert service.timing == Timing.of_tick(1.0)
+        assert service.cycles_on_time()
+        assert service.run_cycle()
+        service.cycle.last_completed -= 12.0
+        assert not service.cycles_on_time()
+    finally:
+        service.shutdown()
+
+
 def test_the_timing_of_a_tick() -> None:
     assert Timing.of_tick(1.0) == Timing(1.0, stale_after=11.0, render_window=1.5)
     # A tick longer than the grace: a whole tick of grace.
