@@ -63,6 +63,17 @@ class OutsideParts:
     serving_pid: Callable[[], int | None] = _no_serving_process
 
 
+class LatestSnapshot:
+    """An export that keeps the newest snapshot: a replay renders it when the scenario
+    scrapes, a one-shot command reads it."""
+
+    def __init__(self) -> None:
+        self.snapshot: Snapshot | None = None
+
+    def offer(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+
 class Cycle:
     """Runs one cycle per :meth:`run`. ``collector`` and ``analyzer`` may be replaced between
     cycles (a reload builds a new collector). ``offer`` hands the finished snapshot to the
@@ -79,6 +90,7 @@ class Cycle:
         outside: OutsideParts | None = None,
         *,
         strict: bool = False,
+        every_source: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.collector = collector
@@ -87,6 +99,8 @@ class Cycle:
         self.publish = publish
         self.outside = outside if outside is not None else OutsideParts()
         self.strict = strict
+        #: Run every source each cycle, due or not (``nodescope check``: a short look).
+        self.every_source = every_source
         self.clock = clock
         #: Exceptions each stage raised over the daemon's life (``cycle_errors_total``).
         self.errors: dict[str, int] = {}
@@ -115,7 +129,10 @@ class Cycle:
         exception in one (a bug, an input nothing foresaw) is logged and counted, the stages
         that can still run do, and the next cycle comes as planned."""
         try:
-            snapshot = self.collector.run_cycle()
+            if self.every_source:
+                snapshot = self.collector.run_cycle(force=True)
+            else:
+                snapshot = self.collector.run_cycle()
         except Exception as exc:
             self.survived("collect", exc)
             return False

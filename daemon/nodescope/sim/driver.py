@@ -62,7 +62,7 @@ from nodescope.config import (
     spool_settings,
 )
 from nodescope.config import from_mapping as config_from_mapping
-from nodescope.cycle import Cycle, OutsideParts
+from nodescope.cycle import Cycle, LatestSnapshot, OutsideParts
 from nodescope.detectors.registry import DetectorInfo
 from nodescope.model.disks import DISKS
 from nodescope.model.infiniband import INFINIBAND
@@ -205,16 +205,6 @@ def replay_outside_parts() -> OutsideParts:
     replay's result depend on where it runs, and none feeds anything a scenario checks. The
     demo runs them all, on its sandboxed configuration (:mod:`nodescope.sim.sandbox`)."""
     return OutsideParts(jobs=None, job_drain=None, process_meter=None)
-
-
-class KeptSnapshot:
-    """A replay's export: the newest snapshot, rendered when the scenario scrapes."""
-
-    def __init__(self) -> None:
-        self.snapshot: Snapshot | None = None
-
-    def offer(self, snapshot: Snapshot) -> None:
-        self.snapshot = snapshot
 
 
 def format_t(t: float) -> str:
@@ -434,7 +424,8 @@ def replay(
         wall_clock=lambda: wall_base + clock.now,
         inputs=inputs,
     )
-    kept = KeptSnapshot()
+    # Rendered when the scenario scrapes, at its own tick.
+    kept = LatestSnapshot()
     # The daemon's cycle (nodescope.cycle), strict: an exception in any stage is a bug the
     # replay reports rather than a stage the daemon would survive.
     cycle = Cycle(
