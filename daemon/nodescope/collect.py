@@ -30,6 +30,7 @@ from nodescope.model.snapshot import Snapshot, SourceSample, SourceStatus
 from nodescope.roots import Roots
 from nodescope.sources.base import Source, TopologyGeneration
 from nodescope.sources.registry import SOURCES, SourceInputs
+from nodescope.timing import Timing
 
 log = logging.getLogger("nodescope.collect")
 
@@ -232,6 +233,7 @@ class Collector:
         ones with the ``inputs`` they were built with, at the intervals and deadlines of
         ``config``."""
         scheduled: list[ScheduledSource] = []
+        timing = Timing.of(config)
         if sources is None:
             if inputs is None:
                 inputs = SourceInputs(
@@ -245,19 +247,17 @@ class Collector:
                     scheduled.append(
                         ScheduledSource(
                             _make(name, inputs),
-                            wanted.interval_seconds,
+                            timing.source_interval(wanted),
                             _timeout_of(config, name),
                             watches=_watched(name, inputs),
                         )
                     )
         else:
             for source in sources:
-                settings = config.sources.get(source.name)
-                interval = settings.interval_seconds if settings else config.tick_seconds
                 scheduled.append(
                     ScheduledSource(
                         source,
-                        interval,
+                        timing.source_interval(config.sources.get(source.name)),
                         _timeout_of(config, source.name),
                         watches=_watched(source.name, inputs),
                     )

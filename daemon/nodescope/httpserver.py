@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nodescope import logs, serving
+from nodescope.timing import Timing
 from nodescope.webconfig import WebConfig
 from nodescope_exporters.prometheus import MetricsCache
 
@@ -65,9 +66,6 @@ MAX_ONE_OFFS = 8
 QUICK_EXIT_SECONDS = 10.0
 MAX_BACKOFF_SECONDS = 60.0
 STOP_SECONDS = 1.0
-#: With rendering on demand, documents are rendered as each cycle ends while the serving
-#: process's requests came within this many ticks.
-RENDER_EVERY_CYCLE_TICKS = 1.5
 #: How long the render thread waits in poll(2) before it looks at the serving process again
 #: (a new one after a restart); messages and a stop wake it at once.
 RENDER_LOOP_POLL_MS = 1000
@@ -146,14 +144,21 @@ def listen(address: tuple[str, int]) -> socket.socket:
 class Publisher:
     """The daemon's end of the control channel: writes documents into reused memfds and
     passes them over. ``on_demand`` is called with each :data:`~nodescope.serving.DEMAND`
-    the serving process sends (WANT or SERVED), on the thread that reads the channel."""
+    the serving process sends (WANT or SERVED), on the thread that reads the channel.
+
+    ``stale_after`` (seconds; ``None``: no bound) travels with every publish and announcement:
+    the serving process judges ``/healthz`` by the bound of the newest cycle it heard of."""
 
     def __init__(
-        self, control: socket.socket, on_demand: Callable[[int], None] | None = None
+        self,
+        control: socket.socket,
+        on_demand: Callable[[int], None] | None = None,
+        stale_after: float | None = None,
     ) -> None:
         control.setblocking(False)
         self.control = control
         self.on_demand = on_demand
+        self.stale_after = serving.NO_BOUND if stale_after is None else stale_after
         #: The other end is gone (the serving process exited).
         self.closed = False
         self._memfds: dict[int, int] = {}
@@ -169,7 +174,7 @@ class Publisher:
         """Tell the serving process that the documents of ``generation`` exist but are not
         rendered; False when the channel is full or closed."""
         self._collect_releases()
-        message = serving.OUTDATED.pack(generation)
+        message = serving.OUTDATED.pack(generation, self.stale_after)
         return self._deliver(lambda: self.control.send(message, socket.MSG_DONTWAIT))
 
     def send(self, metrics: bytes | None, alerts: bytes | None, generation: int = 0) -> bool:
@@ -215,6 +220,7 @@ class Publisher:
             serving.NOT_READY if metrics is None else len(metrics),
             serving.NOT_READY if alerts is None else len(alerts),
             generation,
+            self.stale_after,
         )
         return self._deliver(
             lambda: socket.send_fds(self.control, [header], [fd], socket.MSG_DONTWAIT)
@@ -301,7 +307,7 @@ class ServingProcess:
         finally:
             theirs.close()
             os.close(settings)
-        self.publisher = Publisher(ours, on_demand)
+        self.publisher = Publisher(ours, on_demand, stale_after)
         self.started = time.monotonic()
 
     @property
@@ -408,9 +414,11 @@ class MetricsHTTPServer:
     """The listening socket, the serving process behind it, and the documents it serves:
     ``cache`` (the exposition) and ``alerts`` (published whenever it is updated).
 
-    ``stale_after``: seconds without a completed cycle after which ``/healthz`` answers 503 —
-    the daemon publishes or announces after every completed cycle, so stale documents mean
-    cycles stopped.
+    ``timing``: the daemon's clock rules (:class:`~nodescope.timing.Timing`): its
+    ``stale_after`` is how long without a completed cycle ``/healthz`` answers 503 after (the
+    daemon publishes or announces after every completed cycle, so stale documents mean cycles
+    stopped), its ``render_window`` how recent a request keeps every cycle rendered; ``None``:
+    no staleness bound. :meth:`retime` applies a reloaded one, to the serving process too.
 
     ``render``, when given, renders the documents of the newest cycle the caches were offered
     (:meth:`MetricsCache.offer`) into them: documents are then rendered when a request asks
@@ -426,13 +434,13 @@ class MetricsHTTPServer:
         cache: MetricsCache,
         alerts: JsonCache | None = None,
         web: WebConfig | None = None,
-        stale_after: float | None = None,
+        timing: Timing | None = None,
         render: Callable[[], None] | None = None,
     ) -> None:
         self.cache = cache
         self.alerts = alerts
         self.web = web
-        self.stale_after = stale_after
+        self.timing = timing
         self.socket = listen(address)
         self.process: ServingProcess | None = None
         self._lock = threading.RLock()
@@ -471,19 +479,31 @@ class MetricsHTTPServer:
             self._render_thread.start()
 
     def _new_process(self) -> ServingProcess:
+        stale_after = self.timing.stale_after if self.timing is not None else None
         return ServingProcess(
-            self.socket, self.web, self.stale_after, self._on_demand if self._render else None
+            self.socket, self.web, stale_after, self._on_demand if self._render else None
         )
 
-    def rendering_wanted(self, tick_seconds: float) -> bool:
+    def retime(self, timing: Timing) -> None:
+        """Apply reloaded clock rules: here at once, in the serving process with the next
+        cycle's publish or announcement (which carries the new bound), so the serving process
+        never judges a cycle of the old tick by the new, shorter bound. A serving process
+        started later gets it with its settings."""
+        with self._lock:
+            self.timing = timing
+            if self.process is not None:
+                self.process.publisher.stale_after = timing.stale_after
+
+    def rendering_wanted(self) -> bool:
         """Whether the documents of a cycle should be rendered as it ends: always without
         on-demand rendering, and while nothing was published to the serving process yet
-        (it serves 503 until then) or requests came within the last one and a half ticks (a
-        scraper every second then never waits for a render; one every 15 s costs one render
-        per scrape and one after it)."""
+        (it serves 503 until then) or requests came within the timing's render window (one
+        and a half ticks: a scraper every second then never waits for a render; one every
+        15 s costs one render per scrape and one after it)."""
         if self._render is None or self._published is None or self._published[0] is None:
             return True
-        return time.monotonic() - self.demanded_at <= RENDER_EVERY_CYCLE_TICKS * tick_seconds
+        window = self.timing.render_window if self.timing is not None else 0.0
+        return time.monotonic() - self.demanded_at <= window
 
     def publish(self) -> None:
         """Hand the current documents to the serving process (unless it has them already),

@@ -28,21 +28,21 @@ from nodescope import logs
 from nodescope.analysis import Analyzer, alerts_document
 from nodescope.collect import Collector
 from nodescope.config import Config
+from nodescope.cycle import Cycle, OutsideParts
 from nodescope.errors import ConfigError
 from nodescope.hooks.daemon import Hooks
 from nodescope.hooks.jobdrain import JobDrain
 from nodescope.httpserver import JsonCache, MetricsHTTPServer
+from nodescope.model.snapshot import Snapshot
 from nodescope.roots import ROOT_NAMES
 from nodescope.sdnotify import Notifier
 from nodescope.selfstats import ProcessMeter
+from nodescope.timing import Timing
 from nodescope.webconfig import WebConfig
 from nodescope_exporters.prometheus import MetricsCache
 from nodescope_exporters.push import AlertmanagerPusher
 
 log = logging.getLogger("nodescope.service")
-
-#: Seconds a cycle may be late beyond its tick before the watchdog stops being fed.
-CYCLE_GRACE = 10.0
 
 ConfigLoader = Callable[[], Config]
 CollectorFactory = Callable[[Config], Collector]
@@ -102,6 +102,12 @@ class Service:
     ``make_collector`` builds the collector for a config (at start and when a reload changes
     the sources or roots); by default the registry's sources. ``nodescope demo`` hands in one
     that runs the simulated node's sources (its fake NVML instead of pynvml).
+
+    The cycle itself is :class:`~nodescope.cycle.Cycle`, the one a replay runs too; the
+    service hands it the parts that act outside the process (the hooks' job tracker once the
+    hooks listen, the job drain, the process meter) and its exporters. ``timing`` is the one
+    source of every figure that follows from the tick (:mod:`nodescope.timing`); a reload
+    replaces it and hands it to the serving process.
     """
 
     def __init__(
@@ -113,29 +119,67 @@ class Service:
         self._load_config = load_config
         self._make_collector: CollectorFactory = make_collector or Collector.from_config
         self.config = load_config()
+        self.timing = Timing.of(self.config)
+        #: The staleness bound of the tick the last completed cycle ran on: the next cycle
+        #: is judged by it, as the serving process judges it (a reload that shortens the
+        #: tick must not make the cycle of the old, longer one late).
+        self._stale_after = self.timing.stale_after
         self.notifier = notifier or Notifier()
         self.cache = MetricsCache()
         self.alerts_cache = JsonCache()
-        self.analyzer = Analyzer.from_config(self.config, make_pusher=alertmanager_pusher)
-        self.collector = self._make_collector(self.config)
         self.server: MetricsHTTPServer | None = None
         #: TLS, basic auth and headers for the HTTP endpoint (``--web-config-file``), read
         #: at start; the serving process is started with it.
         self.web_config: WebConfig | None = None
-        self.hooks: Hooks | None = None
+        self._hooks: Hooks | None = None
         #: Drains the node on a finding the policy drains for while a job is on it.
         self.job_drain = JobDrain(lambda: self.config)
+        #: Measures this process and the serving process for the self-metrics, every cycle.
+        self.process_meter = ProcessMeter()
+        self.cycle = Cycle(
+            self._make_collector(self.config),
+            Analyzer.from_config(self.config, make_pusher=alertmanager_pusher),
+            self._offer,
+            self._publish,
+            OutsideParts(
+                job_drain=self.job_drain,
+                process_meter=self.process_meter,
+                serving_pid=self._serving_pid,
+            ),
+        )
+        #: SIGHUP reloads by outcome, both from 0 so increase() sees the first failure.
+        self.cycle.config_reloads.update(success=0, failure=0)
         self._wake = threading.Event()
         #: Held by a cycle, and by a render a request asked for (see render_on_request).
         self._cycle_lock = threading.Lock()
         self._stop = False
         self._reload = False
-        self.cycle_errors: dict[str, int] = {}
-        #: SIGHUP reloads by outcome, both from 0 so increase() sees the first failure.
-        self.config_reloads: dict[str, int] = {"success": 0, "failure": 0}
-        #: Measures this process and the serving process for the self-metrics, every cycle.
-        self.process_meter = ProcessMeter()
-        self.last_completed = time.monotonic()
+
+    @property
+    def collector(self) -> Collector:
+        return self.cycle.collector
+
+    @property
+    def analyzer(self) -> Analyzer:
+        return self.cycle.analyzer
+
+    @property
+    def hooks(self) -> Hooks | None:
+        """The Slurm hooks' socket and job tracker, once they listen; the cycle feeds them."""
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: Hooks | None) -> None:
+        self._hooks = hooks
+        self.cycle.outside.jobs = hooks
+
+    @property
+    def cycle_errors(self) -> dict[str, int]:
+        return self.cycle.errors
+
+    @property
+    def config_reloads(self) -> dict[str, int]:
+        return self.cycle.config_reloads
 
     # -- signals: flags only -------------------------------------------------------------
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
@@ -165,7 +209,7 @@ class Service:
             self.cache,
             self.alerts_cache,
             self.web_config,
-            stale_after=self.stale_after(self.config),
+            timing=self.timing,
             render=self.render_on_request,
         )
         self.server.start()
@@ -200,6 +244,7 @@ class Service:
         swap, and what was built for ``new`` is closed again when something does, so a failure
         part-way leaves the running server, collector and config as they were."""
         old = self.config
+        timing = Timing.of(new)
         server: MetricsHTTPServer | None = None
         collector: Collector | None = None
         try:
@@ -210,7 +255,7 @@ class Service:
                         self.cache,
                         self.alerts_cache,
                         self.web_config,
-                        stale_after=self.stale_after(new),
+                        timing=timing,
                         render=self.render_on_request,
                     )
                 except OSError as exc:
@@ -218,7 +263,7 @@ class Service:
                 server.start()
             if new.sources != old.sources or new.roots != old.roots:
                 collector = self._make_collector(new)
-            self.analyzer.configure(new)
+            self.cycle.analyzer.configure(new)
         except BaseException:
             if server is not None:
                 server.stop()
@@ -231,21 +276,14 @@ class Service:
             self.server = server
             log.info("event=listening address=%s", server.bound)
         if collector is not None:
-            self.collector.close()
-            self.collector = collector
+            self.cycle.collector.close()
+            self.cycle.collector = collector
         logs.setup(new.log_level, new.log_format)
         self.config = new
-
-    def _survived(self, stage: str, exc: Exception) -> None:
-        """Count and log an exception a stage of the cycle raised; the daemon goes on."""
-        self.cycle_errors[stage] = self.cycle_errors.get(stage, 0) + 1
-        log.error(
-            "event=cycle_error stage=%s total=%d error=%r",
-            stage,
-            self.cycle_errors[stage],
-            f"{type(exc).__name__}: {exc}",
-            exc_info=self.cycle_errors[stage] == 1,
-        )
+        self.timing = timing
+        if self.server is not None:
+            # The serving process judges /healthz by the new tick from the next cycle on.
+            self.server.retime(timing)
 
     def _render_documents(self) -> None:
         self.cache.render_latest()
@@ -259,85 +297,40 @@ class Service:
             try:
                 self._render_documents()
             except Exception as exc:
-                self._survived("export", exc)
+                self.cycle.survived("export", exc)
+
+    def _offer(self, snapshot: Snapshot) -> None:
+        """The cycle's export: both documents offered, rendered now while scrapes come every
+        cycle, otherwise when one asks."""
+        self.cache.offer(snapshot)
+        self.alerts_cache.offer(partial(alerts_document, snapshot))
+        if self.server is None or self.server.rendering_wanted():
+            self._render_documents()
+
+    def _publish(self) -> None:
+        if self.server is not None:
+            # Hands both documents to the serving process, or tells it that a newer cycle's
+            # exist (the alerts update may have published already, so this is also a check
+            # that the process is alive; a dead one is restarted here).
+            self.server.publish()
+
+    def _serving_pid(self) -> int | None:
+        serving = self.server.process if self.server is not None else None
+        return serving.pid if serving is not None else None
 
     def run_cycle(self) -> bool:
-        """One cycle. Every stage is guarded: an exception in one (a bug, an input nothing
-        foresaw) is logged and counted, the stages that can still run do, and the next cycle
-        comes as planned. Returns whether the cycle completed: collected and published."""
+        """One cycle (:meth:`Cycle.run`); whether it completed: collected and published."""
         with self._cycle_lock:
-            return self._run_cycle()
-
-    def _run_cycle(self) -> bool:
-        try:
-            snapshot = self.collector.run_cycle()
-        except Exception as exc:
-            self._survived("collect", exc)
-            return False
-        completed = True
-        try:
-            snapshot = self.analyzer.analyze(snapshot)
-        except Exception as exc:
-            self._survived("analyze", exc)
-            completed = False
-        if self.hooks is not None:
-            try:
-                self.hooks.observe(snapshot)
-            except Exception as exc:
-                self._survived("jobs", exc)
-        try:
-            # Starts a worker at most: scontrol never runs in the cycle itself.
-            self.job_drain.observe(snapshot)
-        except Exception as exc:
-            self._survived("remediation", exc)
-        if self.cycle_errors:
-            snapshot = replace(snapshot, cycle_errors=self.cycle_errors)
-        serving = self.server.process if self.server is not None else None
-        try:
-            processes = self.process_meter.measure(serving.pid if serving is not None else None)
-        except Exception as exc:
-            self._survived("processes", exc)
-            processes = ()
-        snapshot = replace(snapshot, config_reloads=self.config_reloads, processes=processes)
-        try:
-            self.cache.offer(snapshot)
-            self.alerts_cache.offer(partial(alerts_document, snapshot))
-            # Rendered now while scrapes come every cycle; otherwise when one asks.
-            if self.server is None or self.server.rendering_wanted(self.config.tick_seconds):
-                self._render_documents()
-        except Exception as exc:
-            self._survived("export", exc)
-            return False
-        if self.server is not None:
-            try:
-                # Hands both documents to the serving process, or tells it that a newer
-                # cycle's exist (the alerts update may have published already, so this is
-                # also a check that the process is alive; a dead one is restarted here).
-                self.server.publish()
-            except Exception as exc:
-                self._survived("publish", exc)
-                return False
+            completed = self.cycle.run()
         if completed:
-            self.last_completed = time.monotonic()
+            self._stale_after = self.timing.stale_after
         return completed
-
-    @staticmethod
-    def stale_after(config: Config) -> float:
-        """Seconds without a completed cycle after which the daemon is unhealthy: its tick
-        and a grace (the same bound feeds the watchdog)."""
-        return config.tick_seconds + max(config.tick_seconds, CYCLE_GRACE)
 
     def cycles_on_time(self) -> bool:
         """Whether cycles still complete: the last one within its tick and a grace. The
         watchdog is fed only while this holds, so systemd restarts a daemon whose cycles
         stopped even though its loop still turns."""
-        return time.monotonic() - self.last_completed <= self.stale_after(self.config)
-
-    def _sleep_seconds(self) -> float:
-        wait = self.config.tick_seconds
-        if self.notifier.watchdog_seconds:
-            wait = min(wait, self.notifier.watchdog_seconds / 2)
-        return wait
+        return time.monotonic() - self.cycle.last_completed <= self._stale_after
 
     def run(self) -> int:
         """The loop. Returns the exit status."""
@@ -353,10 +346,11 @@ class Service:
         log.info(
             "event=ready sources=%s", ",".join(s.source.name for s in self.collector.scheduled)
         )
-        next_tick = time.monotonic() + self.config.tick_seconds
+        next_tick = time.monotonic() + self.timing.tick_seconds
         try:
             while not self.stop_requested():
-                self._wake.wait(max(0.0, min(self._sleep_seconds(), next_tick - time.monotonic())))
+                sleep = self.timing.sleep_seconds(self.notifier.watchdog_seconds)
+                self._wake.wait(max(0.0, min(sleep, next_tick - time.monotonic())))
                 self._wake.clear()
                 if self.stop_requested():
                     break
@@ -364,16 +358,16 @@ class Service:
                     self._reload = False
                     if self.reload():
                         # A shorter tick takes effect now, not after the old one ran out.
-                        next_tick = min(next_tick, time.monotonic() + self.config.tick_seconds)
+                        next_tick = min(next_tick, time.monotonic() + self.timing.tick_seconds)
                 if self.cycles_on_time():
                     self.notifier.watchdog()
                 now = time.monotonic()
                 if now >= next_tick:
                     self.run_cycle()
                     # Keep a fixed cadence on the monotonic clock; skip ticks we overran.
-                    next_tick += self.config.tick_seconds
+                    next_tick += self.timing.tick_seconds
                     if next_tick <= time.monotonic():
-                        next_tick = time.monotonic() + self.config.tick_seconds
+                        next_tick = time.monotonic() + self.timing.tick_seconds
         finally:
             self.shutdown()
         return 0
@@ -388,8 +382,8 @@ class Service:
             self.hooks.stop()
             self.hooks = None
         self.job_drain.stop()
-        self.collector.close()
-        self.analyzer.close()
+        self.cycle.collector.close()
+        self.cycle.analyzer.close()
         self.notifier.close()
 
 

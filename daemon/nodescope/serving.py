@@ -18,13 +18,13 @@ memfds it is handed.
 The control channel is an ``AF_UNIX``/``SOCK_SEQPACKET`` pair (one packet per message):
 
 - daemon → here, one packet per publish: :data:`PUBLISH` (slot, exposition length, alerts
-  length — :data:`NOT_READY` for a document that does not exist yet — and the documents'
-  generation) with a memfd attached (``SCM_RIGHTS``, unix(7)) that holds the exposition
-  followed by the alerts JSON;
-- daemon → here, :data:`OUTDATED` (a generation): a cycle completed whose documents the daemon
-  has not rendered. The daemon renders every cycle only while requests come often; otherwise
-  rendering waits for a request that needs it (a Prometheus scraping every 15 s costs one
-  render per scrape, not fifteen);
+  length — :data:`NOT_READY` for a document that does not exist yet — the documents'
+  generation, and the staleness bound of the daemon's tick) with a memfd attached
+  (``SCM_RIGHTS``, unix(7)) that holds the exposition followed by the alerts JSON;
+- daemon → here, :data:`OUTDATED` (a generation, the staleness bound): a cycle completed
+  whose documents the daemon has not rendered. The daemon renders every cycle only while
+  requests come often; otherwise rendering waits for a request that needs it (a Prometheus
+  scraping every 15 s costs one render per scrape, not fifteen);
 - here → daemon: :data:`RELEASE` (slot) once nothing here uses that memfd any more, so the
   daemon may write later documents into it. The exposition is not copied here: it is sent
   from the memfd with sendfile(2) (a response in flight keeps its memfd, so a slow client
@@ -86,11 +86,15 @@ from collections.abc import Callable
 
 #: daemon → serving process: slot of the attached memfd, then the exposition's and the
 #: alerts document's lengths (the alerts follow the exposition in the memfd), then their
-#: generation (it grows by one per cycle).
-PUBLISH = struct.Struct("<IqqQ")
+#: generation (it grows by one per cycle), then the seconds without a cycle after which
+#: /healthz answers 503 (:data:`NO_BOUND`: never). The bound comes with every cycle, so a
+#: reload that changes the daemon's tick reaches this process with the first cycle it times.
+PUBLISH = struct.Struct("<IqqQd")
 #: daemon → serving process, without a memfd: the generation of a cycle whose documents are
-#: not rendered yet.
-OUTDATED = struct.Struct("<Q")
+#: not rendered yet, and the staleness bound as in :data:`PUBLISH`.
+OUTDATED = struct.Struct("<Qd")
+#: The staleness bound of a daemon that sets none.
+NO_BOUND = -1.0
 #: serving process → daemon: the slot whose memfd is no longer used here.
 RELEASE = struct.Struct("<I")
 #: serving process → daemon: what requests did with the documents (:data:`WANT`,
@@ -1097,7 +1101,8 @@ class Server:
                 self.running = False  # the daemon is gone
                 break
             if len(message) == OUTDATED.size and not fds:
-                (generation,) = OUTDATED.unpack(message)
+                generation, bound = OUTDATED.unpack(message)
+                self._set_bound(bound)
                 self._outdated(generation)
                 continue
             if len(message) != PUBLISH.size or len(fds) != 1:
@@ -1105,7 +1110,8 @@ class Server:
                     os.close(fd)
                 log("bad_control_message", bytes=len(message), fds=len(fds))
                 continue
-            slot, metrics_len, alerts_len, generation = PUBLISH.unpack(message)
+            slot, metrics_len, alerts_len, generation, bound = PUBLISH.unpack(message)
+            self._set_bound(bound)
             received.append((slot, fds[0], metrics_len, alerts_len, generation))
         # Only the newest of several queued publishes is used; the others are handed back.
         for index, (number, fd, metrics_len, alerts_len, generation) in enumerate(received):
@@ -1129,6 +1135,11 @@ class Server:
             else:
                 metrics = Body(None, METRICS_TYPE, slot=slot, size=metrics_len)
                 self.publish(Documents(metrics, alerts, slot, generation))
+
+    def _set_bound(self, bound: float) -> None:
+        """The staleness bound of the cycle just heard of (the daemon's tick may have
+        changed with a reload)."""
+        self.stale_after = bound if bound >= 0 else None
 
     def _release(self, number: int) -> None:
         # Unsent, the daemon makes a new memfd when it has none released.
@@ -1174,6 +1185,8 @@ class Server:
     def publish(self, docs: Documents) -> None:
         self.latest_generation = max(self.latest_generation, docs.generation)
         self.want_sent_at = None
+        # A cycle completed, whether its exposition becomes current now or once compressed.
+        self.published_at = self.clock()
         if self.pending is not None:
             # Superseded before its compression finished: the newer documents become current
             # at once, so a publish rate above the compression rate cannot freeze them.

@@ -166,7 +166,8 @@ def test_an_exception_outside_the_sources_is_survived_counted_and_exported() -> 
 
 def test_the_watchdog_is_fed_only_while_cycles_complete(monkeypatch: pytest.MonkeyPatch) -> None:
     from nodescope.config import Config
-    from nodescope.service import CYCLE_GRACE, Service
+    from nodescope.service import Service
+    from nodescope.timing import CYCLE_GRACE
 
     service = Service(
         load_config=Config,
@@ -179,7 +180,7 @@ def test_the_watchdog_is_fed_only_while_cycles_complete(monkeypatch: pytest.Monk
     monkeypatch.setattr(service.collector, "run_cycle", lambda: 1 / 0)
     assert service.run_cycle() is False
     assert service.cycle_errors == {"collect": 1}
-    service.last_completed -= service.config.tick_seconds + CYCLE_GRACE + 1
+    service.cycle.last_completed -= service.config.tick_seconds + CYCLE_GRACE + 1
     assert not service.cycles_on_time()
 
 
@@ -191,6 +192,7 @@ def test_healthz_turns_unhealthy_when_publishes_stop() -> None:
 
     from nodescope.httpserver import MetricsHTTPServer
     from nodescope.model.snapshot import Snapshot, SourceStatus
+    from nodescope.timing import Timing
     from nodescope_exporters.prometheus import MetricsCache, SnapshotCollector
     from nodescope_exporters.self_metrics import families
 
@@ -202,7 +204,9 @@ def test_healthz_turns_unhealthy_when_publishes_stop() -> None:
             return int(error.code)
 
     server = MetricsHTTPServer(
-        ("127.0.0.1", 0), MetricsCache(SnapshotCollector([families])), stale_after=1.0
+        ("127.0.0.1", 0),
+        MetricsCache(SnapshotCollector([families])),
+        timing=Timing(tick_seconds=0.5, stale_after=1.0, render_window=0.75),
     )
     server.start()
     try:

@@ -643,7 +643,7 @@ def test_a_render_that_does_not_come_leaves_the_older_documents(harness: Harness
 
 
 def test_an_announced_cycle_keeps_healthz_healthy(harness: Harness) -> None:
-    harness.server.stale_after = 5.0
+    harness.publisher.stale_after = 5.0
     harness.publisher.send(b"x 1\n", None, 1)
     harness.pump(1)
     for generation in range(2, 5):
@@ -654,6 +654,41 @@ def test_an_announced_cycle_keeps_healthz_healthy(harness: Harness) -> None:
         assert harness.get("/healthz").status == 200
     harness.clock.now += 6.0
     assert harness.get("/healthz").text.startswith("stale")
+
+
+def test_the_staleness_bound_comes_with_each_cycle(harness: Harness) -> None:
+    """A reload changes the daemon's tick, and with it the bound: the serving process judges
+    /healthz by the bound the newest cycle came with, in both directions."""
+    harness.publisher.stale_after = 11.0
+    assert harness.publisher.send(b"x 1\n", None, 1)
+    harness.pump(1)
+    harness.clock.now += 12.0
+    assert harness.get("/healthz").text.startswith("stale")
+    # The tick goes from 1 s to 30 s: the next cycle brings the 60 s bound.
+    harness.publisher.stale_after = 60.0
+    assert harness.publisher.announce(2)
+    harness.pump(1)
+    harness.clock.now += 30.0
+    assert harness.get("/healthz").status == 200
+    assert harness.publisher.send(b"x 3\n", None, 3)
+    harness.pump(1)
+    harness.clock.now += 59.0
+    assert harness.get("/healthz").status == 200
+    harness.clock.now += 2.0
+    assert harness.get("/healthz").text.startswith("stale")
+    # And back to 1 s: the cycle that brings the short bound is itself fresh.
+    harness.publisher.stale_after = 11.0
+    assert harness.publisher.send(b"x 4\n", None, 4)
+    harness.pump(1)
+    assert harness.get("/healthz").status == 200
+    harness.clock.now += 12.0
+    assert harness.get("/healthz").text.startswith("stale")
+    # A daemon that sets no bound: never stale.
+    harness.publisher.stale_after = serving.NO_BOUND
+    assert harness.publisher.announce(5)
+    harness.pump(1)
+    harness.clock.now += 1e6
+    assert harness.get("/healthz").status == 200
 
 
 def test_each_client_address_has_its_own_bcrypt_budget() -> None:

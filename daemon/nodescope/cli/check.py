@@ -120,15 +120,26 @@ def watch_node(config: Any, seconds: float, watch: Watch, progress: TextIO | Non
     the last analysed snapshot (``nodescope slurm health`` uses it when the daemon is away)."""
     from nodescope.analysis import Analyzer
     from nodescope.collect import Collector
+    from nodescope.cycle import Cycle, LatestSnapshot
 
-    collector = Collector.from_config(config)
-    analyzer = Analyzer.from_config(config)
+    kept = LatestSnapshot()
+    # The daemon's cycle, strict (a failure is this command's to report), on every source
+    # each time, and without the parts that act outside: a check only looks.
+    cycle = Cycle(
+        Collector.from_config(config),
+        Analyzer.from_config(config),
+        kept.offer,
+        strict=True,
+        every_source=True,
+    )
     tick = max(0.2, min(1.0, float(config.tick_seconds)))
     deadline = time.monotonic() + seconds
     snapshot = None
     try:
         while True:
-            snapshot = analyzer.analyze(collector.run_cycle(force=True))
+            cycle.run()
+            snapshot = kept.snapshot
+            assert snapshot is not None  # strict: a cycle that failed raised
             watch.add(snapshot.findings)
             left = deadline - time.monotonic()
             if left <= 0:
@@ -138,8 +149,8 @@ def watch_node(config: Any, seconds: float, watch: Watch, progress: TextIO | Non
                 progress.flush()
             time.sleep(min(tick, left))
     finally:
-        collector.close()
-        analyzer.close()
+        cycle.collector.close()
+        cycle.analyzer.close()
         if progress is not None:
             progress.write("\r" + " " * 60 + "\r")
             progress.flush()

@@ -62,6 +62,7 @@ from nodescope.config import (
     spool_settings,
 )
 from nodescope.config import from_mapping as config_from_mapping
+from nodescope.cycle import Cycle, LatestSnapshot, OutsideParts
 from nodescope.detectors.registry import DetectorInfo
 from nodescope.model.disks import DISKS
 from nodescope.model.infiniband import INFINIBAND
@@ -194,6 +195,16 @@ def replay_schedule(
     for item in scheduled:
         item.timeout = None
     return scheduled
+
+
+def replay_outside_parts() -> OutsideParts:
+    """The parts of a cycle that act outside the process, as a replay runs them: none. A
+    simulated node has no Slurm to call the hooks (no prolog registers a job over the
+    socket); a drain would run ``scontrol`` on whatever machine runs the replay; the process
+    meter would measure the replay's own process, which is no daemon. Each would make a
+    replay's result depend on where it runs, and none feeds anything a scenario checks. The
+    demo runs them all, on its sandboxed configuration (:mod:`nodescope.sim.sandbox`)."""
+    return OutsideParts(jobs=None, job_drain=None, process_meter=None)
 
 
 def format_t(t: float) -> str:
@@ -374,9 +385,10 @@ def replay(
     directory the caller owns) and evaluate its expectations.
 
     Raises :class:`~nodescope.errors.ParseError` before running anything when an expectation
-    names a metric or label nodescope does not export. Each cycle goes through the daemon's
-    analysis step (detectors, alert engine) like :class:`~nodescope.service.Service` runs
-    it; ``detectors`` replaces the registry's. ``builders`` narrows the exposition (tests);
+    names a metric or label nodescope does not export. Each cycle is the daemon's own
+    (:class:`~nodescope.cycle.Cycle`, as :class:`~nodescope.service.Service` runs it), without
+    the parts that act outside the process (:func:`replay_outside_parts`); ``detectors``
+    replaces the registry's. ``builders`` narrows the exposition (tests);
     ``on_cycle`` sees the analysed snapshot and rendered body of every scrape (every tick of
     the scenario).
     """
@@ -412,7 +424,18 @@ def replay(
         wall_clock=lambda: wall_base + clock.now,
         inputs=inputs,
     )
-    analyzer = Analyzer.from_config(config, detectors)
+    # Rendered when the scenario scrapes, at its own tick.
+    kept = LatestSnapshot()
+    # The daemon's cycle (nodescope.cycle), strict: an exception in any stage is a bug the
+    # replay reports rather than a stage the daemon would survive.
+    cycle = Cycle(
+        collector,
+        Analyzer.from_config(config, detectors),
+        kept.offer,
+        outside=replay_outside_parts(),
+        strict=True,
+        clock=clock,
+    )
     evaluator = Evaluator(scenario.expect)
     timeline = Timeline()
     steps = replay_steps(scenario.tick_seconds, config.tick_seconds, scenario.duration_seconds)
@@ -423,7 +446,9 @@ def replay(
             t = step.t
             clock.now = t
             if step.collect:
-                snapshot = analyzer.analyze(collector.run_cycle())
+                cycle.run()
+                snapshot = kept.snapshot
+                assert snapshot is not None  # strict: a cycle that failed raised
                 # Work a source hands to a process of its own (the traces parser) takes
                 # seconds of real time, a cycle or two of a daemon's: a replay waits for it
                 # each cycle, so what it finds shows in the next one whatever the machine's
@@ -440,8 +465,8 @@ def replay(
                 if on_cycle is not None:
                     on_cycle(t, snapshot, body)
     finally:
-        collector.close()
-        analyzer.close()
+        cycle.collector.close()
+        cycle.analyzer.close()
     return ReplayResult(
         scenario=scenario.name,
         description=scenario.description,
@@ -454,7 +479,7 @@ def replay(
         sources=tuple(s.name for s in sources),
         timeline=tuple(timeline.events),
         metrics=evaluator.metric_results(),
-        findings=evaluator.finding_results(checkable=bool(analyzer.detectors)),
+        findings=evaluator.finding_results(checkable=bool(cycle.analyzer.detectors)),
     )
 
 
