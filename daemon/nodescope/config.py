@@ -46,7 +46,9 @@ from nodescope.model.job_records import DEFAULT_MAX_REGISTRATIONS
 from nodescope.model.link_events import LinkEventsOptions
 from nodescope.model.netdev import MAX_LINKS, NetdevOptions
 from nodescope.roots import ROOT_NAMES, Roots
-from nodescope.sources.registry import SOURCE_TABLE, SOURCES
+
+if typing.TYPE_CHECKING:
+    from nodescope.sources.spec import SourceSpec
 
 DEFAULT_PORT = 9839
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
@@ -320,7 +322,7 @@ def options_of(settings: type) -> tuple[Option, ...]:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceSettings:
     """One ``[sources.<name>]`` table; the read interval's default is the source's own
-    (``SourceInfo.default_interval``)."""
+    (``SourceSpec.default_interval``)."""
 
     enabled: bool = option(True, "run this source")
     interval_seconds: float = field(
@@ -1113,6 +1115,14 @@ class RemediationSettings:
     rules: Mapping[str, RemediationRuleSettings] = field(default_factory=_no_remediation_rules)
 
 
+def _source_specs() -> Mapping[str, SourceSpec]:
+    """The sources' specs by name, in the registry's order. Imported when first read, not with
+    this module: a source module may read the configuration's types (the probe source does)."""
+    from nodescope.sources.registry import SOURCES
+
+    return SOURCES
+
+
 def _source_settings(name: str, given: Mapping[str, Any]) -> SourceSettings:
     """One source's settings from the keys a file set; a source with keys of its own gets
     them as its ``extra`` object, and the ``traces`` source runs only with a spool."""
@@ -1124,12 +1134,12 @@ def _source_settings(name: str, given: Mapping[str, Any]) -> SourceSettings:
     if isinstance(extra, TracesSourceSettings) and not extra.spool_dir:
         common["enabled"] = False
     return SourceSettings(
-        **{"interval_seconds": SOURCES[name].default_interval, **common}, extra=extra
+        **{"interval_seconds": _source_specs()[name].default_interval, **common}, extra=extra
     )
 
 
 def _default_sources() -> Mapping[str, SourceSettings]:
-    return MappingProxyType({s.name: _source_settings(s.name, {}) for s in SOURCE_TABLE})
+    return MappingProxyType({name: _source_settings(name, {}) for name in _source_specs()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -1321,12 +1331,12 @@ def _sources(path: str, table: Any) -> Mapping[str, SourceSettings]:
     if not isinstance(table, dict):
         raise ConfigError(path, "sources", "must be a table")
     sources: dict[str, SourceSettings] = {}
-    for info in SOURCE_TABLE:
+    for info in _source_specs().values():
         options = SOURCE_OPTIONS + SOURCE_EXTRA_OPTIONS.get(info.name, ())
         given = _section(path, f"sources.{info.name}", table.get(info.name, {}), options)
         sources[info.name] = _source_settings(info.name, given)
     for name in table:
-        if name not in SOURCES:
+        if name not in _source_specs():
             raise ConfigError(path, f"sources.{_display(name)}", "unknown source")
     return MappingProxyType(sources)
 
@@ -1518,7 +1528,7 @@ def _allowed(option: Option) -> str:
 
 def _source_options(name: str) -> tuple[Option, ...]:
     """:data:`SOURCE_OPTIONS` as one source has them: its own interval, and what it reads."""
-    info = SOURCES[name]
+    info = _source_specs()[name]
     return tuple(
         dataclasses.replace(o, default=info.default_interval)
         if o.key == "interval_seconds"
@@ -1533,7 +1543,7 @@ def _tables() -> Iterator[tuple[str, tuple[Option, ...]]]:
     """Every table with its options, in the order both documents follow."""
     yield "daemon", DAEMON_OPTIONS
     yield "roots", ROOT_OPTIONS
-    for info in SOURCE_TABLE:
+    for info in _source_specs().values():
         yield f"sources.{info.name}", _source_options(info.name)
     yield "alerts", ALERT_OPTIONS
     yield "alerts.rules.<kind>", ALERT_RULE_OPTIONS
@@ -1652,7 +1662,7 @@ def sample_toml() -> str:
         note(table)
         if group == "sources":
             name = table.removeprefix("sources.")
-            out.extend(["", f"[{table}]", *_prose(SOURCES[name].help)])
+            out.extend(["", f"[{table}]", *_prose(_source_specs()[name].help)])
             for o in options:
                 out.extend(_sample_option(o, with_help=False))
             continue

@@ -43,6 +43,7 @@ from nodescope.model.probe import (
 from nodescope.probe.sweep import check_sizes, format_sizes
 from nodescope.roots import Roots
 from nodescope.sources.base import FunctionSource, read_optional
+from nodescope.sources.spec import SourceSpec
 
 log = logging.getLogger("nodescope.probe_runner")
 
@@ -315,3 +316,17 @@ def read_last_report(roots: Roots) -> ProbeReport | None:
 
 def make_source() -> FunctionSource:
     return FunctionSource(SOURCE_NAME, read_last_report)
+
+
+SPEC = SourceSpec(
+    name="probe",
+    default_interval=30.0,
+    help=(
+        "the last bandwidth probe's report (nodescope probe --record, or one the daemon ran)"
+        " from /run/nodescope/probe-report.json"
+    ),
+    build=lambda inputs: make_source(),
+    rates=None,
+    metric_area="nodescope_exporters.probe_metrics",
+    sim_parts=None,
+)
