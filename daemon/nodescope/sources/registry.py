@@ -28,6 +28,7 @@ SOURCE_MODULES: tuple[str, ...] = (
     "nodescope.sources.locks",
     "nodescope.sources.threads",
     "nodescope.sources.mountstats",
+    "nodescope.sources.pressure",
     "nodescope.sources.udev",
     "nodescope.sources.link_events",
     "nodescope.sources.remediation",
