@@ -136,3 +136,28 @@ def test_a_spec_whose_build_makes_another_source_is_refused_when_built() -> None
     )
     with pytest.raises(RuntimeError, match="built a source named 'mountstats'"):
         other.make()
+
+
+def test_a_sources_own_keys_are_the_ones_its_spec_declares_and_reach_the_source(
+    tmp_path: Path,
+) -> None:
+    from nodescope import config
+    from nodescope.options import options_of
+
+    with_keys = {spec.name: spec.settings for spec in SOURCE_TABLE if spec.settings is not None}
+    assert set(with_keys) == {"netdev", "link_events", "traces"}
+    reference = config.reference_markdown()
+    for name, settings in with_keys.items():
+        for option in options_of(settings):
+            assert f"| `sources.{name}.{option.key}` |" in reference, (name, option.key)
+    # One declaration: the object the file's keys make is what the source is built from.
+    cfg = config.from_mapping({"sources": {"netdev": {"max_links": 3}}}, "t.toml")
+    options = config.netdev_options(cfg)
+    assert isinstance(options, SOURCES["netdev"].settings) and options.max_links == 3
+
+
+def test_a_spec_whose_settings_declare_no_key_fails_at_import(tmp_path: Path) -> None:
+    body = _COMPLETE + "    settings=int,\n"
+    done = _import_source_module(tmp_path, body)
+    assert done.returncode != 0
+    assert "settings must be a dataclass declaring its keys with option()" in done.stderr

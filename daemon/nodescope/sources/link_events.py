@@ -449,7 +449,7 @@ class LinkEventsSource:
 
 def make_source(options: LinkEventsOptions | None = None) -> LinkEventsSource:
     options = LinkEventsOptions() if options is None else options
-    return LinkEventsSource(netns=options.netns, include_virtual=options.include_virtual)
+    return LinkEventsSource(netns=options.netns or None, include_virtual=options.include_virtual)
 
 
 SPEC = SourceSpec(
@@ -457,6 +457,7 @@ SPEC = SourceSpec(
     default_interval=1.0,
     help="link up/down transitions from an rtnetlink monitor thread and IB port states; flaps",
     build=lambda inputs: make_source(inputs.link_events),
+    settings=LinkEventsOptions,
     rates=None,
     metric_area="nodescope_exporters.event_metrics",
     sim_parts=frozenset({"infiniband"}),

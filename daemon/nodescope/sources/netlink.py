@@ -363,7 +363,7 @@ class NetdevSource:
 
 def make_source(options: NetdevOptions | None = None) -> Source:
     options = NetdevOptions() if options is None else options
-    return NetdevSource(options.netns, options.max_links)
+    return NetdevSource(options.netns or None, options.max_links)
 
 
 SPEC = SourceSpec(
@@ -371,6 +371,7 @@ SPEC = SourceSpec(
     default_interval=1.0,
     help="network interface state and counters over rtnetlink",
     build=lambda inputs: make_source(inputs.netdev),
+    settings=NetdevOptions,
     rates=lambda derived: derived.netdev_rates,
     metric_area="nodescope_exporters.network_metrics",
     sim_parts=None,

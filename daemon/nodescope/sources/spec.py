@@ -13,17 +13,19 @@ built and handed to each spec's ``build``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nodescope.model.collectives import SpoolSettings
 from nodescope.model.job_records import DEFAULT_MAX_REGISTRATIONS, JobsData
 from nodescope.model.link_events import LinkEventsOptions
 from nodescope.model.netdev import NetdevOptions
+from nodescope.options import options_of
 from nodescope.sources.base import Source, TopologyGeneration
 
 if TYPE_CHECKING:
@@ -115,6 +117,9 @@ class SourceSpec:
     * ``metric_area``: the exporter module that renders its records;
     * ``sim_parts``: the parts of the simulated node it reads (``None``: the simulated node
       does not run it; an empty set: what it reads changes at every move);
+    * ``settings``: the class that declares the keys of ``[sources.<name>]`` beyond the
+      common ones (a frozen dataclass whose fields carry :func:`nodescope.options.option`),
+      the one declaration of each key's help, default and check; ``None``: none;
     * ``sim_stand_in``: the simulated node builds its own instance (over the fake NVML, no
       device monitor) instead of calling ``build``;
     * ``reads``: :data:`FILES`, or what it reads instead (a library, a netlink socket);
@@ -122,7 +127,7 @@ class SourceSpec:
       moved since its last run (a device event the ``udev`` source reported), not only at
       the end of its interval.
 
-    Every field but the last three must be given: a spec missing one fails when its module
+    Every field but the last four must be given: a spec missing one fails when its module
     is imported, not when the daemon first runs the source.
     """
 
@@ -133,6 +138,7 @@ class SourceSpec:
     rates: Callable[[Derived], object | None] | None
     metric_area: str
     sim_parts: frozenset[str] | None
+    settings: type[Any] | None = None
     sim_stand_in: bool = False
     reads: str = FILES
     due_on_topology_change: bool = False
@@ -155,6 +161,12 @@ class SourceSpec:
         if self.sim_parts is not None and not self.sim_parts <= SIM_PARTS:
             unknown = ", ".join(sorted(self.sim_parts - SIM_PARTS))
             raise ValueError(f"{where}: sim_parts names no part of the simulated node: {unknown}")
+        if self.settings is not None and not (
+            dataclasses.is_dataclass(self.settings) and options_of(self.settings)
+        ):
+            raise TypeError(
+                f"{where}: settings must be a dataclass declaring its keys with option()"
+            )
         if self.sim_stand_in and self.sim_parts is None:
             raise ValueError(f"{where}: a simulated stand-in must say which parts it reads")
         if not self.reads.strip():

@@ -952,6 +952,7 @@ SPEC = SourceSpec(
         " collective skew, straggler rank and longest wait (runs only with spool_dir set)"
     ),
     build=lambda inputs: make_source(inputs.spool, inputs.jobs.get),
+    settings=SpoolSettings,
     rates=None,
     metric_area="nodescope_exporters.collective_metrics",
     # The spool's files are dropped when the timeline's events fire, at every move.
