@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.model.cgroup import Pressure, PressureLine
-from nodescope.model.pressure import PRESSURE, RESOURCES, NodePressure
+from nodescope.model.finding import Finding, Severity
+from nodescope.model.pressure import (
+    PRESSURE,
+    RESOURCES,
+    NodePressure,
+    full_stall_ratio,
+    with_node_stall,
+)
 from nodescope.model.skips import SkipTally
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.roots import Roots
@@ -190,3 +197,37 @@ def test_metrics_are_node_exporters_totals_in_seconds() -> None:
     assert values.keys() == expected.keys()  # no CPU "stalled": zero at the node level
     for name, value in expected.items():
         assert values[name] == pytest.approx(value, rel=1e-12)
+
+
+def _node(io_full_usec: int | None, memory_full_usec: int = 0) -> NodePressure:
+    def pressure(full: int | None) -> Pressure:
+        return Pressure(
+            some=PressureLine(0.0, 0.0, 0.0, 0),
+            full=None if full is None else PressureLine(0.0, 0.0, 0.0, full),
+        )
+
+    return NodePressure(
+        cpu=pressure(0), memory=pressure(memory_full_usec), io=pressure(io_full_usec)
+    )
+
+
+def test_full_stall_ratio_is_the_share_of_the_interval_stalled() -> None:
+    # 1.5 s of every task waiting on IO in 5 s between the reads: 30 %.
+    assert full_stall_ratio((_node(1_000_000), _node(2_500_000), 5.0), "io") == 0.3
+    assert full_stall_ratio((_node(0, 0), _node(0, 400_000), 2.0), "memory") == 0.2
+    assert full_stall_ratio(None, "io") is None  # one read only
+    assert full_stall_ratio((_node(None), _node(5), 1.0), "io") is None  # no full line
+    assert full_stall_ratio((_node(9), _node(5), 1.0), "io") is None  # went back: no counter
+    # Rounding of the kernel's clock never makes it more than the whole interval.
+    assert full_stall_ratio((_node(0), _node(1_000_001), 1.0), "io") == 1.0
+
+
+def test_node_stall_is_evidence_of_the_findings_of_its_kind_only() -> None:
+    storage = Finding("job_stalled_on_storage", Severity.CRITICAL, {"job": "7"}, {"gpus_idle": 8.0})
+    other = Finding("job_stalled_unknown", Severity.WARNING, {"job": "8"}, {})
+    found = with_node_stall([storage, other], storage.kind, "node_io_full_stall_ratio", 0.3)
+    assert found[0].evidence == {"gpus_idle": 8.0, "node_io_full_stall_ratio": 0.3}
+    assert found[1] is other
+    unchanged = [other]
+    assert with_node_stall(unchanged, storage.kind, "k", 0.3) is unchanged
+    assert with_node_stall([storage], storage.kind, "k", None)[0] is storage
