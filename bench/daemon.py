@@ -54,12 +54,8 @@ from nodescope.sources.base import Source
 from nodescope.sources.infiniband import InfinibandSource
 from nodescope.sources.link_events import LinkEventsSource
 from nodescope.sources.nvml import NvmlSource
-from nodescope.sources.registry import SOURCES, SourceInputs
+from nodescope.sources.registry import SOURCE_TABLE, SourceInputs, simulated_specs
 from nodescope.sources.udev import UdevSource
-
-#: The registry's sources that read the node's trees, in the simulated node's order.
-TREE_SOURCES = ("pci", "disks", "infiniband", "cgroups", "procs", "locks", "threads",
-                "mountstats", "jobs")  # fmt: skip
 
 
 class MirroredNvmlSource:
@@ -80,30 +76,32 @@ class MirroredNvmlSource:
 
 
 def node_sources(mirror: MirroredNvml, inputs: SourceInputs) -> list[Source]:
-    """The simulated node's source list at each source's production cadence, with the NVML
-    source over the mirror; ``inputs``: what they share, for their collector."""
-    tree = [SOURCES[name].make(inputs) for name in TREE_SOURCES]
-    for source in tree:
-        if isinstance(source, InfinibandSource):
-            # Its slow counters' span is timed on the node's clock, as NVML's is.
-            source.clock = mirror.wall_clock
+    """The simulated node's source list (the specs it runs, in their order) at each source's
+    production cadence, with the NVML source over the mirror, and the interface dump;
+    ``inputs``: what they share, for their collector."""
     # No device monitor: the node's devices change only in its trees, and the node steps in
     # another process, so no device event reaches this daemon. The simulated node has no
     # network namespace of its own; the sources a real node runs on rtnetlink (the interface
     # dump every second, the link monitor's thread) read this machine's, so their cost is in
     # the figures too.
-    events: list[Source] = [
-        UdevSource(monitor=None, topology=inputs.topology),
-        LinkEventsSource(netlink=True),
-    ]
-    return [
-        *tree,
-        SOURCES["netdev"].make(inputs),
-        *events,
-        SOURCES["sxid"].make(inputs),
-        MirroredNvmlSource(mirror),
-        SOURCES["nvlink_kmod"].make(inputs),
-    ]
+    stand_ins: dict[str, Source] = {
+        "nvml": MirroredNvmlSource(mirror),
+        "udev": UdevSource(monitor=None, topology=inputs.topology),
+        "link_events": LinkEventsSource(netlink=True),
+    }
+    # The bench's node drops no traces: ``traces`` has no spool to read.
+    simulated = [spec for spec in simulated_specs() if spec.name != "traces"]
+    sources: list[Source] = []
+    for spec in SOURCE_TABLE:
+        if spec.sim_stand_in:
+            sources.append(stand_ins[spec.name])
+        elif spec in simulated or spec.name == "netdev":
+            sources.append(spec.make(inputs))
+    for source in sources:
+        if isinstance(source, InfinibandSource):
+            # Its slow counters' span is timed on the node's clock, as NVML's is.
+            source.clock = mirror.wall_clock
+    return sources
 
 
 def time_calls(owner: Any, method: str, totals: dict[str, float], key: str) -> None:

@@ -84,7 +84,7 @@ class ScheduledSource:
     never one per cycle.
 
     ``watches`` is the topology generation the source declared it follows
-    (:attr:`~nodescope.sources.registry.SourceInfo.due_on_topology_change`): the source is
+    (:attr:`~nodescope.sources.spec.SourceSpec.due_on_topology_change`): the source is
     also due in any cycle in which it moved since the generation ``watched_seen`` it last ran
     at, so a device hot-removed is read when the ``udev`` source reports it, not at the end
     of the source's interval. Such a run keeps ``next_due``: the cadence goes on as planned.

@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import math
 import re
 import textwrap
 import tomllib
-import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -44,9 +42,23 @@ from nodescope.model.error_thresholds import BANDS as ERROR_BANDS
 from nodescope.model.error_thresholds import default_of
 from nodescope.model.job_records import DEFAULT_MAX_REGISTRATIONS
 from nodescope.model.link_events import LinkEventsOptions
-from nodescope.model.netdev import MAX_LINKS, NetdevOptions
+from nodescope.model.netdev import NetdevOptions
+from nodescope.options import (
+    IntList,
+    NameList,
+    OneOf,
+    Option,
+    Range,
+    about,
+    display,
+    option,
+    options_of,
+    value_text,
+)
 from nodescope.roots import ROOT_NAMES, Roots
-from nodescope.sources.registry import SOURCE_TABLE, SOURCES
+
+if typing.TYPE_CHECKING:
+    from nodescope.sources.spec import SourceSpec
 
 DEFAULT_PORT = 9839
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
@@ -74,119 +86,6 @@ MAX_NESTING = 8
 #: parts: 300,000 of them exhausted this machine's memory.
 MAX_KEY_PARTS = 8
 
-#: What an option's check says of a value: ``None`` when it is accepted, else the problem.
-Check = Callable[[Any], str | None]
-
-
-def _display(text: str, limit: int = 80) -> str:
-    """``text`` on one line and at most ``limit`` characters: keys and values come from the
-    file, and an error message stays one line however they were written."""
-    cut = text if len(text) <= limit else text[:limit] + "…"
-    return "".join(
-        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in cut
-    )
-
-
-def _number_text(number: float) -> str:
-    """A bound as an operator writes it: ``3600``, ``0.1``, ``1e13``."""
-    if abs(number) >= 1e7:
-        return f"{number:.0e}".replace("e+", "e")
-    if number == int(number):
-        return str(int(number))
-    return repr(number)
-
-
-def _value_text(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an integer of {value.bit_length()} bits"
-    return _display(repr(value))
-
-
-@dataclass(frozen=True, slots=True)
-class Range:
-    """The numbers an option accepts: finite, from ``low`` to ``high``, with ``low`` itself
-    refused when ``low_open`` (a ratio or timeout of 0 would mean nothing). The error message
-    and the configuration reference both name the bounds."""
-
-    low: float
-    high: float
-    low_open: bool = False
-    integer: bool = False
-
-    @property
-    def allowed(self) -> str:
-        low, high = _number_text(self.low), _number_text(self.high)
-        what = "an integer" if self.integer else "a finite number"
-        if self.low_open:
-            return f"{what} above {low} and at most {high}"
-        return f"{what} between {low} and {high}"
-
-    def __call__(self, value: Any) -> str | None:
-        # Compared as written: an integer too large for a float must give this message, not
-        # an OverflowError from converting it.
-        if isinstance(value, float) and not math.isfinite(value):
-            ok = False
-        else:
-            above_low = value > self.low if self.low_open else value >= self.low
-            ok = above_low and value <= self.high
-        return None if ok else f"must be {self.allowed}, not {_value_text(value)}"
-
-
-@dataclass(frozen=True, slots=True)
-class IntList:
-    """A list of integers, each within bounds, and not too long."""
-
-    low: int
-    high: int
-    max_items: int
-
-    @property
-    def allowed(self) -> str:
-        return f"at most {self.max_items} integers between {self.low} and {self.high}"
-
-    def __call__(self, value: Any) -> str | None:
-        ok = len(value) <= self.max_items and all(
-            isinstance(v, int) and not isinstance(v, bool) and self.low <= v <= self.high
-            for v in value
-        )
-        return None if ok else f"must be a list of {self.allowed}"
-
-
-@dataclass(frozen=True, slots=True)
-class NameList:
-    """A list of names (letters, digits, ``_`` and ``-``), each short, and not too many."""
-
-    max_items: int
-    max_length: int
-
-    @property
-    def allowed(self) -> str:
-        return f"at most {self.max_items} names of 1 to {self.max_length} letters, digits, _ and -"
-
-    def __call__(self, value: Any) -> str | None:
-        ok = len(value) <= self.max_items and all(
-            isinstance(v, str) and len(v) <= self.max_length and NAME_PATTERN.fullmatch(v)
-            for v in value
-        )
-        return None if ok else f"must be a list of {self.allowed}"
-
-
-@dataclass(frozen=True, slots=True)
-class OneOf:
-    """One word of a fixed list."""
-
-    words: tuple[str, ...]
-
-    @property
-    def allowed(self) -> str:
-        return "one of " + ", ".join(self.words)
-
-    def __call__(self, value: Any) -> str | None:
-        return None if value in self.words else f"must be {self.allowed}, not {_display(value)!r}"
-
-
-#: A kernel module's name, as ``required_modules`` lists them.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
 
 #: How often the loop wakes. Under 0.1 s the loop itself would be most of the daemon's cost;
 #: over 60 s the watchdog (fed from the loop) and the alerts' ``for`` durations lose meaning.
@@ -245,82 +144,13 @@ def _alertmanager_url(value: Any) -> str | None:
 KIND_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 
 
-# -- declaring an option ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Option:
-    """One key of a table as the validator and the generated documents see it, derived from
-    its field by :func:`options_of`. ``kind`` is the TOML type (``list`` for a tuple field)."""
-
-    key: str
-    kind: type
-    default: Any
-    help: str
-    check: Check | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _About:
-    """What a field's metadata adds to its annotation and default."""
-
-    help: str
-    check: Check | None
-    #: The default the documents name when the field's own default is ``None`` for "unset".
-    unset_means: Any
-
-
-_ABOUT = "nodescope.config.option"
-
-
-def about(help: str, check: Check | None = None, *, unset_means: Any = None) -> dict[str, Any]:
-    """The metadata that makes a field a key of the config file: the help the sample and the
-    reference show, and the check every value from a file must pass. ``unset_means`` is what
-    an unset key stands for where the field's default is ``None`` because the value comes
-    from elsewhere (an alert rule falls back to the kind's built-in rule)."""
-    return {_ABOUT: _About(help, check, unset_means)}
-
-
-def option(default: Any, help: str, check: Check | None = None, *, unset_means: Any = None) -> Any:
-    """A key of the config file with its default: ``field(default=..., metadata=about(...))``.
-    A key without a default of its own is declared with :func:`dataclasses.field` and
-    :func:`about`, so that mypy knows it must be given."""
-    return field(default=default, metadata=about(help, check, unset_means=unset_means))
-
-
-def _toml_kind(hint: Any) -> type:
-    """The TOML type of a field's annotation: ``float | None`` is a float that may be unset,
-    a tuple is written as an array."""
-    if isinstance(hint, types.UnionType):
-        (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
-    origin = typing.get_origin(hint) or hint
-    return list if origin is tuple else typing.cast(type, origin)
-
-
-def options_of(settings: type) -> tuple[Option, ...]:
-    """The options a settings class declares, in field order; fields without :func:`about`
-    metadata (nested tables, the typed detector sections) are not options."""
-    hints = typing.get_type_hints(settings)
-    found: list[Option] = []
-    for f in dataclasses.fields(settings):
-        described = f.metadata.get(_ABOUT)
-        if described is None:
-            continue
-        default = None if f.default is dataclasses.MISSING else f.default
-        if default is None:
-            default = described.unset_means
-        kind = _toml_kind(hints[f.name])
-        found.append(Option(f.name, kind, default, described.help, described.check))
-    return tuple(found)
-
-
 # -- the tables, each option declared once ---------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceSettings:
     """One ``[sources.<name>]`` table; the read interval's default is the source's own
-    (``SourceInfo.default_interval``)."""
+    (``SourceSpec.default_interval``)."""
 
     enabled: bool = option(True, "run this source")
     interval_seconds: float = field(
@@ -333,166 +163,9 @@ class SourceSettings:
         " until the stuck read returns",
         SECONDS_SOURCE_TIMEOUT,
     )
-    #: The keys a source has beyond the common ones (:data:`SOURCE_EXTRA_SETTINGS`), as its
-    #: settings object; None for a source without any.
+    #: The keys a source has beyond the common ones, as the object of the class its spec
+    #: declares them in (``SourceSpec.settings``); None for a source without any.
     extra: Any = None
-
-
-def _spool_dir(value: Any) -> str | None:
-    """Empty (the source does not run) or an absolute path without ``.``/``..`` parts: the
-    daemon trusts the spool directory itself, so it must be the one the operator named."""
-    if value == "":
-        return None
-    if not value.startswith("/") or any(p in (".", "..") for p in value.split("/")):
-        return "must be empty or an absolute path without . or .. components"
-    return None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TracesSourceSettings:
-    """The keys ``[sources.traces]`` has beyond the common ones (docs/collectives.md,
-    "Daemon")."""
-
-    spool_dir: str = option(
-        "",
-        "directory where jobs drop PyTorch traces, one <job id>/ directory per job (mode 1733,"
-        " owned by root); empty: the source does not run",
-        _spool_dir,
-    )
-    max_file_bytes: int = option(
-        16 << 20,
-        "a trace file larger than this is skipped (reason too_large), gzip files also once"
-        " decompressed, bytes; what decoding may build is bounded by max_objects_per_job",
-        Range(1024, 1 << 30, integer=True),
-    )
-    max_files_per_job: int = option(
-        64,
-        "files of one job analysed together (one per rank); the rest are skipped",
-        Range(1, 4096, integer=True),
-    )
-    max_jobs: int = option(
-        16, "jobs whose directories one scan looks at", Range(1, 1024, integer=True)
-    )
-    queue_size: int = option(
-        8,
-        "jobs waiting for the analysis worker; a job that finds it full is offered again on"
-        " the next run",
-        Range(1, 1024, integer=True),
-    )
-    max_objects_per_job: int = option(
-        2_000_000,
-        "objects the parser process may decode from one job's files, counted from their"
-        " bytes before decoding (JSON values and keys, pickled objects and memo references);"
-        " a file over what the job has left is refused (reason over_budget) and never read"
-        " again",
-        Range(1000, 100_000_000, integer=True),
-    )
-    max_records_per_job: int = option(
-        250_000,
-        "collective call records the parser process may keep for one job; a file past what"
-        " the job has left is refused (reason over_budget) and never read again",
-        Range(1000, 100_000_000, integer=True),
-    )
-    parser_memory_bytes: int = option(
-        160 << 20,
-        "address space of the parser process (RLIMIT_AS), bytes: its last line; with the"
-        " daemon it must fit in the unit's MemoryMax (256M)",
-        Range(64 << 20, 64 << 30, integer=True),
-    )
-    parser_cpu_seconds: int = option(
-        60,
-        "CPU time of the parser process for one job (RLIMIT_CPU); a parser that reaches it is"
-        " killed and the file it was reading never read again (reason parser_killed)",
-        Range(1, 3600, integer=True),
-    )
-    max_refused_files: int = option(
-        1024,
-        "files the record of refused files (<run>/nodescope/trace-refusals.json) holds; the"
-        " oldest are forgotten first",
-        Range(1, 100_000, integer=True),
-    )
-
-    def spool(self) -> SpoolSettings | None:
-        if not self.spool_dir:
-            return None
-        return SpoolSettings(
-            spool_dir=self.spool_dir,
-            max_file_bytes=self.max_file_bytes,
-            max_files_per_job=self.max_files_per_job,
-            max_jobs=self.max_jobs,
-            queue_size=self.queue_size,
-            max_objects_per_job=self.max_objects_per_job,
-            max_records_per_job=self.max_records_per_job,
-            parser_memory_bytes=self.parser_memory_bytes,
-            parser_cpu_seconds=self.parser_cpu_seconds,
-            max_refused_files=self.max_refused_files,
-        )
-
-
-#: An ``ip netns`` name: a file directly in ``/run/netns``.
-_NETNS_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
-
-
-def _netns(value: Any) -> str | None:
-    """Empty (the daemon's own namespace) or a name ``ip netns`` could have made: one path
-    component, never ``.`` or ``..``, so it names a file in ``/run/netns`` and nothing else."""
-    if value == "" or (_NETNS_NAME.fullmatch(value) and value not in (".", "..")):
-        return None
-    return "must be empty or a name in /run/netns (letters, digits, '_', '.', '-')"
-
-
-def _netns_option() -> Any:
-    """The ``netns`` key of both netlink sources (a field of its own in each class)."""
-    return option(
-        "",
-        "network namespace to read, by the name `ip netns` gives it (a file in /run/netns);"
-        " empty: the daemon's own. Entering another takes setns(2) with CAP_SYS_ADMIN, which the"
-        " shipped unit does not allow (CapabilityBoundingSet=, RestrictNamespaces=yes): there"
-        " the source reports down with the error",
-        _netns,
-    )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NetdevSourceSettings:
-    """The keys ``[sources.netdev]`` has beyond the common ones."""
-
-    netns: str = _netns_option()
-    max_links: int = option(
-        MAX_LINKS,
-        "interfaces one read keeps, the lowest ifindexes first (the rest are counted as skipped,"
-        " reason link_over_limit), so that containers' veths cannot grow the series without"
-        " bound",
-        Range(1, 65536, integer=True),
-    )
-
-    def options(self) -> NetdevOptions:
-        return NetdevOptions(self.netns or None, self.max_links)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LinkEventsSourceSettings:
-    """The keys ``[sources.link_events]`` has beyond the common ones."""
-
-    netns: str = _netns_option()
-    include_virtual: bool = option(
-        False,
-        "follow virtual links too (veth, bridges, tunnels), whose transitions are mostly"
-        " containers and VMs starting and stopping",
-    )
-
-    def options(self) -> LinkEventsOptions:
-        return LinkEventsOptions(self.netns or None, self.include_virtual)
-
-
-#: Sources with keys of their own, and the class that declares them.
-SOURCE_EXTRA_SETTINGS: Mapping[str, type[Any]] = MappingProxyType(
-    {
-        "netdev": NetdevSourceSettings,
-        "link_events": LinkEventsSourceSettings,
-        "traces": TracesSourceSettings,
-    }
-)
 
 
 def _extra(config: Config, name: str) -> Any:
@@ -504,19 +177,19 @@ def _extra(config: Config, name: str) -> Any:
 def netdev_options(config: Config) -> NetdevOptions:
     """How the ``netdev`` source reads (``[sources.netdev]``)."""
     extra = _extra(config, "netdev")
-    return extra.options() if isinstance(extra, NetdevSourceSettings) else NetdevOptions()
+    return extra if isinstance(extra, NetdevOptions) else NetdevOptions()
 
 
 def link_events_options(config: Config) -> LinkEventsOptions:
     """How the ``link_events`` source follows links (``[sources.link_events]``)."""
     extra = _extra(config, "link_events")
-    return extra.options() if isinstance(extra, LinkEventsSourceSettings) else LinkEventsOptions()
+    return extra if isinstance(extra, LinkEventsOptions) else LinkEventsOptions()
 
 
 def spool_settings(config: Config) -> SpoolSettings | None:
     """The ``traces`` source's settings, None when no spool directory is set."""
     extra = _extra(config, "traces")
-    return extra.spool() if isinstance(extra, TracesSourceSettings) else None
+    return extra if isinstance(extra, SpoolSettings) and extra.spool_dir else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1113,23 +786,37 @@ class RemediationSettings:
     rules: Mapping[str, RemediationRuleSettings] = field(default_factory=_no_remediation_rules)
 
 
+def _source_specs() -> Mapping[str, SourceSpec]:
+    """The sources' specs by name, in the registry's order. Imported when first read, not with
+    this module: a source module may read the configuration's types (the probe source does)."""
+    from nodescope.sources.registry import SOURCES
+
+    return SOURCES
+
+
+def _extra_options(name: str) -> tuple[Option, ...]:
+    """The keys the source named ``name`` has beyond the common ones."""
+    section = _source_specs()[name].settings
+    return () if section is None else options_of(section)
+
+
 def _source_settings(name: str, given: Mapping[str, Any]) -> SourceSettings:
     """One source's settings from the keys a file set; a source with keys of its own gets
     them as its ``extra`` object, and the ``traces`` source runs only with a spool."""
     common = {k: v for k, v in given.items() if k in SOURCE_KEYS}
     extra = None
-    section = SOURCE_EXTRA_SETTINGS.get(name)
+    section = _source_specs()[name].settings
     if section is not None:
         extra = section(**{k: v for k, v in given.items() if k not in SOURCE_KEYS})
-    if isinstance(extra, TracesSourceSettings) and not extra.spool_dir:
+    if isinstance(extra, SpoolSettings) and not extra.spool_dir:
         common["enabled"] = False
     return SourceSettings(
-        **{"interval_seconds": SOURCES[name].default_interval, **common}, extra=extra
+        **{"interval_seconds": _source_specs()[name].default_interval, **common}, extra=extra
     )
 
 
 def _default_sources() -> Mapping[str, SourceSettings]:
-    return MappingProxyType({s.name: _source_settings(s.name, {}) for s in SOURCE_TABLE})
+    return MappingProxyType({name: _source_settings(name, {}) for name in _source_specs()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -1175,10 +862,6 @@ ROOT_OPTIONS: tuple[Option, ...] = tuple(
 )
 SOURCE_OPTIONS = options_of(SourceSettings)
 SOURCE_KEYS = frozenset(o.key for o in SOURCE_OPTIONS)
-#: The keys of each source that has keys of its own.
-SOURCE_EXTRA_OPTIONS: Mapping[str, tuple[Option, ...]] = MappingProxyType(
-    {name: options_of(section) for name, section in SOURCE_EXTRA_SETTINGS.items()}
-)
 ALERT_OPTIONS = options_of(AlertsSettings)
 #: ``[alerts.rules.<kind>]``: every key optional; an unset key falls back to the built-in rule
 #: of the kind, then to the ``[alerts]`` defaults.
@@ -1227,7 +910,7 @@ def is_host(host: str) -> bool:
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` or ``[V6]:PORT`` to a (host, port) pair; HOST is an IP address or a
     host name, PORT decimal digits."""
-    shown = _display(value)
+    shown = display(value)
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
         raise ValueError(f"{shown!r} is not HOST:PORT")
@@ -1235,12 +918,12 @@ def parse_listen(value: str) -> tuple[str, int]:
         host = host[1:-1]
     # int() would also take " 80", "8_0" and other scripts' digits.
     if not re.fullmatch(r"[0-9]{1,5}", port_text):
-        raise ValueError(f"{shown!r}: port {_display(port_text)!r} is not a number")
+        raise ValueError(f"{shown!r}: port {display(port_text)!r} is not a number")
     port = int(port_text)
     if not 0 <= port <= 65535:
         raise ValueError(f"{shown!r}: port out of range")
     if not is_host(host):
-        raise ValueError(f"{shown!r}: {_display(host)!r} is neither an IP address nor a host name")
+        raise ValueError(f"{shown!r}: {display(host)!r} is neither an IP address nor a host name")
     return host, port
 
 
@@ -1269,7 +952,7 @@ def _typed(path: str, key: str, option: Option, value: Any) -> Any:
         try:
             return float(value)
         except OverflowError:
-            raise ConfigError(path, key, f"{_value_text(value)} is not a float") from None
+            raise ConfigError(path, key, f"{value_text(value)} is not a float") from None
     if option.kind is list:
         return tuple(value)
     return value
@@ -1283,7 +966,7 @@ def _section(path: str, prefix: str, table: Any, options: tuple[Option, ...]) ->
     known = {o.key: o for o in options}
     out: dict[str, Any] = {}
     for key, value in table.items():
-        dotted = f"{prefix}.{_display(key)}"
+        dotted = f"{prefix}.{display(key)}"
         option = known.get(key)
         if option is None:
             raise ConfigError(path, dotted, "unknown key")
@@ -1295,7 +978,7 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
     """Validate a parsed TOML document into a :class:`Config`."""
     for key in data:
         if key not in TABLES:
-            raise ConfigError(path, _display(key), "unknown key")
+            raise ConfigError(path, display(key), "unknown key")
     daemon = _section(path, "daemon", data.get("daemon", {}), DAEMON_OPTIONS)
     roots_table = _section(path, "roots", data.get("roots", {}), ROOT_OPTIONS)
     sources = _sources(path, data.get("sources", {}))
@@ -1321,13 +1004,13 @@ def _sources(path: str, table: Any) -> Mapping[str, SourceSettings]:
     if not isinstance(table, dict):
         raise ConfigError(path, "sources", "must be a table")
     sources: dict[str, SourceSettings] = {}
-    for info in SOURCE_TABLE:
-        options = SOURCE_OPTIONS + SOURCE_EXTRA_OPTIONS.get(info.name, ())
+    for info in _source_specs().values():
+        options = SOURCE_OPTIONS + _extra_options(info.name)
         given = _section(path, f"sources.{info.name}", table.get(info.name, {}), options)
         sources[info.name] = _source_settings(info.name, given)
     for name in table:
-        if name not in SOURCES:
-            raise ConfigError(path, f"sources.{_display(name)}", "unknown source")
+        if name not in _source_specs():
+            raise ConfigError(path, f"sources.{display(name)}", "unknown source")
     return MappingProxyType(sources)
 
 
@@ -1351,7 +1034,7 @@ def _with_rules(
     for kind, rule_table in rules_table.items():
         if len(kind) > 64 or not KIND_PATTERN.fullmatch(kind):
             raise ConfigError(
-                path, f"{name}.rules.{_display(kind)}", "not a finding kind (a-z, 0-9, _)"
+                path, f"{name}.rules.{display(kind)}", "not a finding kind (a-z, 0-9, _)"
             )
         rules[kind] = _section(path, f"{name}.rules.{kind}", rule_table, rule_options)
     return settings, rules
@@ -1382,7 +1065,7 @@ def _saturation_models(path: str, table: Any) -> dict[str, float]:
     ratio_option = Option("", float, None, "", FRACTION)
     models: dict[str, float] = {}
     for model, ratio in table.items():
-        dotted = f"detectors.saturation.models.{_display(model)}"
+        dotted = f"detectors.saturation.models.{display(model)}"
         problem = _text_problem(model)
         if problem or len(model) > 128:
             raise ConfigError(path, dotted, problem or "a model name of 128 characters at most")
@@ -1395,7 +1078,7 @@ def _detectors(path: str, table: Any) -> DetectorsSettings:
         raise ConfigError(path, "detectors", "must be a table")
     for name in table:
         if name not in DETECTOR_SECTIONS:
-            raise ConfigError(path, f"detectors.{_display(name)}", "unknown detector")
+            raise ConfigError(path, f"detectors.{display(name)}", "unknown detector")
     tables: dict[str, Mapping[str, Any]] = {}
     models = dict(_default_models())
     for name, options in DETECTOR_OPTIONS.items():
@@ -1493,7 +1176,7 @@ def load(path: str | Path) -> Config:
     except (ValueError, RecursionError) as exc:
         # TOMLDecodeError is a ValueError, and so is an integer of more than 4300 digits;
         # RecursionError only if the scan above missed a way to nest.
-        raise ConfigError(text_path, None, f"not valid TOML: {_display(str(exc), 200)}") from None
+        raise ConfigError(text_path, None, f"not valid TOML: {display(str(exc), 200)}") from None
     return from_mapping(data, text_path)
 
 
@@ -1518,7 +1201,7 @@ def _allowed(option: Option) -> str:
 
 def _source_options(name: str) -> tuple[Option, ...]:
     """:data:`SOURCE_OPTIONS` as one source has them: its own interval, and what it reads."""
-    info = SOURCES[name]
+    info = _source_specs()[name]
     return tuple(
         dataclasses.replace(o, default=info.default_interval)
         if o.key == "interval_seconds"
@@ -1526,14 +1209,14 @@ def _source_options(name: str) -> tuple[Option, ...]:
         if o.key == "enabled"
         else o
         for o in SOURCE_OPTIONS
-    ) + SOURCE_EXTRA_OPTIONS.get(name, ())
+    ) + _extra_options(name)
 
 
 def _tables() -> Iterator[tuple[str, tuple[Option, ...]]]:
     """Every table with its options, in the order both documents follow."""
     yield "daemon", DAEMON_OPTIONS
     yield "roots", ROOT_OPTIONS
-    for info in SOURCE_TABLE:
+    for info in _source_specs().values():
         yield f"sources.{info.name}", _source_options(info.name)
     yield "alerts", ALERT_OPTIONS
     yield "alerts.rules.<kind>", ALERT_RULE_OPTIONS
@@ -1652,7 +1335,7 @@ def sample_toml() -> str:
         note(table)
         if group == "sources":
             name = table.removeprefix("sources.")
-            out.extend(["", f"[{table}]", *_prose(SOURCES[name].help)])
+            out.extend(["", f"[{table}]", *_prose(_source_specs()[name].help)])
             for o in options:
                 out.extend(_sample_option(o, with_help=False))
             continue

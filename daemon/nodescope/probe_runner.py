@@ -42,18 +42,11 @@ from nodescope.model.probe import (
 )
 from nodescope.probe.sweep import check_sizes, format_sizes
 from nodescope.roots import Roots
-from nodescope.sources.base import FunctionSource, read_optional
+from nodescope.sources.probe_report import state_path
 
 log = logging.getLogger("nodescope.probe_runner")
 
 SOURCE_NAME = PROBE.name
-
-#: The report file, relative to the run root.
-STATE_FILE = Path("nodescope") / "probe-report.json"
-
-
-def state_path(roots: Roots) -> Path:
-    return roots.run / STATE_FILE
 
 
 def probe_command(
@@ -304,14 +297,3 @@ def outcome_from_answer(answer: Mapping[str, Any]) -> ProbeOutcome:
     document = raw.get("report")
     report = None if document is None else parse_report(json.dumps(document), "probe_result")
     return ProbeOutcome(status, report, reason, float(seconds))
-
-
-def read_last_report(roots: Roots) -> ProbeReport | None:
-    """The report of the last probe recorded under the run root; ``None`` before the first."""
-    path = state_path(roots)
-    text = read_optional(path)
-    return None if text is None else parse_report(text, source=str(path))
-
-
-def make_source() -> FunctionSource:
-    return FunctionSource(SOURCE_NAME, read_last_report)

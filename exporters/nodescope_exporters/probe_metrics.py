@@ -1,4 +1,4 @@
-"""Metrics of the last bandwidth probe (``nodescope.probe_runner``, source ``probe``).
+"""Metrics of the last bandwidth probe (``nodescope.sources.probe_report``, source ``probe``).
 
 The figures are those of the report (:mod:`nodescope.model.probe`): peak copy bandwidth per
 GPU and direction over the size sweep, its fraction of the link capacity, the GPU pair

@@ -33,6 +33,7 @@ AREAS: tuple[str, ...] = (
     "nodescope_exporters.self_metrics",
     "nodescope_exporters.pci_metrics",
     "nodescope_exporters.disk_metrics",
+    "nodescope_exporters.pressure_metrics",
     "nodescope_exporters.network_metrics",
     "nodescope_exporters.cgroup_metrics",
     "nodescope_exporters.job_metrics",

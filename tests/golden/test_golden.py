@@ -27,7 +27,7 @@ GOLDEN = Path(__file__).parent
 
 # Sources whose input is a file tree; netlink and NVML are not roots-based and are covered by
 # their own tests.
-TREE_SOURCES = ("pci", "disks", "infiniband", "cgroups")
+TREE_SOURCES = ("pci", "disks", "infiniband", "cgroups", "pressure")
 
 
 class SteppingClock:

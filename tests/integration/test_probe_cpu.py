@@ -26,8 +26,9 @@ from nodescope.model.probe import (
 )
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.probe.sweep import QUICK
-from nodescope.probe_runner import ProbeRunner, make_source, state_path
+from nodescope.probe_runner import ProbeRunner
 from nodescope.roots import Roots
+from nodescope.sources.probe_report import make_source, state_path
 from nodescope_exporters import probe_metrics
 from nodescope_exporters.prometheus import render
 from tests.conftest import REPO, nodescope_command

@@ -21,17 +21,15 @@ from nodescope.sources.cgroup import CgroupTree
 from nodescope.sources.link_events import LinkEventsSource
 from nodescope.sources.locks import LocksData
 from nodescope.sources.mountstats import MountstatsData
-from nodescope.sources.registry import SOURCES
+from nodescope.sources.registry import SOURCE_TABLE, SOURCES
+from nodescope.sources.spec import FILES
 from nodescope.sources.udev import UdevSource
 from tests.conftest import FIXTURES
 from tests.kernelfs.conftest import MountTree
 from tests.kernelfs.server import PAGE
 
-#: Sources that read no file tree, and what they read instead.
-NOT_FROM_FILES = {
-    "netdev": "rtnetlink",
-    "nvml": "the NVML library",
-}
+#: Sources that read no file tree, and what they read instead (their specs' ``reads``).
+NOT_FROM_FILES = {spec.name: spec.reads for spec in SOURCE_TABLE if spec.reads != FILES}
 #: How many runs each source gets: the second goes through the memos the first filled.
 RUNS = 2
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope import config
+from nodescope import options as options_module
 from nodescope.errors import ConfigError
 from tests.conftest import nodescope_command
 
@@ -299,7 +300,7 @@ def test_each_option_is_its_fields_default_type_and_check() -> None:
     for declaring, options in pairs:
         instance = declaring()
         assert [o.key for o in options] == [
-            f.name for f in dataclasses.fields(declaring) if config._ABOUT in f.metadata
+            f.name for f in dataclasses.fields(declaring) if options_module._ABOUT in f.metadata
         ]
         for option in options:
             assert getattr(instance, option.key) == option.default, (declaring, option.key)
@@ -398,8 +399,9 @@ def test_the_netlink_sources_are_built_with_their_keys() -> None:
     from nodescope.sources.link_events import LinkEventsSource
     from nodescope.sources.netlink import NetdevSource
 
-    assert config.netdev_options(config.Config()) == NetdevOptions(None, MAX_LINKS)
-    assert config.link_events_options(config.Config()) == LinkEventsOptions(None, False)
+    # Empty: the daemon's own namespace, which the sources open as None.
+    assert config.netdev_options(config.Config()) == NetdevOptions("", MAX_LINKS)
+    assert config.link_events_options(config.Config()) == LinkEventsOptions("", False)
     cfg = config.from_mapping(
         {
             "sources": {

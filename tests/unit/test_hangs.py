@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from nodescope.config import Config
+from nodescope.config import Config, from_mapping
 from nodescope.detectors import hangs
 from nodescope.detectors.registry import DETECTORS
 from nodescope.model.finding import Severity
 from nodescope.model.locks import LOCKS
 from nodescope.model.mountstats import MOUNTSTATS
 from nodescope.model.nvml import NVML
+from nodescope.model.pressure import NodePressure
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.model.threads import THREADS
 from nodescope.sources.cgroup import CgroupTree, IoDeviceStat, IoStat, Pressure, PressureLine
@@ -407,3 +408,41 @@ def test_the_bundled_rank_died_scenario_names_the_signal_from_its_kernel_log(
         r" kernel log\)",
         hangs_seen[0],
     ), hangs_seen[0]
+
+
+def test_the_nodes_io_full_stall_is_evidence_of_a_storage_stall(
+    replayed: tuple[Any, dict[float, Snapshot]],
+) -> None:
+    _, snapshots = replayed
+    snapshot = snapshots[45.0]
+
+    def node(full_usec: int) -> NodePressure:
+        line = PressureLine(0.0, 0.0, 0.0, 0)
+        return NodePressure(
+            cpu=None,
+            memory=None,
+            io=Pressure(line, dataclasses.replace(line, total_usec=full_usec)),
+        )
+
+    # Read 5 s apart: 4 s of every task on the node waiting on IO.
+    with_pressure = dataclasses.replace(
+        snapshot,
+        current={
+            **snapshot.current,
+            "pressure": SourceSample("pressure", 45.0, 0.0, node(9_000_000)),
+        },
+        previous={
+            **snapshot.previous,
+            "pressure": SourceSample("pressure", 40.0, 0.0, node(5_000_000)),
+        },
+    )
+    # A snapshot rebuilt has no memory of how long the stall held: judged at once here.
+    at_once = from_mapping({"detectors": {"hangs": {"min_stall_seconds": 0}}})
+    [finding] = hangs.detect(snapshots[44.0], with_pressure, at_once.detectors.hangs)
+    assert finding.kind == hangs.STORAGE
+    assert finding.evidence["node_io_full_stall_ratio"] == 0.8
+    [alone] = hangs.detect(snapshots[44.0], dataclasses.replace(snapshot), at_once.detectors.hangs)
+    # The same finding otherwise (how long it held aside, which the rebuilt snapshot forgot).
+    extra = {k: v for k, v in finding.evidence.items() if k not in alone.evidence}
+    assert extra == {"node_io_full_stall_ratio": 0.8}
+    assert (finding.subjects, finding.message) == (alone.subjects, alone.message)

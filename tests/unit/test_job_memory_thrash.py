@@ -24,6 +24,7 @@ from nodescope.model.cgroup import (
 from nodescope.model.finding import Finding
 from nodescope.model.job_records import JobCgroup, JobsData, JobStep
 from nodescope.model.jobs import Job, build_registry
+from nodescope.model.pressure import NodePressure
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.sources.cgroup import parse_pressure
 
@@ -260,6 +261,35 @@ def test_detect_divides_by_the_time_between_reads_and_reads_the_threshold() -> N
     assert job_detectors.detect(None, _snapshot(before, after, 60.0), JOBS) == []  # 25/s
     high = from_mapping({"detectors": {"jobs": {"memory_limit_thrash_events_per_second": 200}}})
     assert job_detectors.detect(None, _snapshot(before, after, 15.0), high.detectors.jobs) == []
+
+
+def test_the_nodes_memory_full_stall_is_evidence_of_the_thrash() -> None:
+    before = _psi(_data(_cg(JOB, 0, 0, limit=4 * GIB)), 0)
+    after = _psi(_data(_cg(JOB, 1500, 1500, limit=4 * GIB)), 30_000_000)
+    snapshot = _snapshot(before, after, 15.0)
+    # Read 5 s apart by the pressure source: 2 s of every task on the node stalled on memory.
+    line = PressureLine(0.0, 0.0, 0.0, 0)
+    node = {
+        t: NodePressure(cpu=None, memory=Pressure(line, PressureLine(0.0, 0.0, 0.0, usec)), io=None)
+        for t, usec in ((995.0, 1_000_000), (1000.0, 3_000_000))
+    }
+    snapshot = replace(
+        snapshot,
+        current={
+            **snapshot.current,
+            "pressure": SourceSample("pressure", 1000.0, 0.0, node[1000.0]),
+        },
+        previous={
+            **snapshot.previous,
+            "pressure": SourceSample("pressure", 995.0, 0.0, node[995.0]),
+        },
+    )
+    (finding,) = job_detectors.detect(None, snapshot, Config().detectors.jobs)
+    assert finding.kind == job_detectors.THRASH
+    assert finding.evidence["node_memory_full_stall_ratio"] == 0.4
+    # Without the pressure source the finding is the same, less that line.
+    (alone,) = job_detectors.detect(None, _snapshot(before, after, 15.0), Config().detectors.jobs)
+    assert {**alone.evidence, "node_memory_full_stall_ratio": 0.4} == dict(finding.evidence)
 
 
 _TOTAL = st.integers(0, 2**64)

@@ -56,19 +56,16 @@ from nodescope.probe.sweep import (
     size_sweep,
 )
 from nodescope.probe_runner import (
-    STATE_FILE,
     ProbeHook,
     ProbeRunner,
-    make_source,
     outcome_from_answer,
     parse_probe_output,
-    read_last_report,
     run_process,
-    state_path,
 )
 from nodescope.roots import Roots
 from nodescope.sim.sysfs_tree import cached_hgx_h100_tree
 from nodescope.sources.pci import read_topology
+from nodescope.sources.probe_report import STATE_FILE, make_source, read_last_report, state_path
 from nodescope.sources.registry import SOURCES
 from nodescope_exporters import probe_metrics
 from nodescope_exporters.prometheus import render

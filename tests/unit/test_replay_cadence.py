@@ -28,7 +28,7 @@ from nodescope.service import Service
 from nodescope.sim.driver import replay, replay_schedule, replay_steps
 from nodescope.sim.node import SimulatedNode, make_temp_root
 from nodescope.sim.scenario import load_scenario
-from nodescope.sources.registry import SourceInputs
+from nodescope.sources.registry import SOURCE_TABLE, SourceInputs
 
 
 def cadence(item: ScheduledSource) -> dict[str, Any]:
@@ -90,10 +90,12 @@ def test_the_replay_schedules_every_source_as_the_daemon_does(
             item.source.name: cadence(item)
             for item in replay_schedule(Config(roots=node.roots), sources, inputs)
         }
-        # The node runs every source of the daemon's but the rtnetlink dump (it has no network
-        # namespace), the probe report's, the remediation record's and the traces' (none of
-        # which it writes).
-        assert set(ours) - set(replayed) == {"netdev", "probe", "remediation"}
+        # The node runs every source of the daemon's but those whose spec says it does not
+        # (no sim_parts): the rtnetlink dump (it has no network namespace), the probe
+        # report's, the remediation record's and /proc/pressure's (none of which it writes).
+        not_simulated = {spec.name for spec in SOURCE_TABLE if spec.sim_parts is None}
+        assert not_simulated == {"netdev", "probe", "remediation", "pressure"}
+        assert set(ours) - set(replayed) == not_simulated
         assert set(replayed) <= set(ours)
         for name, replay_cadence in replayed.items():
             assert replay_cadence == ours[name], name

@@ -30,6 +30,7 @@ from nodescope.sources.cgroup import CgroupTree
 from nodescope.sources.diskstats import DisksData, parse_diskstats
 from nodescope.sources.infiniband import InfinibandData, read_infiniband
 from nodescope.sources.nvml import NvmlData, nvlink_pairs
+from nodescope.sources.registry import simulated_specs
 from tests.conftest import FIXTURES
 from tests.unit.scenario_helpers import read_in_full
 
@@ -87,8 +88,11 @@ def dgx(scratch: Path) -> Run:
 
 def test_sources_are_the_tree_sources_and_nvml(dgx: Run) -> None:
     names = [s.name for s in dgx.node.sources()]
+    # The specs that declare what they read of the simulated node, in the registry's order;
+    # ``traces`` only with a spool, which this node has not.
+    assert names == [s.name for s in simulated_specs() if s.name != "traces"]
     assert names[:5] == ["pci", "disks", "infiniband", "cgroups", "procs"]
-    assert names[-2:] == ["nvml", "nvlink_kmod"]
+    assert {"nvml", "nvlink_kmod", "udev", "link_events", "sxid"} <= set(names)
     assert set(dgx.samples[1.0]) == set(names)
 
 

@@ -32,8 +32,9 @@ from nodescope.errors import ConfigError, ParseError
 from nodescope.hooks.transport import HookUnavailable, call, socket_path
 from nodescope.model.probe import EXIT_FAILED, EXIT_NOT_MEASURED, EXIT_USAGE, report_to_json
 from nodescope.probe.sweep import SIZES_HELP, format_sizes, sizes_argument
-from nodescope.probe_runner import outcome_from_answer, state_path
+from nodescope.probe_runner import outcome_from_answer
 from nodescope.roots import ROOT_NAMES
+from nodescope.sources.probe_report import state_path
 
 
 def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:

@@ -28,6 +28,7 @@ from nodescope.model.nvml import NVML
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.topology import PCI
 from nodescope.service import config_loader
+from nodescope.sources.registry import SOURCES
 
 #: The interval between the two samples: long enough that rates mean something, short
 #: enough that the command answers (the daemon's own cycle is one second).
@@ -59,6 +60,12 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
     parser.set_defaults(func=run, listen=None)
 
 
+def _rates_of(snapshot: Snapshot, name: str) -> object | None:
+    """The rates of the source named ``name`` (``None``: it has none, or not yet)."""
+    spec = SOURCES.get(name)
+    return None if spec is None or spec.rates is None else spec.rates(snapshot.derived)
+
+
 def snapshot_document(snapshot: Snapshot) -> dict[str, Any]:
     sources: dict[str, Any] = {}
     for name, sample in snapshot.current.items():
@@ -72,7 +79,7 @@ def snapshot_document(snapshot: Snapshot) -> dict[str, Any]:
                 sample.monotonic - previous.monotonic if previous is not None else None
             ),
             "data": jsonout.plain(sample.data),
-            "derived": jsonout.plain(snapshot.derived.rates_of(name)),
+            "derived": jsonout.plain(_rates_of(snapshot, name)),
         }
     return {
         "nodescope_version": __version__,

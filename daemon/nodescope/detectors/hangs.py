@@ -71,6 +71,7 @@ from nodescope.model.jobs import DepartedRank, JobView
 from nodescope.model.locks import LOCKS, ContendedLock, LockParty, LocksData
 from nodescope.model.mountstats import MOUNTSTATS, MountstatsData, MountstatsRates, NfsMountRates
 from nodescope.model.nvml import NVML
+from nodescope.model.pressure import PRESSURE, full_stall_ratio, with_node_stall
 from nodescope.model.procs import PROCS, ProcsData
 from nodescope.model.snapshot import Snapshot
 from nodescope.model.sxid import SXID, ProcessEnd
@@ -798,12 +799,16 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, settings: HangsSetting
         None if previous is None else previous.monotonic,
         DEPARTED_KEEP_SECONDS,
     )
-    return held_long_enough(
+    found = held_long_enough(
         evaluate(snapshot, settings, departed),
         previous,
         snapshot,
         settings.min_stall_seconds,
     )
+    # A job stalled on storage while the whole node waits on IO (PSI io full): the storage,
+    # not the job, is the likely cause.
+    node_stall = full_stall_ratio(snapshot.pair(PRESSURE), "io")
+    return with_node_stall(found, STORAGE, "node_io_full_stall_ratio", node_stall)
 
 
 def held_long_enough(

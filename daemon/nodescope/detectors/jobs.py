@@ -43,6 +43,7 @@ from nodescope.model.counters import counter_delta
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.job_records import JOBS
 from nodescope.model.jobs import Job
+from nodescope.model.pressure import PRESSURE, full_stall_ratio, with_node_stall
 from nodescope.model.snapshot import Snapshot
 
 ESCAPE = "job_cgroup_escape"
@@ -477,9 +478,13 @@ def detect(previous: Snapshot | None, snapshot: Snapshot, settings: JobsSettings
     seconds = _interval(snapshot) if before is not None else None
     # Both registries stay the same objects while the jobs record and the compute processes
     # do: so do the findings.
-    return derived.reuse(
+    found = derived.reuse(
         "jobs",
         (before, current),
         (percent, thrash, stall, seconds),
         lambda: evaluate(before, current, percent, seconds, thrash, stall),
     )
+    # Reclaim at a job's limit that also stalls the whole node (PSI memory full) is the
+    # node's problem too, not only the job's.
+    node_stall = full_stall_ratio(snapshot.pair(PRESSURE), "memory")
+    return with_node_stall(found, THRASH, "node_memory_full_stall_ratio", node_stall)

@@ -11,9 +11,11 @@ that many values whatever the files hold; ranks are numbers, never labels.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from nodescope.model.skips import NOTHING_SKIPPED, Skipped
 from nodescope.model.source_key import SourceKey
+from nodescope.options import Range, option
 
 #: Every collective kind the analysis names (``nodescope.collectives.model.KIND_NAMES``'s
 #: values; a unit test holds the two equal).
@@ -32,23 +34,81 @@ KINDS = frozenset(
 )
 
 
+def _spool_dir(value: Any) -> str | None:
+    """Empty (the source does not run) or an absolute path without ``.``/``..`` parts: the
+    daemon trusts the spool directory itself, so it must be the one the operator named."""
+    if value == "":
+        return None
+    if not value.startswith("/") or any(p in (".", "..") for p in value.split("/")):
+        return "must be empty or an absolute path without . or .. components"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class SpoolSettings:
-    """What ``[sources.traces]`` configures (checked by ``nodescope.config``): the spool
-    directory and the bounds of one scan and of the analysis queue."""
+    """What ``[sources.traces]`` configures beyond the common keys, declared here once: the
+    spool directory (empty: the source does not run) and the bounds of one scan, of the
+    analysis queue and of the parser process's budget for one job (``sources/traces.py``,
+    ``Budget``; the record of refused files, ``sources/trace_refusals.py``)."""
 
-    spool_dir: str
-    max_file_bytes: int = 16 << 20
-    max_files_per_job: int = 64
-    max_jobs: int = 16
-    queue_size: int = 8
-    #: The parser process's budget for one job (``sources/traces.py``, ``Budget``).
-    max_objects_per_job: int = 2_000_000
-    max_records_per_job: int = 250_000
-    parser_memory_bytes: int = 160 << 20
-    parser_cpu_seconds: int = 60
-    #: Files the record of refused files holds (``sources/trace_refusals.py``).
-    max_refused_files: int = 1024
+    spool_dir: str = option(
+        "",
+        "directory where jobs drop PyTorch traces, one <job id>/ directory per job (mode 1733,"
+        " owned by root); empty: the source does not run",
+        _spool_dir,
+    )
+    max_file_bytes: int = option(
+        16 << 20,
+        "a trace file larger than this is skipped (reason too_large), gzip files also once"
+        " decompressed, bytes; what decoding may build is bounded by max_objects_per_job",
+        Range(1024, 1 << 30, integer=True),
+    )
+    max_files_per_job: int = option(
+        64,
+        "files of one job analysed together (one per rank); the rest are skipped",
+        Range(1, 4096, integer=True),
+    )
+    max_jobs: int = option(
+        16, "jobs whose directories one scan looks at", Range(1, 1024, integer=True)
+    )
+    queue_size: int = option(
+        8,
+        "jobs waiting for the analysis worker; a job that finds it full is offered again on"
+        " the next run",
+        Range(1, 1024, integer=True),
+    )
+    max_objects_per_job: int = option(
+        2_000_000,
+        "objects the parser process may decode from one job's files, counted from their"
+        " bytes before decoding (JSON values and keys, pickled objects and memo references);"
+        " a file over what the job has left is refused (reason over_budget) and never read"
+        " again",
+        Range(1000, 100_000_000, integer=True),
+    )
+    max_records_per_job: int = option(
+        250_000,
+        "collective call records the parser process may keep for one job; a file past what"
+        " the job has left is refused (reason over_budget) and never read again",
+        Range(1000, 100_000_000, integer=True),
+    )
+    parser_memory_bytes: int = option(
+        160 << 20,
+        "address space of the parser process (RLIMIT_AS), bytes: its last line; with the"
+        " daemon it must fit in the unit's MemoryMax (256M)",
+        Range(64 << 20, 64 << 30, integer=True),
+    )
+    parser_cpu_seconds: int = option(
+        60,
+        "CPU time of the parser process for one job (RLIMIT_CPU); a parser that reaches it is"
+        " killed and the file it was reading never read again (reason parser_killed)",
+        Range(1, 3600, integer=True),
+    )
+    max_refused_files: int = option(
+        1024,
+        "files the record of refused files (<run>/nodescope/trace-refusals.json) holds; the"
+        " oldest are forgotten first",
+        Range(1, 100_000, integer=True),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -383,12 +383,6 @@ class Derived:
     def nfs_rates(self) -> MountstatsRates | None:
         return self._rates(MOUNTSTATS, nfs_rates)
 
-    def rates_of(self, source: str) -> object | None:
-        """The rates of the source named ``source`` (``None``: it has none, or not yet), for
-        readers that list every source (the snapshot JSON)."""
-        reader = _RATES.get(source)
-        return None if reader is None else reader(self)
-
     # -- figures across sources -------------------------------------------------------------
 
     @property
@@ -492,16 +486,3 @@ def _error_reads(samples: Mapping[str, SourceSample]) -> Iterable[tuple[str, obj
         if sample is not None and record is not None:
             for kind in kinds:
                 yield kind, record, sample.monotonic
-
-
-_RATES: Mapping[str, Callable[[Derived], object | None]] = MappingProxyType(
-    {
-        NVML.name: lambda d: d.gpu_rates,
-        DISKS.name: lambda d: d.disk_rates,
-        INFINIBAND.name: lambda d: d.ib_rates,
-        NETDEV.name: lambda d: d.netdev_rates,
-        PROCS.name: lambda d: d.procs_rates,
-        NVLINK_KMOD.name: lambda d: d.nvlink_rates,
-        MOUNTSTATS.name: lambda d: d.nfs_rates,
-    }
-)

@@ -10,19 +10,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nodescope.model.netdev import netns_option
 from nodescope.model.skips import NOTHING_SKIPPED, Skipped
 from nodescope.model.source_key import SourceKey
+from nodescope.options import option
 
 
 @dataclass(frozen=True, slots=True)
 class LinkEventsOptions:
-    """How the ``link_events`` source follows links (``[sources.link_events]``): the network
-    namespace of its rtnetlink monitor, as for :class:`~nodescope.model.netdev.NetdevOptions`,
+    """How the ``link_events`` source follows links: the keys of ``[sources.link_events]``
+    beyond the common ones, declared here once. The network namespace of its rtnetlink
+    monitor, as for :class:`~nodescope.model.netdev.NetdevOptions` (empty: the daemon's own),
     and whether virtual links (veth, bridges, tunnels: what containers and VMs make and drop)
     are followed too."""
 
-    netns: str | None = None
-    include_virtual: bool = False
+    netns: str = netns_option()
+    include_virtual: bool = option(
+        False,
+        "follow virtual links too (veth, bridges, tunnels), whose transitions are mostly"
+        " containers and VMs starting and stopping",
+    )
 
 
 @dataclass(frozen=True, slots=True)

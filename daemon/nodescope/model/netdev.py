@@ -9,11 +9,14 @@ kernel sent no 64-bit block (``LinkStats.bits`` says which).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from nodescope.model.counters import counter_rate
 from nodescope.model.skips import NOTHING_SKIPPED, Skipped
 from nodescope.model.source_key import SourceKey
+from nodescope.options import Range, option
 
 #: RFC 2863 operational states by their IF_OPER_* number.
 OPERSTATES: tuple[str, ...] = (
@@ -32,14 +35,45 @@ OPERSTATES: tuple[str, ...] = (
 MAX_LINKS = 256
 
 
+#: An ``ip netns`` name: a file directly in ``/run/netns``.
+_NETNS_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
+
+
+def _netns(value: Any) -> str | None:
+    """Empty (the daemon's own namespace) or a name ``ip netns`` could have made: one path
+    component, never ``.`` or ``..``, so it names a file in ``/run/netns`` and nothing else."""
+    if value == "" or (_NETNS_NAME.fullmatch(value) and value not in (".", "..")):
+        return None
+    return "must be empty or a name in /run/netns (letters, digits, '_', '.', '-')"
+
+
+def netns_option() -> Any:
+    """The ``netns`` key of both netlink sources (a field of its own in each class)."""
+    return option(
+        "",
+        "network namespace to read, by the name `ip netns` gives it (a file in /run/netns);"
+        " empty: the daemon's own. Entering another takes setns(2) with CAP_SYS_ADMIN, which the"
+        " shipped unit does not allow (CapabilityBoundingSet=, RestrictNamespaces=yes): there"
+        " the source reports down with the error",
+        _netns,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class NetdevOptions:
-    """How the ``netdev`` source reads (``[sources.netdev]``): the network namespace, by the
-    name ``ip netns`` gives it (a file in ``/run/netns``; ``None``: the daemon's own), and the
-    most interfaces one read keeps."""
+    """How the ``netdev`` source reads: the keys of ``[sources.netdev]`` beyond the common
+    ones, declared here once. ``netns``: the network namespace, by the name ``ip netns`` gives
+    it (a file in ``/run/netns``; empty: the daemon's own); ``max_links``: the most interfaces
+    one read keeps."""
 
-    netns: str | None = None
-    max_links: int = MAX_LINKS
+    netns: str = netns_option()
+    max_links: int = option(
+        MAX_LINKS,
+        "interfaces one read keeps, the lowest ifindexes first (the rest are counted as skipped,"
+        " reason link_over_limit), so that containers' veths cannot grow the series without"
+        " bound",
+        Range(1, 65536, integer=True),
+    )
 
 
 #: ``rtnl_link_stats64`` fields every kernel sends; a link without them is malformed.

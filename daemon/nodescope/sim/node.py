@@ -92,7 +92,8 @@ from nodescope.sim.scenario import (
     Scenario,
 )
 from nodescope.sources.base import Source
-from nodescope.sources.registry import SourceInputs
+from nodescope.sources.registry import SOURCE_TABLE, SourceInputs, simulated_specs
+from nodescope.sources.spec import SIM_PARTS
 
 #: NVLink raw throughput counts protocol overhead on top of the payload.
 NVLINK_RAW_OVERHEAD = 1.0625
@@ -120,30 +121,23 @@ class Part(enum.Enum):
 #: reader writes.
 FILE_PARTS = frozenset(Part) - {Part.NVLINK_WINDOW}
 
-#: What each of the daemon's sources reads of the node. A source not named here is given
-#: every file: a new source reads fresh values before anyone has to list it. The fake NVML
-#: needs no part: every move sets its counters.
+#: What each of the daemon's sources reads of the node, as its spec declares it
+#: (``SourceSpec.sim_parts``). A source not named here is given every file.
 PARTS_READ_BY: Mapping[str, frozenset[Part]] = MappingProxyType(
     {
-        "pci": frozenset({Part.PCI_LINKS}),
-        "udev": frozenset({Part.PCI_LINKS}),
-        "disks": frozenset({Part.PROC_FILES}),
-        "locks": frozenset({Part.PROC_FILES}),
-        "mountstats": frozenset({Part.PROC_FILES}),
-        "infiniband": frozenset({Part.INFINIBAND}),
-        "link_events": frozenset({Part.INFINIBAND}),
-        "cgroups": frozenset({Part.CGROUPS}),
-        "threads": frozenset({Part.PROCESSES, Part.CGROUPS}),
-        "jobs": frozenset({Part.PROCESSES, Part.CGROUPS}),
-        "procs": frozenset({Part.PROCESSES, Part.CGROUPS, Part.PROC_FILES}),
-        "nvml": frozenset(),
-        # The kernel log is appended to when the timeline's events fire, at every move.
-        "sxid": frozenset(),
-        "nvlink_kmod": frozenset({Part.NVLINK_WINDOW}),
-        # The spool's files are dropped when the timeline's events fire, at every move.
-        "traces": frozenset(),
+        spec.name: frozenset(Part(part) for part in spec.sim_parts)
+        for spec in SOURCE_TABLE
+        if spec.sim_parts is not None
     }
 )
+if {part.value for part in Part} != SIM_PARTS:
+    raise RuntimeError("the simulated node's parts differ from nodescope.sources.spec.SIM_PARTS")
+
+#: The sources the simulated node builds itself (:meth:`SimulatedNode.sources`), over its fake
+#: NVML and without device or netlink monitors: those whose spec says ``sim_stand_in``.
+STAND_INS = frozenset({"nvml", "udev", "link_events"})
+if {spec.name for spec in SOURCE_TABLE if spec.sim_stand_in} != STAND_INS:
+    raise RuntimeError("the simulated node's stand-ins differ from the specs' sim_stand_in")
 
 
 def _own(path: Path, uid: int) -> None:
@@ -328,35 +322,28 @@ class SimulatedNode:
         from nodescope.sources.infiniband import InfinibandSource
         from nodescope.sources.link_events import LinkEventsSource
         from nodescope.sources.nvml import NvmlSource
-        from nodescope.sources.registry import SOURCES
         from nodescope.sources.udev import UdevSource
 
         inputs = SourceInputs() if inputs is None else inputs
-        tree = [
-            SOURCES[name].make(inputs)
-            for name in (
-                "pci", "disks", "infiniband", "cgroups", "procs", "locks", "threads", "mountstats",
-                "jobs",
-            )
-        ]  # fmt: skip
         nvml = NvmlSource(self.nvml, event_wait_ms=50, wall_clock=self.wall_clock)
         # No device or netlink monitor: the node's devices change only in its trees.
         udev = UdevSource(monitor=None, topology=inputs.topology)
         # The node's device events reach it as the monitor thread's would.
         self._uevent_sinks.append(udev.receive)
-        events: list[Source] = [udev, LinkEventsSource(netlink=False)]
-        sources: list[Source] = [
-            *tree,
-            *events,
-            SOURCES["sxid"].make(inputs),
-            nvml,
-            SOURCES["nvlink_kmod"].make(inputs),
-        ]
-        if inputs.spool is not None:
-            # Configured with a spool (the node's, when its timeline drops traces); after
-            # ``jobs``, whose record of the cycle it reads, as in the registry.
-            sources.append(SOURCES["traces"].make(inputs))
-        for source in tree:
+        stand_ins: dict[str, Source] = {
+            "nvml": nvml,
+            "udev": udev,
+            "link_events": LinkEventsSource(netlink=False),
+        }
+        sources: list[Source] = []
+        for spec in simulated_specs():
+            if spec.sim_stand_in:
+                sources.append(stand_ins[spec.name])
+            elif spec.name != "traces" or inputs.spool is not None:
+                # ``traces`` runs configured with a spool (the node's, when its timeline
+                # drops traces), as the daemon leaves it off without one.
+                sources.append(spec.make(inputs))
+        for source in sources:
             if isinstance(source, InfinibandSource):
                 # Its slow counters' span is timed on the node's clock, as NVML's is: replay
                 # and the soak run simulated time faster than real time.

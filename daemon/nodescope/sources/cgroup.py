@@ -66,6 +66,7 @@ from nodescope.model.cgroup import (
 from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_text
+from nodescope.sources.spec import SourceSpec
 
 SOURCE_NAME = CGROUPS.name
 
@@ -1041,6 +1042,17 @@ def make_source(
     if max_cgroups < 1:
         raise ValueError(f"max_cgroups must be >= 1, not {max_cgroups}")
     return CgroupSource(max_depth, max_cgroups, keep_pids, walk)
+
+
+SPEC = SourceSpec(
+    name="cgroups",
+    default_interval=15.0,
+    help="cgroup v2 tree: memory, PSI, io.stat, cpu.stat, pids",
+    build=lambda inputs: make_source(walk=inputs.cgroup_walk),
+    rates=None,
+    metric_area="nodescope_exporters.cgroup_metrics",
+    sim_parts=frozenset({"cgroups"}),
+)
 
 
 __all__ = [

@@ -55,6 +55,7 @@ from nodescope.model.disks import (
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_strip, read_text
+from nodescope.sources.spec import SourceSpec
 
 SOURCE_NAME = DISKS.name
 
@@ -307,6 +308,17 @@ class DisksSource:
 
 def make_source() -> DisksSource:
     return DisksSource()
+
+
+SPEC = SourceSpec(
+    name="disks",
+    default_interval=1.0,
+    help="/proc/diskstats (iostat -dxm figures) and NVMe namespace to PCI mapping from /sys/block",
+    build=lambda inputs: make_source(),
+    rates=lambda derived: derived.disk_rates,
+    metric_area="nodescope_exporters.disk_metrics",
+    sim_parts=frozenset({"proc_files"}),
+)
 
 
 __all__ = [

@@ -83,6 +83,7 @@ from nodescope.model.skips import SkipTally
 from nodescope.model.slow import SlowReads
 from nodescope.roots import Roots
 from nodescope.sources.base import Source
+from nodescope.sources.spec import SourceSpec
 
 NAME = INFINIBAND.name
 
@@ -613,6 +614,17 @@ def _refresh_port(port_dir: str, port: IbPort, tally: SkipTally) -> IbPort:
 
 def make_source() -> Source:
     return InfinibandSource()
+
+
+SPEC = SourceSpec(
+    name="infiniband",
+    default_interval=1.0,
+    help="InfiniBand/RoCE ports and counters from /sys/class/infiniband",
+    build=lambda inputs: make_source(),
+    rates=lambda derived: derived.ib_rates,
+    metric_area="nodescope_exporters.network_metrics",
+    sim_parts=frozenset({"infiniband"}),
+)
 
 
 __all__ = [

@@ -100,6 +100,7 @@ from nodescope.sources.job_cgroups import (
     job_dir_id,
     jobs_in_tree,
 )
+from nodescope.sources.spec import SourceSpec
 
 NAME = JOBS.name
 
@@ -1066,6 +1067,24 @@ def make_source(
     ``publish``: called with every record it returns; ``max_registrations``: registrations
     read at most (``[slurm] max_registrations``)."""
     return JobsSource(walk=walk, publish=publish, max_registrations=max_registrations)
+
+
+SPEC = SourceSpec(
+    name="jobs",
+    default_interval=15.0,
+    help=(
+        "Slurm jobs: job cgroups (v2, SLUID, v1), their processes, threads and figures;"
+        " prolog registrations"
+    ),
+    build=lambda inputs: make_source(
+        walk=inputs.cgroup_walk,
+        publish=inputs.jobs.publish,
+        max_registrations=inputs.max_registrations,
+    ),
+    rates=None,
+    metric_area="nodescope_exporters.job_metrics",
+    sim_parts=frozenset({"processes", "cgroups"}),
+)
 
 
 __all__ = [

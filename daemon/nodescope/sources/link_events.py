@@ -57,6 +57,7 @@ from nodescope.sources.netlink import (
     open_link_socket,
     parse_link,
 )
+from nodescope.sources.spec import SourceSpec
 
 NAME = LINK_EVENTS.name
 WINDOW_SECONDS = 300.0
@@ -448,7 +449,21 @@ class LinkEventsSource:
 
 def make_source(options: LinkEventsOptions | None = None) -> LinkEventsSource:
     options = LinkEventsOptions() if options is None else options
-    return LinkEventsSource(netns=options.netns, include_virtual=options.include_virtual)
+    return LinkEventsSource(netns=options.netns or None, include_virtual=options.include_virtual)
+
+
+SPEC = SourceSpec(
+    name="link_events",
+    default_interval=1.0,
+    help="link up/down transitions from an rtnetlink monitor thread and IB port states; flaps",
+    build=lambda inputs: make_source(inputs.link_events),
+    settings=LinkEventsOptions,
+    rates=None,
+    metric_area="nodescope_exporters.event_metrics",
+    sim_parts=frozenset({"infiniband"}),
+    # The simulated node has no network namespace: its stand-in reads only the IB ports.
+    sim_stand_in=True,
+)
 
 
 __all__ = [

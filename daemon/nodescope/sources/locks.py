@@ -63,6 +63,7 @@ from nodescope.model.skips import Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional
 from nodescope.sources.cgroup import CycleWalk, read_proc_cgroup
+from nodescope.sources.spec import SourceSpec
 from nodescope.sources.threads import job_pids
 
 NAME = LOCKS.name
@@ -798,6 +799,17 @@ class LocksSource:
 
 def make_source(walk: CycleWalk | None = None) -> LocksSource:
     return LocksSource(walk)
+
+
+SPEC = SourceSpec(
+    name="locks",
+    default_interval=10.0,
+    help="/proc/locks; contended locks resolved to mount, path, holder and waiters",
+    build=lambda inputs: make_source(inputs.cgroup_walk),
+    rates=None,
+    metric_area="nodescope_exporters.event_metrics",
+    sim_parts=frozenset({"proc_files"}),
+)
 
 
 __all__ = [

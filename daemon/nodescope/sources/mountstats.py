@@ -41,6 +41,7 @@ from nodescope.model.mountstats import (
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_text
+from nodescope.sources.spec import SourceSpec
 
 NAME = MOUNTSTATS.name
 
@@ -191,6 +192,17 @@ class MountstatsSource:
 
 def make_source() -> MountstatsSource:
     return MountstatsSource()
+
+
+SPEC = SourceSpec(
+    name="mountstats",
+    default_interval=10.0,
+    help="NFS per-op RPC statistics (ops, retransmissions, RTT, execute time) per mount",
+    build=lambda inputs: make_source(),
+    rates=lambda derived: derived.nfs_rates,
+    metric_area="nodescope_exporters.event_metrics",
+    sim_parts=frozenset({"proc_files"}),
+)
 
 
 __all__ = [

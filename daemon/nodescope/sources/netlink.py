@@ -49,6 +49,7 @@ from nodescope.roots import Roots
 from nodescope.sources import rtnetlink as rtnl
 from nodescope.sources.base import Source
 from nodescope.sources.infiniband import pci_address_from_path
+from nodescope.sources.spec import SourceSpec
 
 NAME = NETDEV.name
 IFF_UP = 0x1
@@ -362,7 +363,20 @@ class NetdevSource:
 
 def make_source(options: NetdevOptions | None = None) -> Source:
     options = NetdevOptions() if options is None else options
-    return NetdevSource(options.netns, options.max_links)
+    return NetdevSource(options.netns or None, options.max_links)
+
+
+SPEC = SourceSpec(
+    name="netdev",
+    default_interval=1.0,
+    help="network interface state and counters over rtnetlink",
+    build=lambda inputs: make_source(inputs.netdev),
+    settings=NetdevOptions,
+    rates=lambda derived: derived.netdev_rates,
+    metric_area="nodescope_exporters.network_metrics",
+    sim_parts=None,
+    reads="rtnetlink",
+)
 
 
 __all__ = [

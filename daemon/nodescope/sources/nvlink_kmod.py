@@ -42,6 +42,7 @@ from nodescope.model.nvlink_kmod import (
 )
 from nodescope.roots import Roots
 from nodescope.sources.base import Source
+from nodescope.sources.spec import SourceSpec
 
 NAME = NVLINK_KMOD.name
 DEVICE_NAME = "nvlink_stats"
@@ -107,6 +108,20 @@ class NvlinkKmodSource:
 
 def make_source() -> Source:
     return NvlinkKmodSource()
+
+
+SPEC = SourceSpec(
+    name="nvlink_kmod",
+    default_interval=1.0,
+    help=(
+        "NVLink counters, per-link maxima and per-device burst histograms from the"
+        " nvlink_counter module"
+    ),
+    build=lambda inputs: make_source(),
+    rates=lambda derived: derived.nvlink_rates,
+    metric_area="nodescope_exporters.nvlink_metrics",
+    sim_parts=frozenset({"nvlink_window"}),
+)
 
 
 __all__ = [

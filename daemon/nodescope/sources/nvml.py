@@ -182,6 +182,7 @@ from nodescope.sources.nvml_xids import (
     XidReader,
     parse_kmsg_xid,
 )
+from nodescope.sources.spec import SourceSpec
 
 NAME = NVML.name
 
@@ -446,6 +447,20 @@ class NvmlSource:
 
 def make_source() -> NvmlSource:
     return NvmlSource(pynvml)
+
+
+SPEC = SourceSpec(
+    name="nvml",
+    default_interval=1.0,
+    help="GPUs through NVML: PCIe and NVLink counters, link state, Xids, processes, utilisation",
+    build=lambda inputs: make_source(),
+    rates=lambda derived: derived.gpu_rates,
+    metric_area="nodescope_exporters.gpu_metrics",
+    sim_parts=frozenset(),
+    # The simulated node's runs over its fake NVML, whose every move sets the counters.
+    sim_stand_in=True,
+    reads="the NVML library",
+)
 
 
 __all__ = [

@@ -61,6 +61,7 @@ from nodescope.model.topology import (
 )
 from nodescope.roots import Roots
 from nodescope.sources.base import TopologyGeneration
+from nodescope.sources.spec import SourceSpec
 
 SOURCE_NAME = "pci"
 
@@ -844,6 +845,19 @@ class PciSource:
 def make_source(topology: TopologyGeneration | None = None) -> PciSource:
     """The source; ``topology``: the generation the ``udev`` source advances."""
     return PciSource(topology)
+
+
+SPEC = SourceSpec(
+    name="pci",
+    default_interval=30.0,
+    help="PCIe tree, link speed/width, NUMA placement and AER counters from /sys/bus/pci",
+    build=lambda inputs: make_source(topology=inputs.topology),
+    rates=None,
+    metric_area="nodescope_exporters.pci_metrics",
+    sim_parts=frozenset({"pci_links"}),
+    # A function hot-removed is judged while what used it is still in the reads.
+    due_on_topology_change=True,
+)
 
 
 __all__ = [

@@ -52,6 +52,7 @@ from nodescope.sources.job_cgroups import (
     jobs_in_tree,
     parse_pids,
 )
+from nodescope.sources.spec import SourceSpec
 
 NAME = PROCS.name
 
@@ -239,6 +240,17 @@ class ProcsSource:
 def make_source(walk: CycleWalk | None = None) -> ProcsSource:
     """The source; ``walk``: the cgroup walk it shares with the other cgroup sources."""
     return ProcsSource(walk=walk)
+
+
+SPEC = SourceSpec(
+    name="procs",
+    default_interval=15.0,
+    help="Slurm job processes (cgroup.procs) with NCCL_IB_HCA from their environ; TCP counters",
+    build=lambda inputs: make_source(walk=inputs.cgroup_walk),
+    rates=lambda derived: derived.procs_rates,
+    metric_area="nodescope_exporters.job_metrics",
+    sim_parts=frozenset({"processes", "cgroups", "proc_files"}),
+)
 
 
 __all__ = [

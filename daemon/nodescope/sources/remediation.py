@@ -21,6 +21,7 @@ from nodescope.model.remediation import (
 )
 from nodescope.remediation.state import Record, read_record, state_path
 from nodescope.roots import Roots
+from nodescope.sources.spec import SourceSpec
 
 NAME = REMEDIATION.name
 #: Actions kept for the alerts document: the latest of the record.
@@ -81,3 +82,14 @@ class RemediationSource:
 
 def make_source() -> RemediationSource:
     return RemediationSource()
+
+
+SPEC = SourceSpec(
+    name="remediation",
+    default_interval=5.0,
+    help="drains, resumes and held drains nodescope recorded (<run>/nodescope/remediation.json)",
+    build=lambda inputs: make_source(),
+    rates=None,
+    metric_area="nodescope_exporters.remediation_metrics",
+    sim_parts=None,
+)

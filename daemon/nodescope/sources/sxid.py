@@ -55,6 +55,7 @@ from nodescope.sources.kernel_log import (
 )
 from nodescope.sources.nvml import KmsgReader
 from nodescope.sources.process_ends import parse_kmsg_process_ends
+from nodescope.sources.spec import SourceSpec
 
 NAME = SXID.name
 
@@ -384,6 +385,18 @@ class SxidSource:
 
 def make_source() -> SxidSource:
     return SxidSource()
+
+
+SPEC = SourceSpec(
+    name="sxid",
+    default_interval=5.0,
+    help="NVSwitch SXids (nvidia-nvswitch errors) counted from the kernel log, /dev/kmsg",
+    build=lambda inputs: make_source(),
+    rates=None,
+    metric_area="nodescope_exporters.event_metrics",
+    # The kernel log is appended to when the timeline's events fire, at every move.
+    sim_parts=frozenset(),
+)
 
 
 __all__ = [

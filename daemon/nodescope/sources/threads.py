@@ -41,6 +41,7 @@ from nodescope.roots import Roots
 from nodescope.sources.base import read_text
 from nodescope.sources.cgroup import CgroupTree, CycleWalk, find_v2_root
 from nodescope.sources.job_cgroups import find_job_dirs, job_members, parse_pids
+from nodescope.sources.spec import SourceSpec
 
 NAME = THREADS.name
 
@@ -395,6 +396,17 @@ class ThreadsSource:
 def make_source(walk: CycleWalk | None = None) -> ThreadsSource:
     """The source; ``walk``: the cgroup walk it shares with the other cgroup sources."""
     return ThreadsSource(walk=walk)
+
+
+SPEC = SourceSpec(
+    name="threads",
+    default_interval=10.0,
+    help="job threads (task/*/stat) every run, all threads every 10th; wchan of D threads",
+    build=lambda inputs: make_source(inputs.cgroup_walk),
+    rates=None,
+    metric_area="nodescope_exporters.event_metrics",
+    sim_parts=frozenset({"processes", "cgroups"}),
+)
 
 
 __all__ = [

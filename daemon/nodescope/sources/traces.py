@@ -71,6 +71,7 @@ from nodescope.model.jobs import build_registry
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources import trace_refusals
+from nodescope.sources.spec import SourceSpec
 
 log = logging.getLogger("nodescope.sources.traces")
 
@@ -941,6 +942,22 @@ def make_source(
     spool (the configuration leaves the source off then) it reads nothing and reports no
     jobs."""
     return TracesSource(settings or SpoolSettings(""), jobs)
+
+
+SPEC = SourceSpec(
+    name="traces",
+    default_interval=15.0,
+    help=(
+        "PyTorch traces jobs drop in <spool_dir>/<job id>/, analysed off the cycle: per-job"
+        " collective skew, straggler rank and longest wait (runs only with spool_dir set)"
+    ),
+    build=lambda inputs: make_source(inputs.spool, inputs.jobs.get),
+    settings=SpoolSettings,
+    rates=None,
+    metric_area="nodescope_exporters.collective_metrics",
+    # The spool's files are dropped when the timeline's events fire, at every move.
+    sim_parts=frozenset(),
+)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from nodescope.model.udev import (
 )
 from nodescope.roots import Roots
 from nodescope.sources.base import TopologyGeneration
+from nodescope.sources.spec import SourceSpec
 
 NAME = UDEV.name
 SUBSYSTEMS = ("pci", "block", "net")
@@ -392,6 +393,19 @@ def make_source(topology: TopologyGeneration | None = None) -> UdevSource:
     """The source with a kernel monitor; ``topology``: the generation shared with the ``pci``
     source."""
     return UdevSource(topology=topology)
+
+
+SPEC = SourceSpec(
+    name="udev",
+    default_interval=1.0,
+    help="PCI/block/net device events (pyudev monitor thread) and removed GPUs; refreshes topology",
+    build=lambda inputs: make_source(topology=inputs.topology),
+    rates=None,
+    metric_area="nodescope_exporters.event_metrics",
+    sim_parts=frozenset({"pci_links"}),
+    # The simulated node's has no monitor: its device events reach it as the thread's would.
+    sim_stand_in=True,
+)
 
 
 __all__ = [
