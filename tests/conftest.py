@@ -1,12 +1,16 @@
-"""Shared fixtures: paths of the fixture trees and a helper to run the CLI."""
+"""Shared fixtures: paths of the fixture trees, a helper to run the CLI, loopback ports that
+parallel test workers do not share, and how those workers split the suite."""
 
 from __future__ import annotations
 
 import os
+import random
+import socket
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -59,3 +63,130 @@ def remove_cgroup_tree(base: Path) -> None:
                 break
             except OSError:
                 time.sleep(0.02)  # "populated" drops just after the last task leaves
+
+
+# --------------------------------------------------------------------------------------------
+# Hypothesis under parallel workers
+#
+# Several workers share the cores: an example or its data can take ten times as long as on
+# an idle machine. What a property test proves does not depend on how long one example took,
+# so no per-example deadline and no health check on slow data generation; the examples run,
+# and the properties checked, are the same.
+settings.register_profile("nodescope", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: The fast lane's (scripts/test.sh --fast): fewer examples for the properties that leave the
+#: number to the profile.
+settings.register_profile("fast", settings.get_profile("nodescope"), max_examples=20)
+settings.load_profile("nodescope")
+
+
+# --------------------------------------------------------------------------------------------
+# Loopback ports
+#
+# A port found free by binding port 0 and handed to a server started later is free only until
+# someone else takes it, and port 0 draws from the kernel's ephemeral range, which every other
+# port-0 bind and every outgoing connection of every test worker draws from too. The ports
+# handed out here come from below that range instead, a block of its own for each pytest-xdist
+# worker: two workers never hand out the same port, and the kernel never hands out one of them.
+
+#: The ports below Linux's default ephemeral range (32768-60999) that tests hand out.
+PORTS_FIRST = 20000
+PORTS_END = 32768
+#: Ports in one worker's block: 25 workers fit.
+PORTS_PER_WORKER = 500
+
+
+def _worker_index() -> int:
+    """This test worker's number (``gw3`` is 3); 0 in a run without workers."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    digits = name.removeprefix("gw")
+    return int(digits) if digits.isdigit() else 0
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return PORTS_END
+
+
+class _PortBlock:
+    """Walks this process's block of ports from a random place in it (two test runs on one
+    machine, each with a worker gw0, seldom walk the same ports at once) and hands out each
+    port that nothing holds now, never the same one twice in a row of the block's length."""
+
+    def __init__(self) -> None:
+        self.owner_pid = 0
+        self.first = PORTS_FIRST
+        self.span = PORTS_PER_WORKER
+        self.next = 0
+
+    def reset(self) -> None:
+        # Recomputed in every process: a forked child must not walk its parent's ports.
+        end = min(PORTS_END, _ephemeral_low())
+        blocks = max(1, (end - PORTS_FIRST) // PORTS_PER_WORKER)
+        self.first = PORTS_FIRST + (_worker_index() % blocks) * PORTS_PER_WORKER
+        self.span = PORTS_PER_WORKER if end - PORTS_FIRST >= PORTS_PER_WORKER else 1
+        self.next = random.randrange(self.span)
+        self.owner_pid = os.getpid()
+
+    def take(self) -> int:
+        if self.owner_pid != os.getpid():
+            self.reset()
+        for _ in range(self.span):
+            port = self.first + self.next
+            self.next = (self.next + 1) % self.span
+            if _bindable(port):
+                return port
+        raise RuntimeError(f"no free port in {self.first}-{self.first + self.span - 1}")
+
+
+def _bindable(port: int) -> bool:
+    """Whether a listener could bind ``port`` on 127.0.0.1 now (nothing listens there, nothing
+    holds it in TIME_WAIT against a listener)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+_PORTS = _PortBlock()
+
+
+def free_port() -> int:
+    """A loopback port free now that no other test worker is handed (see above)."""
+    return _PORTS.take()
+
+
+def free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports, all free now, from this worker's
+    block (a fleet of demo nodes listens on consecutive ports)."""
+    for _ in range(PORTS_PER_WORKER):
+        first = free_port()
+        last = first + count - 1
+        in_block = last < _PORTS.first + _PORTS.span
+        if in_block and all(_bindable(port) for port in range(first + 1, last + 1)):
+            _PORTS.next = (last + 1 - _PORTS.first) % _PORTS.span  # the walk goes on past them
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+# --------------------------------------------------------------------------------------------
+# Parallel workers (pytest-xdist, ``--dist loadgroup``; scripts/test.sh)
+#
+# The tests of one file run in one worker, in order: many files share an expensive module
+# fixture (a replay of every scenario, a Slurm cluster, a fleet) that a worker would otherwise
+# build again for each test it got. A test marked ``xdist_group(NAME)`` runs in the worker of
+# every test of that NAME instead: the Slurm tests of all files share one group (their
+# clusters are named after this host and own its cgroup directories ``slurm_<host>``, so two
+# at once would take each other's jobs), and a file whose tests are independent and slow gives
+# each test a group of its own so that the workers share them.
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # tryfirst: pytest-xdist reads the groups in its own hook of this name.
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

@@ -10,14 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.conftest import free_port as free_port  # the tests start daemons on it
 from tests.conftest import nodescope_command
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Daemon:

@@ -24,6 +24,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
+from tests.conftest import free_port
+
+#: Every test that starts a cluster, in whichever file, runs in one pytest-xdist worker, one
+#: cluster at a time: the node is named after this host (slurmd finds its node by host name),
+#: and its jobs' cgroups are Slurm's ``slurm_<host>`` directories, which a second cluster would
+#: share and its stop() would remove.
+ONE_CLUSTER_AT_A_TIME = pytest.mark.xdist_group("slurm-cluster")
+
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "srun")
 SBIN = (Path("/usr/sbin"), Path("/usr/bin"))
 
@@ -51,13 +61,6 @@ def skip_reason() -> str | None:
         if not (Path("/sys/fs/cgroup") / controller / "cgroup.procs").exists():
             return f"no cgroup v1 {controller} hierarchy for Slurm's cgroup/v1"
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _read_pid(path: Path, timeout: float) -> int:

@@ -35,9 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, nodescope_command
 from tests.integration.daemon_harness import Daemon
-from tests.integration.slurm_harness import SlurmCluster, skip_reason
+from tests.integration.slurm_harness import ONE_CLUSTER_AT_A_TIME, SlurmCluster, skip_reason
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ONE_CLUSTER_AT_A_TIME]
 
 
 @dataclass

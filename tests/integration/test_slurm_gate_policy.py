@@ -50,9 +50,14 @@ from nodescope.sim.sysfs_tree import aer_text, load_capture, materialise
 from tests.conftest import REPO, nodescope_command
 from tests.hook_peers import hook_env, run_hook
 from tests.integration.daemon_harness import Daemon
-from tests.integration.slurm_harness import SlurmCluster, find_binary, skip_reason
+from tests.integration.slurm_harness import (
+    ONE_CLUSTER_AT_A_TIME,
+    SlurmCluster,
+    find_binary,
+    skip_reason,
+)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, ONE_CLUSTER_AT_A_TIME]
 
 T = TypeVar("T")
 CAPTURE = REPO / "tests" / "fixtures" / "captures" / "hgx-h100" / "lspci-vvv.hgx-h100"
