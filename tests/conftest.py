@@ -73,9 +73,6 @@ def remove_cgroup_tree(base: Path) -> None:
 # so no per-example deadline and no health check on slow data generation; the examples run,
 # and the properties checked, are the same.
 settings.register_profile("nodescope", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-#: The fast lane's (scripts/test.sh --fast): fewer examples for the properties that leave the
-#: number to the profile.
-settings.register_profile("fast", settings.get_profile("nodescope"), max_examples=20)
 settings.load_profile("nodescope")
 
 
@@ -184,9 +181,56 @@ def free_port_run(count: int) -> int:
 # each test a group of its own so that the workers share them.
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--alone-tests",
+        choices=("run", "later", "only"),
+        default="run",
+        help="the tests marked alone (a wall-clock bound): run them with the rest (run), "
+        "leave them for a run of their own (later) or run only them (only); scripts/test.sh "
+        "runs the parallel workers with later, then one process with only",
+    )
+    parser.addoption(
+        "--max-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run at most N examples of every hypothesis property, its own settings included "
+        "(the fast lane's: scripts/test.sh --fast)",
+    )
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # tryfirst: pytest-xdist reads the groups in its own hook of this name.
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    _select_alone(config, items)
+    cap = config.getoption("max_examples")
+    if cap is not None:
+        for item in items:
+            _cap_examples(item, cap)
+
+
+def _select_alone(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A bound on wall-clock time holds on a machine that runs the test alone, not beside
+    several workers sharing its cores: those tests run in a phase of their own."""
+    choice = config.getoption("alone_tests")
+    if choice == "run":
+        return
+    keep_alone = choice == "only"
+    kept = [item for item in items if (item.get_closest_marker("alone") is not None) == keep_alone]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
+
+def _cap_examples(item: pytest.Item, cap: int) -> None:
+    """At most ``cap`` examples for ``item`` if it is a hypothesis property. Most properties
+    name their number of examples in their own ``@settings``, which a profile cannot lower:
+    the settings hypothesis runs the test with are those it keeps on the test function."""
+    function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+    own = getattr(function, "_hypothesis_internal_use_settings", None)
+    if isinstance(own, settings) and own.max_examples > cap:
+        function._hypothesis_internal_use_settings = settings(own, max_examples=cap)  # type: ignore[union-attr]

@@ -13,6 +13,11 @@ from pathlib import Path
 from tests.conftest import free_port as free_port  # the tests start daemons on it
 from tests.conftest import nodescope_command
 
+#: How long a test may wait for a daemon it started to say READY=1 (or RELOADING=1): beside
+#: several test workers sharing two cores, the interpreter's imports alone take seconds. The
+#: tests that bound the time to READY run alone (tests/integration/test_daemon.py).
+READY_S = 60.0
+
 
 class Daemon:
     def __init__(self, workdir: Path, args: list[str], env: dict[str, str] | None = None) -> None:

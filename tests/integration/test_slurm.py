@@ -34,7 +34,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, nodescope_command
-from tests.integration.daemon_harness import Daemon
+from tests.integration.daemon_harness import READY_S, Daemon
 from tests.integration.slurm_harness import ONE_CLUSTER_AT_A_TIME, SlurmCluster, skip_reason
 
 pytestmark = [pytest.mark.integration, ONE_CLUSTER_AT_A_TIME]
@@ -106,7 +106,7 @@ def setup() -> Iterator[Setup]:
     write_config(config, run, cluster.dev, reports, expected_gpus=2)
     s = Setup(work, cluster, Daemon(work, ["--config", str(config)]), config, reports, run)
     try:
-        s.daemon.wait_message("READY=1", timeout=15)
+        s.daemon.wait_message("READY=1", timeout=READY_S)
         deadline = time.monotonic() + 10
         while not (run / "nodescope" / "nodescope.sock").exists():
             assert time.monotonic() < deadline, s.daemon.stderr()

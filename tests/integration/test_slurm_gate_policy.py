@@ -49,7 +49,7 @@ from nodescope.hooks.transport import HookServer, HookUnavailable, call
 from nodescope.sim.sysfs_tree import aer_text, load_capture, materialise
 from tests.conftest import REPO, nodescope_command
 from tests.hook_peers import hook_env, run_hook
-from tests.integration.daemon_harness import Daemon
+from tests.integration.daemon_harness import READY_S, Daemon
 from tests.integration.slurm_harness import (
     ONE_CLUSTER_AT_A_TIME,
     SlurmCluster,
@@ -200,7 +200,7 @@ def setup() -> Iterator[Setup]:
     # The daemon reaches this Slurm as slurmd's hooks do: through SLURM_CONF.
     s.daemon = Daemon(work, ["--config", str(config)], env={"SLURM_CONF": str(cluster.slurm_conf)})
     try:
-        s.daemon.wait_message("READY=1", timeout=20)
+        s.daemon.wait_message("READY=1", timeout=READY_S)
         _wait((run / "nodescope" / "nodescope.sock").exists, 10, "the hook socket")
         cluster.start()
         yield s
