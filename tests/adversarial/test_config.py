@@ -155,6 +155,7 @@ def assert_one_line_refusal(proc: subprocess.CompletedProcess[str], path: Path, 
 
 
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
+@pytest.mark.alone  # refused within 2 s
 def test_each_bad_file_is_a_config_error(tmp_path: Path, name: str) -> None:
     make, says = BAD_FILES[name]
     path = make(tmp_path)
