@@ -3,10 +3,12 @@ parallel test workers do not share, and how those workers split the suite."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,19 @@ HOST_FIXTURE = FIXTURES / "hosts" / "kvm-epyc-debian12"
 @pytest.fixture
 def host_fixture() -> Path:
     return HOST_FIXTURE
+
+
+@pytest.fixture(autouse=True)
+def _nodescope_logger_as_found() -> Iterator[None]:
+    """A CLI's main() run in a test sets up the ``nodescope`` logger (its level, handler and
+    propagation) for the whole process: every test gets it back as it found it, so that what a
+    test logs does not depend on which tests its worker happened to run before."""
+    logger = logging.getLogger("nodescope")
+    level, handlers, propagate = logger.level, list(logger.handlers), logger.propagate
+    yield
+    logger.setLevel(level)
+    logger.handlers[:] = handlers
+    logger.propagate = propagate
 
 
 def nodescope_command() -> list[str]:
