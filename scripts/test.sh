@@ -7,8 +7,8 @@
 # servers it started. A caller's own -n, --dist or -p no:xdist wins over that (one pytest
 # run). The tests marked alone run after the workers, in one process (see below).
 # --fast: the fast lane, in a few minutes (see the README's Development section): the tests
-# that start no real process (not marked integration) of tests/unit, tests/golden and
-# tests/adversarial, with at most 10 examples of each hypothesis property.
+# of tests/unit and tests/golden that start no real server (not marked integration) and take
+# no more than seconds (not marked slow), with at most 10 examples of each hypothesis property.
 set -euo pipefail
 # Root is needed (Debian packages, and for the tests cgroups and namespaces): started as a
 # user, run again under sudo.
@@ -35,8 +35,7 @@ for arg in "${args[@]}"; do
     esac
 done
 if [ $fast -eq 1 ]; then
-    args=(-m "not integration" --max-examples=10 tests/unit tests/golden tests/adversarial
-        "${args[@]}")
+    args=(-m "not integration and not slow" --max-examples=10 tests/unit tests/golden "${args[@]}")
 fi
 echo "== pytest"
 if [ ${#parallel[@]} -eq 0 ]; then
