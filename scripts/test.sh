@@ -26,7 +26,8 @@ fast=0
 for arg in "$@"; do
     if [ "$arg" = --fast ]; then fast=1; else args+=("$arg"); fi
 done
-workers=${NODESCOPE_TEST_WORKERS:-$(( 3 * $(nproc) ))}
+# The fast lane waits on no server: one worker a core is enough there.
+workers=${NODESCOPE_TEST_WORKERS:-$(( (fast ? 1 : 3) * $(nproc) ))}
 parallel=(-n "$workers" --dist loadgroup)
 for arg in "${args[@]}"; do
     case $arg in

@@ -71,6 +71,7 @@ def test_no_watchdog_pings_unless_asked(tmp_path: Path, monkeypatch: pytest.Monk
     server.close()
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_a_full_notify_socket_never_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nobody reads the socket: sends fail fast instead of stopping the loop."""
     import time
