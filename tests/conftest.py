@@ -10,6 +10,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -185,15 +186,49 @@ def free_port_run(count: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Parallel workers (pytest-xdist, ``--dist loadgroup``; scripts/test.sh)
+# Parallel workers (pytest-xdist; scripts/test.sh runs ``--dist loadgroup``)
 #
 # The tests of one file run in one worker, in order: many files share an expensive module
 # fixture (a replay of every scenario, a Slurm cluster, a fleet) that a worker would otherwise
-# build again for each test it got. A test marked ``xdist_group(NAME)`` runs in the worker of
-# every test of that NAME instead: the Slurm tests of all files share one group (their
-# clusters are named after this host and own its cgroup directories ``slurm_<host>``, so two
-# at once would take each other's jobs), and a file whose tests are independent and slow gives
-# each test a group of its own so that the workers share them.
+# build again for each test it got. The Slurm files share one worker whatever their file: their
+# clusters are named after this host and own its cgroup directories ``slurm_<host>``, so two at
+# once would take each other's jobs (tests/integration/slurm_harness.py). And the tests of a
+# file whose tests are independent and slow are shared out one by one.
+#
+# The groups are told apart by the test's path: pytest-xdist hands the scheduler test ids
+# only, and the group name it appends to the id of a test marked ``xdist_group`` no longer
+# reaches the id under pytest 9, so the scheduler below replaces its loadgroup scheduler.
+
+#: Files whose tests run in one worker together, by the name of what they share.
+SHARED_WORKER = {
+    "tests/integration/test_slurm.py": "slurm-cluster",
+    "tests/integration/test_slurm_gate_policy.py": "slurm-cluster",
+    "tests/integration/test_slurm_health.py": "slurm-cluster",
+    "tests/adversarial/test_registration_flood.py": "slurm-cluster",
+}
+#: Files whose tests are shared out one by one: each bundled scenario over the FUSE mount.
+ONE_BY_ONE = frozenset({"tests/kernelfs/test_scenarios.py"})
+
+
+def worker_group(nodeid: str) -> str:
+    """The group of the test ``nodeid``: the tests of one group run in one worker."""
+    path = nodeid.split("::", 1)[0]
+    if path in ONE_BY_ONE:
+        return nodeid
+    return SHARED_WORKER.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist", None) != "loadgroup":
+        return None  # a caller's own --dist
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkerGroup(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return ByWorkerGroup(config, log)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -215,12 +250,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # tryfirst: pytest-xdist reads the groups in its own hook of this name.
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     _select_alone(config, items)
     cap = config.getoption("max_examples")
     if cap is not None:

@@ -45,7 +45,7 @@ from nodescope_exporters import job_metrics
 from nodescope_exporters.prometheus import render
 from tests.adversarial.common import one_cycle, skipped_metric
 from tests.hook_peers import hook_env, run_hook
-from tests.integration.slurm_harness import ONE_CLUSTER_AT_A_TIME, SlurmCluster, skip_reason
+from tests.integration.slurm_harness import SlurmCluster, skip_reason
 
 FLOOD = 20_000
 ROOT = Peer(os.getpid(), 0, 0)
@@ -229,7 +229,6 @@ def cluster() -> Iterator[SlurmCluster]:
 
 
 @pytest.mark.integration
-@ONE_CLUSTER_AT_A_TIME
 def test_registrations_expire_when_slurm_and_the_cgroups_no_longer_know_the_job(
     tmp_path: Path, cluster: SlurmCluster
 ) -> None:

@@ -24,15 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import free_port
-
-#: Every test that starts a cluster, in whichever file, runs in one pytest-xdist worker, one
-#: cluster at a time: the node is named after this host (slurmd finds its node by host name),
-#: and its jobs' cgroups are Slurm's ``slurm_<host>`` directories, which a second cluster would
-#: share and its stop() would remove.
-ONE_CLUSTER_AT_A_TIME = pytest.mark.xdist_group("slurm-cluster")
 
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "srun")
 SBIN = (Path("/usr/sbin"), Path("/usr/bin"))

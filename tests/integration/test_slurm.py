@@ -35,9 +35,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, nodescope_command
 from tests.integration.daemon_harness import READY_S, Daemon
-from tests.integration.slurm_harness import ONE_CLUSTER_AT_A_TIME, SlurmCluster, skip_reason
+from tests.integration.slurm_harness import SlurmCluster, skip_reason
 
-pytestmark = [pytest.mark.integration, ONE_CLUSTER_AT_A_TIME]
+# One worker for every file's clusters: SHARED_WORKER in tests/conftest.py.
+pytestmark = pytest.mark.integration
 
 
 @dataclass

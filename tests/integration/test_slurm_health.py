@@ -42,13 +42,13 @@ from nodescope.sim.sysfs_tree import aer_text, load_capture, materialise
 from tests.conftest import REPO, nodescope_command
 from tests.integration.daemon_harness import READY_S, Daemon
 from tests.integration.slurm_harness import (
-    ONE_CLUSTER_AT_A_TIME,
     SlurmCluster,
     find_binary,
     missing_binaries,
 )
 
-pytestmark = [pytest.mark.integration, ONE_CLUSTER_AT_A_TIME]
+# One worker for every file's clusters: SHARED_WORKER in tests/conftest.py.
+pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
 CAPTURE = REPO / "tests" / "fixtures" / "captures" / "hgx-h100" / "lspci-vvv.hgx-h100"

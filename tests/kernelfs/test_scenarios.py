@@ -92,14 +92,7 @@ def replay_over_kernelfs(name: str, workdir: str) -> Outcome:
         )
 
 
-@pytest.mark.parametrize(
-    "name",
-    # A group of its own for each scenario: the workers share them out one by one.
-    [
-        pytest.param(name, marks=pytest.mark.xdist_group(f"kernelfs-{name}"))
-        for name in bundled_scenarios()
-    ],
-)
+@pytest.mark.parametrize("name", bundled_scenarios())  # shared out one by one: ONE_BY_ONE
 def test_bundled_scenario_passes_over_kernel_semantics(name: str, tmp_path: Path) -> None:
     reason = fuse_unavailable_reason()
     if reason is not None:
