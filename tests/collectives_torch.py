@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,13 +60,6 @@ def run_job(spec: JobSpec, timeout: float = 120.0) -> subprocess.CompletedProces
         cwd=REPO,
         timeout=timeout,
     )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _rank_main(rank: int, spec: JobSpec, port: int) -> None:

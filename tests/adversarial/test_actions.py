@@ -39,7 +39,10 @@ from tests.hook_peers import hook_env, run_hook
 REPO = Path(__file__).resolve().parents[2]
 DAEMON = REPO / "daemon" / "nodescope"
 #: The GPU the hostile processes hold: a character device 195:<minor>, as /dev/nvidia<minor>.
-MINOR = 200
+#: The epilog looks for its holders in every process of the machine: a minor of this
+#: process's own (nvidia0-99 left to the other tests, 255 is nvidiactl), so that the holders
+#: of a test run beside this one are not taken for this test's.
+MINOR = 100 + os.getpid() % 150
 #: Names a user gives its processes (the kernel keeps 15 bytes of each).
 HOSTILE_NAMES = (
     b"\x1b]0;owned\x07\x1b[2J",

@@ -170,6 +170,7 @@ def loopback_alias_works() -> bool:
 
 
 @pytest.mark.skipif(not loopback_alias_works(), reason="127.0.0.2 cannot be bound here")
+@pytest.mark.alone  # a scraper's p99
 def test_guessing_from_one_address_does_not_starve_the_scraper(tmp_path: Path) -> None:
     """Under 20 threads guessing as fast as they are answered: the scraper's first request
     passes (its address has its own budget), every scrape is a 200 and the p99 stays within

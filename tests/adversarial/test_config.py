@@ -32,7 +32,7 @@ from nodescope.errors import ConfigError
 from nodescope.service import Service
 from nodescope.sources.registry import SOURCE_TABLE
 from tests.conftest import nodescope_command
-from tests.integration.daemon_harness import Daemon, sample_value, wait_for
+from tests.integration.daemon_harness import READY_S, Daemon, sample_value, wait_for
 
 #: Address space of a nodescope subprocess: far above what it needs, far below what reading
 #: /dev/zero to its end would take.
@@ -155,6 +155,7 @@ def assert_one_line_refusal(proc: subprocess.CompletedProcess[str], path: Path, 
 
 
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
+@pytest.mark.alone  # refused within 2 s
 def test_each_bad_file_is_a_config_error(tmp_path: Path, name: str) -> None:
     make, says = BAD_FILES[name]
     path = make(tmp_path)
@@ -569,7 +570,7 @@ def test_sighup_with_a_bad_config_keeps_the_daemon_and_its_config(tmp_path: Path
     path.write_text(GOOD)
     daemon = Daemon(tmp_path, ["--config", str(path)])
     try:
-        daemon.wait_message("READY=1", timeout=10)
+        daemon.wait_message("READY=1", timeout=READY_S)
         # Reading /dev/zero to its end must fail this test, not exhaust the machine.
         resource.prlimit(daemon.proc.pid, resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
         body = daemon.scrape()
@@ -580,8 +581,8 @@ def test_sighup_with_a_bad_config_keeps_the_daemon_and_its_config(tmp_path: Path
             make, says = BAD_FILES[name]
             _replace_config(path, make, workdir)
             daemon.signal(signal.SIGHUP)
-            daemon.wait_message("RELOADING=1", timeout=10)
-            daemon.wait_message("READY=1", timeout=10)
+            daemon.wait_message("RELOADING=1", timeout=READY_S)
+            daemon.wait_message("READY=1", timeout=READY_S)
             assert daemon.proc.poll() is None, f"{name}: {daemon.stderr()[-3000:]}"
             wait_for(
                 partial(_reloads_counted, daemon, "failure", failures),

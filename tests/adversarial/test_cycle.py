@@ -91,6 +91,7 @@ def test_a_blocked_source_times_out_and_never_piles_up(tmp_path: Path) -> None:
     collector.close()
 
 
+@pytest.mark.alone  # a cycle within 2 s
 def test_a_fifo_in_place_of_diskstats_downs_the_source_at_once(tmp_path: Path) -> None:
     procfs = tmp_path / "proc"
     procfs.mkdir()

@@ -52,6 +52,7 @@ def test_infiniband_reads_the_procfs_capture_whole() -> None:
     assert skipped_metric(snapshot) == {}
 
 
+@pytest.mark.alone  # a cycle within 4 s
 def test_infiniband_bad_port_attributes_are_skipped_and_counted(tmp_path: Path) -> None:
     """A malformed ``rate`` on one port and a FIFO where another port's ``state`` should be:
     those two values are absent and counted, every port is still read, the cycle does not
@@ -318,6 +319,7 @@ def _function_dir(root: Path, bdf: str) -> Path:
     return Path(os.path.realpath(root / "sys" / "bus" / "pci" / "devices" / bdf))
 
 
+@pytest.mark.alone  # a cycle within 4 s
 def test_pci_fifo_attributes_of_a_hot_plugged_gpu_skip_it_not_the_source(
     tmp_path: Path,
 ) -> None:

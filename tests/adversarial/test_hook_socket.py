@@ -52,6 +52,7 @@ def _open_up(server: HookServer) -> None:
     os.chmod(server.path, 0o666)
 
 
+@pytest.mark.alone  # 20 calls within 2 s
 def test_idle_strangers_cannot_starve_root(world_dir: Path) -> None:
     """Finding: 40 idle connections of an unprivileged user held the one-at-a-time server
     (2 s each), so every prolog fell back to local checks."""

@@ -30,6 +30,10 @@ from hypothesis import strategies as st
 
 from tests.adversarial.common import cgroup_v1_limits, unit_limits
 
+# A scraper's p99 within 50 ms under attack, deadlines of a second or two: bounds on a machine
+# of its own.
+pytestmark = pytest.mark.alone
+
 REPO = Path(__file__).resolve().parents[2]
 #: Run as a module (attackers and the daemon side are this file run again), so its imports of
 #: the tests package resolve from the repository root.

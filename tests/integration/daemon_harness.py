@@ -10,14 +10,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.conftest import free_port as free_port  # the tests start daemons on it
 from tests.conftest import nodescope_command
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+#: How long a test may wait for a daemon it started to say READY=1 (or RELOADING=1): beside
+#: several test workers sharing two cores, the interpreter's imports alone take seconds. The
+#: tests that bound the time to READY run alone (tests/integration/test_daemon.py).
+READY_S = 60.0
 
 
 class Daemon:

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.conftest import free_port
+
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "scontrol", "sbatch", "squeue", "srun")
 SBIN = (Path("/usr/sbin"), Path("/usr/bin"))
 
@@ -51,13 +53,6 @@ def skip_reason() -> str | None:
         if not (Path("/sys/fs/cgroup") / controller / "cgroup.procs").exists():
             return f"no cgroup v1 {controller} hierarchy for Slurm's cgroup/v1"
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _read_pid(path: Path, timeout: float) -> int:

@@ -14,6 +14,9 @@ import pytest
 from tests.conftest import nodescope_command
 from tests.integration.daemon_harness import Daemon, sample_value, wait_for
 
+# Ready within 5 s, stopped within 2 s of SIGTERM: bounds on a machine of its own.
+pytestmark = pytest.mark.alone
+
 CONFIG = """
 [daemon]
 tick_seconds = 0.2

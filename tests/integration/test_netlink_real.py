@@ -89,6 +89,7 @@ def _stats(data: nl.NetdevData, name: str) -> nl.LinkStats:
     return link.stats
 
 
+@pytest.mark.alone  # a rate over half a second
 def test_veth_counters_and_link_down(veth_pair: Pair) -> None:
     roots = Roots()
     side_a = nl.make_source(NetdevOptions(netns=veth_pair.ns_a))

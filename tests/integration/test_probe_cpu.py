@@ -139,6 +139,7 @@ def test_custom_sizes_replace_the_sweeps_and_the_small_ones_give_the_latency() -
 
 # torch warns at import that NumPy is absent; the probe does not use NumPy.
 @pytest.mark.filterwarnings("ignore:Failed to initialize NumPy")
+@pytest.mark.alone  # medians a few milliseconds apart
 def test_the_latency_figure_shows_a_delay_hidden_in_every_all_reduce(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

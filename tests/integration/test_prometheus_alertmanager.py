@@ -45,7 +45,7 @@ from tests.integration.alerting_harness import (
     stopping,
     wait_until,
 )
-from tests.integration.daemon_harness import Daemon, free_port
+from tests.integration.daemon_harness import READY_S, Daemon, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +124,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             ["--config", str(tmp_path / "nodescope.toml"), "--procfs", str(procfs)],
         )
         cleanup.callback(daemon.stop)
-        daemon.wait_message("READY=1", timeout=10)
+        daemon.wait_message("READY=1", timeout=READY_S)
         # The loop sends WATCHDOG=1 datagrams; a socket nobody reads would fill up.
         threading.Thread(target=drain, args=(daemon,), daemon=True).start()
 

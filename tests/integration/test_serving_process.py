@@ -21,6 +21,10 @@ import pytest
 from nodescope.httpserver import SERVING_COMMAND_LINE
 from tests.integration.daemon_harness import Daemon, sample_value, wait_for
 
+# A serving process replaced within a cycle or two, the daemon ready within 5 s: bounds on a
+# machine of its own.
+pytestmark = pytest.mark.alone
+
 CONFIG = """
 [daemon]
 tick_seconds = 0.2

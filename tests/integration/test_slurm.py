@@ -34,9 +34,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, nodescope_command
-from tests.integration.daemon_harness import Daemon
+from tests.integration.daemon_harness import READY_S, Daemon
 from tests.integration.slurm_harness import SlurmCluster, skip_reason
 
+# One worker for every file's clusters: SHARED_WORKER in tests/conftest.py.
 pytestmark = pytest.mark.integration
 
 
@@ -106,7 +107,7 @@ def setup() -> Iterator[Setup]:
     write_config(config, run, cluster.dev, reports, expected_gpus=2)
     s = Setup(work, cluster, Daemon(work, ["--config", str(config)]), config, reports, run)
     try:
-        s.daemon.wait_message("READY=1", timeout=15)
+        s.daemon.wait_message("READY=1", timeout=READY_S)
         deadline = time.monotonic() + 10
         while not (run / "nodescope" / "nodescope.sock").exists():
             assert time.monotonic() < deadline, s.daemon.stderr()

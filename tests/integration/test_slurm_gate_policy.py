@@ -49,9 +49,14 @@ from nodescope.hooks.transport import HookServer, HookUnavailable, call
 from nodescope.sim.sysfs_tree import aer_text, load_capture, materialise
 from tests.conftest import REPO, nodescope_command
 from tests.hook_peers import hook_env, run_hook
-from tests.integration.daemon_harness import Daemon
-from tests.integration.slurm_harness import SlurmCluster, find_binary, skip_reason
+from tests.integration.daemon_harness import READY_S, Daemon
+from tests.integration.slurm_harness import (
+    SlurmCluster,
+    find_binary,
+    skip_reason,
+)
 
+# One worker for every file's clusters: SHARED_WORKER in tests/conftest.py.
 pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
@@ -195,7 +200,7 @@ def setup() -> Iterator[Setup]:
     # The daemon reaches this Slurm as slurmd's hooks do: through SLURM_CONF.
     s.daemon = Daemon(work, ["--config", str(config)], env={"SLURM_CONF": str(cluster.slurm_conf)})
     try:
-        s.daemon.wait_message("READY=1", timeout=20)
+        s.daemon.wait_message("READY=1", timeout=READY_S)
         _wait((run / "nodescope" / "nodescope.sock").exists, 10, "the hook socket")
         cluster.start()
         yield s

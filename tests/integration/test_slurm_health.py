@@ -40,9 +40,14 @@ from nodescope.hooks.transport import HookUnavailable, call
 from nodescope.remediation.slurm import parse_sinfo_reasons
 from nodescope.sim.sysfs_tree import aer_text, load_capture, materialise
 from tests.conftest import REPO, nodescope_command
-from tests.integration.daemon_harness import Daemon
-from tests.integration.slurm_harness import SlurmCluster, find_binary, missing_binaries
+from tests.integration.daemon_harness import READY_S, Daemon
+from tests.integration.slurm_harness import (
+    SlurmCluster,
+    find_binary,
+    missing_binaries,
+)
 
+# One worker for every file's clusters: SHARED_WORKER in tests/conftest.py.
 pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
@@ -174,7 +179,7 @@ def running(prefix: str, extra_config: tuple[str, ...] = ()) -> Iterator[Setup]:
     )
     s = Setup(work, cluster, Daemon(work, ["--config", str(config)]), run, aer_file)
     try:
-        s.daemon.wait_message("READY=1", timeout=20)
+        s.daemon.wait_message("READY=1", timeout=READY_S)
         _wait(lambda: s.socket.exists(), 10, "the hook socket")
         cluster.start()
         yield s

@@ -4,15 +4,13 @@ the collector reads it where procfs tables come a page per read and report size 
 attributes report 4096, and every expectation of the scenario must still hold.
 
 A replay through the mount is bound by the round trip of each read to the FUSE server, not by
-either process's work, so two scenarios run at once, each with its own mount and server.
+either process's work: each scenario is a test of its own, with its own mount and server, so
+that parallel test workers (scripts/test.sh) replay several at once.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +33,6 @@ pytestmark = pytest.mark.integration
 #: directories are listed afresh each time, so the content the sources parse and the files
 #: they find are always the node's present ones.
 CACHE_S = 600.0
-#: Scenarios replayed at once.
-WORKERS = 2
 
 
 class ReadThroughMount:
@@ -65,7 +61,7 @@ class Outcome:
 
 def replay_over_kernelfs(name: str, workdir: str) -> Outcome:
     """Replay the bundled scenario ``name`` on a node under ``workdir`` read through a
-    kernel-semantics mount (runs in a worker process)."""
+    kernel-semantics mount."""
     backing = Path(workdir) / name / "node"
     backing.mkdir(parents=True)
     with kernelfs(
@@ -96,26 +92,14 @@ def replay_over_kernelfs(name: str, workdir: str) -> Outcome:
         )
 
 
-def test_every_bundled_scenario_passes_over_kernel_semantics(tmp_path: Path):
+@pytest.mark.parametrize("name", bundled_scenarios())  # shared out one by one: ONE_BY_ONE
+def test_bundled_scenario_passes_over_kernel_semantics(name: str, tmp_path: Path) -> None:
     reason = fuse_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    names = bundled_scenarios()
-    started = time.monotonic()
-    # spawn, not fork: the workers start without the test process's threads and locks.
-    with ProcessPoolExecutor(
-        max_workers=min(WORKERS, os.cpu_count() or 1),
-        mp_context=multiprocessing.get_context("spawn"),
-    ) as pool:
-        outcomes = list(pool.map(replay_over_kernelfs, names, [str(tmp_path)] * len(names)))
-    elapsed = time.monotonic() - started
-
-    for outcome in outcomes:
-        print(f"{outcome.name}: {outcome.cycles} cycles over kernelfs in {outcome.elapsed_s:.1f} s")
-    print(f"{len(outcomes)} scenarios over kernelfs in {elapsed:.1f} s")
-    failed = [o for o in outcomes if not o.passed]
-    assert not failed, "\n\n".join(o.report for o in failed)
-    for outcome in outcomes:
-        # The sources read the mount, not the backing directory beside it.
-        assert outcome.cgroup_roots, outcome.name
-        assert all(r.startswith(outcome.mountpoint) for r in outcome.cgroup_roots), outcome
+    outcome = replay_over_kernelfs(name, str(tmp_path))
+    print(f"{outcome.name}: {outcome.cycles} cycles over kernelfs in {outcome.elapsed_s:.1f} s")
+    assert outcome.passed, outcome.report
+    # The sources read the mount, not the backing directory beside it.
+    assert outcome.cgroup_roots, outcome.name
+    assert all(r.startswith(outcome.mountpoint) for r in outcome.cgroup_roots), outcome

@@ -52,6 +52,7 @@ from nodescope.service import Service, alertmanager_pusher
 from nodescope_exporters import alert_metrics
 from nodescope_exporters.prometheus import MetricsCache, render
 from nodescope_exporters.push import AlertmanagerPusher, PushCounts, alertname
+from tests.conftest import free_port
 
 LINK = {"link": "0000:16:01.0"}
 
@@ -1179,9 +1180,7 @@ def test_nodescope_alerts_prints_alerts_with_evidence(
 def test_nodescope_alerts_exit_status_when_the_daemon_is_away(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     cfg = tmp_path / "n.toml"
     cfg.write_text(f'[daemon]\nlisten = "127.0.0.1:{port}"\n')
     assert main(["alerts", "--config", str(cfg), "--timeout", "1"]) == 1

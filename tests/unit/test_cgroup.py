@@ -1225,6 +1225,7 @@ class _BlockingWalker(cgroup.CgroupWalker):
         return super().walk(roots, slow_every)
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_a_walk_that_overruns_its_deadline_holds_no_other_source(slurm_node: Roots) -> None:
     """The ``cgroups`` source's walk blocks past its deadline: ``jobs`` waits for it no longer
     than the walk's bound and goes down with the reason, ``procs`` lists for itself; in the

@@ -70,6 +70,7 @@ def _run_on_a_terminal(args: list[str], timeout: float = 300.0) -> tuple[int, st
     return proc.wait(timeout=30), b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow  # a scenario replayed twice
 def test_replay_draws_its_progress_on_a_terminal_and_nothing_in_a_pipe(tmp_path: Path) -> None:
     # A bundled node cut to a few seconds of simulated time, its expectations left out.
     document = json.loads(scenario_path("dgx-h100").read_text())

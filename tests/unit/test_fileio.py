@@ -59,6 +59,7 @@ def test_every_lock_of_a_long_proc_locks_is_read(tmp_path: Path) -> None:
     assert len(ours) == count
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
     fifo = tmp_path / "diskstats"
     os.mkfifo(fifo)

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from nodescope import config as config_mod
 from nodescope.cli import demo as demo_cli
 from nodescope.cli.main import main
 from nodescope.sim import fleet as fleet_mod
+from tests.conftest import free_port_run
 from tests.unit.test_fleet import small_fleet
 
 
@@ -151,22 +151,6 @@ def test_infinite_floats_are_written_as_toml_spells_them() -> None:
 # Real nodes (the small test node: a child serves within a second or two)
 
 
-def _free_port_pair() -> int:
-    """A port P with P and P+1 free now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65535:
-            with socket.socket() as s1:
-                try:
-                    s1.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return int(port)
-    raise AssertionError("no two free ports in a row")
-
-
 class Orchestrator:
     def __init__(self, arguments: list[str], tmp_path: Path) -> None:
         self.out_path = tmp_path / "out.txt"
@@ -243,7 +227,7 @@ def _first_metrics(url: str, within: float = 30.0) -> str:
 def test_the_nodes_serve_on_consecutive_ports_and_a_signal_stops_every_one(
     tmp_path: Path, orchestrators: list[Orchestrator], stop: signal.Signals
 ) -> None:
-    port = _free_port_pair()
+    port = free_port_run(2)
     targets = tmp_path / "targets.json"
     config = tmp_path / "nodescope.toml"
     config.write_text("[alerts]\nfor_seconds = 2.0\n")

@@ -244,6 +244,7 @@ def test_a_drain_alert_during_a_registered_job_starts_one_pass(tmp_path: Path) -
     assert len(act.calls) == 2
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_a_pass_never_runs_in_the_cycle_and_at_most_one_is_in_flight(tmp_path: Path) -> None:
     act = FakeAct()
     act.release.clear()  # scontrol hangs

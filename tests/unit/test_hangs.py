@@ -392,6 +392,7 @@ def test_a_gone_rank_is_named_with_how_it_ended_only_where_pid_and_name_match() 
     assert "(status unknown)" in text and "SIGSEGV" not in text
 
 
+@pytest.mark.slow  # a whole scenario replayed
 def test_the_bundled_rank_died_scenario_names_the_signal_from_its_kernel_log(
     tmp_path: Path,
 ) -> None:

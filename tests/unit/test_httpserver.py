@@ -26,6 +26,7 @@ from nodescope.sdnotify import Notifier
 from nodescope.service import Service
 from nodescope_exporters.prometheus import MetricsCache, SnapshotCollector
 from nodescope_exporters.self_metrics import families
+from tests.conftest import free_port
 
 
 def get(url: str) -> tuple[int, str, str]:
@@ -278,11 +279,7 @@ def test_stop_ends_the_serving_process_and_it_does_not_talk_to_systemd(
 
 
 def test_a_reload_that_moves_the_listen_address_serves_there_at_once(tmp_path: Path) -> None:
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    ports = [free_port(), free_port()]
     roots = Roots.under(tmp_path)
     (tmp_path / "run").mkdir()
     configs = [Config(listen=f"127.0.0.1:{port}", roots=roots) for port in ports]
@@ -311,9 +308,7 @@ def test_a_reload_that_moves_the_listen_address_serves_there_at_once(tmp_path: P
 
 def service_without_sources(tmp_path: Path, tick_seconds: float) -> tuple[Service, int]:
     """A service with no sources on a free loopback port, its tick ``tick_seconds``."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     (tmp_path / "run").mkdir()
     config = Config(
         listen=f"127.0.0.1:{port}", roots=Roots.under(tmp_path), tick_seconds=tick_seconds

@@ -1014,6 +1014,7 @@ def test_on_axis_holds_values_between_samples() -> None:
     assert on_axis([], [], 0.0, 10.0, 3) == [None, None, None]
 
 
+@pytest.mark.slow  # a whole scenario replayed
 def test_escaped_nccl_threads_scenario(tmp_path: Path) -> None:
     """The bundled scenario: the ranks outside the job and the step-only memory.max are found,
     and nothing else is (a few simulated seconds suffice: the condition holds from t=0)."""
@@ -1109,6 +1110,7 @@ def test_environments_are_read_for_new_processes_and_on_slow_runs(tmp_path: Path
     assert task(jobs.collect(roots), 101).env("NCCL_IB_HCA") == "mlx5_2"
 
 
+@pytest.mark.slow  # two scenarios replayed twice
 @pytest.mark.parametrize("name", ["escaped-nccl-threads", "allreduce-hang-nfs-lock"])
 def test_production_cadence_reads_what_reading_everything_reads(tmp_path: Path, name: str) -> None:
     """On a simulated node whose limits and environments do not change, the sources at their

@@ -309,6 +309,7 @@ def test_real_pynvml_here_makes_the_source_down() -> None:
 # ---- Xids ---------------------------------------------------------------------------------
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_xid_thread_counts_events_and_stops_on_close(node: FakeNvml) -> None:
     src = nv.NvmlSource(node, event_wait_ms=100)
     assert node.calls["nvmlEventSetCreate"] == 0  # started lazily
@@ -336,6 +337,7 @@ def test_xid_thread_counts_events_and_stops_on_close(node: FakeNvml) -> None:
     assert node.registered_event_sets() == 0  # the event set was freed
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_idle_xid_thread_wakes_once_per_event_wait_and_events_do_not_wait(
     node: FakeNvml,
 ) -> None:

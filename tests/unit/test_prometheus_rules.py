@@ -89,6 +89,7 @@ def test_promtool_checks_the_rules() -> None:
     assert proc.stdout.count("SUCCESS") == len(RULE_FILES)
 
 
+@pytest.mark.slow  # promtool over every rule test
 def test_promtool_rule_unit_tests_pass() -> None:
     tests = sorted((RULES / "tests").glob("*.yml"))
     assert {"alerts_test.yml", "records_test.yml", "jobs_test.yml"} <= {t.name for t in tests}
@@ -98,6 +99,7 @@ def test_promtool_rule_unit_tests_pass() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # promtool over every rule test
 def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
     """The unit tests can fail: the source-down alert expected a minute early."""
     text = (RULES / "tests" / "alerts_test.yml").read_text()

@@ -157,6 +157,7 @@ def test_drain_requeue_requeues_the_job_the_alert_names(tmp_path: Path) -> None:
     assert slurm.log()[-1] == "[requeue][42]"
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_the_lock_is_never_waited_on_past_its_timeout(tmp_path: Path) -> None:
     roots = Roots(run=tmp_path / "run")
     held = threading.Event()

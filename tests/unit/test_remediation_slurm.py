@@ -121,6 +121,7 @@ def _program(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_scontrol_that_hangs_is_abandoned_at_its_timeout(tmp_path: Path) -> None:
     scontrol = Scontrol(_program(tmp_path, "exec sleep 30\n"), timeout=0.3)
     started = time.monotonic()

@@ -490,6 +490,7 @@ def _scenario_file(tmp_path: Path, expect: dict[str, Any], duration: int = 3) ->
 H2D_GPU0 = {"name": "nodescope_gpu_pcie_rx_bytes_total", "labels": {"gpu": "0"}}
 
 
+@pytest.mark.slow  # a whole scenario replayed
 def test_cli_replay_exit_1_names_the_failed_expectation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -577,6 +578,7 @@ def test_default_demo_scenario_shows_contention_within_30_seconds(sim_root: Path
     assert float(nvme.group(2)) > 6000  # MB/s read
 
 
+@pytest.mark.slow  # whole scenarios replayed
 def test_cli_replay_several_scenarios_reports_each(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def test_messages_reach_the_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_abstract_socket(monkeypatch: pytest.MonkeyPatch) -> None:
-    name = f"nodescope-test-{id(monkeypatch)}"
+    name = f"nodescope-test-{os.getpid()}-{id(monkeypatch)}"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind("\0" + name)
     server.settimeout(2)
@@ -70,6 +71,7 @@ def test_no_watchdog_pings_unless_asked(tmp_path: Path, monkeypatch: pytest.Monk
     server.close()
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_a_full_notify_socket_never_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nobody reads the socket: sends fail fast instead of stopping the loop."""
     import time

@@ -350,6 +350,7 @@ def test_a_file_read_twice_gives_no_rates(bursts: NodeRun) -> None:
     assert _pair(bursts, "nvlink_kmod", 1.0, 2.0, twice).derived.nvlink_rates is None
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_a_tick_stays_cheap() -> None:
     module = _module("nvlink-stall-bursts")
     start = time.perf_counter()

@@ -68,6 +68,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow  # a live simulated node per example
 @settings(
     max_examples=12,
     deadline=None,

@@ -301,6 +301,7 @@ def test_proc_files_for_later_sources(dgx: Run) -> None:
 # Ticks: only changed files, atomically, fast
 
 
+@pytest.mark.alone  # a bound on wall-clock time
 def test_a_tick_rewrites_only_what_changed(scratch: Path) -> None:
     node = SimulatedNode(load_scenario("dgx-h100"), scratch / "ticks")
     start = time.perf_counter()

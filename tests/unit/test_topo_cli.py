@@ -264,6 +264,7 @@ def test_unknown_scenario_is_reported() -> None:
     assert "no bundled scenario 'no-such-scenario'" in result.stderr and result.stdout == ""
 
 
+@pytest.mark.slow  # a DGX scenario's tree
 def test_scenario_dgx_h100_is_nv18_with_the_pcie_relations_of_its_tree(tmp_path: Path) -> None:
     from nodescope.sim.node import SimulatedNode
     from nodescope.sim.scenario import load_scenario

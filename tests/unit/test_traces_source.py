@@ -635,6 +635,7 @@ def test_the_source_runs_only_with_a_spool_and_gets_its_settings() -> None:
         from_mapping({"sources": {"jobs": {"spool_dir": "/s"}}})
 
 
+@pytest.mark.slow  # parser processes under their limits
 def test_the_parser_processs_own_limits_refuse_what_the_budget_let_through(
     tmp_path: Path,
 ) -> None:
