@@ -231,6 +231,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByWorkerGroup(config, log)
 
 
+def _encodable(text: str) -> str:
+    """``text`` with what UTF-8 cannot carry (the lone surrogates that stand for a hostile
+    name's undecodable bytes) written as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    # A worker sends each report to the controller as UTF-8: a captured log line holding a
+    # hostile file name's surrogates would stop the whole run there, not fail one test.
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [(title, _encodable(text)) for title, text in report.sections]
+    if report.longrepr is not None:
+        text = str(report.longrepr)
+        if _encodable(text) != text:
+            report.longrepr = _encodable(text)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--alone-tests",
