@@ -8,6 +8,12 @@ reference are all derived from these declarations, so none of them can disagree 
 that reads the value, and mypy checks every read of a typed attribute
 (``config.detectors.contention.min_share``).
 
+The ``[sources.<name>]`` tables are the one part declared elsewhere: each source's spec holds
+its default interval, its help and the class of its own keys. This module imports no source
+(every stage reads it); the validator and both documents take the specs as an argument
+(:data:`SourceCatalogue`), handed in where the program is put together
+(:mod:`nodescope.assembly`).
+
 Validation is strict: an unknown key or a bad value is a :class:`ConfigError` naming the file
 and the key, and the CLI exits with status 2 on it. TOML's types are kept as written (an integer
 is accepted where a float is expected, nothing else is converted) and every number has bounds
