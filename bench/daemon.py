@@ -45,8 +45,8 @@ from typing import Any
 import floor  # bench/floor.py, beside this script
 
 from nodescope import logs
+from nodescope.assembly import default_config
 from nodescope.collect import Collector
-from nodescope.config import Config
 from nodescope.roots import Roots
 from nodescope.service import Service
 from nodescope.sim.nvml_mirror import STATE_FILE, MirroredNvml
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     mirror = MirroredNvml(args.root / STATE_FILE)
-    config = Config(
+    config = default_config(
         listen=args.listen, tick_seconds=1.0, log_level="warning", roots=Roots.under(args.root)
     )
     logs.setup(config.log_level)

@@ -1088,6 +1088,7 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
     """The daemon's cycle on one variant, in simulated time; run in a process of its own."""
     from daemon import time_calls  # bench/daemon.py, beside this script: its timer
 
+    from nodescope.assembly import default_config
     from nodescope.config import Config
     from nodescope.service import Service
     from nodescope.sim.node import SimulatedNode, make_temp_root
@@ -1101,7 +1102,7 @@ def scale_point(path: str, cycles: int) -> dict[str, Any]:
         node.materialise()
         node.advance_to(0.0)
         clock = _SimClock()
-        config = Config(roots=node.roots)
+        config = default_config(roots=node.roots)
         # One set of shared inputs, as the daemon builds its sources (one cgroup walk a cycle).
         inputs = SourceInputs()
         sources = node.sources(inputs=inputs)
@@ -1233,6 +1234,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(BENCH))
     from daemon import node_sources
 
+    from nodescope.assembly import default_config
     from nodescope.config import Config
     from nodescope.roots import Roots
     from nodescope.service import Service
@@ -1251,7 +1253,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         try:
             mirror = MirroredNvml(root / STATE_FILE)
             clock = _SimClock()
-            config = Config(roots=Roots.under(root))
+            config = default_config(roots=Roots.under(root))
             inputs = SourceInputs()
             sources = node_sources(mirror, inputs)
 

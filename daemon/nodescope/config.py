@@ -8,6 +8,12 @@ reference are all derived from these declarations, so none of them can disagree 
 that reads the value, and mypy checks every read of a typed attribute
 (``config.detectors.contention.min_share``).
 
+The ``[sources.<name>]`` tables are the one part declared elsewhere: each source's spec holds
+its default interval, its help and the class of its own keys. This module imports no source
+(every stage reads it); the validator and both documents take the specs as an argument
+(:data:`SourceCatalogue`), handed in where the program is put together
+(:mod:`nodescope.assembly`).
+
 Validation is strict: an unknown key or a bad value is a :class:`ConfigError` naming the file
 and the key, and the CLI exits with status 2 on it. TOML's types are kept as written (an integer
 is accepted where a float is expected, nothing else is converted) and every number has bounds
@@ -33,7 +39,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from nodescope import fileio
 from nodescope.errors import ConfigError
@@ -56,9 +62,6 @@ from nodescope.options import (
     value_text,
 )
 from nodescope.roots import ROOT_NAMES, Roots
-
-if typing.TYPE_CHECKING:
-    from nodescope.sources.spec import SourceSpec
 
 DEFAULT_PORT = 9839
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
@@ -786,37 +789,45 @@ class RemediationSettings:
     rules: Mapping[str, RemediationRuleSettings] = field(default_factory=_no_remediation_rules)
 
 
-def _source_specs() -> Mapping[str, SourceSpec]:
-    """The sources' specs by name, in the registry's order. Imported when first read, not with
-    this module: a source module may read the configuration's types (the probe source does)."""
-    from nodescope.sources.registry import SOURCES
+class SourceDeclaration(Protocol):
+    """What the configuration reads of a source's spec (``nodescope.sources.spec.SourceSpec``
+    has it): the configuration is handed the specs where the program is put together
+    (:mod:`nodescope.assembly`) and imports no source, so that every stage may read it."""
 
-    return SOURCES
+    @property
+    def name(self) -> str: ...
+    @property
+    def default_interval(self) -> float: ...
+    @property
+    def help(self) -> str: ...
+    @property
+    def settings(self) -> type[Any] | None: ...
 
 
-def _extra_options(name: str) -> tuple[Option, ...]:
-    """The keys the source named ``name`` has beyond the common ones."""
-    section = _source_specs()[name].settings
-    return () if section is None else options_of(section)
+#: The sources a file may configure, by name, in the order they run.
+SourceCatalogue = Mapping[str, SourceDeclaration]
 
 
-def _source_settings(name: str, given: Mapping[str, Any]) -> SourceSettings:
+def _extra_options(info: SourceDeclaration) -> tuple[Option, ...]:
+    """The keys the source has beyond the common ones."""
+    return () if info.settings is None else options_of(info.settings)
+
+
+def _source_settings(info: SourceDeclaration, given: Mapping[str, Any]) -> SourceSettings:
     """One source's settings from the keys a file set; a source with keys of its own gets
     them as its ``extra`` object, and the ``traces`` source runs only with a spool."""
     common = {k: v for k, v in given.items() if k in SOURCE_KEYS}
     extra = None
-    section = _source_specs()[name].settings
-    if section is not None:
-        extra = section(**{k: v for k, v in given.items() if k not in SOURCE_KEYS})
+    if info.settings is not None:
+        extra = info.settings(**{k: v for k, v in given.items() if k not in SOURCE_KEYS})
     if isinstance(extra, SpoolSettings) and not extra.spool_dir:
         common["enabled"] = False
-    return SourceSettings(
-        **{"interval_seconds": _source_specs()[name].default_interval, **common}, extra=extra
-    )
+    return SourceSettings(**{"interval_seconds": info.default_interval, **common}, extra=extra)
 
 
-def _default_sources() -> Mapping[str, SourceSettings]:
-    return MappingProxyType({name: _source_settings(name, {}) for name in _source_specs()})
+def default_sources(catalogue: SourceCatalogue) -> Mapping[str, SourceSettings]:
+    """Every source of ``catalogue`` at its defaults, as a file without ``[sources]`` has it."""
+    return MappingProxyType({name: _source_settings(info, {}) for name, info in catalogue.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -840,7 +851,10 @@ class Config:
         _log_format,
     )
     roots: Roots = field(default_factory=Roots)
-    sources: Mapping[str, SourceSettings] = field(default_factory=_default_sources)
+    #: Empty in a ``Config()``, which configures the stages after the sources: the daemon's
+    #: configuration, every source in it, is built where the sources are known
+    #: (:mod:`nodescope.assembly`).
+    sources: Mapping[str, SourceSettings] = field(default_factory=lambda: MappingProxyType({}))
     alerts: AlertsSettings = field(default_factory=AlertsSettings)
     detectors: DetectorsSettings = field(default_factory=DetectorsSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
@@ -974,14 +988,17 @@ def _section(path: str, prefix: str, table: Any, options: tuple[Option, ...]) ->
     return out
 
 
-def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
-    """Validate a parsed TOML document into a :class:`Config`."""
+def from_mapping(
+    data: Mapping[str, Any], path: str = "<config>", *, catalogue: SourceCatalogue
+) -> Config:
+    """Validate a parsed TOML document into a :class:`Config` whose ``[sources.<name>]``
+    tables are those of the sources of ``catalogue``."""
     for key in data:
         if key not in TABLES:
             raise ConfigError(path, display(key), "unknown key")
     daemon = _section(path, "daemon", data.get("daemon", {}), DAEMON_OPTIONS)
     roots_table = _section(path, "roots", data.get("roots", {}), ROOT_OPTIONS)
-    sources = _sources(path, data.get("sources", {}))
+    sources = _sources(path, data.get("sources", {}), catalogue)
     alerts = _alerts(path, data.get("alerts", {}))
     detectors = _detectors(path, data.get("detectors", {}))
     probe = _section(path, "probe", data.get("probe", {}), PROBE_OPTIONS)
@@ -1000,16 +1017,16 @@ def from_mapping(data: Mapping[str, Any], path: str = "<config>") -> Config:
     )
 
 
-def _sources(path: str, table: Any) -> Mapping[str, SourceSettings]:
+def _sources(path: str, table: Any, catalogue: SourceCatalogue) -> Mapping[str, SourceSettings]:
     if not isinstance(table, dict):
         raise ConfigError(path, "sources", "must be a table")
     sources: dict[str, SourceSettings] = {}
-    for info in _source_specs().values():
-        options = SOURCE_OPTIONS + _extra_options(info.name)
+    for info in catalogue.values():
+        options = SOURCE_OPTIONS + _extra_options(info)
         given = _section(path, f"sources.{info.name}", table.get(info.name, {}), options)
-        sources[info.name] = _source_settings(info.name, given)
+        sources[info.name] = _source_settings(info, given)
     for name in table:
-        if name not in _source_specs():
+        if name not in catalogue:
             raise ConfigError(path, f"sources.{display(name)}", "unknown source")
     return MappingProxyType(sources)
 
@@ -1154,8 +1171,9 @@ def structure_problem(text: str) -> str | None:
     return None
 
 
-def load(path: str | Path) -> Config:
-    """Read and validate a config file; every problem is a :class:`ConfigError`."""
+def load(path: str | Path, *, catalogue: SourceCatalogue) -> Config:
+    """Read and validate a config file configuring the sources of ``catalogue``; every
+    problem is a :class:`ConfigError`."""
     text_path = str(path)
     try:
         raw = fileio.read_bytes(path, CONFIG_FILE)
@@ -1177,7 +1195,7 @@ def load(path: str | Path) -> Config:
         # TOMLDecodeError is a ValueError, and so is an integer of more than 4300 digits;
         # RecursionError only if the scan above missed a way to nest.
         raise ConfigError(text_path, None, f"not valid TOML: {display(str(exc), 200)}") from None
-    return from_mapping(data, text_path)
+    return from_mapping(data, text_path, catalogue=catalogue)
 
 
 # -- the documents generated from the declarations -------------------------------------------
@@ -1199,9 +1217,8 @@ def _allowed(option: Option) -> str:
     return str(getattr(option.check, "allowed", ""))
 
 
-def _source_options(name: str) -> tuple[Option, ...]:
+def _source_options(info: SourceDeclaration) -> tuple[Option, ...]:
     """:data:`SOURCE_OPTIONS` as one source has them: its own interval, and what it reads."""
-    info = _source_specs()[name]
     return tuple(
         dataclasses.replace(o, default=info.default_interval)
         if o.key == "interval_seconds"
@@ -1209,15 +1226,15 @@ def _source_options(name: str) -> tuple[Option, ...]:
         if o.key == "enabled"
         else o
         for o in SOURCE_OPTIONS
-    ) + _extra_options(name)
+    ) + _extra_options(info)
 
 
-def _tables() -> Iterator[tuple[str, tuple[Option, ...]]]:
+def _tables(catalogue: SourceCatalogue) -> Iterator[tuple[str, tuple[Option, ...]]]:
     """Every table with its options, in the order both documents follow."""
     yield "daemon", DAEMON_OPTIONS
     yield "roots", ROOT_OPTIONS
-    for info in _source_specs().values():
-        yield f"sources.{info.name}", _source_options(info.name)
+    for info in catalogue.values():
+        yield f"sources.{info.name}", _source_options(info)
     yield "alerts", ALERT_OPTIONS
     yield "alerts.rules.<kind>", ALERT_RULE_OPTIONS
     for name, options in DETECTOR_OPTIONS.items():
@@ -1228,10 +1245,11 @@ def _tables() -> Iterator[tuple[str, tuple[Option, ...]]]:
     yield "remediation.rules.<kind>", REMEDIATION_RULE_OPTIONS
 
 
-def reference_markdown() -> str:
-    """The configuration reference for the README, generated from the declarations."""
+def reference_markdown(catalogue: SourceCatalogue) -> str:
+    """The configuration reference for the README, generated from the declarations and the
+    specs of the sources of ``catalogue``."""
     lines = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for table, options in _tables():
+    for table, options in _tables(catalogue):
         for o in options:
             shown = "—" if o.default is None else f"`{_toml_value(o.default)}`"
             allowed = _allowed(o) or "—"
@@ -1318,9 +1336,10 @@ def _sample_option(option: Option, with_help: bool = True) -> list[str]:
     return [*lines, value]
 
 
-def sample_toml() -> str:
+def sample_toml(catalogue: SourceCatalogue) -> str:
     """The sample configuration file (``systemd/nodescope.toml``), generated from the
-    declarations: every table, every key at its default."""
+    declarations and the specs of the sources of ``catalogue``: every table, every key at
+    its default."""
     out = [SAMPLE_HEADER.rstrip("\n")]
     noted: set[str] = set()
 
@@ -1329,13 +1348,13 @@ def sample_toml() -> str:
             noted.add(name)
             out.extend(["", *_prose(SAMPLE_NOTES[name])])
 
-    for table, options in _tables():
+    for table, options in _tables(catalogue):
         group = table.split(".")[0]
         note(group)
         note(table)
         if group == "sources":
             name = table.removeprefix("sources.")
-            out.extend(["", f"[{table}]", *_prose(_source_specs()[name].help)])
+            out.extend(["", f"[{table}]", *_prose(catalogue[name].help)])
             for o in options:
                 out.extend(_sample_option(o, with_help=False))
             continue

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from nodescope import config
+from nodescope import assembly
 from nodescope.cli.main import build_parser
 
 
@@ -71,7 +71,7 @@ def findings_kinds() -> str:
 
 SECTIONS = {
     "cli": cli_reference,
-    "config": config.reference_markdown,
+    "config": assembly.reference_markdown,
     "metrics": metrics_reference,
     "finding-signals": findings_signals,
     "finding-kinds": findings_kinds,
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"generated code blocks are stale: {', '.join(stale)}", file=sys.stderr)
             return 1
     if args.sample:
-        Path(args.sample).write_text(config.sample_toml())
+        Path(args.sample).write_text(assembly.sample_toml())
     if args.check:
         text = Path(args.check).read_text()
         if refresh(text) != text:

@@ -23,8 +23,8 @@ from dataclasses import replace
 from functools import partial
 from types import FrameType
 
+from nodescope import assembly, logs
 from nodescope import config as config_mod
-from nodescope import logs
 from nodescope.analysis import Analyzer, alerts_document
 from nodescope.collect import Collector
 from nodescope.config import Config
@@ -391,7 +391,7 @@ def config_loader(path: str | None, overrides: dict[str, object]) -> ConfigLoade
     """A loader that reads ``path`` (or the defaults) and applies CLI overrides each time."""
 
     def load() -> Config:
-        cfg = config_mod.load(path) if path else Config()
+        cfg = assembly.load(path) if path else assembly.default_config()
         roots = {k: v for k, v in overrides.items() if k in ROOT_NAMES and v is not None}
         if roots:
             cfg = replace(cfg, roots=cfg.roots.with_overrides(**roots))  # type: ignore[arg-type]

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from nodescope import kmod_abi as abi
+from nodescope.assembly import default_config
 from nodescope.collect import Collector
-from nodescope.config import Config
 from nodescope.kmod_abi import Device, DeviceRefused, MmioLink, MmioReg, Params, SimLink
 from nodescope.roots import Roots
 from nodescope.sources.nvlink_kmod import NvlinkKmodSource, make_source
@@ -475,7 +475,7 @@ def test_daemon_source_down_while_refused_then_up() -> None:
     with Device(DEV) as admin:
         admin.set_sim([sim(0, 0, GB), sim(0, 1, GB)])
     held: list[Device] = []
-    collector = Collector.from_config(Config(), [make_source()])
+    collector = Collector.from_config(default_config(), [make_source()])
     try:
         while len(held) < limits()[0]:  # root itself takes every file
             held.append(Device(DEV))
@@ -759,7 +759,7 @@ def test_nodescope_snapshot_json_shows_module_metrics() -> None:
         print(f"SNAPSHOT: nodescope snapshot --json took {time.monotonic() - t0:.1f} s")
         # The exposition of the same source, as the daemon serves it (in this process: a
         # second interpreter start costs ~15 s under emulation).
-        collector = Collector.from_config(Config(), [make_source()])
+        collector = Collector.from_config(default_config(), [make_source()])
         collector.run_cycle(force=True)
         time.sleep(0.3)
         text = render(collector.run_cycle(force=True)).decode()

@@ -197,13 +197,13 @@ def test_the_partition_guard_holds_an_epilog_drain_back(
 
 
 def test_the_cool_down_holds_a_drain_through_the_gateway(tmp_path: Path) -> None:
-    from nodescope import config as config_mod
+    from nodescope import assembly
     from nodescope.remediation.gateway import Verb, apply
     from nodescope.remediation.policy import Memory, NodeView, PartitionLoad
     from nodescope.remediation.slurm import Scontrol
 
     tool, log = recording_scontrol(tmp_path)
-    config = config_mod.load(str(write_config(tmp_path, tool)))
+    config = assembly.load(str(write_config(tmp_path, tool)))
     view = NodeView("node1", False, None, (PartitionLoad("p", 10, 0),))
     now = time.time()
     recent = Memory(last_change=now - 60)

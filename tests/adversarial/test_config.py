@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodescope import config
+from nodescope import assembly, config
 from nodescope.collect import Collector
 from nodescope.errors import ConfigError
 from nodescope.service import Service
@@ -161,7 +161,7 @@ def test_each_bad_file_is_a_config_error(tmp_path: Path, name: str) -> None:
     path = make(tmp_path)
     started = time.monotonic()
     with pytest.raises(ConfigError) as info:
-        config.load(path)
+        assembly.load(path)
     assert time.monotonic() - started < 2
     message = str(info.value)
     assert str(path) in message and says in message
@@ -172,7 +172,7 @@ def test_a_unix_socket_is_refused(tmp_path: Path) -> None:
     # open(2) of a socket fails with ENXIO before fstat could name it: refused either way.
     for path in _unix_socket(tmp_path):
         with pytest.raises(ConfigError, match=r"a socket|No such device or address") as info:
-            config.load(path)
+            assembly.load(path)
         assert str(path) in str(info.value)
 
 
@@ -240,7 +240,7 @@ def test_every_number_option_refuses_what_is_out_of_bounds(
             literal = str(int(value))
         path.write_text(f"[{table}]\n{key} = {literal}\n")
         with pytest.raises(ConfigError) as info:
-            config.load(path)
+            assembly.load(path)
         assert info.value.key == f"{table}.{key}", literal
         if option.kind is float or math.isfinite(value):
             assert bounds.allowed in str(info.value), literal
@@ -271,7 +271,7 @@ def test_every_number_option_takes_its_bounds(
             )
             extra = f"{partner} = {literal}\n"
         path.write_text(f"[{table}]\n{key} = {literal}\n{extra}")
-        config.load(path)
+        assembly.load(path)
 
 
 @pytest.mark.parametrize(
@@ -299,7 +299,7 @@ def test_types_are_kept_and_lists_and_strings_bounded(tmp_path: Path, text: str,
     path = tmp_path / "nodescope.toml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
-        config.load(path)
+        assembly.load(path)
     assert info.value.key == key
     assert "\n" not in str(info.value)
 
@@ -307,7 +307,7 @@ def test_types_are_kept_and_lists_and_strings_bounded(tmp_path: Path, text: str,
 def test_an_integer_is_taken_where_a_float_is_expected(tmp_path: Path) -> None:
     path = tmp_path / "nodescope.toml"
     path.write_text("[daemon]\ntick_seconds = 2\n[slurm]\nexpected_gpus = 8\nxid_codes = [79]\n")
-    cfg = config.load(path)
+    cfg = assembly.load(path)
     assert cfg.tick_seconds == 2.0 and isinstance(cfg.tick_seconds, float)
     assert cfg.slurm.expected_gpus == 8
     assert cfg.slurm.xid_codes == (79,)
@@ -317,7 +317,7 @@ def test_a_key_with_a_newline_is_named_on_one_line(tmp_path: Path) -> None:
     path = tmp_path / "nodescope.toml"
     path.write_text('[daemon]\n"tick\\nseconds = 1 # forged" = 1\n')
     with pytest.raises(ConfigError, match="unknown key") as info:
-        config.load(path)
+        assembly.load(path)
     assert "\n" not in str(info.value)
     assert "tick\\nseconds" in str(info.value)
 
@@ -326,7 +326,7 @@ def test_a_very_long_key_is_cut_in_the_message(tmp_path: Path) -> None:
     path = tmp_path / "nodescope.toml"
     path.write_text(f"[daemon]\n{'k' * 50_000} = 1\n")
     with pytest.raises(ConfigError, match="unknown key") as info:
-        config.load(path)
+        assembly.load(path)
     assert len(str(info.value)) < 400
 
 
@@ -334,9 +334,9 @@ def test_the_shipped_sample_loads_with_its_documented_bounds() -> None:
     """The sample config and the reference agree with the code (tick within its bounds)."""
     from tests.conftest import REPO
 
-    cfg = config.load(REPO / "systemd" / "nodescope.toml")
+    cfg = assembly.load(REPO / "systemd" / "nodescope.toml")
     assert config.SECONDS_TICK(cfg.tick_seconds) is None
-    reference = config.reference_markdown()
+    reference = assembly.reference_markdown()
     assert config.SECONDS_TICK.allowed in reference
     assert "between 0.1 and 3600" in reference
 
@@ -402,7 +402,7 @@ def test_any_text_loads_or_is_a_config_error(tmp_path_factory: Any, text: str) -
     path = tmp_path_factory.mktemp("fuzz") / "nodescope.toml"
     path.write_text(text)
     try:
-        config.load(path)
+        assembly.load(path)
     except ConfigError as exc:
         assert "\n" not in str(exc)
 
@@ -436,7 +436,7 @@ _DOCUMENTS = st.recursive(
 @given(st.dictionaries(_KEYS, _DOCUMENTS, max_size=5))
 def test_any_document_is_a_config_or_a_config_error(document: dict[str, Any]) -> None:
     try:
-        cfg = config.from_mapping(document, "fuzz.toml")
+        cfg = assembly.from_mapping(document, "fuzz.toml")
     except ConfigError as exc:
         assert "fuzz.toml" in str(exc)
         assert "\n" not in str(exc)
@@ -450,7 +450,9 @@ def test_any_document_is_a_config_or_a_config_error(document: dict[str, Any]) ->
 
 
 def test_a_reload_whose_collector_cannot_be_built_keeps_everything(tmp_path: Path) -> None:
-    configs = iter([config.Config(), config.Config(tick_seconds=2.0, sources={})])
+    configs = iter(
+        [assembly.default_config(), assembly.default_config(tick_seconds=2.0, sources={})]
+    )
     built: list[Collector] = []
 
     def make_collector(cfg: config.Config) -> Collector:

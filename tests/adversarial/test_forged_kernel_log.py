@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from nodescope.analysis import Analyzer
+from nodescope.assembly import default_config
 from nodescope.collect import Collector, ScheduledSource
-from nodescope.config import Config
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
 from nodescope.sim.fake_nvml import FakeNvml, hgx_h100
@@ -192,7 +192,7 @@ def test_lines_the_kernel_writes_for_a_user_are_no_xid_or_sxid(tmp_path: Path) -
         roots=roots,
         scheduled=[ScheduledSource(s, 1.0, 30.0) for s in (nvml_source, sxid_source)],
     )
-    analyzer = Analyzer.from_config(Config())
+    analyzer = Analyzer.from_config(default_config())
     fired: list[str] = []
 
     def cycle() -> Snapshot:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from nodescope.assembly import default_config
 from nodescope.config import Config, SlurmSettings
 from nodescope.hooks.auth import Peer, allowed_uids
 from nodescope.hooks.health import write_gate_state
@@ -225,7 +226,7 @@ def test_five_hundred_parallel_prologs_all_get_an_answer(world_dir: Path) -> Non
 
 
 def _tracker_server(world_dir: Path, dev: Path) -> tuple[HookServer, Config]:
-    config = Config()
+    config = default_config()
     roots = Roots(run=world_dir / "run", dev=dev)
     from dataclasses import replace
 
@@ -391,8 +392,8 @@ def test_an_unreachable_daemon_does_not_pass_a_node_with_an_uncleared_xid(
     assert "Xid 79 on GPU 0" in result.stdout
     assert "daemon not answering" in result.stderr
     # A fresh daemon carries the record over (its own Xid counts start from zero).
-    tracker = JobTracker(lambda: Config(roots=roots))
-    inputs = tracker.gate_inputs(Config(roots=roots, slurm=SlurmSettings(scontrol="")))
+    tracker = JobTracker(lambda: default_config(roots=roots))
+    inputs = tracker.gate_inputs(default_config(roots=roots, slurm=SlurmSettings(scontrol="")))
     assert inputs.xids == (("0", 79, 1),)
     # Cleared by the operator, the node passes again.
     cleared = subprocess.run(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from nodescope.assembly import default_config
 from nodescope.config import Config
 from nodescope.hooks.auth import Peer
 from nodescope.hooks.registrations import (
@@ -134,7 +135,7 @@ def test_a_flood_of_registrations_is_capped_counted_and_parsed_once(
 
 
 def _config(tmp_path: Path, cap: int) -> tuple[Config, Path]:
-    config = Config()
+    config = default_config()
     roots = _roots(tmp_path)
     config = replace(
         config,

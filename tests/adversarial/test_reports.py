@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from nodescope.assembly import default_config
 from nodescope.config import Config
 from nodescope.hooks.auth import Peer
 from nodescope.hooks.daemon import Hooks
@@ -120,7 +121,7 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def _config(tmp_path: Path, reports: Path) -> tuple[Config, Path]:
-    config = Config()
+    config = default_config()
     config = replace(
         config,
         roots=Roots(run=tmp_path / "run", dev=tmp_path / "dev"),

@@ -349,7 +349,7 @@ def _all_snippets(languages: frozenset[str]) -> list[doc_snippets.Snippet]:
 
 
 def test_every_toml_snippet_loads(tmp_path: Path) -> None:
-    from nodescope import config
+    from nodescope import assembly
 
     snippets = _all_snippets(frozenset({"toml"}))
     assert snippets
@@ -357,7 +357,7 @@ def test_every_toml_snippet_loads(tmp_path: Path) -> None:
         path = tmp_path / f"snippet{number}.toml"
         path.write_text(snippet.text)
         try:
-            config.load(path)
+            assembly.load(path)
         except Exception as error:  # the loader's own message says what is wrong
             pytest.fail(f"{snippet.doc}:{snippet.line}: {error}")
     print(f"\n{len(snippets)} toml snippets loaded")

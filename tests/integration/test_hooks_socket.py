@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from nodescope.config import Config, SlurmSettings
+from nodescope.assembly import default_config
+from nodescope.config import SlurmSettings
 from nodescope.hooks.auth import Peer, allowed_uids, slurm_uid
 from nodescope.hooks.transport import HookServer, HookUnavailable, call
 from tests.conftest import nodescope_command
@@ -225,7 +226,7 @@ def test_kill_minus_9_mid_write_leaves_old_or_new(tmp_path: Path) -> None:
 
 
 def test_default_config_has_the_slurm_defaults() -> None:
-    slurm = Config().slurm
+    slurm = default_config().slurm
     assert slurm.timeout_seconds <= 2.0 and slurm.reports_dir == "/var/lib/nodescope/jobs"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nodescope import config
+from nodescope import assembly
 from nodescope.collect import Collector
 from nodescope.detectors import hotplug
 from nodescope.model.link_events import LINK_EVENTS
@@ -162,7 +162,7 @@ def test_the_config_file_points_both_netlink_sources_at_a_namespace(
         f'{others}[sources.netdev]\nnetns = "{veth.name}"\nmax_links = 2\n'
         f'[sources.link_events]\nnetns = "{veth.name}"\ninclude_virtual = true\n'
     )
-    collector = Collector.from_config(config.load(path))
+    collector = Collector.from_config(assembly.load(path))
     try:
         first = collector.run_cycle()
         netdev = first.latest(NETDEV)

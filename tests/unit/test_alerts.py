@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope import config
+from nodescope import assembly, config
 from nodescope.alerts import (
     PENDING_GAP_SECONDS,
     AlertEngine,
@@ -233,10 +233,10 @@ def test_a_keep_band_finding_counts_as_missing_for_a_pending_alert() -> None:
 
 def test_the_pending_gap_is_configured_for_every_kind_and_per_kind() -> None:
     builtin = {"pcie_contention": AlertRule(30.0, 60.0, clear_below=0.5)}
-    default = AlertRules.from_settings(config.Config().alerts, builtin)
+    default = AlertRules.from_settings(assembly.default_config().alerts, builtin)
     assert default.for_kind("pcie_contention").pending_gap_seconds == PENDING_GAP_SECONDS == 1.0
     assert default.for_kind("anything").pending_gap_seconds == 1.0
-    cfg = config.from_mapping(
+    cfg = assembly.from_mapping(
         {
             "alerts": {
                 "pending_gap_seconds": 0.0,
@@ -330,7 +330,7 @@ def test_without_clear_below_a_value_under_its_threshold_is_absent() -> None:
 
 
 def test_keep_floor_is_the_configured_clear_below() -> None:
-    cfg = config.from_mapping(
+    cfg = assembly.from_mapping(
         {"alerts": {"rules": {"pcie_contention": {"clear_below": 0.65}}}}, "t.toml"
     )
     assert keep_floor(cfg, "pcie_contention", ALERT_RULES.get("pcie_contention")) == 0.65
@@ -437,7 +437,7 @@ def test_rules_per_kind_and_disabled_kinds() -> None:
 
 
 def test_rules_from_settings_override_builtins_key_by_key() -> None:
-    cfg = config.from_mapping(
+    cfg = assembly.from_mapping(
         {
             "alerts": {
                 "for_seconds": 20,
@@ -464,6 +464,7 @@ _RULES_PROGRAM = """
 import json
 from dataclasses import asdict
 {first}
+from nodescope.assembly import default_config
 from nodescope.config import Config
 from nodescope.detectors.registry import ALERT_RULES
 {build}
@@ -486,12 +487,12 @@ def _rules_in_a_fresh_process(first: str, build: str) -> dict[str, Any]:
 def test_the_engines_rules_do_not_depend_on_import_order() -> None:
     alone = _rules_in_a_fresh_process(
         "from nodescope.alerts import AlertRules",
-        "rules = AlertRules.from_settings(Config().alerts, ALERT_RULES)",
+        "rules = AlertRules.from_settings(default_config().alerts, ALERT_RULES)",
     )
     everything = _rules_in_a_fresh_process(
         "import nodescope.cli.main, nodescope.service, nodescope.sim.driver\n"
         "from nodescope.analysis import Analyzer",
-        "rules = Analyzer.from_config(Config(), detectors=()).engine.rules",
+        "rules = Analyzer.from_config(default_config(), detectors=()).engine.rules",
     )
     assert alone == everything
     # The registry's rules reach the engine: an error counter that moved fires at once.
@@ -621,7 +622,7 @@ def snap(cycle: int, monotonic: float | None = None) -> Snapshot:
 
 
 def test_the_daemon_analyses_with_no_detectors() -> None:
-    analyzer = Analyzer.from_config(config.Config(), detectors=())
+    analyzer = Analyzer.from_config(assembly.default_config(), detectors=())
     out = analyzer.analyze(snap(1))
     assert out.findings == () and out.alerts == ()
     assert out.alert_counters is not None
@@ -771,7 +772,7 @@ for_seconds = 45
 clear_below = 0.7
 """
     )
-    cfg = config.load(path)
+    cfg = assembly.load(path)
     assert cfg.alerts.alertmanager_url == "http://127.0.0.1:9093"
     assert cfg.alerts.instance == "node-17"
     assert cfg.alerts.resend_seconds == 30.0
@@ -779,7 +780,7 @@ clear_below = 0.7
     assert cfg.alerts.resolve_after_seconds == 60.0
     rule = cfg.alerts.rules["pcie_contention"]
     assert (rule.for_seconds, rule.clear_below, rule.resolve_after_seconds) == (45.0, 0.7, None)
-    assert config.Config().alerts == config.AlertsSettings()
+    assert assembly.default_config().alerts == config.AlertsSettings()
 
 
 @pytest.mark.parametrize(
@@ -806,13 +807,13 @@ def test_bad_alerts_config_names_file_and_key(tmp_path: Path, text: str, key: st
     path = tmp_path / "n.toml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
-        config.load(path)
+        assembly.load(path)
     assert info.value.key == key
     assert str(path) in str(info.value)
 
 
 def test_reference_lists_the_alert_keys() -> None:
-    text = config.reference_markdown()
+    text = assembly.reference_markdown()
     for key in (
         "alerts.alertmanager_url",
         "alerts.for_seconds",
@@ -1000,7 +1001,7 @@ def test_alertname_is_camel_case_of_the_kind() -> None:
 
 
 def test_analyzer_pushes_when_configured(receiver: Receiver) -> None:
-    cfg = config.from_mapping({"alerts": {"alertmanager_url": receiver.url}}, "t.toml")
+    cfg = assembly.from_mapping({"alerts": {"alertmanager_url": receiver.url}}, "t.toml")
 
     def detect(prev: Snapshot | None, cur: Snapshot, c: config.Config) -> list[Finding]:
         return [finding(kind="xid")]
@@ -1016,7 +1017,7 @@ def test_analyzer_pushes_when_configured(receiver: Receiver) -> None:
         out = analyzer.analyze(snap(2))
         assert out.alert_counters is not None and out.alert_counters.push_errors == 0
         # A reload without a URL stops the push.
-        analyzer.configure(config.Config())
+        analyzer.configure(assembly.default_config())
         assert analyzer.pusher is None
     finally:
         analyzer.close()
@@ -1063,7 +1064,7 @@ def test_the_analyzer_calls_the_push_its_factory_built() -> None:
     def detect(prev: Snapshot | None, cur: Snapshot, c: config.Config) -> list[Finding]:
         return [finding(kind="xid")]
 
-    first = config.from_mapping({"alerts": {"alertmanager_url": "http://am:9093"}}, "t.toml")
+    first = assembly.from_mapping({"alerts": {"alertmanager_url": "http://am:9093"}}, "t.toml")
     analyzer = Analyzer.from_config(
         first, detectors=[DetectorInfo("x", detect)], make_pusher=make_push
     )
@@ -1076,7 +1077,7 @@ def test_the_analyzer_calls_the_push_its_factory_built() -> None:
     # Settings that do not touch the push keep it; a new URL closes it and builds another.
     analyzer.configure(replace(first, tick_seconds=2.0))
     assert len(built) == 1 and not built[0].closed
-    second = config.from_mapping({"alerts": {"alertmanager_url": "http://am2:9093"}}, "t.toml")
+    second = assembly.from_mapping({"alerts": {"alertmanager_url": "http://am2:9093"}}, "t.toml")
     analyzer.configure(second)
     assert built[0].closed and [p.url for p in built] == ["http://am:9093", "http://am2:9093"]
     analyzer.close()
@@ -1086,7 +1087,7 @@ def test_the_analyzer_calls_the_push_its_factory_built() -> None:
 def test_the_daemon_hands_its_analysis_the_configured_push(
     receiver: Receiver, tmp_path: Path
 ) -> None:
-    cfg = config.from_mapping(
+    cfg = assembly.from_mapping(
         {
             "daemon": {"listen": "[::1]:9839"},
             "alerts": {"alertmanager_url": receiver.url, "instance": "node-1"},
@@ -1105,13 +1106,13 @@ def test_the_daemon_hands_its_analysis_the_configured_push(
         # Loopback is no address for whoever reads the alert: the host name instead.
         assert pusher.generator_url == f"http://{socket.gethostname()}:9839/api/v1/alerts"
         # A reload that drops the URL stops the push; one that sets it again starts one.
-        service.analyzer.configure(config.Config())
+        service.analyzer.configure(assembly.default_config())
         assert service.analyzer.pusher is None
         service.analyzer.configure(cfg)
         assert isinstance(service.analyzer.pusher, AlertmanagerPusher)
     finally:
         service.shutdown()
-    assert alertmanager_pusher(config.Config()) is None
+    assert alertmanager_pusher(assembly.default_config()) is None
 
 
 # -- /api/v1/alerts and `nodescope alerts` -----------------------------------------------------

@@ -52,6 +52,10 @@ RULES = (
         ("nodescope.detectors", "nodescope.sources", "nodescope.model", "nodescope.analysis"),
         "nodescope_exporters",
     ),
+    # Every stage reads the configuration; it is handed the sources' specs where the program
+    # is put together (nodescope.assembly), and imports no stage, not even inside a function.
+    Rule(("nodescope.config",), "nodescope.sources"),
+    Rule(("nodescope.config",), "nodescope.detectors"),
     # Records and figures are read without the libraries the sources read them with.
     Rule(("nodescope.model", "nodescope.detectors", "nodescope_exporters"), "pynvml"),
     Rule(("nodescope.model", "nodescope.detectors", "nodescope_exporters"), "nodescope.kmod_abi"),
@@ -191,6 +195,13 @@ def test_every_form_of_import_is_seen(tmp_path: Path) -> None:
         "dynamic.py",
         "import importlib\nSOURCE = importlib.import_module('nodescope.sources.pci')\n",
     )
+    # The configuration: a stage imported for type checking only, or inside a function.
+    _write(
+        daemon,
+        "config.py",
+        "import typing\nif typing.TYPE_CHECKING:\n    from nodescope.sources.spec import Spec\n"
+        "def specs():\n    from nodescope.detectors import links\n    return links\n",
+    )
     # Imports along the flow are fine.
     _write(daemon, "detectors/fine.py", "from nodescope.model import top\n")
     _write(exporters, "fine.py", "from nodescope.model.names import pci\n")
@@ -204,6 +215,8 @@ def test_every_form_of_import_is_seen(tmp_path: Path) -> None:
         ("nodescope.model", "nodescope.sources.pci"),
         ("nodescope.detectors.late", "nodescope_exporters.push"),
         ("nodescope_exporters.dynamic", "nodescope.sources.pci"),
+        ("nodescope.config", "nodescope.sources.spec"),
+        ("nodescope.config", "nodescope.detectors.links"),
     }
 
 

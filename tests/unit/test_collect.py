@@ -141,7 +141,7 @@ def test_jitter_of_the_loop_does_not_skip_a_due_source() -> None:
 
 
 def test_source_deadlines_come_from_the_config(tmp_path: Path) -> None:
-    from nodescope.config import load
+    from nodescope.assembly import load
 
     path = tmp_path / "nodescope.toml"
     path.write_text("[sources.disks]\ntimeout_seconds = 2.5\n")
@@ -180,7 +180,7 @@ def test_each_cycle_begins_on_the_inputs_its_sources_share_before_they_run() -> 
 
 
 def test_the_sources_it_builds_share_one_set_of_inputs(tmp_path: Path) -> None:
-    from nodescope.config import load
+    from nodescope.assembly import load
 
     path = tmp_path / "nodescope.toml"
     wanted = {"pci", "udev", "cgroups", "jobs", "procs", "threads"}

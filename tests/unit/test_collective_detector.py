@@ -4,7 +4,8 @@ exporter's series for the same record (bounded labels, ranks as values)."""
 
 from __future__ import annotations
 
-from nodescope.config import CollectivesSettings, from_mapping
+from nodescope.assembly import from_mapping
+from nodescope.config import CollectivesSettings
 from nodescope.detectors import collectives
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.model.collectives import JobCollectives, KindFigures, TracesData

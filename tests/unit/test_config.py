@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope import config
+from nodescope import assembly, config
 from nodescope import options as options_module
 from nodescope.errors import ConfigError
+from nodescope.sources.registry import SOURCES
 from tests.conftest import nodescope_command
 
 
@@ -24,7 +25,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_defaults_without_a_file() -> None:
-    cfg = config.Config()
+    cfg = assembly.default_config()
     assert cfg.listen_address == ("127.0.0.1", config.DEFAULT_PORT)
     assert cfg.sources["disks"].enabled
     assert str(cfg.roots.sysfs) == "/sys"
@@ -46,7 +47,7 @@ interval_seconds = 0.5
 enabled = false
 """,
     )
-    cfg = config.load(path)
+    cfg = assembly.load(path)
     assert cfg.listen_address == ("::1", 9100)
     assert cfg.tick_seconds == 2.0
     assert str(cfg.roots.sysfs) == "/srv/fixture/sys"
@@ -76,7 +77,7 @@ enabled = false
 def test_bad_key_or_value_names_key_and_file(tmp_path: Path, text: str, key: str) -> None:
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as info:
-        config.load(path)
+        assembly.load(path)
     assert info.value.key == key
     assert str(path) in str(info.value)
     assert key in str(info.value)
@@ -85,13 +86,13 @@ def test_bad_key_or_value_names_key_and_file(tmp_path: Path, text: str, key: str
 def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     path = write(tmp_path, "[daemon\n")
     with pytest.raises(ConfigError, match="not valid TOML") as info:
-        config.load(path)
+        assembly.load(path)
     assert str(path) in str(info.value)
 
 
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
-        config.load(tmp_path / "absent.toml")
+        assembly.load(tmp_path / "absent.toml")
 
 
 @pytest.mark.parametrize("command", ["run", "snapshot"])
@@ -122,7 +123,7 @@ def test_cli_exits_2_on_a_bad_config(tmp_path: Path, command: str) -> None:
 )
 def test_arbitrary_documents_are_either_valid_or_config_errors(doc: dict[str, object]) -> None:
     try:
-        cfg = config.from_mapping(doc, "fuzz.toml")
+        cfg = assembly.from_mapping(doc, "fuzz.toml")
     except ConfigError as exc:
         assert "fuzz.toml" in str(exc)
     else:
@@ -130,7 +131,7 @@ def test_arbitrary_documents_are_either_valid_or_config_errors(doc: dict[str, ob
 
 
 def test_reference_lists_every_option() -> None:
-    ref = config.reference_markdown()
+    ref = assembly.reference_markdown()
     for option in config.DAEMON_OPTIONS:
         assert f"`daemon.{option.key}`" in ref
     assert "`sources.disks.interval_seconds`" in ref
@@ -222,7 +223,7 @@ def test_listen_addresses_getaddrinfo_would_choke_on(value: str) -> None:
 
 def _sample_tables() -> dict[str, dict[str, config.Option]]:
     """Table header as the sample writes it -> the options the code declares for it."""
-    tables = {table: {o.key: o for o in options} for table, options in config._tables()}
+    tables = {table: {o.key: o for o in options} for table, options in config._tables(SOURCES)}
     tables[f"alerts.rules.{config.SAMPLE_RULE_KIND}"] = tables.pop("alerts.rules.<kind>")
     return tables
 
@@ -259,7 +260,7 @@ def test_the_shipped_sample_is_the_generated_one() -> None:
     ``python -m nodescope.docgen --sample systemd/nodescope.toml`` after changing an option."""
     from tests.conftest import REPO
 
-    assert (REPO / "systemd" / "nodescope.toml").read_text() == config.sample_toml()
+    assert (REPO / "systemd" / "nodescope.toml").read_text() == assembly.sample_toml()
 
 
 def test_the_sample_shows_every_default(tmp_path: Path) -> None:
@@ -267,10 +268,10 @@ def test_the_sample_shows_every_default(tmp_path: Path) -> None:
     then loads to the configuration of no file at all (plus the example alert rule)."""
     lines = [
         line[2:] if re.match(r"^# (\[|[a-z0-9_]+ = |\"[A-Za-z0-9]+\" = )", line) else line
-        for line in config.sample_toml().splitlines()
+        for line in assembly.sample_toml().splitlines()
     ]
-    cfg = config.load(write(tmp_path, "\n".join(lines) + "\n"))
-    defaults = config.Config()
+    cfg = assembly.load(write(tmp_path, "\n".join(lines) + "\n"))
+    defaults = assembly.default_config()
     assert cfg.alerts.rules == {config.SAMPLE_RULE_KIND: config.AlertRuleSettings(enabled=True)}
     assert dataclasses.replace(cfg.alerts, rules={}) == dataclasses.replace(
         defaults.alerts, rules={}
@@ -280,7 +281,9 @@ def test_the_sample_shows_every_default(tmp_path: Path) -> None:
     assert dict(cfg.sources) == dict(defaults.sources)
     assert dict(cfg.detectors.saturation_models) == {"A100": 0.57}
     uncommented = sum(1 for line in lines if re.match(r"^[a-z0-9_]+ = ", line))
-    declared = sum(1 for _, options in config._tables() for o in options if o.default is not None)
+    declared = sum(
+        1 for _, options in config._tables(SOURCES) for o in options if o.default is not None
+    )
     assert uncommented == declared
 
 
@@ -312,7 +315,7 @@ def test_each_option_is_its_fields_default_type_and_check() -> None:
 
 
 def test_detector_settings_are_typed_attributes() -> None:
-    cfg = config.from_mapping(
+    cfg = assembly.from_mapping(
         {
             "detectors": {
                 "contention": {"utilisation_ratio": 0.75},
@@ -339,7 +342,7 @@ def test_detector_settings_are_typed_attributes() -> None:
 def test_detector_tables_replaced_by_name_keep_the_typed_attributes_in_step() -> None:
     """A copy with other ``values`` (how tests turn one detector off) rebuilds the typed
     attributes, and a partial table takes the defaults of the keys it leaves out."""
-    base = config.Config().detectors
+    base = assembly.default_config().detectors
     values = {name: dict(table) for name, table in base.values.items()}
     values["hangs"]["enabled"] = False
     off = dataclasses.replace(base, values=values)
@@ -354,11 +357,65 @@ def test_detector_tables_replaced_by_name_keep_the_typed_attributes_in_step() ->
 def test_source_settings_take_their_sources_interval() -> None:
     from nodescope.sources.registry import SOURCE_TABLE
 
-    cfg = config.from_mapping({"sources": {"pci": {"timeout_seconds": 2}}})
+    cfg = assembly.from_mapping({"sources": {"pci": {"timeout_seconds": 2}}})
     for info in SOURCE_TABLE:
         assert cfg.sources[info.name].interval_seconds == info.default_interval
-        assert config.Config().sources[info.name] == cfg.sources[info.name] or info.name == "pci"
+        assert (
+            assembly.default_config().sources[info.name] == cfg.sources[info.name]
+            or info.name == "pci"
+        )
     assert cfg.sources["pci"].timeout_seconds == 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Declared:
+    """A source as the configuration sees one (``config.SourceDeclaration``)."""
+
+    name: str
+    default_interval: float
+    help: str
+    settings: type[object] | None = None
+
+
+def test_the_sources_configured_are_the_ones_handed_in_not_a_list_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The configuration knows no source itself: a file's ``[sources.<name>]`` tables, the
+    defaults and both documents follow the catalogue it is handed."""
+    from nodescope.model.netdev import NetdevOptions
+
+    lab = _Declared("lab", 7.0, "reads the lab's bench", NetdevOptions)
+    catalogue = {"lab": lab}
+    cfg = config.from_mapping({"sources": {"lab": {"max_links": 3}}}, "t.toml", catalogue=catalogue)
+    assert list(cfg.sources) == ["lab"]
+    assert cfg.sources["lab"].interval_seconds == 7.0
+    assert cfg.sources["lab"].extra == NetdevOptions(max_links=3)
+    path = write(tmp_path, "[sources.lab]\ninterval_seconds = 2\n")
+    assert config.load(path, catalogue=catalogue).sources["lab"].interval_seconds == 2.0
+    # A source of the registry is unknown to a catalogue without it.
+    with pytest.raises(ConfigError, match=r"sources\.pci.*unknown source"):
+        config.from_mapping({"sources": {"pci": {}}}, "t.toml", catalogue=catalogue)
+    with pytest.raises(ConfigError, match=r"sources\.lab\.netns"):
+        config.from_mapping({"sources": {"lab": {"netns": "../x"}}}, "t.toml", catalogue=catalogue)
+    reference = config.reference_markdown(catalogue)
+    assert "| `sources.lab.interval_seconds` | float | `7.0` |" in reference
+    assert "| `sources.lab.max_links` |" in reference
+    assert "sources.pci" not in reference
+    sample = config.sample_toml(catalogue)
+    assert "[sources.lab]\n## reads the lab's bench\n" in sample and "sources.pci" not in sample
+    assert dict(config.default_sources(catalogue)) == {
+        "lab": config.SourceSettings(interval_seconds=7.0, extra=NetdevOptions())
+    }
+
+
+def test_a_bare_config_configures_no_source_and_the_default_one_every_source() -> None:
+    """``Config()`` holds the stages after the sources; the daemon's default configuration
+    is the composition root's, each source of the registry at its spec's defaults."""
+    assert dict(config.Config().sources) == {}
+    default = assembly.default_config()
+    assert list(default.sources) == list(SOURCES)
+    assert default.sources == assembly.from_mapping({}).sources
+    assert dataclasses.replace(default, sources={}) == config.Config()
 
 
 # -- the netlink sources' own keys ----------------------------------------------------------
@@ -388,7 +445,7 @@ def test_bad_netlink_source_keys_are_refused_with_their_key(
     source: str, table: dict[str, object], key: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        config.from_mapping({"sources": {source: table}}, "net.toml")
+        assembly.from_mapping({"sources": {source: table}}, "net.toml")
     assert f"sources.{source}.{key}" in str(caught.value)
 
 
@@ -400,9 +457,9 @@ def test_the_netlink_sources_are_built_with_their_keys() -> None:
     from nodescope.sources.netlink import NetdevSource
 
     # Empty: the daemon's own namespace, which the sources open as None.
-    assert config.netdev_options(config.Config()) == NetdevOptions("", MAX_LINKS)
-    assert config.link_events_options(config.Config()) == LinkEventsOptions("", False)
-    cfg = config.from_mapping(
+    assert config.netdev_options(assembly.default_config()) == NetdevOptions("", MAX_LINKS)
+    assert config.link_events_options(assembly.default_config()) == LinkEventsOptions("", False)
+    cfg = assembly.from_mapping(
         {
             "sources": {
                 "netdev": {"netns": "pods-1.a_b", "max_links": 8},

@@ -14,7 +14,8 @@ import pytest
 
 import nodescope.cli.demo
 import nodescope.sim.driver
-from nodescope.config import Config, load
+from nodescope.assembly import load
+from nodescope.config import Config
 from nodescope.roots import Roots
 from nodescope.service import Service
 from nodescope.sim.driver import demo

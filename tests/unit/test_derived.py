@@ -11,7 +11,8 @@ from collections.abc import Mapping
 import pytest
 
 from nodescope.alerts import AlertRules, keep_floor
-from nodescope.config import Config, from_mapping
+from nodescope.assembly import default_config, from_mapping
+from nodescope.config import Config
 from nodescope.derive import DerivedStage
 from nodescope.detectors import errors, hangs, placement
 from nodescope.detectors import jobs as jobs_detector
@@ -107,7 +108,7 @@ def test_placement_views_follow_the_processes() -> None:
 def test_the_placement_detector_follows_its_inputs() -> None:
     jobs = SourceSample("jobs", 90.0, 0.0, _jobs(_task(100, "81770", "=mlx5_1")))
     topo = SourceSample("pci", 80.0, 0.0, topology())
-    config = Config()
+    config = default_config()
     stage = DerivedStage()
 
     def detect(
@@ -136,7 +137,7 @@ def test_the_jobs_detector_follows_the_registry_and_the_config() -> None:
     sample = SourceSample("jobs", 90.0, 0.0, _jobs(_task(100, "81770", gpus="0")))
     # GPU 0 belongs to the job (its process 100); pid 555 on it is outside the job.
     nvml = {0: (100, 555)}
-    config = Config()
+    config = default_config()
     stage = DerivedStage()
 
     def detect(
@@ -191,7 +192,7 @@ def _aer_topology(fatal: int) -> object:
 
 
 def test_aer_windows_follow_the_pci_reads_through_the_stage() -> None:
-    config = Config()
+    config = default_config()
     stage = DerivedStage()
 
     def aer(t: float, cur: SourceSample, prev: SourceSample) -> list[float]:
@@ -234,7 +235,7 @@ def test_nvlink_error_counters_that_did_not_move_count_nothing() -> None:
                      previous={"nvml": nvml(1, crc_flit=5)})  # fmt: skip
     assert moved.derived.error_windows.count(key, 60.0, 2.0) == 4
     # Four CRC errors are far from DCGM's 100 a second: no finding.
-    assert errors.detect(None, moved, Config().detectors.errors) == []
+    assert errors.detect(None, moved, default_config().detectors.errors) == []
 
 
 # --- hangs ----------------------------------------------------------------------------------

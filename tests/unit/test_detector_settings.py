@@ -9,7 +9,8 @@ import typing
 from collections.abc import Callable
 from pathlib import Path
 
-from nodescope.config import Config, HangsSettings, from_mapping
+from nodescope.assembly import default_config, from_mapping
+from nodescope.config import Config, HangsSettings
 from nodescope.detectors import hangs
 from nodescope.detectors.registry import (
     DETECTORS,
@@ -40,7 +41,7 @@ def test_every_registered_detector_takes_typed_settings_not_the_config() -> None
         settings = _settings_type(info.detect.detect)
         assert settings is not Config, f"{info.name} still takes the whole Config"
         # What the registry picks for it is of that type.
-        picked = info.detect.settings(Config())
+        picked = info.detect.settings(default_config())
         if settings is type(None):
             assert picked is None
         else:
@@ -74,7 +75,7 @@ def test_the_registry_hands_each_call_the_configuration_of_that_call() -> None:
 
     bound = Configured(detect, lambda c: c.detectors.hangs)
     reloaded = from_mapping({"detectors": {"hangs": {"min_stall_seconds": 7}}})
-    bound(None, Snapshot(0, 0.0, 0.0), Config())
+    bound(None, Snapshot(0, 0.0, 0.0), default_config())
     bound(None, Snapshot(1, 1.0, 1.0), reloaded)
     assert [s.min_stall_seconds for s in seen] == [20.0, 7.0]
     off = from_mapping({"detectors": {"hangs": {"enabled": False}}})
@@ -88,13 +89,15 @@ def test_what_a_detector_reads_besides_its_table_follows_the_configuration() -> 
     cfg = from_mapping(
         {"alerts": {"rules": {"pcie_contention": {"clear_below": 0.4}, "pcie_saturation": {}}}}
     )
-    assert contention_inputs(Config()).keep_below == 0.5
+    assert contention_inputs(default_config()).keep_below == 0.5
     assert contention_inputs(cfg).keep_below == 0.4
-    assert saturation_inputs(Config()).keep_below == 0.9
-    assert saturation_inputs(Config()).models == Config().detectors.saturation_models
+    assert saturation_inputs(default_config()).keep_below == 0.9
+    assert (
+        saturation_inputs(default_config()).models == default_config().detectors.saturation_models
+    )
     # The nvml source's interval: the held times of the GPU health findings count in it.
     slow = from_mapping({"sources": {"nvml": {"interval_seconds": 5}}})
-    assert gpu_health_inputs(Config()).nvml_interval_seconds == 1.0
+    assert gpu_health_inputs(default_config()).nvml_interval_seconds == 1.0
     assert gpu_health_inputs(slow).nvml_interval_seconds == 5.0
 
 

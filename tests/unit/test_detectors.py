@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.config import Config, from_mapping
+from nodescope.assembly import default_config, from_mapping
 from nodescope.detectors import contention, errors, links, nvlink, placement
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS, saturation_inputs
 from nodescope.errors import ConfigError
@@ -418,7 +418,7 @@ def test_detectors_config_section() -> None:
     assert d.contention.min_share == 0.2
     assert dict(d.saturation_models) == {"A100": 0.57, "H100": 0.5}
     assert not d.errors.enabled and d.placement.enabled
-    assert Config().detectors.saturation.bidirectional_ratio == 0.57
+    assert default_config().detectors.saturation.bidirectional_ratio == 0.57
     for bad in (
         {"detectors": {"nope": {}}},
         {"detectors": {"contention": {"nope": 1}}},
@@ -457,7 +457,7 @@ def test_detect_on_a_snapshot_with_tcp_evidence_and_jobs() -> None:
         },
         {"pci": topo, "nvml": nvml(0, 0), "procs": procs_before, "jobs": jobs},
     )
-    found = links.detect_saturation(None, snap, saturation_inputs(Config()))
+    found = links.detect_saturation(None, snap, saturation_inputs(default_config()))
     assert len(found) == 1
     f = found[0]
     assert f.evidence["tcp_retransmitted_segments_per_second"] == pytest.approx(2.0)

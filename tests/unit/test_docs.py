@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from nodescope import config, docgen
+from nodescope import assembly, config, docgen
 from tests.conftest import REPO
 
 
@@ -43,7 +43,7 @@ def test_every_metric_is_in_the_readme() -> None:
 
 
 def test_shipped_sample_config_is_valid() -> None:
-    cfg = config.load(REPO / "systemd" / "nodescope.toml")
+    cfg = assembly.load(REPO / "systemd" / "nodescope.toml")
     assert cfg.listen == config.DEFAULT_LISTEN
 
 
@@ -55,7 +55,7 @@ def test_commented_examples_of_the_sample_config_are_valid(tmp_path: Path) -> No
     ]
     uncommented = tmp_path / "nodescope.toml"
     uncommented.write_text("\n".join(lines) + "\n")
-    cfg = config.load(uncommented)
+    cfg = assembly.load(uncommented)
     assert cfg.listen == config.DEFAULT_LISTEN
 
 

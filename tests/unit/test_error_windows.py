@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.config import Config, from_mapping
+from nodescope.assembly import default_config, from_mapping
 from nodescope.derive import DerivedStage
 from nodescope.detectors import errors
 from nodescope.errors import ConfigError, ParseError
@@ -39,7 +39,7 @@ from tests.unit.gpu_helpers import gpu_health, gpu_sample
 
 IB_CAPTURE = REPO / "tests/fixtures/captures/h100-node-infiniband"
 AER_CAPTURE = REPO / "tests/fixtures/captures/procfs-sysfs-aer"
-CONFIG = Config()
+CONFIG = default_config()
 SETTINGS = CONFIG.detectors.errors
 
 

@@ -19,6 +19,7 @@ import yaml
 
 from nodescope import docgen
 from nodescope.alerts import AlertRule
+from nodescope.assembly import default_config
 from nodescope.config import Config
 from nodescope.detectors.kinds import (
     SEVERITY_DEFAULTS,
@@ -174,7 +175,7 @@ def test_a_spec_states_the_action_of_every_severity_it_raises() -> None:
             [DetectorInfo("a", _nothing, (_spec("x"),)), DetectorInfo("b", _nothing, (_spec("x"),))]
         )
     # The severity defaults are the shipped [remediation] table's.
-    shipped = Config().remediation
+    shipped = default_config().remediation
     assert dict(SEVERITY_DEFAULTS) == {
         Severity.CRITICAL: shipped.critical,
         Severity.WARNING: shipped.warning,
@@ -220,7 +221,7 @@ def test_policy_and_tracker_tables_are_the_specs() -> None:
     assert {k: dict(v) for k, v in BUILTIN_RULES.items()} == wanted
     assert {n for n, k in KINDS.items() if k.contention} == CONTENTION_KINDS
     # Every kind's action with the shipped [remediation] defaults is its spec's.
-    policy = Policy.from_settings(Config().remediation)
+    policy = Policy.from_settings(default_config().remediation)
     for name, spec in KINDS.items():
         for severity, action in spec.remediation.items():
             assert policy.action(name, severity) is Action(action), (name, severity)

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope import config as config_mod
+from nodescope import assembly
 from nodescope.cli import demo as demo_cli
 from nodescope.cli.main import main
 from nodescope.sim import fleet as fleet_mod
@@ -107,7 +107,7 @@ def test_a_nodes_config_keeps_the_alerts_and_detectors_and_names_the_node(tmp_pa
     )
     node = tmp_path / "node03.toml"
     node.write_text(demo_cli.node_config(demo_cli.node_config_tables(path), "node03"))
-    settings_ = config_mod.load(node)
+    settings_ = assembly.load(node)
     assert settings_.alerts.instance == "node03"
     assert settings_.alerts.for_seconds == 3.0
     assert settings_.alerts.alertmanager_url == "http://127.0.0.1:9093"
@@ -254,7 +254,7 @@ def test_the_nodes_serve_on_consecutive_ports_and_a_signal_stops_every_one(
     for name, pid in zip(("node01", "node02"), children, strict=True):
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         node_config = Path(argv[argv.index(b"--config") + 1].decode())
-        read = config_mod.load(node_config)
+        read = assembly.load(node_config)
         assert (read.alerts.instance, read.alerts.for_seconds) == (name, 2.0)
     # One line per node per refresh, the GPU at the fleet's load.
     orchestrator.wait_for("] node02  t=")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nodescope import config as config_mod
+from nodescope import assembly
+from nodescope.assembly import default_config
 from nodescope.config import Config
 from nodescope.hooks.auth import Peer
 from nodescope.hooks.health import Check, alert_check, gate_causes
@@ -66,7 +67,7 @@ def _config(tmp: Path, remediation: str = "") -> Config:
         f'[roots]\nrun = "{run}"\ndev = "{tmp / "dev"}"\nsysfs = "{tmp / "sys"}"\n'
         f'[slurm]\nreports_dir = "{tmp / "reports"}"\n[remediation]\n{remediation}'
     )
-    return config_mod.load(path)
+    return assembly.load(path)
 
 
 def _problem(kind: str, severity: Severity, key: str = "") -> Problem:
@@ -79,7 +80,7 @@ def _problem(kind: str, severity: Severity, key: str = "") -> Problem:
 
 def test_an_alert_fails_the_gate_only_when_its_action_drains() -> None:
     policy = Policy.from_settings(
-        config_mod.from_mapping(
+        assembly.from_mapping(
             {
                 "remediation": {
                     "rules": {
@@ -105,7 +106,7 @@ def test_an_alert_fails_the_gate_only_when_its_action_drains() -> None:
 
 
 def test_the_gate_names_three_alerts_and_counts_the_rest_in_one_safe_line() -> None:
-    policy = Policy.from_settings(Config().remediation)
+    policy = Policy.from_settings(default_config().remediation)
     problems = [
         Problem(f"kind{i}", Severity.CRITICAL, "job=1", 'pid 7 ("evil\nname") gone', key=str(i))
         for i in range(5)
@@ -293,7 +294,7 @@ def test_no_node_name_no_scontrol_or_an_alert_only_policy_starts_nothing(tmp_pat
     )
     assert _run(drain, _snapshot([AER], ["5"])) is None
     drain = JobDrain(
-        lambda: config_mod.from_mapping(
+        lambda: assembly.from_mapping(
             {"roots": {"run": str(config.roots.run)}, "slurm": {"scontrol": ""}}
         ),
         act=act,
@@ -303,7 +304,7 @@ def test_no_node_name_no_scontrol_or_an_alert_only_policy_starts_nothing(tmp_pat
 
 
 def test_due_and_settled() -> None:
-    policy = Policy.from_settings(Config().remediation)
+    policy = Policy.from_settings(default_config().remediation)
     pending = Alert(AER.key, AER.kind, AER.severity, AlertState.PENDING, AER.subjects, "")
     assert due(policy, [AER, SLOW, pending], set(), {}, 10.0) == [AER]
     assert due(policy, [AER], {AER.key}, {}, 10.0) == []
@@ -392,7 +393,7 @@ def test_the_report_notes_what_was_done_to_the_node_during_the_job(tmp_path: Pat
 
 def test_in_a_dry_run_the_gate_says_what_it_would_fail_on_and_passes() -> None:
     policy = Policy.from_settings(
-        config_mod.from_mapping({"remediation": {"dry_run": True}}).remediation
+        assembly.from_mapping({"remediation": {"dry_run": True}}).remediation
     )
     check = alert_check(policy, [_problem("pcie_link_down", Severity.CRITICAL)])
     assert (

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from nodescope.config import Config, from_mapping
+from nodescope.assembly import default_config, from_mapping
+from nodescope.config import Config
 from nodescope.derive import DerivedStage
 from nodescope.detectors import gpu_health as det
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS, gpu_health_inputs
@@ -41,7 +42,7 @@ from tests.unit.gpu_helpers import gen5_sample, gpu_health, nvml_data
 GPU0 = "0000:18:00.0"
 GPU1 = "0000:2a:00.0"
 BDFS = {0: GPU0, 1: GPU1}
-CONFIG = Config()
+CONFIG = default_config()
 #: The default minimum duration of a slowdown.
 MINIMUM = CONFIG.detectors.gpu_health.min_slowdown_seconds
 #: A read interval of 1 s and a health read every 5 runs: health is stale after 15 s.
@@ -727,6 +728,6 @@ def test_bad_gpu_health_tables_are_config_errors(table: dict[str, object]) -> No
 
 
 def test_defaults() -> None:
-    settings = Config().detectors.gpu_health
+    settings = default_config().detectors.gpu_health
     assert settings.enabled and settings.busy_util_percent == 50.0
     assert settings.min_slowdown_seconds == 30.0 and settings.fabric_grace_seconds == 60.0

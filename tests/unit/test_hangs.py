@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nodescope.config import Config, from_mapping
+from nodescope.assembly import default_config, from_mapping
 from nodescope.detectors import hangs
 from nodescope.detectors.registry import DETECTORS
 from nodescope.model.finding import Severity
@@ -30,7 +30,7 @@ from nodescope.sources.mountstats import MountstatsRates
 JOB, HOLDER_JOB = "81760", "81761"
 
 #: The shipped ``[detectors.hangs]`` table.
-HANGS = Config().detectors.hangs
+HANGS = default_config().detectors.hangs
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +301,7 @@ def test_registered_with_alert_rules() -> None:
     # T of "idle for at least T" is the alert's for.
     assert ALERT_RULES[hangs.STORAGE].for_seconds > 0
     assert ALERT_RULES[hangs.UNKNOWN].for_seconds >= ALERT_RULES[hangs.STORAGE].for_seconds
-    disabled = Config()
+    disabled = default_config()
     values = {k: dict(v) for k, v in disabled.detectors.values.items()}
     values["hangs"]["enabled"] = False
     off = dataclasses.replace(

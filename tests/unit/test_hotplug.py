@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.config import Config
+from nodescope.assembly import default_config
 from nodescope.detectors import hotplug
 from nodescope.detectors.registry import DETECTORS
 from nodescope.errors import ParseError
@@ -555,7 +555,7 @@ def test_event_metrics() -> None:
 
 
 def test_detector_disabled() -> None:
-    config = Config()
+    config = default_config()
     values = {k: dict(v) for k, v in config.detectors.values.items()}
     values["hotplug"]["enabled"] = False
     off = dataclasses.replace(

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from nodescope import serving
+from nodescope.assembly import default_config
 from nodescope.collect import Collector
-from nodescope.config import Config
 from nodescope.httpserver import MAX_SLOTS, JsonCache, MetricsHTTPServer
 from nodescope.model.snapshot import Snapshot, SourceStatus
 from nodescope.roots import Roots
@@ -282,7 +282,7 @@ def test_a_reload_that_moves_the_listen_address_serves_there_at_once(tmp_path: P
     ports = [free_port(), free_port()]
     roots = Roots.under(tmp_path)
     (tmp_path / "run").mkdir()
-    configs = [Config(listen=f"127.0.0.1:{port}", roots=roots) for port in ports]
+    configs = [default_config(listen=f"127.0.0.1:{port}", roots=roots) for port in ports]
     current = [configs[0]]
     service = Service(
         lambda: current[0],
@@ -310,7 +310,7 @@ def service_without_sources(tmp_path: Path, tick_seconds: float) -> tuple[Servic
     """A service with no sources on a free loopback port, its tick ``tick_seconds``."""
     port = free_port()
     (tmp_path / "run").mkdir()
-    config = Config(
+    config = default_config(
         listen=f"127.0.0.1:{port}", roots=Roots.under(tmp_path), tick_seconds=tick_seconds
     )
     service = Service(

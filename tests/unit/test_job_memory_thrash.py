@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.config import Config, from_mapping
+from nodescope.assembly import default_config, from_mapping
 from nodescope.detectors import jobs as job_detectors
 from nodescope.model.cgroup import (
     Cgroup,
@@ -33,7 +33,7 @@ JOB = "/system.slice/slurmstepd.scope/job_42"
 STEP = f"{JOB}/step_0"
 
 #: The shipped ``[detectors.jobs]`` table.
-JOBS = Config().detectors.jobs
+JOBS = default_config().detectors.jobs
 
 
 def _cg(
@@ -284,11 +284,13 @@ def test_the_nodes_memory_full_stall_is_evidence_of_the_thrash() -> None:
             "pressure": SourceSample("pressure", 995.0, 0.0, node[995.0]),
         },
     )
-    (finding,) = job_detectors.detect(None, snapshot, Config().detectors.jobs)
+    (finding,) = job_detectors.detect(None, snapshot, default_config().detectors.jobs)
     assert finding.kind == job_detectors.THRASH
     assert finding.evidence["node_memory_full_stall_ratio"] == 0.4
     # Without the pressure source the finding is the same, less that line.
-    (alone,) = job_detectors.detect(None, _snapshot(before, after, 15.0), Config().detectors.jobs)
+    (alone,) = job_detectors.detect(
+        None, _snapshot(before, after, 15.0), default_config().detectors.jobs
+    )
     assert {**alone.evidence, "node_memory_full_stall_ratio": 0.4} == dict(finding.evidence)
 
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nodescope.config import Config, SlurmSettings, from_mapping
+from nodescope.assembly import default_config, from_mapping
+from nodescope.config import SlurmSettings
 from nodescope.detectors import jobs as job_detectors
 from nodescope.errors import ConfigError, ParseError
 from nodescope.hooks.health import (
@@ -663,7 +664,7 @@ def test_detect_uses_the_source_pair_and_config(tmp_path: Path) -> None:
     before = JobsData("v2", (_job(stats=_stats(0)),), (), ())
     after = JobsData("v2", (_job(stats=_stats(2)),), (), ())
     snap = _snapshot(after, previous=before)
-    assert [f.kind for f in job_detectors.detect(None, snap, Config().detectors.jobs)] == [
+    assert [f.kind for f in job_detectors.detect(None, snap, default_config().detectors.jobs)] == [
         job_detectors.OOM_KILL
     ]
     off = from_mapping({"detectors": {"jobs": {"enabled": False}}})

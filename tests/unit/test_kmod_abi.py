@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from nodescope import jsonout
 from nodescope import kmod_abi as abi
 from nodescope import kmod_abi_build as build
+from nodescope.assembly import default_config, from_mapping
 from nodescope.collect import Collector
-from nodescope.config import Config, from_mapping
 from nodescope.detectors import nvlink as det
 from nodescope.errors import ConfigError, ParseError
 from nodescope.kmod_abi import NvlcHeader, NvlcRecord, NvlcSnapshot
@@ -493,7 +493,7 @@ def _collect_twice(tmp_path: Path, first: NvlcSnapshot, second: NvlcSnapshot) ->
     (tmp_path / "dev").mkdir(exist_ok=True)
     path = tmp_path / "dev" / "nvlink_stats"
     now = [100.0]
-    config = dataclasses.replace(Config(), roots=Roots.under(tmp_path))
+    config = dataclasses.replace(default_config(), roots=Roots.under(tmp_path))
     collector = Collector.from_config(config, [src.make_source()])
     collector.clock = lambda: now[0]
     abi.write_snapshot(path, first.header, first.records)
@@ -555,7 +555,7 @@ def test_metrics_of_module_served_links(tmp_path: Path) -> None:
 
 
 def test_no_module_no_series(tmp_path: Path) -> None:
-    config = dataclasses.replace(Config(), roots=Roots.under(tmp_path))
+    config = dataclasses.replace(default_config(), roots=Roots.under(tmp_path))
     collector = Collector.from_config(config, [src.make_source()])
     text = render(collector.run_cycle(force=True)).decode()
     assert "nodescope_nvlink_kmod_serving 0.0" in text
@@ -663,7 +663,7 @@ def test_detect_takes_the_source_pair_from_the_snapshot() -> None:
     at_once = from_mapping({"detectors": {"nvlink": {"min_stall_seconds": 0}}})
     assert [f.kind for f in det.detect(None, snap, at_once.detectors.nvlink)] == [det.STALL]
     # With the default minimum duration a stall seen in one snapshot is not yet a finding.
-    assert det.detect(None, snap, Config().detectors.nvlink) == []
+    assert det.detect(None, snap, default_config().detectors.nvlink) == []
     assert det.detect(None, Snapshot(0, 0.0, 0.0), at_once.detectors.nvlink) == []
 
 

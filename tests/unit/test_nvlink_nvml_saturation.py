@@ -3,7 +3,7 @@ links the nvlink_counter module does not serve, and never twice for one link."""
 
 from __future__ import annotations
 
-from nodescope.config import Config, from_mapping
+from nodescope.assembly import default_config, from_mapping
 from nodescope.detectors import nvlink as det
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.nvlink_kmod import (
@@ -22,7 +22,7 @@ GB = 1e9
 LINK = 25 * GB
 
 #: The shipped ``[detectors.nvlink]`` table.
-NVLINK = Config().detectors.nvlink
+NVLINK = default_config().detectors.nvlink
 
 
 def link(n: int, tx: int, rx: int, t_us: int) -> NvLinkSample:

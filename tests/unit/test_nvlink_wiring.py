@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from nodescope.config import Config, NvlinkSettings, from_mapping
+from nodescope.assembly import default_config, from_mapping
+from nodescope.config import NvlinkSettings
 from nodescope.detectors import nvlink as det
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.errors import ConfigError
@@ -71,7 +72,7 @@ def test_thresholds_come_from_the_detectors_nvlink_table() -> None:
     # Peaks up to 3,000 are no longer over the critical bound: no burst finding.
     assert det.detect(None, snapshot, table(stall_critical_cycles_per_us=3000)) == []
     # The default minimum duration: a burst seen in one snapshot only is not yet a finding.
-    assert det.detect(None, snapshot, Config().detectors.nvlink) == []
+    assert det.detect(None, snapshot, default_config().detectors.nvlink) == []
 
 
 @pytest.mark.parametrize(

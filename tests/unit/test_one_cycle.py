@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from nodescope.analysis import Analyzer
+from nodescope.assembly import default_config
 from nodescope.collect import Collector, ScheduledSource
-from nodescope.config import Config
 from nodescope.cycle import Cycle, OutsideParts
 from nodescope.model.process import ProcessFigures
 from nodescope.model.snapshot import Snapshot
@@ -64,7 +64,12 @@ class Meter:
 def _cycle(outside: OutsideParts, offered: list[Snapshot], strict: bool = False) -> Cycle:
     collector = Collector(roots=Roots(), scheduled=[ScheduledSource(Counting(), 0.0)])
     return Cycle(
-        collector, Analyzer.from_config(Config(), []), offered.append, None, outside, strict=strict
+        collector,
+        Analyzer.from_config(default_config(), []),
+        offered.append,
+        None,
+        outside,
+        strict=strict,
     )
 
 
@@ -129,7 +134,7 @@ def test_the_daemon_and_the_replay_run_the_same_cycle(
         shutil.rmtree(base, ignore_errors=True)
     assert result.cycles == 3
     assert runs == [(True, False)] * 3
-    service = Service(lambda: Config(roots=Roots.under(tmp_path / "host")))
+    service = Service(lambda: default_config(roots=Roots.under(tmp_path / "host")))
     try:
         assert service.run_cycle()
     finally:
@@ -142,7 +147,7 @@ def test_the_watchdog_judges_a_cycle_by_the_tick_it_ran_on(tmp_path: Path) -> No
     cycle is on time by its own tick's bound (60 s), and the next by the new one (11 s)."""
     ticks = [30.0]
     service = Service(
-        lambda: Config(roots=Roots.under(tmp_path / "host"), tick_seconds=ticks[-1]),
+        lambda: default_config(roots=Roots.under(tmp_path / "host"), tick_seconds=ticks[-1]),
         make_collector=lambda config: Collector(roots=Roots(), scheduled=[]),
     )
     try:
@@ -163,6 +168,6 @@ def test_the_timing_of_a_tick() -> None:
     assert Timing.of_tick(1.0) == Timing(1.0, stale_after=11.0, render_window=1.5)
     # A tick longer than the grace: a whole tick of grace.
     assert Timing.of_tick(30.0).stale_after == 60.0
-    assert Timing.of(Config()).tick_seconds == Config().tick_seconds
+    assert Timing.of(default_config()).tick_seconds == default_config().tick_seconds
     assert Timing.of_tick(30.0).sleep_seconds(None) == 30.0
     assert Timing.of_tick(30.0).sleep_seconds(20.0) == 10.0

@@ -21,6 +21,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric as ClientMetric
 from prometheus_client.utils import floatToGoString
 
+from nodescope.assembly import default_config
 from nodescope.config import Config
 from nodescope.model.snapshot import Snapshot, SourceSample
 from nodescope.model.source_key import SourceKey
@@ -346,7 +347,7 @@ def test_the_daemon_cycle_renders_what_generate_latest_renders(tmp_path: Path) -
         collector.clock = lambda: now[0]
         return collector
 
-    config = Config(roots=node.roots)
+    config = default_config(roots=node.roots)
     service = Service(lambda: config, make_collector=make)
     try:
         # Through the default intervals: pci (10 s) and cgroups (5 s) areas are reused.

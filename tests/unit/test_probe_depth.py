@@ -21,7 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.config import ProbeSettings, from_mapping
+from nodescope.assembly import from_mapping
+from nodescope.config import ProbeSettings
 from nodescope.errors import ParseError
 from nodescope.model.paths import PairPath, describe, nvlink_count, pair_path
 from nodescope.model.probe import (

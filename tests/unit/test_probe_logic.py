@@ -22,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope import progress
-from nodescope.config import PROBE_OPTIONS, ProbeSettings, from_mapping
+from nodescope.assembly import from_mapping
+from nodescope.config import PROBE_OPTIONS, ProbeSettings
 from nodescope.errors import ConfigError, ParseError
 from nodescope.model.probe import (
     EXIT_FAILED,

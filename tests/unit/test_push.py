@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nodescope import config
+from nodescope import assembly, config
 from nodescope.alerts import AlertEngine, AlertRule, AlertRules
 from nodescope.errors import ConfigError
 from nodescope.model.alert import Alert
@@ -110,7 +110,7 @@ def test_the_pushed_subject_is_the_exported_one(subjects: dict[str, str]) -> Non
 
 
 def cfg(listen: str = "127.0.0.1:9400", external_url: str = "") -> config.Config:
-    return config.from_mapping(
+    return assembly.from_mapping(
         {
             "daemon": {"listen": listen},
             "alerts": {"alertmanager_url": "http://am:9093", "external_url": external_url},
@@ -192,7 +192,7 @@ def test_a_bad_external_url_is_a_config_error(bad: str) -> None:
 @pytest.mark.parametrize("bad", [7, True, ["http://x"]])
 def test_an_external_url_that_is_no_string_is_a_config_error(bad: object) -> None:
     with pytest.raises(ConfigError, match="external_url"):
-        config.from_mapping({"alerts": {"external_url": bad}}, "t.toml")
+        assembly.from_mapping({"alerts": {"external_url": bad}}, "t.toml")
 
 
 def test_the_daemon_exits_2_on_a_bad_external_url(tmp_path: Path) -> None:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from nodescope import config as config_mod
+from nodescope import assembly
 from nodescope.errors import ConfigError
 
 
 def test_defaults() -> None:
-    settings = config_mod.Config().remediation
+    settings = assembly.default_config().remediation
     assert (settings.critical, settings.warning, settings.info) == ("drain", "alert", "none")
     assert not settings.dry_run and settings.rules == {}
 
@@ -22,7 +22,7 @@ def test_a_file_with_rules(tmp_path: Path) -> None:
         "[remediation]\ndry_run = true\ncooldown_seconds = 0\nmax_drained_share = 0.5\n"
         '[remediation.rules.ib_port_flapping]\nwarning = "drain_requeue"\n'
     )
-    settings = config_mod.load(path).remediation
+    settings = assembly.load(path).remediation
     assert settings.dry_run and settings.cooldown_seconds == 0.0
     assert settings.max_drained_share == 0.5
     rule = settings.rules["ib_port_flapping"]
@@ -46,4 +46,4 @@ def test_a_file_with_rules(tmp_path: Path) -> None:
 )
 def test_refusals_name_the_key(table: dict[str, object], where: str) -> None:
     with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
-        config_mod.from_mapping({"remediation": table})
+        assembly.from_mapping({"remediation": table})

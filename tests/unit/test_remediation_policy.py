@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope import config as config_mod
+from nodescope import assembly
 from nodescope.model.finding import Severity
 from nodescope.remediation.policy import (
     MAX_REASON,
@@ -26,7 +26,7 @@ NOW = 1_000_000.0
 
 
 def policy(**remediation: object) -> Policy:
-    cfg = config_mod.from_mapping({"remediation": remediation})
+    cfg = assembly.from_mapping({"remediation": remediation})
     return Policy.from_settings(cfg.remediation)
 
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodescope import assembly
 from nodescope import config as config_mod
 from nodescope.analysis import action_texts, alerts_document
 from nodescope.cli import alerts as alerts_cli
@@ -85,7 +86,7 @@ class FakeSlurm:
 def _config(tmp: Path, remediation: str = "cooldown_seconds = 0\n") -> config_mod.Config:
     path = tmp / "n.toml"
     path.write_text(f'[roots]\nrun = "{tmp / "run"}"\n[remediation]\n{remediation}')
-    return config_mod.load(path)
+    return assembly.load(path)
 
 
 def _critical(gpu: str = "0") -> Problem:

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from nodescope.assembly import default_config
 from nodescope.collect import ScheduledSource
-from nodescope.config import Config
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
 from nodescope.service import Service
@@ -81,14 +81,14 @@ def node(tmp_path: Path) -> Iterator[SimulatedNode]:
 def test_the_replay_schedules_every_source_as_the_daemon_does(
     node: SimulatedNode, tmp_path: Path
 ) -> None:
-    daemon = Service(lambda: Config(roots=Roots.under(tmp_path / "host")))
+    daemon = Service(lambda: default_config(roots=Roots.under(tmp_path / "host")))
     inputs = SourceInputs()
     sources = node.sources(inputs=inputs)
     try:
         ours = {item.source.name: cadence(item) for item in daemon.collector.scheduled}
         replayed = {
             item.source.name: cadence(item)
-            for item in replay_schedule(Config(roots=node.roots), sources, inputs)
+            for item in replay_schedule(default_config(roots=node.roots), sources, inputs)
         }
         # The node runs every source of the daemon's but those whose spec says it does not
         # (no sim_parts): the rtnetlink dump (it has no network namespace), the probe
@@ -186,7 +186,7 @@ def test_a_raised_counter_shows_at_the_daemons_slow_read(tmp_path: Path) -> None
         shutil.rmtree(base, ignore_errors=True)
     assert result.cycles == 25
 
-    daemon = Service(lambda: Config(roots=Roots.under(tmp_path / "host")))
+    daemon = Service(lambda: default_config(roots=Roots.under(tmp_path / "host")))
     try:
         schedule = {item.source.name: cadence(item) for item in daemon.collector.scheduled}
     finally:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from nodescope.assembly import default_config
 from nodescope.collect import Collector
-from nodescope.config import Config
 from nodescope.model.process import PSS_EVERY_SECONDS, ProcessFigures
 from nodescope.model.snapshot import Snapshot
 from nodescope.roots import Roots
@@ -269,7 +269,7 @@ def test_only_the_process_collectors_names_go_without_the_prefix() -> None:
 
 def test_the_daemon_exports_its_own_and_its_serving_processs_figures(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
-    config = Config(listen="127.0.0.1:0", roots=Roots.under(tmp_path))
+    config = default_config(listen="127.0.0.1:0", roots=Roots.under(tmp_path))
     service = Service(
         lambda: config,
         notifier=Notifier(address=""),

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from nodescope.analysis import Analyzer
+from nodescope.assembly import default_config
 from nodescope.collect import Collector, ScheduledSource
-from nodescope.config import AlertRuleSettings, AlertsSettings, Config
+from nodescope.config import AlertRuleSettings, AlertsSettings
 from nodescope.detectors import errors
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.model.alert import AlertState
@@ -71,7 +72,9 @@ class _Run:
         # The detector's kinds with a 30 s "for" and no grace: a cycle without the finding
         # would resolve the alert.
         rule = AlertRuleSettings(for_seconds=30.0, resolve_after_seconds=0.0)
-        config = Config(roots=self.roots, alerts=AlertsSettings(rules=dict.fromkeys(KINDS, rule)))
+        config = default_config(
+            roots=self.roots, alerts=AlertsSettings(rules=dict.fromkeys(KINDS, rule))
+        )
         self.analyzer = Analyzer.from_config(config, [d for d in DETECTORS if d.name == "errors"])
 
     def cycles(self, seconds: int) -> Iterator[tuple[float, Snapshot]]:

@@ -141,17 +141,17 @@ def test_a_spec_whose_build_makes_another_source_is_refused_when_built() -> None
 def test_a_sources_own_keys_are_the_ones_its_spec_declares_and_reach_the_source(
     tmp_path: Path,
 ) -> None:
-    from nodescope import config
+    from nodescope import assembly, config
     from nodescope.options import options_of
 
     with_keys = {spec.name: spec.settings for spec in SOURCE_TABLE if spec.settings is not None}
     assert set(with_keys) == {"netdev", "link_events", "traces"}
-    reference = config.reference_markdown()
+    reference = assembly.reference_markdown()
     for name, settings in with_keys.items():
         for option in options_of(settings):
             assert f"| `sources.{name}.{option.key}` |" in reference, (name, option.key)
     # One declaration: the object the file's keys make is what the source is built from.
-    cfg = config.from_mapping({"sources": {"netdev": {"max_links": 3}}}, "t.toml")
+    cfg = assembly.from_mapping({"sources": {"netdev": {"max_links": 3}}}, "t.toml")
     options = config.netdev_options(cfg)
     assert isinstance(options, SOURCES["netdev"].settings) and options.max_links == 3
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodescope.config import Config
+from nodescope.assembly import default_config
 from nodescope.detectors import sxids
 from nodescope.model.finding import Severity
 from nodescope.model.skips import SkipTally
@@ -420,7 +420,7 @@ def test_source_without_a_kernel_log_raises(tmp_path: Path) -> None:
 
 SW0 = "0000:c3:00.0"
 SW3 = "0000:05:00.0"
-CONFIG = Config()
+CONFIG = default_config()
 
 
 def _data(*counts: SxidCount) -> SxidData:

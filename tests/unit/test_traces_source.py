@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nodescope.assembly import default_config, from_mapping
 from nodescope.collect import Collector
 from nodescope.collectives import Limits, ParsedFile
 from nodescope.collectives.model import KIND_NAMES
-from nodescope.config import Config, from_mapping, spool_settings
+from nodescope.config import spool_settings
 from nodescope.errors import ConfigError
 from nodescope.model.collectives import KINDS, SpoolSettings
 from nodescope.model.job_records import JobsData, Registration
@@ -615,7 +616,7 @@ def test_bad_spool_options_are_refused_with_their_key(table: dict[str, object], 
 
 
 def test_the_source_runs_only_with_a_spool_and_gets_its_settings() -> None:
-    assert not Config().sources["traces"].enabled
+    assert not default_config().sources["traces"].enabled
     assert not from_mapping({"sources": {"traces": {"enabled": True}}}).sources["traces"].enabled
     config = from_mapping({"sources": {"traces": {"spool_dir": "/s", "max_jobs": 3}}})
     assert config.sources["traces"].enabled

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nodescope.config import Config, from_mapping
+from nodescope.assembly import default_config, from_mapping
 from nodescope.detectors import xids
 from nodescope.detectors.registry import ALERT_RULES, DETECTORS
 from nodescope.errors import ParseError
@@ -128,7 +128,7 @@ def _snapshot(now: NvmlData, before: NvmlData | None = None, cycle: int = 2) -> 
 
 
 DETECT = xids.XidDetector(CATALOG)
-CONFIG = Config()
+CONFIG = default_config()
 
 
 def test_new_xid_is_a_finding_of_its_class_with_the_catalog_severity() -> None:
@@ -206,7 +206,7 @@ def test_new_xids_uses_the_source_pair() -> None:
 def test_the_prolog_gate_default_codes_are_catalogued_hardware_faults() -> None:
     """``[slurm] xid_codes`` is its own list (not derived from the catalog); it must still
     name only codes the catalog knows, and no application fault."""
-    for code in Config().slurm.xid_codes:
+    for code in default_config().slurm.xid_codes:
         info = CATALOG.lookup(code)
         assert info.known, code
         assert info.xid_class != APPLICATION, code

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from nodescope import config as config_mod
+from nodescope import assembly
 from nodescope.errors import ConfigError
 from nodescope.text import sanitize, sanitize_lines
 
@@ -54,7 +54,7 @@ def base_url(args: argparse.Namespace) -> str:
     path = args.config
     if path is None and Path(DEFAULT_CONFIG).exists():
         path = DEFAULT_CONFIG
-    cfg = config_mod.load(path) if path else config_mod.Config()
+    cfg = assembly.load(path) if path else assembly.default_config()
     host, port = cfg.listen_address
     # A wildcard listen address is reached on loopback.
     host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)

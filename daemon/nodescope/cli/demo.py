@@ -39,8 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from nodescope import config as config_mod
-from nodescope import logs
+from nodescope import assembly, logs
 from nodescope.config import DEFAULT_LISTEN, parse_listen
 from nodescope.errors import ConfigError, ParseError
 from nodescope.progress import Progress
@@ -154,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         print("nodescope demo: --duration must be greater than 0", file=sys.stderr)
         return 2
     try:
-        settings = config_mod.load(args.config) if args.config else None
+        settings = assembly.load(args.config) if args.config else None
     except ConfigError as exc:
         print(f"nodescope demo: {exc}", file=sys.stderr)
         return 2
@@ -199,7 +198,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     tables: dict[str, Any] = {}
     if args.config:
         try:
-            config_mod.load(args.config)  # judged as the children will judge it
+            assembly.load(args.config)  # judged as the children will judge it
             tables = node_config_tables(Path(args.config))
         except ConfigError as exc:
             return _usage(str(exc))
@@ -233,7 +232,7 @@ def run_fleet(args: argparse.Namespace) -> int:
 
 def node_config_tables(path: Path) -> dict[str, Any]:
     """The ``[alerts]`` and ``[detectors]`` tables of a configuration file, as written: the
-    only ones a demo takes (``config.load`` has judged the file already)."""
+    only ones a demo takes (``assembly.load`` has judged the file already)."""
     try:
         with path.open("rb") as f:
             document = tomllib.load(f)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nodescope import config as config_mod
+from nodescope import assembly
 from nodescope.cli.common import roots_from_args
 from nodescope.errors import ConfigError, ParseError
 from nodescope.hooks.transport import HookUnavailable, call, socket_path
@@ -91,7 +91,7 @@ def command(args: argparse.Namespace, python: str = sys.executable) -> list[str]
             cmd.append(f"--{name}={value}")
     if args.record:
         try:
-            base = config_mod.load(args.config).roots if args.config else None
+            base = assembly.load(args.config).roots if args.config else None
         except ConfigError:
             base = None  # the probe process reports the configuration error itself
         cmd += ["--write-report", str(state_path(roots_from_args(args, base)))]
@@ -103,7 +103,7 @@ def via_daemon(
 ) -> int:
     """Start a probe in the daemon, poll for its outcome, print it like a local run."""
     try:
-        config = config_mod.load(args.config) if args.config else config_mod.Config()
+        config = assembly.load(args.config) if args.config else assembly.default_config()
     except ConfigError as exc:
         print(f"nodescope probe: {exc}", file=sys.stderr)
         return EXIT_USAGE

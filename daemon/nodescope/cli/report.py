@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nodescope import config as config_mod
-from nodescope.config import Config
+from nodescope import assembly
 from nodescope.errors import ConfigError
 from nodescope.text import sanitize, sanitize_lines
 from nodescope_exporters.reports import atomic_write_bytes, read_report, render_svg, render_text
@@ -45,7 +44,7 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         path = args.config or (DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None)
-        config = config_mod.load(path) if path else Config()
+        config = assembly.load(path) if path else assembly.default_config()
     except ConfigError as exc:
         print(f"nodescope: {exc}", file=sys.stderr)
         return 2

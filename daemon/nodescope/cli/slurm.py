@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nodescope import config as config_mod
+from nodescope import assembly
 from nodescope.cli.common import roots_from_args
 from nodescope.config import Config
 from nodescope.errors import ConfigError
@@ -122,7 +122,7 @@ def register(subparsers: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 def _config(args: argparse.Namespace) -> Config:
     path = args.config or (DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None)
-    config = config_mod.load(path) if path else Config()
+    config = assembly.load(path) if path else assembly.default_config()
     return replace(config, roots=roots_from_args(args, config.roots))
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nodescope import config as config_mod
+from nodescope import assembly
 from nodescope.errors import ConfigError, ParseError
 from nodescope.model.probe import EXIT_NOT_MEASURED, EXIT_USAGE, report_to_json
 from nodescope.model.topology import Topology
@@ -130,7 +130,7 @@ def nvlink_counts(
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        config = config_mod.load(args.config) if args.config else config_mod.Config()
+        config = assembly.load(args.config) if args.config else assembly.default_config()
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -54,6 +54,8 @@ from types import FrameType
 from typing import Any, Protocol, TextIO
 
 from nodescope.analysis import Analyzer
+from nodescope.assembly import default_config
+from nodescope.assembly import from_mapping as config_from_mapping
 from nodescope.collect import Collector, ScheduledSource
 from nodescope.config import (
     Config,
@@ -61,7 +63,6 @@ from nodescope.config import (
     netdev_options,
     spool_settings,
 )
-from nodescope.config import from_mapping as config_from_mapping
 from nodescope.cycle import Cycle, LatestSnapshot, OutsideParts
 from nodescope.detectors.registry import DetectorInfo
 from nodescope.model.disks import DISKS
@@ -179,7 +180,7 @@ def replay_config(node: NodeLike) -> Config:
     (``[sources.traces] spool_dir``) where it has one."""
     spool = getattr(node, "spool_dir", None)
     if spool is None:
-        return Config(roots=node.roots)
+        return default_config(roots=node.roots)
     configured = config_from_mapping({"sources": {"traces": {"spool_dir": str(spool)}}})
     return dataclasses.replace(configured, roots=node.roots)
 
@@ -903,7 +904,7 @@ def demo(
             stream,
             node_factory,
             install_signal_handlers,
-            settings or Config(),
+            settings or default_config(),
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -30,6 +30,7 @@ import pwd
 from dataclasses import replace
 from pathlib import Path
 
+from nodescope.assembly import default_config
 from nodescope.config import Config, SlurmSettings
 from nodescope.roots import ROOT_NAMES, Roots
 
@@ -72,7 +73,7 @@ def sandbox_config(root: Path, roots: Roots, listen: str, settings: Config) -> C
     outside = [name for name in ROOT_NAMES if not getattr(roots, name).is_relative_to(root)]
     if outside:
         raise ValueError(f"the simulated node's roots {', '.join(outside)} are not under {root}")
-    return Config(
+    return default_config(
         listen=listen,
         tick_seconds=1.0,
         log_level="warning",
