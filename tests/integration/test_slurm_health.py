@@ -337,6 +337,8 @@ def test_slurmd_runs_it_as_its_health_check_program() -> None:
             "HealthCheckInterval=2",
             "HealthCheckNodeState=ANY",
         )
+        # slurmd runs the program every 2 s, each run a Python start that several test workers
+        # on two cores stretch to seconds: the waits below allow a minute.
         with running("nodescope-hcp-run-", program) as s:
             config.write_text(s.health_config("cooldown_seconds = 0\n").read_text())
             # slurmd gives its HealthCheckProgram no SLURM_CONF (only SLURMD_NODENAME): a
@@ -349,15 +351,15 @@ def test_slurmd_runs_it_as_its_health_check_program() -> None:
             # The counter keeps moving until slurmd's next run has seen the alert.
             node = _wait(
                 lambda: s.drained_node() if s.raise_fatal_aer() else None,
-                30,
+                60,
                 "slurmd's health check draining the node",
             )
             assert node["Reason"].startswith(f"nodescope: pcie_aer_errors {alert['subject']}")
             s.wait_cleared()
-            s.cluster.wait_node_state(("IDLE",), 20)
+            s.cluster.wait_node_state(("IDLE",), 60)
             _wait(
                 lambda: "DRAIN" not in s.node()["State"].split("+"),
-                20,
+                60,
                 "slurmd's health check resuming the node",
             )
             # The record is written once scontrol has answered: a moment after the resume.

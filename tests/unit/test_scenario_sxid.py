@@ -18,6 +18,7 @@ import pytest
 from nodescope.errors import ParseError
 from nodescope.sim.node import SimulatedNode
 from nodescope.sim.scenario import INSTANT_KINDS, Scenario
+from nodescope.sources.registry import SOURCES
 from nodescope.sources.sxid import SKIP_NOT_KERNEL, SxidSource
 from tests.unit.scenario_helpers import (
     load_document,
@@ -132,9 +133,9 @@ def test_a_healthy_node_has_an_empty_kernel_log_its_source_reads(scratch: Path) 
     data = source.collect(node.roots)
     assert (data.counts, data.dropped, data.lost, data.behind) == ((), 0, 0, False)
     assert not data.skipped
-    # The node builds the source with its others, before NVML's and the module's.
+    # The node builds the source with its others, and runs them in the daemon's order.
     names = [s.name for s in node.sources()]
-    assert "sxid" in names and names[-2:] == ["nvml", "nvlink_kmod"]
+    assert "sxid" in names and names == [name for name in SOURCES if name in names]
 
 
 def test_an_sxid_is_the_drivers_three_records_at_its_time(scratch: Path) -> None:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nodescope import collectives
 from nodescope.assembly import default_config, from_mapping
 from nodescope.collect import Collector
 from nodescope.collectives import Limits, ParsedFile
@@ -339,15 +340,16 @@ def test_a_file_that_makes_the_parser_raise_is_counted_and_the_others_still_coun
     job = _job_dir(spool, "7")
     _copy_fixtures(job)
     _put(job, "poison.json", b'{"poison": true}')
-    real = traces.parse_bytes
+    real = collectives.parse_bytes
 
     def parse(data: bytes, path: str, limits: Limits) -> ParsedFile:
         if b"poison" in data:
             raise RecursionError("a parser bug")
         return real(data, path, limits)
 
-    # In this process, so the patched parser is the one that runs.
-    monkeypatch.setattr(traces, "parse_bytes", parse)
+    # In this process, so the patched parser is the one that runs (the parser process's
+    # work imports it when it runs).
+    monkeypatch.setattr(collectives, "parse_bytes", parse)
     source = TracesSource(_settings(spool), lambda: _jobs(("7", JOB_UID)))
     source.worker = TraceWorker(source.settings, parse=parse_here)
     try:

@@ -53,11 +53,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nodescope.collectives import Analysis, Limits, ParsedFile, analyze, parse_bytes
-from nodescope.collectives.budget import OVER_BUDGET as OVER_BUDGET_TEXT
-from nodescope.collectives.model import FileReport
 from nodescope.model.collectives import (
     KINDS,
     TRACES,
@@ -72,6 +69,9 @@ from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
 from nodescope.sources import trace_refusals
 from nodescope.sources.spec import SourceSpec
+
+if TYPE_CHECKING:
+    from nodescope.collectives import Analysis
 
 log = logging.getLogger("nodescope.sources.traces")
 
@@ -543,6 +543,12 @@ def parse_job_here(
     """The parser process's work (:func:`parse_job`), callable in a test's own process.
     Each file gets what the job's budget has left; a file over it, or one whose decoding runs
     out of the process's memory, is refused (:data:`trace_refusals.OVER_BUDGET`)."""
+    # The parsers are the parser process's: the daemon, which only reads its answers, and a
+    # command that lists the sources never load them.
+    from nodescope.collectives import Limits, ParsedFile, analyze, parse_bytes
+    from nodescope.collectives.budget import OVER_BUDGET as OVER_BUDGET_TEXT
+    from nodescope.collectives.model import FileReport
+
     base = Limits(max_file_bytes=budget.max_file_bytes, max_files=budget.max_files)
     objects_left, records_left = budget.max_objects, budget.max_records
     parsed: list[ParsedFile] = []
