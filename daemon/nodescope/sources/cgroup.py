@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import NamedTuple, TypeVar, cast
 
 from nodescope.errors import ParseError
 from nodescope.fileio import CGROUP_LIST, CGROUP_STAT, PROC_PROCESS
@@ -402,6 +402,31 @@ _NO_IDS: tuple[int, ...] = ()
 _Static = tuple[tuple[str, ...] | None, str | None, Limit | None, Limit | None, Limit | None]
 
 
+class _Inputs(NamedTuple):
+    """What one cgroup's record is made of, as one read gathered it: the memo keeps the last
+    read's, and a read whose inputs are equal to them gives the memo's record again."""
+
+    depth: object
+    nr_children: object
+    static: object
+    events: object
+    procs: object
+    threads: object
+    memory_events: object
+    memory_events_local: object
+    memory_current: object
+    memory_peak: object
+    memory_stat: object
+    cpu_stat: object
+    io_stat: object
+    pids_current: object
+    pids_events: object
+    cpu_pressure: object
+    memory_pressure: object
+    io_pressure: object
+    irq_pressure: object
+
+
 class _Memo:
     """What one walk learned about one cgroup directory and the next walk reuses: the static
     files, the text and parsed value of every other file (a file whose text did not change is
@@ -418,7 +443,7 @@ class _Memo:
         #: Lines skipped in the parse of an id list that is reused unparsed: they count again
         #: on every walk that reads the same text.
         self.skips: dict[str, Skipped] = {}
-        self.inputs: tuple[object, ...] | None = None
+        self.inputs: _Inputs | None = None
         self.record: Cgroup | None = None
         self.bare: Cgroup | None = None
 
@@ -635,26 +660,26 @@ def _read_memo(
     memory_events, memory_events_local = _read_memory_events(read, slow)
 
     one = read.one
-    inputs = (
-        depth,
-        nr_children,
-        static,
-        events,
-        procs,
-        threads,
-        memory_events,
-        memory_events_local,
-        one("memory.current", parse_value),
-        one("memory.peak", parse_value),
-        one("memory.stat", parse_key_values),
-        one("cpu.stat", parse_cpu_stat),
-        one("io.stat", parse_io_stat),
-        one("pids.current", parse_value),
-        one("pids.events", parse_key_values),
-        one("cpu.pressure", parse_pressure),
-        one("memory.pressure", parse_pressure),
-        one("io.pressure", parse_pressure),
-        one("irq.pressure", parse_pressure),
+    inputs = _Inputs(
+        depth=depth,
+        nr_children=nr_children,
+        static=static,
+        events=events,
+        procs=procs,
+        threads=threads,
+        memory_events=memory_events,
+        memory_events_local=memory_events_local,
+        memory_current=one("memory.current", parse_value),
+        memory_peak=one("memory.peak", parse_value),
+        memory_stat=one("memory.stat", parse_key_values),
+        cpu_stat=one("cpu.stat", parse_cpu_stat),
+        io_stat=one("io.stat", parse_io_stat),
+        pids_current=one("pids.current", parse_value),
+        pids_events=one("pids.events", parse_key_values),
+        cpu_pressure=one("cpu.pressure", parse_pressure),
+        memory_pressure=one("memory.pressure", parse_pressure),
+        io_pressure=one("io.pressure", parse_pressure),
+        irq_pressure=one("irq.pressure", parse_pressure),
     )
     if inputs == memo.inputs and memo.record is not None and memo.record.path == path:
         return memo.record
@@ -665,59 +690,38 @@ def _read_memo(
     return record
 
 
-def _record(path: str, inputs: tuple[object, ...]) -> Cgroup:
-    """The record of one cgroup from the inputs :func:`_read_memo` gathered, in its order."""
-    (
-        depth,
-        nr_children,
-        static,
-        events,
-        procs,
-        threads,
-        memory_events,
-        memory_events_local,
-        memory_current,
-        memory_peak,
-        memory_stat,
-        cpu_stat,
-        io_stat,
-        pids_current,
-        pids_events,
-        cpu_pressure,
-        memory_pressure,
-        io_pressure,
-        irq_pressure,
-    ) = inputs
-    controllers, cgroup_type, memory_high, memory_max, pids_max = cast(_Static, static)
-    procs = cast(tuple[int, ...] | None, procs)
-    threads = cast(tuple[int, ...] | None, threads)
+def _record(path: str, inputs: _Inputs) -> Cgroup:
+    """The record of one cgroup from the inputs :func:`_read_memo` gathered."""
+    controllers, cgroup_type, memory_high, memory_max, pids_max = cast(_Static, inputs.static)
+    procs = cast(tuple[int, ...] | None, inputs.procs)
+    threads = cast(tuple[int, ...] | None, inputs.threads)
     return Cgroup(
         path=path,
-        depth=cast(int, depth),
+        depth=cast(int, inputs.depth),
         type=cgroup_type,
         controllers=controllers,
-        nr_children=cast(int, nr_children),
-        events=cast(CgroupEvents | None, events),
+        nr_children=cast(int, inputs.nr_children),
+        events=cast(CgroupEvents | None, inputs.events),
         nr_procs=None if procs is None else len(set(procs)),
         nr_threads=None if threads is None else len(set(threads)),
         procs=procs,
         threads=threads,
-        memory_current=cast(int | None, memory_current),
-        memory_peak=cast(int | None, memory_peak),
+        memory_current=cast(int | None, inputs.memory_current),
+        memory_peak=cast(int | None, inputs.memory_peak),
         memory_high=memory_high,
         memory_max=memory_max,
-        memory_events=cast(MemoryEvents | None, memory_events),
-        memory_events_local=cast(MemoryEvents | None, memory_events_local),
-        memory_stat=cast(KeyValues | None, memory_stat),
-        cpu_stat=cast(CpuStat | None, cpu_stat),
-        io_stat=cast(IoStat | None, io_stat),
-        pids_current=cast(int | None, pids_current),
+        memory_events=cast(MemoryEvents | None, inputs.memory_events),
+        memory_events_local=cast(MemoryEvents | None, inputs.memory_events_local),
+        memory_stat=cast(KeyValues | None, inputs.memory_stat),
+        cpu_stat=cast(CpuStat | None, inputs.cpu_stat),
+        io_stat=cast(IoStat | None, inputs.io_stat),
+        pids_current=cast(int | None, inputs.pids_current),
         pids_max=pids_max,
-        pids_events=cast(KeyValues | None, pids_events),
-        cpu_pressure=cast(Pressure | None, cpu_pressure),
-        memory_pressure=cast(Pressure | None, memory_pressure),
-        io_pressure=cast(Pressure | None, io_pressure),
-        irq_pressure=cast(Pressure | None, irq_pressure),
+        pids_events=cast(KeyValues | None, inputs.pids_events),
+        cpu_pressure=cast(Pressure | None, inputs.cpu_pressure),
+        memory_pressure=cast(Pressure | None, inputs.memory_pressure),
+        io_pressure=cast(Pressure | None, inputs.io_pressure),
+        irq_pressure=cast(Pressure | None, inputs.irq_pressure),
     )
 
 
