@@ -35,7 +35,6 @@ from nodescope.model.probe import (
     EXIT_FAILED,
     EXIT_NOT_MEASURED,
     EXIT_PASSED,
-    PROBE,
     ProbeReport,
     parse_report,
     report_to_json,
@@ -45,8 +44,6 @@ from nodescope.roots import Roots
 from nodescope.sources.probe_report import state_path
 
 log = logging.getLogger("nodescope.probe_runner")
-
-SOURCE_NAME = PROBE.name
 
 
 def probe_command(
