@@ -129,6 +129,10 @@ class SlurmCluster:
         self.munge_socket = self.munge_dir / "munge.socket.2"
         self.ctld_port = free_port()
         self.slurmd_port = free_port()
+        # Where the extra nodes' slurmd would listen and none does. On slurmd's own port, the
+        # one slurmd on 127.0.0.0/8 would answer for them too: three health checks every
+        # interval, all run here as this node's.
+        self.absent_port = free_port()
 
     # -- configuration -------------------------------------------------------------------
     @property
@@ -197,7 +201,8 @@ class SlurmCluster:
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1024"
             f" Gres=gpu:{self.gpus} State=UNKNOWN",
             *(
-                f"NodeName={name} NodeAddr=127.0.0.2 CPUs=1 RealMemory=100 State=DOWN"
+                f"NodeName={name} NodeAddr=127.0.0.2 Port={self.absent_port} CPUs=1"
+                " RealMemory=100 State=DOWN"
                 for name in self.extra_nodes
             ),
             f"PartitionName=test Nodes={','.join((self.node, *self.extra_nodes))} Default=YES"

@@ -129,14 +129,21 @@ class Setup:
         return entries
 
 
-def _wait(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
+def _wait(
+    predicate: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    context: Callable[[], str] = lambda: "",
+) -> T:
+    """``predicate``'s first true value within ``timeout``; a failure names ``what`` and adds
+    ``context()`` (logs read at the moment of failing)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}\n{context()}".rstrip())
 
 
 def _skip_reason() -> str | None:
@@ -337,33 +344,44 @@ def test_slurmd_runs_it_as_its_health_check_program() -> None:
             "HealthCheckInterval=2",
             "HealthCheckNodeState=ANY",
         )
-        # slurmd runs the program every 2 s, each run a Python start that several test workers
-        # on two cores stretch to seconds: the waits below allow a minute.
+        # slurmctld asks slurmd for a run every HealthCheckInterval once its round of pings has
+        # ended; the pings of the two nodes with no slurmd wait out Slurm's connection retries,
+        # so a run comes every 13 s or so here (measured): the waits below allow several runs.
         with running("nodescope-hcp-run-", program) as s:
             config.write_text(s.health_config("cooldown_seconds = 0\n").read_text())
             # slurmd gives its HealthCheckProgram no SLURM_CONF (only SLURMD_NODENAME): a
             # slurm.conf away from the default is named in the env file, as docs/remediation.md
-            # says.
+            # says. Each run's output, stamped, goes to a log that a failure below quotes:
+            # slurmd keeps only an exit status.
+            runs = work / "health.log"
             env_file.write_text(
                 f'NODESCOPE_ARGS="--config {config}"\nexport SLURM_CONF={s.cluster.slurm_conf}\n'
+                f'exec >>{runs} 2>&1\n/bin/date "+--- %T.%N"\n'
             )
+
+            def said() -> str:
+                lines = runs.read_text(errors="replace").splitlines() if runs.exists() else []
+                return "\n".join(lines[-40:]) + "\n" + s.cluster.logs()
+
             alert = s.raise_fatal_aer()
             # The counter keeps moving until slurmd's next run has seen the alert.
             node = _wait(
                 lambda: s.drained_node() if s.raise_fatal_aer() else None,
-                60,
+                90,
                 "slurmd's health check draining the node",
+                said,
             )
             assert node["Reason"].startswith(f"nodescope: pcie_aer_errors {alert['subject']}")
             s.wait_cleared()
             s.cluster.wait_node_state(("IDLE",), 60)
             _wait(
                 lambda: "DRAIN" not in s.node()["State"].split("+"),
-                60,
+                90,
                 "slurmd's health check resuming the node",
+                said,
             )
             # The record is written once scontrol has answered: a moment after the resume.
-            _wait(lambda: len(s.entries()) >= 2, 10, "the resume recorded")
+            _wait(lambda: len(s.entries()) >= 2, 10, "the resume recorded", said)
             assert [e["action"] for e in s.entries()][:2] == ["drain", "resume"]
     finally:
         shutil.rmtree(work, ignore_errors=True)

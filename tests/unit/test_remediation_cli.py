@@ -4,6 +4,7 @@ alerts cannot be known."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import stat
@@ -144,3 +145,24 @@ def test_a_local_checks_findings_drain_through_the_policy(
     assert calls[0].startswith(
         "[update][nodename=n1][state=drain][reason=nodescope: pcie_aer_errors"
     )
+
+
+def test_a_run_that_finds_an_earlier_one_still_running_stops(tmp_path: Path) -> None:
+    """slurmd starts a health check on its interval whether or not the last has ended: runs
+    must not stack up on a loaded node."""
+    scontrol = _scontrol(tmp_path)
+    config = _config(tmp_path, scontrol)
+    (tmp_path / "run" / "nodescope").mkdir(parents=True)
+    earlier = os.open(tmp_path / "run" / "nodescope" / "health.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(earlier, fcntl.LOCK_EX)
+        result = _health(config, node="n1")
+        assert result.returncode == 0, result.stderr
+        assert "an earlier health check still runs on this node" in result.stderr
+        assert not (tmp_path / "calls").exists() and result.stdout == ""
+    finally:
+        os.close(earlier)
+    # The earlier run ended: the next one decides and acts.
+    result = _health(config, node="n1")
+    assert "earlier health check" not in result.stderr
+    assert (tmp_path / "calls").read_text().startswith("[update][nodename=n1][state=drain]")

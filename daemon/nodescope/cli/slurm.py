@@ -37,6 +37,7 @@ the prolog fails: Slurm and the node disagree about the node. Exit statuses: 0 f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -560,7 +561,7 @@ def _node_name(config: Config, given: str | None) -> str | None:
 def health(args: argparse.Namespace) -> int:
     from nodescope.remediation.act import problems_from_checks, remediate
     from nodescope.remediation.slurm import SlurmError
-    from nodescope.remediation.state import RecordBusy
+    from nodescope.remediation.state import HEALTH_LOCK_NAME, RecordBusy, locked
 
     try:
         config = _config(args)
@@ -570,21 +571,31 @@ def health(args: argparse.Namespace) -> int:
     if not config.slurm.scontrol:
         _say("nodescope: [slurm] scontrol is empty: health cannot read or change the node")
         return 2
-    node = _node_name(config, args.node)
-    if node is None:
-        _say("nodescope: cannot tell which Slurm node this is; give --node")
-        return 0
-    problems, complete = _firing_problems(config)
-    problems += problems_from_checks(gate_checks(config.slurm, local_gate_inputs(config)))
-    try:
-        outcome = remediate(
-            config, problems, node, complete=complete, dry_run=True if args.dry_run else None
-        )
-    except (SlurmError, RecordBusy, OSError) as exc:
-        # A Slurm that does not answer is no reason to fail the health check: slurmd would
-        # only log the exit status, and the next run tries again.
-        _say(f"nodescope: nothing done on {node}: {exc}")
-        return 0
+    with contextlib.ExitStack() as alone:
+        try:
+            alone.enter_context(locked(config.roots, timeout=0, name=HEALTH_LOCK_NAME))
+        except RecordBusy:
+            # The earlier run decides with what it read; this one would only load the node.
+            _say("nodescope: an earlier health check still runs on this node; this one stops")
+            return 0
+        except OSError as exc:
+            _say(f"nodescope: nothing done: {exc}")
+            return 0
+        node = _node_name(config, args.node)
+        if node is None:
+            _say("nodescope: cannot tell which Slurm node this is; give --node")
+            return 0
+        problems, complete = _firing_problems(config)
+        problems += problems_from_checks(gate_checks(config.slurm, local_gate_inputs(config)))
+        try:
+            outcome = remediate(
+                config, problems, node, complete=complete, dry_run=True if args.dry_run else None
+            )
+        except (SlurmError, RecordBusy, OSError) as exc:
+            # A Slurm that does not answer is no reason to fail the health check: slurmd would
+            # only log the exit status, and the next run tries again.
+            _say(f"nodescope: nothing done on {node}: {exc}")
+            return 0
     prefix = "dry run: " if outcome.dry_run else ""
     for line in outcome.lines:
         # A line may quote a finding's message, and so a process name.

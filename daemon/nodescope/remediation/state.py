@@ -48,6 +48,10 @@ from nodescope.safedir import ensure_directory as prepare_directory
 
 STATE_NAME = "remediation.json"
 LOCK_NAME = "remediation.lock"
+#: Held by ``nodescope slurm health`` for its whole run: slurmd starts the next run on its
+#: interval whether or not the last has ended, and runs that stack up on a loaded node (each a
+#: Python start, a daemon call and scontrol calls) only load it more.
+HEALTH_LOCK_NAME = "health.lock"
 STATE_FORMAT = "nodescope-remediation/1"
 MAX_ENTRIES = 200
 MAX_NODES = 16
@@ -288,14 +292,13 @@ class RecordBusy(OSError):
 
 
 @contextlib.contextmanager
-def locked(roots: Roots, timeout: float) -> Iterator[None]:
-    """Hold the record's lock; :class:`RecordBusy` when it is not free within ``timeout``
-    seconds (a hook has a deadline: it never waits on another writer past it)."""
+def locked(roots: Roots, timeout: float, name: str = LOCK_NAME) -> Iterator[None]:
+    """Hold the record's lock (or the lock file ``name`` beside it); :class:`RecordBusy` when
+    it is not free within ``timeout`` seconds (a hook has a deadline: it never waits on
+    another writer past it). A ``timeout`` of 0 tries once."""
     directory = roots.run / RUN_SUBDIR
     prepare_directory(directory)
-    fd = os.open(
-        directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-    )
+    fd = os.open(directory / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -306,7 +309,7 @@ def locked(roots: Roots, timeout: float) -> Iterator[None]:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() >= deadline:
-                    raise RecordBusy(errno.EAGAIN, f"{directory / LOCK_NAME}: busy") from None
+                    raise RecordBusy(errno.EAGAIN, f"{directory / name}: busy") from None
                 time.sleep(0.02)
         yield
     finally:
