@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import pkgutil
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
+from pathlib import Path
 from types import ModuleType
 from typing import cast
 
@@ -27,25 +29,45 @@ from nodescope_exporters.kept import KeptFamilies
 
 log = logging.getLogger("nodescope.exporter")
 
-#: Area modules, each exposing ``families(snapshot) -> Iterable[Metric]``. Order is the order
-#: of families in /metrics.
-AREAS: tuple[str, ...] = (
-    "nodescope_exporters.self_metrics",
-    "nodescope_exporters.pci_metrics",
-    "nodescope_exporters.disk_metrics",
-    "nodescope_exporters.pressure_metrics",
-    "nodescope_exporters.network_metrics",
-    "nodescope_exporters.cgroup_metrics",
-    "nodescope_exporters.job_metrics",
-    "nodescope_exporters.collective_metrics",
-    "nodescope_exporters.gpu_metrics",
-    "nodescope_exporters.fabric_metrics",
-    "nodescope_exporters.nvlink_metrics",
-    "nodescope_exporters.probe_metrics",
-    "nodescope_exporters.alert_metrics",
-    "nodescope_exporters.event_metrics",
-    "nodescope_exporters.remediation_metrics",
+#: Where the area modules' families sit in /metrics, in this order. An area module is any
+#: ``*_metrics`` module of this package, exposing ``families(snapshot) -> Iterable[Metric]``; one
+#: not named here is loaded too, after these, in name order: a new source's area is exported
+#: without a line here.
+ORDER: tuple[str, ...] = (
+    "self_metrics",
+    "pci_metrics",
+    "disk_metrics",
+    "pressure_metrics",
+    "network_metrics",
+    "cgroup_metrics",
+    "job_metrics",
+    "collective_metrics",
+    "gpu_metrics",
+    "fabric_metrics",
+    "nvlink_metrics",
+    "probe_metrics",
+    "alert_metrics",
+    "event_metrics",
+    "remediation_metrics",
 )
+_AREA_SUFFIX = "_metrics"
+
+
+def area_modules(order: Iterable[str] = ORDER) -> tuple[str, ...]:
+    """The full names of this package's area modules: those of ``order`` first, then the rest
+    by name."""
+    found = {
+        info.name
+        for info in pkgutil.iter_modules([str(Path(__file__).parent)])
+        if info.name.endswith(_AREA_SUFFIX)
+    }
+    placed = [name for name in order if name in found]
+    names = placed + sorted(found.difference(placed))
+    return tuple(f"{__package__}.{name}" for name in names)
+
+
+#: Every area module, in the order of /metrics.
+AREAS: tuple[str, ...] = area_modules()
 
 FamilyBuilder = Callable[[Snapshot], Iterable[Metric]]
 

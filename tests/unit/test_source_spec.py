@@ -14,7 +14,7 @@ import pytest
 
 from nodescope.sources.registry import SOURCE_MODULES, SOURCE_TABLE, SOURCES, load_specs
 from nodescope.sources.spec import SIM_PARTS, SourceInputs, SourceSpec
-from nodescope_exporters.prometheus import AREAS
+from nodescope_exporters.prometheus import AREAS, ORDER, area_modules
 
 _COMPLETE = """
     name="demo",
@@ -109,6 +109,15 @@ def test_every_listed_module_declares_the_source_it_is_listed_for() -> None:
     assert [spec.name for spec in SOURCE_TABLE] == list(SOURCES)
     for module, spec in zip(SOURCE_MODULES, SOURCE_TABLE, strict=True):
         assert importlib.import_module(module).SPEC is spec
+
+
+def test_an_area_module_is_exported_without_a_line_in_the_exporters_order() -> None:
+    """A new source's metric area is loaded by its name alone; the order only places it."""
+    area = "nodescope_exporters.pressure_metrics"
+    without = area_modules([name for name in ORDER if f"nodescope_exporters.{name}" != area])
+    assert set(without) == set(AREAS) and without[-1] == area
+    # The order names no module that is not there.
+    assert {f"nodescope_exporters.{name}" for name in ORDER} <= set(AREAS)
 
 
 def test_every_spec_builds_its_own_source_and_names_a_metric_area_that_renders() -> None:
