@@ -244,8 +244,18 @@ def test_irq_pressure_has_only_full() -> None:
             "some avg10=0.00 avg60=0.00 avg300=0.00 total=1\nhalf avg10=0 avg60=0 avg300=0 total=0",
             2,
         ),
-        ("some avg10=0 avg60=0 avg300=0 total=1\nsome avg10=0 avg60=0 avg300=0 total=1\n", 2),
+        (
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total=1\n"
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total=1\n",
+            2,
+        ),
         ("some avg10 avg60=0 avg300=0 total=1\n", 1),
+        # Only the kernel's own layout: two decimals, this order, one space, a u64 total.
+        ("some avg10=1.5 avg60=0.00 avg300=0.00 total=1\n", 1),
+        ("some avg60=0.00 avg10=0.00 avg300=0.00 total=1\n", 1),
+        ("some avg10=0.00  avg60=0.00 avg300=0.00 total=1\n", 1),
+        ("some avg10=0.00 avg60=0.00 avg300=0.00 total=1 more=2\n", 1),
+        (f"some avg10=0.00 avg60=0.00 avg300=0.00 total={2**64}\n", 1),
     ],
 )
 def test_bad_pressure(text: str, line: int) -> None:
@@ -464,7 +474,7 @@ def test_parsers_raise_only_parse_error(parser: Callable[[str, str], object], te
         st.tuples(
             st.sampled_from(["some", "full"]),
             st.lists(st.integers(0, 10**4), min_size=3, max_size=3),
-            st.integers(0, 2**64),
+            st.integers(0, 2**64 - 1),
         ),
         min_size=1,
         max_size=2,

@@ -29,7 +29,6 @@ The records are declared in :mod:`nodescope.model.cgroup`.
 from __future__ import annotations
 
 import errno
-import math
 import os
 import re
 import threading
@@ -66,6 +65,7 @@ from nodescope.model.cgroup import (
 from nodescope.model.skips import NOTHING_SKIPPED, Skipped, SkipTally
 from nodescope.roots import Roots
 from nodescope.sources.base import read_optional, read_text
+from nodescope.sources.psi_format import parse_psi_line
 from nodescope.sources.spec import SourceSpec
 
 SOURCE_NAME = CGROUPS.name
@@ -74,8 +74,6 @@ DEFAULT_MAX_CGROUPS = 10_000
 
 _INT = re.compile(r"-?[0-9]+")
 _UINT = re.compile(r"[0-9]+")
-# PSI averages are printed as "%lu.%02lu" (kernel/sched/psi.c psi_show()).
-_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _KEY = re.compile(r"[A-Za-z0-9_.]+")
 _DEVICE = re.compile(r"([0-9]+):([0-9]+)")
 _CGROUP_TYPE = re.compile(r"[a-z]+(?: [a-z]+)*")
@@ -208,44 +206,18 @@ def parse_cgroup_events(text: str, source: str = "cgroup.events") -> CgroupEvent
     )
 
 
-def _pressure_line(parts: list[str], source: str, number: int) -> PressureLine:
-    values: dict[str, str] = {}
-    for part in parts:
-        key, sep, value = part.partition("=")
-        if not sep or not key or not value:
-            raise ParseError(source, f"expected key=value, found {part!r}", number)
-        if key in values:
-            raise ParseError(source, f"{key} repeated", number)
-        values[key] = value
-    averages: list[float] = []
-    for key in ("avg10", "avg60", "avg300"):
-        raw = values.get(key)
-        if raw is None:
-            raise ParseError(source, f"{key} missing", number)
-        if not _DECIMAL.fullmatch(raw):
-            raise ParseError(source, f"{key}: {raw!r} is not a decimal", number)
-        avg = float(raw)
-        if not math.isfinite(avg):
-            raise ParseError(source, f"{key}: {raw!r} out of range", number)
-        averages.append(avg)
-    raw_total = values.get("total")
-    if raw_total is None:
-        raise ParseError(source, "total missing", number)
-    total = _to_int(raw_total, source, number, "total")
-    return PressureLine(averages[0], averages[1], averages[2], total)
-
-
 def parse_pressure(text: str, source: str = "cpu.pressure") -> Pressure:
-    """A PSI file: a ``some`` and/or a ``full`` line."""
+    """A PSI file: a ``some`` and/or a ``full`` line in the kernel's format
+    (:mod:`~nodescope.sources.psi_format`); any other line refuses the whole file."""
     lines: dict[str, PressureLine] = {}
     for number, line in _lines(text):
-        parts = line.split()
-        kind = parts[0]
-        if kind not in ("some", "full"):
-            raise ParseError(source, f"expected 'some' or 'full', found {kind!r}", number)
+        parsed = parse_psi_line(line)
+        if parsed is None:
+            raise ParseError(source, f"not in the kernel's PSI format: {line[:80]!r}", number)
+        kind, figures = parsed
         if kind in lines:
             raise ParseError(source, f"second {kind!r} line", number)
-        lines[kind] = _pressure_line(parts[1:], source, number)
+        lines[kind] = figures
     if not lines:
         raise ParseError(source, "no 'some' or 'full' line", 1)
     return Pressure(some=lines.get("some"), full=lines.get("full"))

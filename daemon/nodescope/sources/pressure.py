@@ -1,7 +1,7 @@
 """The ``pressure`` source: the node's pressure stall information, ``/proc/pressure``.
 
 Each of ``cpu``, ``memory`` and ``io`` holds up to two lines in the kernel's exact format
-(``kernel/sched/psi.c``, ``psi_show``)::
+(:mod:`nodescope.sources.psi_format`)::
 
     some avg10=0.00 avg60=0.00 avg300=0.00 total=0
     full avg10=0.00 avg60=0.00 avg300=0.00 total=0
@@ -14,13 +14,12 @@ off) leaves its resource absent; the source stays up.
 
 from __future__ import annotations
 
-import re
-
 from nodescope.fileio import KERNEL_FILE, read_optional
 from nodescope.model.cgroup import Pressure, PressureLine
 from nodescope.model.pressure import PRESSURE, RESOURCES, NodePressure
 from nodescope.model.skips import SkipTally
 from nodescope.roots import Roots
+from nodescope.sources.psi_format import parse_psi_line
 from nodescope.sources.spec import SourceSpec
 
 NAME = PRESSURE.name
@@ -30,13 +29,6 @@ SKIP_LINE_MALFORMED = "pressure_line_malformed"
 #: A second ``some`` or ``full`` line in one file (the first is kept).
 SKIP_LINE_REPEATED = "pressure_line_repeated"
 
-_LINE = re.compile(
-    r"(some|full) avg10=([0-9]{1,3}\.[0-9]{2}) avg60=([0-9]{1,3}\.[0-9]{2})"
-    r" avg300=([0-9]{1,3}\.[0-9]{2}) total=([0-9]{1,20})"
-)
-#: ``total`` is a u64 of microseconds.
-_U64_MAX = 2**64 - 1
-
 
 def parse_pressure_file(text: str, source: str, tally: SkipTally) -> Pressure:
     """One ``/proc/pressure/<resource>`` file; bad lines are counted in ``tally``."""
@@ -44,16 +36,15 @@ def parse_pressure_file(text: str, source: str, tally: SkipTally) -> Pressure:
     for number, line in enumerate(text.splitlines(), 1):
         if not line:
             continue
-        match = _LINE.fullmatch(line)
-        total = int(match[5]) if match else _U64_MAX + 1
-        if match is None or total > _U64_MAX:
+        parsed = parse_psi_line(line)
+        if parsed is None:
             tally.skip(SKIP_LINE_MALFORMED, f"{source}:{number}: {line!r}")
             continue
-        kind = match[1]
+        kind, figures = parsed
         if kind in lines:
             tally.skip(SKIP_LINE_REPEATED, f"{source}:{number}: {line!r}")
             continue
-        lines[kind] = PressureLine(float(match[2]), float(match[3]), float(match[4]), total)
+        lines[kind] = figures
     return Pressure(some=lines.get("some"), full=lines.get("full"))
 
 
