@@ -43,7 +43,8 @@ if [ ${#parallel[@]} -eq 0 ]; then
     exec .venv/bin/python -m pytest "${args[@]}"
 fi
 # The tests marked alone prove a bound on wall-clock time (ready within 5 s, a scrape's p99
-# within 50 ms): they run after the workers, in one process with the machine to itself.
+# within 50 ms) or that the host's own directories are left as they were: they run after the
+# workers, in one process with the machine to itself.
 # Exit status 5 is pytest's "no tests selected": a selection without such tests, or only them.
 status=0
 .venv/bin/python -m pytest "${parallel[@]}" --alone-tests=later "${args[@]}" || status=$?

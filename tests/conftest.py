@@ -255,9 +255,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--alone-tests",
         choices=("run", "later", "only"),
         default="run",
-        help="the tests marked alone (a wall-clock bound): run them with the rest (run), "
-        "leave them for a run of their own (later) or run only them (only); scripts/test.sh "
-        "runs the parallel workers with later, then one process with only",
+        help="the tests marked alone (a wall-clock bound, the host untouched): run them with "
+        "the rest (run), leave them for a run of their own (later) or run only them (only); "
+        "scripts/test.sh runs the parallel workers with later, then one process with only",
     )
     parser.addoption(
         "--max-examples",

@@ -23,7 +23,10 @@ from tests.hook_peers import hook_env
 from tests.integration.test_demo import Demo
 from tests.unit.test_fleet import small_fleet
 
-pytestmark = pytest.mark.integration
+# The host's own directories are compared before and after: any other test that runs a daemon
+# or a hook on the default roots meanwhile would change them, so these run with the machine to
+# themselves.
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 #: Where a nodescope daemon or hook run on the host keeps its files.
 HOST_DIRS = (Path("/var/lib/nodescope"), Path("/run/nodescope"), Path("/etc/nodescope"))
