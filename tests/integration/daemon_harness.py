@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -19,8 +20,37 @@ from tests.conftest import nodescope_command
 READY_S = 60.0
 
 
+def _names_a_run_directory(args: list[str]) -> bool:
+    """Whether ``args`` give the daemon its run directory: ``--run``, or ``[roots] run`` in the
+    ``--config`` file (a file that does not parse names none)."""
+    if "--run" in args:
+        return True
+    if "--config" not in args or args.index("--config") + 1 >= len(args):
+        return False
+    try:
+        config = tomllib.loads(Path(args[args.index("--config") + 1]).read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    roots = config.get("roots")
+    return isinstance(roots, dict) and "run" in roots
+
+
 class Daemon:
-    def __init__(self, workdir: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        host_run: bool = False,
+    ) -> None:
+        """``nodescope run`` with ``args``. Its hook socket and records go to ``workdir/run``
+        unless ``args`` name a run directory or ``host_run`` asks for the host's ``/run``: the
+        daemons of tests running side by side would otherwise share one socket,
+        ``/run/nodescope/nodescope.sock``."""
+        if not host_run and not _names_a_run_directory(args):
+            (workdir / "run").mkdir(exist_ok=True)
+            args = [*args, "--run", str(workdir / "run")]
         self.port = free_port()
         self.notify_path = workdir / "notify.sock"
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

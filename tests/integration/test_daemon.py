@@ -119,7 +119,7 @@ def test_daemon_lifecycle(tmp_path: Path, procfs: Path) -> None:
 
 
 def test_daemon_on_the_default_roots_serves_within_5_seconds(tmp_path: Path) -> None:
-    daemon = Daemon(tmp_path, [])
+    daemon = Daemon(tmp_path, [], host_run=True)
     try:
         daemon.wait_message("READY=1", timeout=5)
         body = daemon.scrape()
