@@ -205,10 +205,12 @@ class Analyzer:
             push_errors=push_counts.errors if push_counts else None,
             push_dropped=push_counts.dropped if push_counts else None,
         )
-        self._previous = snapshot
-        return replace(
+        analysed = replace(
             snapshot, findings=step.findings, alerts=step.active, alert_counters=counters
         )
+        # The detectors see the last cycle's findings too (a removal found critical stays so).
+        self._previous = analysed
+        return analysed
 
     def close(self) -> None:
         if self.pusher is not None:

@@ -763,6 +763,33 @@ def test_event_names_its_pci_id() -> None:
                                "PCI_ID": "8086"})  # fmt: skip
 
 
+def test_a_removal_found_critical_stays_critical_while_it_lasts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job is named from the node as the drive goes; the next cycle's reads no longer
+    show that it used the drive, and the removal must not turn into a warning then."""
+    views = (JobView("81780", (1,), (5,), (GPU5,), ("mlx5_7",), "NCCL_IB_HCA"),)
+    monkeypatch.setattr(hotplug, "jobs", lambda snapshot: views)
+    [first] = hotplug.pci_removed(None, _pair(_topology(), _topology((SWITCH,))))
+    assert first.severity is Severity.CRITICAL
+    # The job view moved on (no job on GPU 5 now): read alone, a warning.
+    monkeypatch.setattr(hotplug, "jobs", lambda snapshot: ())
+    now = _pair(_topology(), _topology((SWITCH,)))
+    [alone] = hotplug.pci_removed(None, now)
+    assert alone.severity is Severity.WARNING
+    # After the critical cycle: critical still, naming the job as it did.
+    before = dataclasses.replace(now, findings=(first,))
+    [kept] = hotplug.pci_removed(before, now)
+    assert kept.severity is Severity.CRITICAL and kept.key == first.key
+    assert kept.message == first.message and "job 81780" in kept.message
+    # Another function's critical removal keeps nothing of this one.
+    other = dataclasses.replace(first, subjects={"bdf": HCA})
+    [judged] = hotplug.pci_removed(dataclasses.replace(now, findings=(other,)), now)
+    assert judged.severity is Severity.WARNING
+    # Gone from the reads (the tree read again): no finding, and nothing to keep.
+    assert hotplug.pci_removed(before, _pair(_topology((SWITCH,)), _topology((SWITCH,)))) == []
+
+
 @pytest.mark.parametrize(
     ("name", "finding"), [("nvme-hot-removed", "0000:ba:00.0"), ("nvme-driver-rebind", None)]
 )

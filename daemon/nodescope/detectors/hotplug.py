@@ -33,8 +33,10 @@ switch that took GPUs with it is reported here as well, listing them. The jobs t
 went: GPUs through the job registry and placement view, NVMe controllers through the disks'
 namespaces and the block device the jobs' cgroups show I/O on (``io.stat``), HCAs through the
 placement view (``NCCL_IB_HCA``, or every HCA when unset). Critical when a GPU or NVMe
-controller that a running job used went; otherwise a warning. The finding lasts while the two
-reads differ; its alert rule keeps it firing for half an hour after.
+controller that a running job used went; otherwise a warning. Once critical it stays critical
+while it lasts, naming the jobs it named first (the disks' reads stop listing a removed drive's
+namespaces before the pci source reads the tree again). The finding lasts while the two reads
+differ; its alert rule keeps it firing for half an hour after.
 
 ``link_flapping`` (warning), one per network interface or InfiniBand port whose up/down
 transitions within the ``link_events`` source's window reach ``flap_transitions``; the
@@ -338,6 +340,15 @@ def pci_removed(previous: Snapshot | None, snapshot: Snapshot) -> list[Finding]:
         )
     ]
     gpu_jobs = _gpu_jobs(previous, snapshot)
+    # The jobs a function served are read from what the node still shows as it goes: the
+    # disks' reads stop listing a removed drive's namespaces before the pci source reads the
+    # tree again. A removal found critical stays critical, with the message that named its
+    # jobs, for as long as it is found: the same event never reads as a lesser one later.
+    critical_before = {
+        f.subjects.get("bdf"): f
+        for f in (previous.findings if previous is not None else ())
+        if f.kind == REMOVED and f.severity is Severity.CRITICAL
+    }
     findings = []
     for top in sorted(tops, key=lambda g: g.bdf):
         # A GPU and the other functions of its slot are gpu_fell_off_bus's.
@@ -376,6 +387,13 @@ def pci_removed(previous: Snapshot | None, snapshot: Snapshot) -> list[Finding]:
         beside -= critical_jobs | hca_users
         used = critical_jobs | hca_users
         severity = Severity.CRITICAL if critical_jobs else Severity.WARNING
+        earlier = critical_before.get(top.bdf)
+        if severity is Severity.WARNING and earlier is not None:
+            findings.append(
+                Finding(REMOVED, Severity.CRITICAL, {"bdf": top.bdf}, earlier.evidence,
+                        earlier.message)
+            )  # fmt: skip
+            continue
         text = f"PCI {top.describe()} left the bus"
         if below:
             text += f", with {len(below)} function(s) below it: " + "; ".join(
