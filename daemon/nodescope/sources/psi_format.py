@@ -5,9 +5,11 @@ cgroup's ``<resource>.pressure`` print it::
     some avg10=0.00 avg60=0.00 avg300=0.00 total=0
 
 ``avg*`` are the percent of wall time stalled over 10, 60 and 300 s, printed ``%lu.%02lu``
-(0.00 to 100.00); ``total`` the cumulative stall time in microseconds, a u64. The two sources
-read lines alike and differ only in what a bad line costs: the node source skips and counts
-the line, the cgroup source leaves that cgroup's figure out.
+(0.00 to 100.00); ``total`` the cumulative stall time in microseconds, a u64. A file holds a
+``some`` and a ``full`` line, each at most once (``irq.pressure`` ``full`` only, a cgroup's
+``cpu.pressure`` on an old kernel ``some`` only). The two sources read lines alike and differ
+only in what a bad line costs: the node source skips and counts the line, the cgroup source
+leaves that cgroup's figure out.
 """
 
 from __future__ import annotations
@@ -15,10 +17,6 @@ from __future__ import annotations
 import re
 
 from nodescope.model.cgroup import PressureLine
-
-#: The two kinds of line a file may hold, each at most once (``irq.pressure`` holds ``full``
-#: only, a cgroup's ``cpu.pressure`` on an old kernel ``some`` only).
-KINDS = ("some", "full")
 
 _LINE = re.compile(
     r"(some|full) avg10=([0-9]{1,3}\.[0-9]{2}) avg60=([0-9]{1,3}\.[0-9]{2})"
