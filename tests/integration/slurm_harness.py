@@ -68,6 +68,15 @@ def _read_pid(path: Path, timeout: float) -> int:
     raise TimeoutError(f"no pid in {path} after {timeout}s")
 
 
+def _field(record: str, key: str) -> str:
+    """The value of ``key=value`` in a one-line Slurm record ("" when absent)."""
+    for part in record.split():
+        name, sep, value = part.partition("=")
+        if sep and name == key:
+            return value
+    return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -126,6 +135,7 @@ class SlurmCluster:
         self.dev = self.workdir / "dev"
         self.munge_dir = self.workdir / "munge"
         self.slurm_conf = self.etc / "slurm.conf"
+        self.jobcomp_log = self.log / "jobcomp.log"
         self.munge_socket = self.munge_dir / "munge.socket.2"
         self.ctld_port = free_port()
         self.slurmd_port = free_port()
@@ -179,7 +189,10 @@ class SlurmCluster:
             "SchedulerType=sched/backfill",
             "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none",
-            "JobCompType=jobcomp/none",
+            # Each ended job's final state, kept after MinJobAge lets slurmctld forget it: a
+            # test polling a loaded machine can miss the short window where scontrol shows it.
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={self.jobcomp_log}",
             "MpiDefault=none",
             "ReturnToService=2",
             "GresTypes=gpu",
@@ -336,11 +349,31 @@ class SlurmCluster:
         raise TimeoutError(f"node not in {states} after {timeout}s: {info}; {self.logs()}")
 
     def job_state(self, job: str) -> str:
-        out = self.client(["scontrol", "show", "job", "-o", job]).stdout
-        for part in out.split():
-            if part.startswith("JobState="):
-                return part.split("=", 1)[1]
-        return "GONE"
+        """The job's state from slurmctld, or from the completion log once slurmctld has
+        forgotten it; "GONE" only when neither knows it, "" when slurmctld did not answer."""
+        try:
+            result = self.client(["scontrol", "show", "job", "-o", job])
+        except subprocess.TimeoutExpired:
+            return ""
+        state = _field(result.stdout, "JobState")
+        if state:
+            return state
+        if "Invalid job id" not in result.stderr:
+            return ""
+        ended = self.ended_state(job)
+        return ended or "GONE"
+
+    def ended_state(self, job: str) -> str:
+        """The last state jobcomp/filetxt recorded for the job ("" when none)."""
+        try:
+            lines = self.jobcomp_log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        state = ""
+        for line in lines:
+            if _field(line, "JobId") == job:
+                state = _field(line, "JobState")
+        return state
 
     def wait_job_done(self, job: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout
