@@ -16,6 +16,7 @@ prints.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -283,11 +284,19 @@ def _infiniband_components(snapshot: Snapshot) -> list[Component]:
     return components
 
 
+def _disk_order(name: str) -> tuple[str | int, ...]:
+    """A sort key that puts loop2 before loop10 (numbers compared as numbers, as disk names
+    are numbered in decimal; PCI addresses, in hex, are not sorted with it)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
 def _disks_component(snapshot: Snapshot) -> list[Component]:
     data = snapshot.latest(DISKS)
     if data is None or not data.disks:
         return []
-    names = [d.name for d in data.disks]
+    # Storage hardware first: a host can carry dozens of loop devices (one per snap or image
+    # ever attached), and a list that opens with them hides the NVMe drives.
+    names = [d.name for d in sorted(data.disks, key=lambda d: (d.virtual, _disk_order(d.name)))]
     shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
     return [Component("disks", "disks", "Disks", (shown,))]
 

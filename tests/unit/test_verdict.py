@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodescope.cli.check import Watch, _watch_scenario
+from nodescope.model.disks import DISKS, DisksData
 from nodescope.model.finding import Finding, Severity
 from nodescope.model.nvml import NVML
 from nodescope.model.snapshot import Snapshot, SourceSample
@@ -176,3 +177,21 @@ def test_any_alerts_document_is_taken_or_skipped_never_a_crash(
 ) -> None:
     verdict = assess(node, (), _action, alerts)
     assert verdict.status in tuple(Status)
+
+
+def test_disks_list_storage_hardware_first_in_natural_order(node: Snapshot) -> None:
+    sample = node.current[DISKS.name]
+    assert isinstance(sample.data, DisksData)
+    stat = sample.data.disks[0]
+    # A host with a dozen attached loop images beside two NVMe drives and a zram swap.
+    names = [f"loop{i}" for i in range(12)] + ["nvme10n1", "zram0", "nvme2n1"]
+    disks = tuple(dataclasses.replace(stat, name=name) for name in names)
+    data = dataclasses.replace(sample.data, disks=disks)
+    snapshot = dataclasses.replace(
+        node,
+        current={**node.current, DISKS.name: dataclasses.replace(sample, data=data)},
+        previous={},
+        figures=None,
+    )
+    (line,) = _component(assess(snapshot, (), _action), "disks", "disks").facts
+    assert line == "nvme2n1, nvme10n1, loop0, loop1, loop2, loop3, loop4, loop5 and 7 more"

@@ -10,11 +10,16 @@ follow sysstat 12.6 (``iostat.c`` ``write_ext_stat()``, ``rd_stats.c``
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 
 from nodescope.model.counters import counter_delta
 from nodescope.model.skips import NOTHING_SKIPPED, Skipped
 from nodescope.model.source_key import SourceKey
+
+# Devices the kernel makes of memory or files rather than storage hardware: every host has a
+# handful (loop0-7, zram0, ram0-15), and one with snaps or images can have dozens of loops.
+_VIRTUAL_NAME = re.compile(r"^(loop|ram|zram)\d+$")
 
 #: Bytes per /proc/diskstats sector, whatever the device's logical block size.
 SECTOR_BYTES = 512
@@ -64,6 +69,11 @@ class DiskStat:
     @property
     def bytes_discarded(self) -> int | None:
         return None if self.sectors_discarded is None else self.sectors_discarded * SECTOR_BYTES
+
+    @property
+    def virtual(self) -> bool:
+        """A loop, ram or zram device, not storage hardware."""
+        return _VIRTUAL_NAME.match(self.name) is not None
 
     @property
     def idle_since_boot(self) -> bool:

@@ -64,9 +64,6 @@ _BDF = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _NVME_DISK = re.compile(r"^nvme(\d+)n(\d+)$")
 _NVME_CONTROLLER = re.compile(r"^nvme(\d+)$")
 _NVME_SUBSYSTEM = re.compile(r"^nvme-subsys(\d+)$")
-# Virtual devices that every host has a handful of (loop0-7, zram0, ram0-15) and that mostly
-# never see I/O; see select_whole_disks.
-_IDLE_VIRTUAL = re.compile(r"^(loop|ram|zram)\d+$")
 
 # Reasons a record was skipped (nodescope_source_records_skipped_total{reason}).
 #: a /proc/diskstats line with the wrong number of fields or a field that is not a number
@@ -166,8 +163,7 @@ def select_whole_disks(
     chosen = [
         s
         for s in stats
-        if s.name.replace("/", "!") in wanted
-        and not (_IDLE_VIRTUAL.match(s.name) and s.idle_since_boot)
+        if s.name.replace("/", "!") in wanted and not (s.virtual and s.idle_since_boot)
     ]
     return tuple(sorted(chosen, key=lambda s: s.name))
 
