@@ -357,7 +357,8 @@ def test_a_critical_finding_during_a_job_drains_the_node_and_the_job_goes_on(
 ) -> None:
     s = fresh
     started = time.time()
-    job = s.sbatch("sleep 12")
+    # Long enough to be still running when the drain lands on a loaded machine.
+    job = s.sbatch("sleep 20")
     _wait(lambda: s.registered(job), 30, f"job {job} registered; {s.cluster.logs()}")
     alert = s.raise_fatal_aer()
     info = s.cluster.wait_node_state(("DRAIN", "DRAINED", "DRAINING"), 30)
