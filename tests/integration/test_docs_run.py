@@ -176,6 +176,10 @@ def _adapt(text: str, workdir: Path, ports: dict[str, int], daemon: _SharedDaemo
     if _SERVER.match(text.removesuffix("&").strip()) and "--listen" not in text:
         port = free_port()
         text = text.removesuffix("&").strip() + f" --listen 127.0.0.1:{port}"
+    if re.match(r"^nodescope run\b", text) and not re.search(r"--run(=|\s|$)", text):
+        # The host's /run/nodescope holds the hook socket of any other daemon on this machine
+        # (another test's, side by side): the block's daemon keeps its own.
+        text = text.removesuffix("&").strip() + f" --run {workdir}/run"
     return text
 
 
@@ -616,7 +620,9 @@ def test_adapt_makes_ports_free_and_tmp_the_blocks_own(tmp_path: Path) -> None:
     )
     assert _adapt("sleep 60", tmp_path, ports, daemon) == "sleep 1"
     bare = _adapt("nodescope run --config c.toml", tmp_path, ports, daemon)
-    assert re.fullmatch(r"nodescope run --config c\.toml --listen 127\.0\.0\.1:\d+", bare)
+    assert re.fullmatch(
+        rf"nodescope run --config c\.toml --listen 127\.0\.0\.1:\d+ --run {tmp_path}/run", bare
+    )
     assert daemon.server is None  # nothing asked the daemon: none started
 
 
