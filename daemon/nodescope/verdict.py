@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -294,11 +295,19 @@ def _disks_component(snapshot: Snapshot) -> list[Component]:
     data = snapshot.latest(DISKS)
     if data is None or not data.disks:
         return []
-    # Storage hardware first: a host can carry dozens of loop devices (one per snap or image
-    # ever attached), and a list that opens with them hides the NVMe drives.
-    names = [d.name for d in sorted(data.disks, key=lambda d: (d.virtual, _disk_order(d.name)))]
-    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-    return [Component("disks", "disks", "Disks", (shown,))]
+    # Storage hardware by name, virtual disks by count: a host can carry dozens of loop devices
+    # (one per snap or image ever attached), and a list of them would hide the NVMe drives.
+    hardware = sorted((d.name for d in data.disks if not d.virtual), key=_disk_order)
+    virtual = Counter(d.name.rstrip("0123456789") for d in data.disks if d.virtual)
+    parts = []
+    if hardware:
+        parts.append(
+            ", ".join(hardware[:8])
+            + (f" and {len(hardware) - 8} more" if len(hardware) > 8 else "")
+        )
+    if virtual:
+        parts.append("virtual: " + ", ".join(f"{n} {kind}" for kind, n in sorted(virtual.items())))
+    return [Component("disks", "disks", "Disks", ("; ".join(parts),))]
 
 
 def _jobs_components(snapshot: Snapshot) -> list[Component]:

@@ -37,8 +37,15 @@ def test_this_machine_gets_a_verdict_whose_exit_status_is_its_word() -> None:
     kernel_disks = {line.split()[2] for line in Path("/proc/diskstats").read_text().splitlines()}
     disks = [c for c in document["components"] if c["category"] == "disks"]
     if kernel_disks:
-        shown = disks[0]["facts"][0].split(" and ")[0].split(", ")
-        assert shown and set(shown) <= kernel_disks, (shown, kernel_disks)
+        # "vda, nvme0n1 and 3 more; virtual: 12 loop": the hardware by name, the rest counted.
+        fact = disks[0]["facts"][0]
+        named, _, virtual = fact.partition("virtual: ")
+        shown = [n for n in named.rstrip("; ").split(" and ")[0].split(", ") if n]
+        assert set(shown) <= kernel_disks, (fact, kernel_disks)
+        for count, kind in (part.split(" ") for part in virtual.split(", ") if part):
+            assert kind in ("loop", "ram", "zram"), fact
+            assert 0 < int(count) <= sum(name.startswith(kind) for name in kernel_disks), fact
+        assert shown or virtual, fact
     # No NVIDIA GPU on this machine's bus: no GPU component, and not degraded for it.
     lspci = subprocess.run(["lspci", "-n", "-d", "10de:"], capture_output=True, text=True)
     if not lspci.stdout.strip():

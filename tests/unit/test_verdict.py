@@ -179,12 +179,14 @@ def test_any_alerts_document_is_taken_or_skipped_never_a_crash(
     assert verdict.status in tuple(Status)
 
 
-def test_disks_list_storage_hardware_first_in_natural_order(node: Snapshot) -> None:
+def test_disks_name_the_hardware_in_natural_order_and_count_virtual_ones(
+    node: Snapshot,
+) -> None:
     sample = node.current[DISKS.name]
     assert isinstance(sample.data, DisksData)
     stat = sample.data.disks[0]
-    # A host with a dozen attached loop images beside two NVMe drives and a zram swap.
-    names = [f"loop{i}" for i in range(12)] + ["nvme10n1", "zram0", "nvme2n1"]
+    # A host with a dozen attached loop images beside ten NVMe drives and a zram swap.
+    names = [f"loop{i}" for i in range(12)] + [f"nvme{i}n1" for i in range(10)] + ["zram0"]
     disks = tuple(dataclasses.replace(stat, name=name) for name in names)
     data = dataclasses.replace(sample.data, disks=disks)
     snapshot = dataclasses.replace(
@@ -194,4 +196,7 @@ def test_disks_list_storage_hardware_first_in_natural_order(node: Snapshot) -> N
         figures=None,
     )
     (line,) = _component(assess(snapshot, (), _action), "disks", "disks").facts
-    assert line == "nvme2n1, nvme10n1, loop0, loop1, loop2, loop3, loop4, loop5 and 7 more"
+    assert line == (
+        "nvme0n1, nvme1n1, nvme2n1, nvme3n1, nvme4n1, nvme5n1, nvme6n1, nvme7n1 and 2 more;"
+        " virtual: 12 loop, 1 zram"
+    )
