@@ -35,7 +35,6 @@ one measured.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -156,11 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     mirror = MirroredNvml(args.root / STATE_FILE)
-    # A runtime directory per daemon: the benchmark runs two on one node (this tree's and the
-    # baseline's), and under the node's own run/ they would contend for one hook socket.
-    port = args.listen.rpartition(":")[2]
-    roots = dataclasses.replace(Roots.under(args.root), run=args.root / "run" / f"daemon-{port}")
-    config = default_config(listen=args.listen, tick_seconds=1.0, log_level="warning", roots=roots)
+    config = default_config(
+        listen=args.listen, tick_seconds=1.0, log_level="warning", roots=Roots.under(args.root)
+    )
     logs.setup(config.log_level)
     inputs = SourceInputs()
     sources = node_sources(mirror, inputs)
