@@ -298,7 +298,7 @@ def _disks_component(snapshot: Snapshot) -> list[Component]:
     # Storage hardware by name, virtual disks by count: a host can carry dozens of loop devices
     # (one per snap or image ever attached), and a list of them would hide the NVMe drives.
     hardware = sorted((d.name for d in data.disks if not d.virtual), key=_disk_order)
-    virtual = Counter(d.name.rstrip("0123456789") for d in data.disks if d.virtual)
+    virtual = Counter(d.virtual_kind for d in data.disks if d.virtual_kind)
     parts = []
     if hardware:
         parts.append(

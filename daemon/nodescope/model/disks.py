@@ -71,9 +71,15 @@ class DiskStat:
         return None if self.sectors_discarded is None else self.sectors_discarded * SECTOR_BYTES
 
     @property
+    def virtual_kind(self) -> str | None:
+        """``loop``, ``ram`` or ``zram`` for a virtual device, ``None`` for storage hardware."""
+        match = _VIRTUAL_NAME.match(self.name)
+        return match.group(1) if match else None
+
+    @property
     def virtual(self) -> bool:
         """A loop, ram or zram device, not storage hardware."""
-        return _VIRTUAL_NAME.match(self.name) is not None
+        return self.virtual_kind is not None
 
     @property
     def idle_since_boot(self) -> bool:
