@@ -68,13 +68,14 @@ def _read_pid(path: Path, timeout: float) -> int:
     raise TimeoutError(f"no pid in {path} after {timeout}s")
 
 
-def _field(record: str, key: str) -> str:
-    """The value of ``key=value`` in a one-line Slurm record ("" when absent)."""
+def _pairs(record: str) -> dict[str, str]:
+    """A one-line Slurm record (``scontrol show … -o``, a jobcomp/filetxt line) as its
+    ``key=value`` pairs; values hold no spaces there, but for a node's Reason (see node_info)."""
+    pairs: dict[str, str] = {}
     for part in record.split():
-        name, sep, value = part.partition("=")
-        if sep and name == key:
-            return value
-    return ""
+        key, _, value = part.partition("=")
+        pairs[key] = value
+    return pairs
 
 
 def _alive(pid: int) -> bool:
@@ -332,9 +333,7 @@ class SlurmCluster:
         if reason_at >= 0:
             info["Reason"] = out[reason_at + len(" Reason=") :].strip()
             out = out[:reason_at]
-        for part in out.split():
-            key, _, value = part.partition("=")
-            info[key] = value
+        info.update(_pairs(out))
         return info
 
     def wait_node_state(self, states: tuple[str, ...], timeout: float) -> dict[str, str]:
@@ -355,7 +354,7 @@ class SlurmCluster:
             result = self.client(["scontrol", "show", "job", "-o", job])
         except subprocess.TimeoutExpired:
             return ""
-        state = _field(result.stdout, "JobState")
+        state = _pairs(result.stdout).get("JobState", "")
         if state:
             return state
         if "Invalid job id" not in result.stderr:
@@ -371,8 +370,9 @@ class SlurmCluster:
             return ""
         state = ""
         for line in lines:
-            if _field(line, "JobId") == job:
-                state = _field(line, "JobState")
+            record = _pairs(line)
+            if record.get("JobId") == job:
+                state = record.get("JobState", "")
         return state
 
     def wait_job_done(self, job: str, timeout: float) -> str:
